@@ -1,0 +1,441 @@
+//! One connection: framing, concurrency, flow control.
+//!
+//! - The reader never waits for a handler: every request but `initialize` runs
+//!   in its own task, so a long poll or a big walk never blocks new requests.
+//!   `initialize` runs inline so that requests pipelined behind it see it done.
+//! - Responses and notifications travel on two queues to one writer task,
+//!   which always drains responses first. The notification queue is bounded
+//!   (producers of bulk output use `try_send` and fall back to retained
+//!   buffers); the response queue is bounded too, and a request's in-flight
+//!   slot is only released once its answer was written, so a client that
+//!   stops reading stalls the agent's reader (backpressure) instead of
+//!   growing its memory.
+//! - A length prefix of 0 or above `max_frame_bytes` is answered with a
+//!   `$/error` notification (`frame_too_large`) and the connection closes.
+
+use crate::dispatch;
+use crate::session::Session;
+use bytes::BytesMut;
+use executor_protocol::codec::{FrameDecoder, FrameError};
+use executor_protocol::limits::Limits;
+use executor_protocol::message::{encode_error, encode_notification, DecodeError, Incoming};
+use executor_protocol::types::session::CancelParams;
+use executor_protocol::{methods, ErrorCode, WireError, PREAMBLE};
+use futures_util::FutureExt;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// Notifications queued for the writer before producers must back off.
+pub const NOTIFICATION_QUEUE: usize = 256;
+/// Extra response slots beyond the in-flight limit, for immediate errors.
+const RESPONSE_QUEUE_SLACK: usize = 256;
+/// How long in-flight requests may finish after the client closed its side.
+const EOF_GRACE: Duration = Duration::from_secs(1);
+/// The writer gathers up to this much before one write call.
+const WRITE_BATCH: usize = 1 << 20;
+
+/// A framed message on its way to the writer.
+#[derive(Debug)]
+pub struct OutFrame {
+    pub bytes: Vec<u8>,
+    /// Released when written: bounds requests between arrival and answer.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The sending side of the connection, shared with handlers.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    responses: mpsc::Sender<OutFrame>,
+    notes: mpsc::Sender<OutFrame>,
+    max_frame: usize,
+}
+
+/// Why `try_notify` could not queue a notification.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotifyError {
+    /// The queue is full: the client is not keeping up.
+    Full,
+    /// The connection is gone.
+    Closed,
+}
+
+impl Outbound {
+    /// Largest frame this connection sends.
+    pub fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
+    fn encode_note<P: serde::Serialize>(&self, method: &str, params: &P) -> Option<OutFrame> {
+        let mut bytes = Vec::new();
+        match encode_notification(&mut bytes, method, params, self.max_frame) {
+            Ok(()) => Some(OutFrame {
+                bytes,
+                permit: None,
+            }),
+            Err(e) => {
+                tracing::error!(method, error = %e, "cannot encode notification");
+                None
+            }
+        }
+    }
+
+    /// Queue a notification if there is room, never waiting.
+    pub fn try_notify<P: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<(), NotifyError> {
+        let Some(frame) = self.encode_note(method, params) else {
+            return Ok(());
+        };
+        self.notes.try_send(frame).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => NotifyError::Full,
+            mpsc::error::TrySendError::Closed(_) => NotifyError::Closed,
+        })
+    }
+
+    /// Queue a notification, waiting for room (for rare, must-deliver ones).
+    pub async fn notify<P: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<(), NotifyError> {
+        let Some(frame) = self.encode_note(method, params) else {
+            return Ok(());
+        };
+        self.notes
+            .send(frame)
+            .await
+            .map_err(|_| NotifyError::Closed)
+    }
+
+    async fn respond(&self, frame: OutFrame) {
+        // Fails only when the writer is gone; nothing left to tell then.
+        let _ = self.responses.send(frame).await;
+    }
+
+    async fn respond_error(&self, id: Option<u64>, error: &WireError) {
+        let mut bytes = Vec::new();
+        if encode_error(&mut bytes, id, error, self.max_frame).is_ok() {
+            self.respond(OutFrame {
+                bytes,
+                permit: None,
+            })
+            .await;
+        }
+    }
+}
+
+/// How a connection ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// EOF at a frame boundary.
+    Eof,
+    /// The input ended inside a frame, or reading it failed.
+    FramingLost,
+    /// A length prefix of 0 or above the maximum: framing cannot resume.
+    BadLength,
+    /// The output side failed (the client went away).
+    OutputClosed,
+}
+
+#[derive(Default)]
+struct InFlight {
+    tokens: HashMap<u64, CancellationToken>,
+}
+
+/// Serve one connection until EOF or lost framing, then end the session.
+pub async fn serve<R, W>(mut input: R, output: W, limits: Limits) -> std::io::Result<Ending>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let max_frame = limits.max_frame_bytes as usize;
+    let max_in_flight = limits.max_requests_in_flight as usize;
+    let (resp_tx, resp_rx) = mpsc::channel::<OutFrame>(max_in_flight + RESPONSE_QUEUE_SLACK);
+    let (note_tx, note_rx) = mpsc::channel::<OutFrame>(NOTIFICATION_QUEUE);
+    let outbound = Outbound {
+        responses: resp_tx,
+        notes: note_tx,
+        max_frame,
+    };
+    let writer = tokio::spawn(write_loop(output, resp_rx, note_rx));
+
+    let session = Arc::new(Session::new(limits, outbound.clone()));
+    let slots = Arc::new(Semaphore::new(max_in_flight));
+    let in_flight = Arc::new(Mutex::new(InFlight::default()));
+    let mut decoder = FrameDecoder::new(max_frame);
+    let mut buf = BytesMut::with_capacity(256 * 1024);
+
+    let ending = 'read: loop {
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(frame)) => {
+                    handle_frame(
+                        &frame,
+                        &session,
+                        &outbound,
+                        &slots,
+                        &in_flight,
+                        max_in_flight,
+                    )
+                    .await;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    report_frame_error(&outbound, &e).await;
+                    break 'read Ending::BadLength;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        tokio::select! {
+            r = input.read_buf(&mut buf) => match r {
+                Ok(0) => {
+                    if buf.is_empty() {
+                        break 'read Ending::Eof;
+                    }
+                    let e = decoder.decode_eof(&mut buf).err().unwrap_or(FrameError::Truncated { buffered: buf.len() });
+                    tracing::warn!(error = %e, "input ended inside a frame");
+                    break 'read Ending::FramingLost;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading input failed");
+                    break 'read Ending::FramingLost;
+                }
+            },
+            _ = outbound.responses.closed() => break 'read Ending::OutputClosed,
+        }
+    };
+    tracing::debug!(?ending, "connection input ended");
+
+    // Let what is in flight finish briefly, then cancel the rest.
+    let deadline = tokio::time::Instant::now() + EOF_GRACE;
+    while slots.available_permits() < max_in_flight && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for token in in_flight.lock().expect("in-flight lock").tokens.values() {
+        token.cancel();
+    }
+    let _ = tokio::time::timeout(EOF_GRACE, async {
+        while slots.available_permits() < max_in_flight {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    session.shutdown().await;
+    drop(session);
+    drop(outbound);
+    // The writer ends once every sender is gone and its queues are drained.
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    Ok(ending)
+}
+
+async fn report_frame_error(outbound: &Outbound, e: &FrameError) {
+    let error = match e {
+        FrameError::TooLarge { declared, max } => WireError::new(
+            ErrorCode::FrameTooLarge,
+            format!("frame length {declared} is outside 1..={max}; closing the connection"),
+        )
+        .with("declared", *declared)
+        .with("max", *max),
+        FrameError::Truncated { buffered } => WireError::new(
+            ErrorCode::ParseError,
+            format!("input ended inside a frame ({buffered} bytes)"),
+        ),
+        other => WireError::new(ErrorCode::ParseError, other.to_string()),
+    };
+    tracing::warn!(error = %error, "framing lost");
+    let mut bytes = Vec::new();
+    if encode_notification(&mut bytes, methods::ERROR, &error, outbound.max_frame).is_ok() {
+        outbound
+            .respond(OutFrame {
+                bytes,
+                permit: None,
+            })
+            .await;
+    }
+}
+
+async fn handle_frame(
+    frame: &[u8],
+    session: &Arc<Session>,
+    outbound: &Outbound,
+    slots: &Arc<Semaphore>,
+    in_flight: &Arc<Mutex<InFlight>>,
+    max_in_flight: usize,
+) {
+    let incoming = match Incoming::decode(frame) {
+        Ok(m) => m,
+        Err(DecodeError { id, error }) => {
+            tracing::debug!(?id, error = %error, "undecodable message");
+            outbound.respond_error(id, &error).await;
+            return;
+        }
+    };
+    match incoming {
+        Incoming::Request { id, method, params } => {
+            if method == methods::INITIALIZE {
+                let frame = dispatch::initialize(session, id, params);
+                outbound.respond(frame).await;
+                return;
+            }
+            if !session.is_initialized() {
+                let e = WireError::new(
+                    ErrorCode::NotInitialized,
+                    format!("{method:?} before initialize: send initialize first"),
+                );
+                outbound.respond_error(Some(id), &e).await;
+                return;
+            }
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                let e = WireError::limit("max_requests_in_flight", max_in_flight as u64, None);
+                outbound.respond_error(Some(id), &e).await;
+                return;
+            };
+            let token = CancellationToken::new();
+            let duplicate = match in_flight.lock().expect("in-flight lock").tokens.entry(id) {
+                std::collections::hash_map::Entry::Occupied(_) => true,
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(token.clone());
+                    false
+                }
+            };
+            if duplicate {
+                let e = WireError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("request id {id} is already in flight"),
+                );
+                outbound.respond_error(Some(id), &e).await;
+                return;
+            }
+            let session = session.clone();
+            let outbound = outbound.clone();
+            let in_flight = in_flight.clone();
+            tokio::spawn(async move {
+                let work = AssertUnwindSafe(dispatch::dispatch(&session, id, &method, params))
+                    .catch_unwind();
+                let mut frame = tokio::select! {
+                    r = work => match r {
+                        Ok(frame) => frame,
+                        Err(panic) => {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_default();
+                            tracing::error!(method, panic = %what, "handler panicked");
+                            let e = WireError::new(
+                                ErrorCode::Internal,
+                                format!("internal error (a bug) while handling {method:?}: {what}"),
+                            );
+                            dispatch::error_frame(id, &e, outbound.max_frame())
+                        }
+                    },
+                    _ = token.cancelled() => {
+                        let e = WireError::new(ErrorCode::Cancelled, format!("request {id} ({method}) was cancelled"));
+                        dispatch::error_frame(id, &e, outbound.max_frame())
+                    }
+                };
+                in_flight.lock().expect("in-flight lock").tokens.remove(&id);
+                frame.permit = Some(permit);
+                outbound.respond(frame).await;
+            });
+        }
+        Incoming::Notification { method, params } => {
+            if method == methods::CANCEL {
+                match executor_protocol::message::from_params::<CancelParams>(params) {
+                    Ok(CancelParams { id }) => {
+                        if let Some(t) = in_flight.lock().expect("in-flight lock").tokens.get(&id) {
+                            t.cancel();
+                        } else {
+                            tracing::debug!(id, "$/cancel for a request not in flight");
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "malformed $/cancel"),
+                }
+            } else {
+                tracing::debug!(method, "ignoring unknown notification");
+            }
+        }
+        Incoming::Response { id, .. } => {
+            tracing::debug!(?id, "ignoring a response: the agent sends no requests");
+        }
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut out: W,
+    mut responses: mpsc::Receiver<OutFrame>,
+    mut notes: mpsc::Receiver<OutFrame>,
+) {
+    if out.write_all(PREAMBLE).await.is_err() || out.flush().await.is_err() {
+        return;
+    }
+    let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH);
+    let mut permits: Vec<OwnedSemaphorePermit> = Vec::new();
+    let mut notes_open = true;
+    loop {
+        let first = tokio::select! {
+            biased;
+            r = responses.recv() => match r {
+                Some(f) => f,
+                None => {
+                    // Responses are done: drain what notifications remain.
+                    match notes.try_recv() {
+                        Ok(f) => f,
+                        Err(_) => break,
+                    }
+                }
+            },
+            r = notes.recv(), if notes_open => match r {
+                Some(f) => f,
+                None => { notes_open = false; continue; }
+            },
+        };
+        push(&mut batch, &mut permits, first);
+        // Gather what is already queued, responses ahead of notifications.
+        while batch.len() < WRITE_BATCH {
+            if let Ok(f) = responses.try_recv() {
+                push(&mut batch, &mut permits, f);
+            } else if let Ok(f) = notes.try_recv() {
+                push(&mut batch, &mut permits, f);
+            } else {
+                break;
+            }
+        }
+        if let Err(e) = out.write_all(&batch).await {
+            tracing::debug!(error = %e, "output closed");
+            return;
+        }
+        if let Err(e) = out.flush().await {
+            tracing::debug!(error = %e, "output closed");
+            return;
+        }
+        batch.clear();
+        permits.clear();
+        if batch.capacity() > 4 * WRITE_BATCH {
+            batch.shrink_to(WRITE_BATCH);
+        }
+    }
+    let _ = out.flush().await;
+}
+
+fn push(batch: &mut Vec<u8>, permits: &mut Vec<OwnedSemaphorePermit>, f: OutFrame) {
+    if batch.is_empty() && f.bytes.len() >= WRITE_BATCH {
+        *batch = f.bytes;
+    } else {
+        batch.extend_from_slice(&f.bytes);
+    }
+    if let Some(p) = f.permit {
+        permits.push(p);
+    }
+}

@@ -1,0 +1,84 @@
+//! The only place where a method name maps to a handler.
+//!
+//! [`ENABLED`] lists the request methods this build handles; `initialize`
+//! reports exactly that list, and every other method of the protocol answers
+//! `method_not_found` until its handler lands here.
+
+use crate::conn::OutFrame;
+use crate::session::{self, Session};
+use crate::tools;
+use executor_protocol::message::{encode_error, encode_response, from_params};
+use executor_protocol::{methods as m, ErrorCode, WireError};
+use rmpv::Value;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Request methods handled by this build (besides `initialize`).
+pub const ENABLED: &[&str] = &[m::ENVIRONMENT_INFO, m::TOOLS_LIST];
+
+/// Encode a handler's outcome as a response frame.
+pub fn reply<R: Serialize>(id: u64, outcome: Result<R, WireError>, max_frame: usize) -> OutFrame {
+    let mut bytes = Vec::new();
+    match outcome {
+        Ok(r) => {
+            if let Err(e) = encode_response(&mut bytes, Some(id), &r, max_frame) {
+                let err = WireError::new(
+                    ErrorCode::Internal,
+                    format!("cannot encode the result: {e}"),
+                );
+                return error_frame(id, &err, max_frame);
+            }
+        }
+        Err(err) => return error_frame(id, &err, max_frame),
+    }
+    OutFrame {
+        bytes,
+        permit: None,
+    }
+}
+
+/// Encode an error response frame.
+pub fn error_frame(id: u64, err: &WireError, max_frame: usize) -> OutFrame {
+    let mut bytes = Vec::new();
+    if encode_error(&mut bytes, Some(id), err, max_frame).is_err() {
+        // Only an enormous message could fail; send the code alone.
+        let short = WireError::new(err.code, "error message too large to send");
+        let _ = encode_error(&mut bytes, Some(id), &short, max_frame);
+    }
+    OutFrame {
+        bytes,
+        permit: None,
+    }
+}
+
+/// `initialize`, run inline by the connection so later requests see it.
+pub fn initialize(s: &Arc<Session>, id: u64, params: Value) -> OutFrame {
+    let outcome = from_params(params).and_then(|p| s.initialize(p));
+    reply(id, outcome, s.max_frame())
+}
+
+/// Route one request (after `initialize`) to its handler.
+pub async fn dispatch(s: &Arc<Session>, id: u64, method: &str, params: Value) -> OutFrame {
+    let max = s.max_frame();
+    macro_rules! call {
+        ($handler:expr) => {
+            match from_params(params) {
+                Ok(p) => reply(id, $handler(s, p).await, max),
+                Err(e) => error_frame(id, &e, max),
+            }
+        };
+    }
+    match method {
+        m::ENVIRONMENT_INFO => call!(session::environment_info),
+        m::TOOLS_LIST => call!(tools::list),
+        m::INITIALIZE => error_frame(
+            id,
+            &WireError::new(
+                ErrorCode::InvalidRequest,
+                "initialize was already done on this connection",
+            ),
+            max,
+        ),
+        other => error_frame(id, &WireError::method_not_found(other), max),
+    }
+}

@@ -1,0 +1,53 @@
+//! The `executor` binary: with no arguments, serves one connection on
+//! stdin/stdout. Stdout carries protocol bytes only; logs go to stderr.
+#![forbid(unsafe_code)]
+
+use anyhow::Context;
+use clap::Parser;
+use executor_protocol::limits::Limits;
+
+/// The executor agent: runs commands, reads files and makes HTTP calls on this
+/// host for a remote orchestrator, speaking the executor wire protocol on
+/// stdin/stdout (`ssh devbox executor`).
+#[derive(Debug, Parser)]
+#[command(name = "executor", version, about, long_about = None)]
+struct Cli {
+    /// Log as JSON lines (to stderr) instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing(cli.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let ending = runtime.block_on(async {
+        executor_agent::serve(tokio::io::stdin(), tokio::io::stdout(), Limits::default()).await
+    })?;
+    tracing::debug!(?ending, "agent exiting");
+    // Blocked stdin reads on the runtime's blocking pool must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    // Exit status: 0 when the input ended (at a frame boundary, or inside a
+    // frame: the peer is gone either way); 2 when the peer broke framing with
+    // a bad length prefix; 0 when our output was closed by the peer.
+    match ending {
+        executor_agent::conn::Ending::BadLength => std::process::exit(2),
+        _ => Ok(()),
+    }
+}
+
+fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

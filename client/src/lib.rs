@@ -1,0 +1,559 @@
+//! # executor-client
+//!
+//! A thin async client for the `executor` agent. It speaks the wire protocol
+//! of `executor-protocol` over any `AsyncRead + AsyncWrite` pair, or over the
+//! stdio of a command it spawns (the local `executor`, or
+//! `ssh devbox executor`), and does `initialize` for you.
+//!
+//! - many requests in flight, matched by id ([`Client::request`]);
+//! - notifications by subscription ([`Client::subscribe`]);
+//! - typed errors: [`Error::Remote`] carries the agent's [`WireError`] and its
+//!   [`ErrorCode`]; transport trouble is [`Error::Io`] / [`Error::Closed`];
+//! - a login shell's banner before the agent's preamble is skipped (up to
+//!   64 KiB; beyond that, or at EOF, [`Error::Preamble`] quotes what it saw).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), executor_client::Error> {
+//! use executor_client::{Client, Target};
+//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
+//! let info = client.environment_info().await?;
+//! assert_eq!(info.path_separator, "/");
+//! client.close().await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod target;
+
+pub use executor_protocol as protocol;
+pub use executor_protocol::{ErrorCode, WireError};
+pub use target::Target;
+
+use bytes::BytesMut;
+use executor_protocol::codec::FrameDecoder;
+use executor_protocol::limits::MAX_FRAME_BYTES;
+use executor_protocol::message::{encode_notification, encode_request, Incoming};
+use executor_protocol::types::session::{
+    ClientInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
+    SessionParams, ToolsListResult,
+};
+use executor_protocol::types::Empty;
+use executor_protocol::{methods, MAX_PREAMBLE_NOISE, PREAMBLE, PROTOCOL_VERSION};
+use rmpv::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+/// Everything that can go wrong talking to an agent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The agent answered with an error.
+    #[error("agent error {}: {}", .0.code, .0.message)]
+    Remote(WireError),
+    /// Reading or writing the transport failed.
+    #[error("transport I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// No preamble where one was expected.
+    #[error("no executor preamble: {reason}; first bytes seen: {seen:?}")]
+    Preamble { reason: String, seen: String },
+    /// The connection is closed.
+    #[error("connection closed: {0}")]
+    Closed(String),
+    /// The agent sent something that is not the protocol.
+    #[error("protocol violation from the agent: {0}")]
+    Protocol(String),
+    /// A result did not have the expected shape.
+    #[error("unexpected result for {method}: {message}")]
+    Decode { method: String, message: String },
+    /// A request could not be encoded (too large for a frame).
+    #[error("cannot send {method}: {message}")]
+    Encode { method: String, message: String },
+    /// The transport command could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The wire code when the agent answered with an error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Remote(e) => Some(e.code),
+            _ => None,
+        }
+    }
+}
+
+/// A notification from the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notification {
+    pub method: String,
+    pub params: Value,
+}
+
+impl Notification {
+    /// Decode the params into their typed form.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        rmpv::ext::from_value(self.params.clone()).map_err(|e| Error::Decode {
+            method: self.method.clone(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Options for connecting.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Reported to the agent in `initialize`.
+    pub client_name: String,
+    /// Session options sent with `initialize`.
+    pub session: Option<SessionParams>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            client_name: "executor-client".into(),
+            session: None,
+        }
+    }
+}
+
+type Reply = Result<Value, WireError>;
+type Subscriber = (Vec<String>, mpsc::UnboundedSender<Notification>);
+
+#[derive(Default)]
+struct Shared {
+    pending: HashMap<u64, oneshot::Sender<Reply>>,
+    subscribers: Vec<Subscriber>,
+    closed: Option<String>,
+}
+
+struct Inner {
+    next_id: AtomicU64,
+    shared: Mutex<Shared>,
+    max_frame: usize,
+}
+
+/// A connection to an agent, initialized and ready.
+pub struct Client {
+    inner: Arc<Inner>,
+    /// The only sender to the writer task: dropping it closes our side.
+    out: mpsc::Sender<Vec<u8>>,
+    init: InitializeResult,
+    child: Mutex<Option<tokio::process::Child>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("session_id", &self.init.session_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request sent and not yet answered.
+#[derive(Debug)]
+pub struct Call {
+    id: u64,
+    method: String,
+    rx: oneshot::Receiver<Reply>,
+}
+
+impl Call {
+    /// The request's id (for `$/cancel`).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Wait for the answer as a raw value.
+    pub async fn value(self) -> Result<Value, Error> {
+        match self.rx.await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Error::Remote(e)),
+            Err(_) => Err(Error::Closed(format!(
+                "no answer to {} (id {})",
+                self.method, self.id
+            ))),
+        }
+    }
+
+    /// Wait for the answer in its typed form.
+    pub async fn result<R: DeserializeOwned>(self) -> Result<R, Error> {
+        let method = self.method.clone();
+        let v = self.value().await?;
+        rmpv::ext::from_value(v).map_err(|e| Error::Decode {
+            method,
+            message: e.to_string(),
+        })
+    }
+}
+
+/// A stream of notifications; ends when the connection closes.
+#[derive(Debug)]
+pub struct Subscription {
+    rx: mpsc::UnboundedReceiver<Notification>,
+}
+
+impl Subscription {
+    /// The next notification, `None` once the connection is closed.
+    pub async fn recv(&mut self) -> Option<Notification> {
+        self.rx.recv().await
+    }
+}
+
+impl Client {
+    /// Connect over a byte stream pair: skip noise up to the preamble, then
+    /// `initialize`.
+    pub async fn connect<R, W>(
+        mut reader: R,
+        writer: W,
+        options: ClientOptions,
+    ) -> Result<Client, Error>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let leftover = read_preamble(&mut reader).await?;
+        let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(1024);
+        let inner = Arc::new(Inner {
+            next_id: AtomicU64::new(1),
+            shared: Mutex::new(Shared::default()),
+            max_frame: MAX_FRAME_BYTES as usize,
+        });
+        tokio::spawn(write_loop(writer, out_rx, Arc::downgrade(&inner)));
+        tokio::spawn(read_loop(reader, leftover, inner.clone()));
+        let params = InitializeParams {
+            protocol_version: PROTOCOL_VERSION,
+            client: ClientInfo {
+                name: options.client_name.clone(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            },
+            session: options.session.clone(),
+        };
+        let init: InitializeResult = send_call(&inner, &out_tx, methods::INITIALIZE, &params)
+            .await?
+            .result()
+            .await?;
+        Ok(Client {
+            inner,
+            out: out_tx,
+            init,
+            child: Mutex::new(None),
+        })
+    }
+
+    /// Spawn `command` (which must speak the protocol on its stdio, e.g. the
+    /// local `executor` or `ssh host executor`) and connect to it. Its stderr
+    /// is inherited.
+    pub async fn spawn(
+        mut command: tokio::process::Command,
+        options: ClientOptions,
+    ) -> Result<Client, Error> {
+        let program = command
+            .as_std()
+            .get_program()
+            .to_string_lossy()
+            .into_owned();
+        command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(|source| Error::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| Error::Closed("child has no stdin".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| Error::Closed("child has no stdout".into()))?;
+        let client = Client::connect(stdout, stdin, options).await?;
+        *client.child.lock().expect("child lock") = Some(child);
+        Ok(client)
+    }
+
+    /// Connect to a [`Target`]: the local `executor` or one over `ssh`.
+    pub async fn connect_target(target: &Target, options: ClientOptions) -> Result<Client, Error> {
+        Client::spawn(target.command()?, options).await
+    }
+
+    /// What `initialize` answered.
+    pub fn initialize_result(&self) -> &InitializeResult {
+        &self.init
+    }
+
+    /// Send a request; the returned [`Call`] resolves to its answer.
+    pub async fn call<P: Serialize>(&self, method: &str, params: &P) -> Result<Call, Error> {
+        send_call(&self.inner, &self.out, method, params).await
+    }
+
+    /// Send a request and wait for its typed result.
+    pub async fn request<P: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<R, Error> {
+        self.call(method, params).await?.result().await
+    }
+
+    /// Send a notification.
+    pub async fn notify<P: Serialize>(&self, method: &str, params: &P) -> Result<(), Error> {
+        let mut frame = Vec::new();
+        encode_notification(&mut frame, method, params, self.inner.max_frame).map_err(|e| {
+            Error::Encode {
+                method: method.into(),
+                message: e.to_string(),
+            }
+        })?;
+        self.out
+            .send(frame)
+            .await
+            .map_err(|_| Error::Closed("writer stopped".into()))
+    }
+
+    /// Cancel a request in flight (`$/cancel`); it is answered `cancelled`.
+    pub async fn cancel(&self, id: u64) -> Result<(), Error> {
+        self.notify(
+            methods::CANCEL,
+            &executor_protocol::types::session::CancelParams { id },
+        )
+        .await
+    }
+
+    /// Receive the notifications whose method is in `methods` (all when empty).
+    pub fn subscribe(&self, methods: &[&str]) -> Subscription {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut shared = self.inner.shared.lock().expect("client lock");
+        if shared.closed.is_none() {
+            shared
+                .subscribers
+                .push((methods.iter().map(|m| m.to_string()).collect(), tx));
+        }
+        Subscription { rx }
+    }
+
+    /// `environment/info`
+    pub async fn environment_info(&self) -> Result<EnvironmentInfo, Error> {
+        self.request(methods::ENVIRONMENT_INFO, &EnvironmentInfoParams {})
+            .await
+    }
+
+    /// `tools/list`
+    pub async fn tools_list(&self) -> Result<ToolsListResult, Error> {
+        self.request(methods::TOOLS_LIST, &Empty {}).await
+    }
+
+    /// Close the connection: the agent sees EOF and ends the session; wait
+    /// for a spawned transport to exit.
+    pub async fn close(self) -> Result<(), Error> {
+        let child = self.child.lock().expect("child lock").take();
+        drop(self.out);
+        if let Some(mut child) = child {
+            // The writer task drops stdin once the last sender is gone.
+            match tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await {
+                Ok(status) => {
+                    status?;
+                }
+                Err(_) => {
+                    let _ = child.kill().await;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn send_call<P: Serialize>(
+    inner: &Arc<Inner>,
+    out: &mpsc::Sender<Vec<u8>>,
+    method: &str,
+    params: &P,
+) -> Result<Call, Error> {
+    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let mut frame = Vec::new();
+    encode_request(&mut frame, id, method, params, inner.max_frame).map_err(|e| Error::Encode {
+        method: method.into(),
+        message: e.to_string(),
+    })?;
+    let (tx, rx) = oneshot::channel();
+    {
+        let mut shared = inner.shared.lock().expect("client lock");
+        if let Some(reason) = &shared.closed {
+            return Err(Error::Closed(reason.clone()));
+        }
+        shared.pending.insert(id, tx);
+    }
+    if out.send(frame).await.is_err() {
+        inner
+            .shared
+            .lock()
+            .expect("client lock")
+            .pending
+            .remove(&id);
+        return Err(Error::Closed("writer stopped".into()));
+    }
+    Ok(Call {
+        id,
+        method: method.into(),
+        rx,
+    })
+}
+
+/// Read up to and including the preamble; return what followed it.
+async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut, Error> {
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    loop {
+        if let Some(at) = find(&buf, PREAMBLE) {
+            if at > MAX_PREAMBLE_NOISE {
+                return Err(preamble_error(
+                    &buf,
+                    "more than 64 KiB of output before the preamble",
+                ));
+            }
+            let _ = buf.split_to(at + PREAMBLE.len());
+            return Ok(buf);
+        }
+        if buf.len() > MAX_PREAMBLE_NOISE + PREAMBLE.len() {
+            return Err(preamble_error(
+                &buf,
+                "more than 64 KiB of output before the preamble",
+            ));
+        }
+        buf.reserve(8 * 1024);
+        let n = reader.read_buf(&mut buf).await?;
+        if n == 0 {
+            return Err(preamble_error(&buf, "the stream ended before the preamble"));
+        }
+    }
+}
+
+fn preamble_error(seen: &[u8], reason: &str) -> Error {
+    let head = &seen[..seen.len().min(200)];
+    Error::Preamble {
+        reason: reason.into(),
+        seen: String::from_utf8_lossy(head).into_owned(),
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner: Arc<Inner>) {
+    let mut decoder = FrameDecoder::new(inner.max_frame);
+    let reason = 'outer: loop {
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(frame)) => {
+                    if let Err(e) = deliver(&inner, &frame) {
+                        break 'outer e;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => break 'outer format!("bad frame from the agent: {e}"),
+            }
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        match reader.read_buf(&mut buf).await {
+            Ok(0) if buf.is_empty() => break "the agent closed the connection".to_string(),
+            Ok(0) => {
+                break format!(
+                    "the agent's output ended inside a frame ({} bytes)",
+                    buf.len()
+                )
+            }
+            Ok(_) => {}
+            Err(e) => break format!("reading from the agent failed: {e}"),
+        }
+    };
+    tracing::debug!(%reason, "client connection closed");
+    let mut shared = inner.shared.lock().expect("client lock");
+    shared.closed = Some(reason);
+    // Dropping the senders wakes every waiter with `Closed`.
+    shared.pending.clear();
+    shared.subscribers.clear();
+}
+
+fn deliver(inner: &Inner, frame: &[u8]) -> Result<(), String> {
+    // The agent is trusted more than clients are, but its walk answers hold
+    // many values: allow the frame's byte count as the value bound.
+    let msg = Incoming::decode_bounded(frame, frame.len() as u64 + 1).map_err(|e| e.to_string())?;
+    let mut shared = inner.shared.lock().expect("client lock");
+    match msg {
+        Incoming::Response {
+            id: Some(id),
+            result,
+        } => {
+            if let Some(tx) = shared.pending.remove(&id) {
+                let _ = tx.send(result);
+            } else {
+                tracing::debug!(id, "answer to no pending request");
+            }
+        }
+        Incoming::Response { id: None, result } => {
+            tracing::warn!(?result, "agent answered a request it could not read");
+        }
+        Incoming::Notification { method, params } => {
+            let note = Notification { method, params };
+            shared.subscribers.retain(|(filter, tx)| {
+                if filter.is_empty() || filter.contains(&note.method) {
+                    tx.send(note.clone()).is_ok()
+                } else {
+                    !tx.is_closed()
+                }
+            });
+        }
+        Incoming::Request { method, .. } => {
+            tracing::debug!(method, "ignoring a request from the agent");
+        }
+    }
+    Ok(())
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    inner: std::sync::Weak<Inner>,
+) {
+    let mut batch = Vec::with_capacity(1 << 20);
+    while let Some(first) = rx.recv().await {
+        batch.extend_from_slice(&first);
+        while batch.len() < (1 << 20) {
+            match rx.try_recv() {
+                Ok(f) => batch.extend_from_slice(&f),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = async {
+            writer.write_all(&batch).await?;
+            writer.flush().await
+        }
+        .await
+        {
+            if let Some(inner) = inner.upgrade() {
+                let mut shared = inner.shared.lock().expect("client lock");
+                shared
+                    .closed
+                    .get_or_insert_with(|| format!("writing to the agent failed: {e}"));
+                shared.pending.clear();
+            }
+            return;
+        }
+        batch.clear();
+    }
+    let _ = writer.shutdown().await;
+}

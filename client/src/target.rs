@@ -1,0 +1,135 @@
+//! Where the agent runs: locally, or over the system `ssh`.
+
+use crate::Error;
+
+/// A place to run the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The `executor` next to the running binary (or `$EXECUTOR_BIN`).
+    Local,
+    /// `ssh -T [-p PORT] [USER@]HOST executor`.
+    Ssh {
+        user: Option<String>,
+        host: String,
+        port: Option<u16>,
+    },
+}
+
+impl Target {
+    /// Parse `local`, `ssh://[user@]host[:port]` or a plain `[user@]host`.
+    pub fn parse(s: &str) -> Result<Target, String> {
+        if s == "local" {
+            return Ok(Target::Local);
+        }
+        let rest = s.strip_prefix("ssh://").unwrap_or(s);
+        let rest = rest.trim_end_matches('/');
+        let (user, hostport) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_string()), h),
+            None => (None, rest),
+        };
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => {
+                let port = p
+                    .parse::<u16>()
+                    .map_err(|_| format!("invalid port {p:?} in target {s:?}"))?;
+                (h.to_string(), Some(port))
+            }
+            _ => (hostport.to_string(), None),
+        };
+        let valid = |v: &str| {
+            !v.is_empty()
+                && !v.starts_with('-')
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-[]:".contains(c))
+        };
+        if !valid(&host) {
+            return Err(format!("invalid host {host:?} in target {s:?}"));
+        }
+        if let Some(u) = &user {
+            if !valid(u) {
+                return Err(format!("invalid user {u:?} in target {s:?}"));
+            }
+        }
+        Ok(Target::Ssh { user, host, port })
+    }
+
+    /// The command that starts an agent speaking on its stdio.
+    pub fn command(&self) -> Result<tokio::process::Command, Error> {
+        match self {
+            Target::Local => {
+                let bin = local_executor()?;
+                Ok(tokio::process::Command::new(bin))
+            }
+            Target::Ssh { user, host, port } => {
+                let mut cmd = tokio::process::Command::new("ssh");
+                cmd.arg("-T");
+                if let Some(p) = port {
+                    cmd.arg("-p").arg(p.to_string());
+                }
+                let dest = match user {
+                    Some(u) => format!("{u}@{host}"),
+                    None => host.clone(),
+                };
+                cmd.arg("--").arg(dest).arg("executor");
+                Ok(cmd)
+            }
+        }
+    }
+}
+
+/// `$EXECUTOR_BIN`, else `executor` next to the current executable (or one
+/// directory up, for test binaries in `target/*/deps`).
+pub fn local_executor() -> Result<std::path::PathBuf, Error> {
+    if let Some(p) = std::env::var_os("EXECUTOR_BIN") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().map(|p| p.to_path_buf());
+    for _ in 0..2 {
+        if let Some(d) = dir {
+            let candidate = d.join("executor");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+            dir = d.parent().map(|p| p.to_path_buf());
+        }
+    }
+    Err(Error::Spawn {
+        program: "executor".into(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "no `executor` binary next to {} (set EXECUTOR_BIN)",
+                exe.display()
+            ),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_targets() {
+        assert_eq!(Target::parse("local").unwrap(), Target::Local);
+        assert_eq!(
+            Target::parse("ssh://me@box:2222").unwrap(),
+            Target::Ssh {
+                user: Some("me".into()),
+                host: "box".into(),
+                port: Some(2222)
+            }
+        );
+        assert_eq!(
+            Target::parse("devbox").unwrap(),
+            Target::Ssh {
+                user: None,
+                host: "devbox".into(),
+                port: None
+            }
+        );
+        assert!(Target::parse("-oProxyCommand=x").is_err());
+        assert!(Target::parse("ssh://a b").is_err());
+    }
+}

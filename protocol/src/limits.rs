@@ -1,0 +1,85 @@
+//! Every bound of the protocol, as named constants, each with why it is that
+//! number. The agent enforces them; [`Limits`] is what `initialize` reports.
+
+use serde::{Deserialize, Serialize};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// 16 MiB: a 1 MiB block plus envelope fits many times over, while one frame
+/// can never claim more than a small, fixed share of the agent's memory.
+pub const MAX_FRAME_BYTES: u64 = 16 * MIB;
+/// Far more concurrency than an orchestrator needs; bounds the per-request
+/// task memory of a client that pipelines without reading answers.
+pub const MAX_REQUESTS_IN_FLIGHT: u64 = 4096;
+/// Per session: a runaway orchestrator cannot fork-bomb the host through us.
+pub const MAX_PROCESSES: u64 = 1024;
+/// Retained output per process by default: enough for a long build log tail.
+pub const OUTPUT_BUFFER_BYTES: u64 = MIB;
+/// The most a request may ask for per process (`output_buffer_bytes`).
+pub const MAX_OUTPUT_BUFFER_BYTES: u64 = 64 * MIB;
+/// One `process/output` chunk: a pipe read's worth, small enough to interleave.
+pub const MAX_OUTPUT_CHUNK_BYTES: u64 = 64 * KIB;
+/// Open file handles per session, like a conservative `ulimit -n` share.
+pub const MAX_OPEN_FILES: u64 = 128;
+/// One `fs/readBlock`/`fs/writeBlock`: big enough for full pipe throughput
+/// with a few in flight, 1/16 of a frame.
+pub const MAX_BLOCK_BYTES: u64 = MIB;
+/// `fs/readFile` answers in one frame; bigger files stream via `fs/open`.
+pub const MAX_READ_FILE_BYTES: u64 = 8 * MIB;
+/// Entries in one `fs/walk` answer (continue with `next_cursor`).
+pub const MAX_WALK_ENTRIES: u64 = 100_000;
+/// Encoded bytes of one `fs/walk` answer: below the frame limit with margin.
+pub const MAX_WALK_RESPONSE_BYTES: u64 = 12 * MIB;
+/// Directories read per `fs/walk` request: bounds the time of one request.
+pub const MAX_WALK_DIRECTORIES: u64 = 10_000;
+/// Buffered HTTP body: must fit one frame with headers.
+pub const MAX_HTTP_BODY_BYTES: u64 = 8 * MIB;
+/// Concurrent streamed HTTP responses per session.
+pub const MAX_HTTP_STREAMS: u64 = 64;
+/// A detached session lives at most a day.
+pub const MAX_DETACH_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// MessagePack values in one incoming message: a decoded value costs up to
+/// 32 bytes, so this caps one message's decoded form near 32 MiB.
+pub const MAX_VALUES_PER_MESSAGE: u64 = 1 << 20;
+/// Nesting depth of one incoming message; no method needs more than a few.
+pub const MAX_NESTING: usize = 64;
+
+/// The limits in force for a session, as `initialize` reports them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    pub max_frame_bytes: u64,
+    pub max_requests_in_flight: u64,
+    pub max_processes: u64,
+    pub output_buffer_bytes: u64,
+    pub max_output_chunk_bytes: u64,
+    pub max_open_files: u64,
+    pub max_block_bytes: u64,
+    pub max_read_file_bytes: u64,
+    pub max_walk_entries: u64,
+    pub max_walk_response_bytes: u64,
+    pub max_http_body_bytes: u64,
+    pub max_http_streams: u64,
+    pub max_detach_ttl_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: MAX_FRAME_BYTES,
+            max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT,
+            max_processes: MAX_PROCESSES,
+            output_buffer_bytes: OUTPUT_BUFFER_BYTES,
+            max_output_chunk_bytes: MAX_OUTPUT_CHUNK_BYTES,
+            max_open_files: MAX_OPEN_FILES,
+            max_block_bytes: MAX_BLOCK_BYTES,
+            max_read_file_bytes: MAX_READ_FILE_BYTES,
+            max_walk_entries: MAX_WALK_ENTRIES,
+            max_walk_response_bytes: MAX_WALK_RESPONSE_BYTES,
+            max_http_body_bytes: MAX_HTTP_BODY_BYTES,
+            max_http_streams: MAX_HTTP_STREAMS,
+            max_detach_ttl_ms: MAX_DETACH_TTL_MS,
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! The message envelope: request, response, notification.
+//!
+//! Incoming frames are checked by a non-allocating scan (value count, nesting,
+//! exactly one value) before they are materialised as [`rmpv::Value`]; the
+//! params of a request are then turned into their typed form with
+//! [`from_params`], which names the offending field in its error.
+
+use crate::error::{ErrorCode, WireError};
+use crate::limits::{MAX_NESTING, MAX_VALUES_PER_MESSAGE};
+use rmpv::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// One decoded incoming message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Incoming {
+    /// `{"id", "method", "params"}`
+    Request {
+        id: u64,
+        method: String,
+        params: Value,
+    },
+    /// `{"method", "params"}`
+    Notification { method: String, params: Value },
+    /// `{"id", "result"}` or `{"id", "error"}`; `id` is `None` for the answer
+    /// to a request whose id could not be read.
+    Response {
+        id: Option<u64>,
+        result: Result<Value, WireError>,
+    },
+}
+
+/// A frame that is not a valid message. `id` is set when it could be read,
+/// so the error can be answered to the right request.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{error}")]
+pub struct DecodeError {
+    pub id: Option<u64>,
+    pub error: WireError,
+}
+
+impl DecodeError {
+    fn new(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
+        DecodeError {
+            id,
+            error: WireError::new(code, message),
+        }
+    }
+}
+
+impl Incoming {
+    /// Decode one frame's payload, with the default value-count bound.
+    pub fn decode(frame: &[u8]) -> Result<Incoming, DecodeError> {
+        Self::decode_bounded(frame, MAX_VALUES_PER_MESSAGE)
+    }
+
+    /// Decode one frame's payload holding at most `max_values` values.
+    pub fn decode_bounded(frame: &[u8], max_values: u64) -> Result<Incoming, DecodeError> {
+        match scan(frame, max_values, MAX_NESTING) {
+            Ok(used) if used == frame.len() => {}
+            Ok(used) => {
+                return Err(DecodeError::new(
+                    None,
+                    ErrorCode::ParseError,
+                    format!(
+                        "frame holds {} bytes after its MessagePack value (frame is {} bytes)",
+                        frame.len() - used,
+                        frame.len()
+                    ),
+                ))
+            }
+            Err(ScanError::Malformed(at)) => {
+                return Err(DecodeError::new(
+                    None,
+                    ErrorCode::ParseError,
+                    format!(
+                        "frame is not valid MessagePack (at byte {at} of {})",
+                        frame.len()
+                    ),
+                ))
+            }
+            Err(ScanError::TooManyValues) => {
+                let mut e = DecodeError::new(None, ErrorCode::LimitExceeded, "");
+                e.error = WireError::limit("max_values_per_message", max_values, None);
+                return Err(e);
+            }
+            Err(ScanError::TooDeep) => {
+                let mut e = DecodeError::new(None, ErrorCode::LimitExceeded, "");
+                e.error = WireError::limit("max_nesting", MAX_NESTING as u64, None);
+                return Err(e);
+            }
+        }
+        let value = rmpv::decode::read_value(&mut &frame[..]).map_err(|e| {
+            DecodeError::new(
+                None,
+                ErrorCode::ParseError,
+                format!("frame is not valid MessagePack: {e}"),
+            )
+        })?;
+        Self::from_value(value)
+    }
+
+    /// Interpret a decoded value as a message.
+    pub fn from_value(value: Value) -> Result<Incoming, DecodeError> {
+        let entries = match value {
+            Value::Map(m) => m,
+            other => {
+                return Err(DecodeError::new(
+                    None,
+                    ErrorCode::InvalidRequest,
+                    format!("a message must be a map, got {}", kind_of(&other)),
+                ))
+            }
+        };
+        let mut id: Option<Value> = None;
+        let mut method: Option<Value> = None;
+        let mut params: Option<Value> = None;
+        let mut result: Option<Value> = None;
+        let mut error: Option<Value> = None;
+        for (k, v) in entries {
+            match k.as_str() {
+                Some("id") => id = Some(v),
+                Some("method") => method = Some(v),
+                Some("params") => params = Some(v),
+                Some("result") => result = Some(v),
+                Some("error") => error = Some(v),
+                _ => {}
+            }
+        }
+        let id = match id {
+            None | Some(Value::Nil) => None,
+            Some(Value::Integer(i)) if i.as_u64().is_some() => i.as_u64(),
+            Some(other) => {
+                return Err(DecodeError::new(
+                    None,
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "\"id\" must be an unsigned integer, got {}",
+                        kind_of(&other)
+                    ),
+                ))
+            }
+        };
+        if let Some(method) = method {
+            let method = match method {
+                Value::String(s) if s.as_str().is_some() => s.into_str().unwrap_or_default(),
+                other => {
+                    return Err(DecodeError::new(
+                        id,
+                        ErrorCode::InvalidRequest,
+                        format!("\"method\" must be a string, got {}", kind_of(&other)),
+                    ))
+                }
+            };
+            let params = match params {
+                None | Some(Value::Nil) => Value::Map(Vec::new()),
+                Some(p @ Value::Map(_)) => p,
+                Some(other) => {
+                    return Err(DecodeError {
+                        id,
+                        error: WireError::invalid_params(
+                            "params",
+                            format!("\"params\" must be a map, got {}", kind_of(&other)),
+                        ),
+                    })
+                }
+            };
+            return Ok(match id {
+                Some(id) => Incoming::Request { id, method, params },
+                None => Incoming::Notification { method, params },
+            });
+        }
+        if let Some(err) = error {
+            let err: WireError = rmpv::ext::from_value(err).map_err(|e| {
+                DecodeError::new(
+                    id,
+                    ErrorCode::InvalidRequest,
+                    format!("malformed \"error\": {e}"),
+                )
+            })?;
+            return Ok(Incoming::Response {
+                id,
+                result: Err(err),
+            });
+        }
+        if let Some(result) = result {
+            if id.is_none() {
+                return Err(DecodeError::new(
+                    None,
+                    ErrorCode::InvalidRequest,
+                    "a result without \"id\"",
+                ));
+            }
+            return Ok(Incoming::Response {
+                id,
+                result: Ok(result),
+            });
+        }
+        Err(DecodeError::new(
+            id,
+            ErrorCode::InvalidRequest,
+            "a message needs \"method\" (request, notification) or \"result\"/\"error\" (response)",
+        ))
+    }
+}
+
+/// A short name for the kind of a value, for messages.
+pub fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Boolean(_) => "a boolean",
+        Value::Integer(_) => "an integer",
+        Value::F32(_) | Value::F64(_) => "a float",
+        Value::String(_) => "a string",
+        Value::Binary(_) => "binary",
+        Value::Array(_) => "an array",
+        Value::Map(_) => "a map",
+        Value::Ext(..) => "an extension value",
+    }
+}
+
+/// Turn a request's params into their typed form. The error is
+/// `invalid_params` with `data.field` the dotted path of the offending key.
+pub fn from_params<T: DeserializeOwned>(params: Value) -> Result<T, WireError> {
+    match serde_path_to_error::deserialize::<_, T>(params) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let mut field = e.path().to_string();
+            let raw = e.inner().to_string();
+            let msg = raw
+                .strip_prefix("error while decoding value: ")
+                .unwrap_or(&raw)
+                .to_string();
+            if let Some(missing) = msg
+                .split_once("missing field `")
+                .and_then(|(_, s)| s.split('`').next())
+            {
+                field = if field == "." || field.is_empty() {
+                    missing.to_string()
+                } else {
+                    format!("{field}.{missing}")
+                };
+            }
+            if field == "." {
+                field = String::new();
+            }
+            let message = if field.is_empty() {
+                format!("invalid params: {msg}")
+            } else {
+                format!("invalid params at {field}: {msg}")
+            };
+            Err(WireError::invalid_params(&field, message))
+        }
+    }
+}
+
+/// Encoding failed: only when the encoded message exceeds the frame limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    #[error("encoded message of {size} bytes exceeds the frame limit of {max} bytes")]
+    TooLarge { size: usize, max: usize },
+    #[error("value cannot be encoded: {0}")]
+    Serialize(String),
+}
+
+#[derive(Serialize)]
+struct RequestOut<'a, P> {
+    id: u64,
+    method: &'a str,
+    params: &'a P,
+}
+#[derive(Serialize)]
+struct NotificationOut<'a, P> {
+    method: &'a str,
+    params: &'a P,
+}
+#[derive(Serialize)]
+struct ResponseOut<'a, R> {
+    id: Option<u64>,
+    result: &'a R,
+}
+#[derive(Serialize)]
+struct ErrorOut<'a> {
+    id: Option<u64>,
+    error: &'a WireError,
+}
+
+fn encode_framed<T: Serialize>(dst: &mut Vec<u8>, msg: &T, max: usize) -> Result<(), EncodeError> {
+    let start = dst.len();
+    dst.extend_from_slice(&[0; 4]);
+    if let Err(e) = rmp_serde::encode::write_named(dst, msg) {
+        dst.truncate(start);
+        return Err(EncodeError::Serialize(e.to_string()));
+    }
+    let size = dst.len() - start - 4;
+    if size > max || size > u32::MAX as usize {
+        dst.truncate(start);
+        return Err(EncodeError::TooLarge { size, max });
+    }
+    dst[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
+    Ok(())
+}
+
+/// Append a request frame to `dst`.
+pub fn encode_request<P: Serialize>(
+    dst: &mut Vec<u8>,
+    id: u64,
+    method: &str,
+    params: &P,
+    max: usize,
+) -> Result<(), EncodeError> {
+    encode_framed(dst, &RequestOut { id, method, params }, max)
+}
+
+/// Append a notification frame to `dst`.
+pub fn encode_notification<P: Serialize>(
+    dst: &mut Vec<u8>,
+    method: &str,
+    params: &P,
+    max: usize,
+) -> Result<(), EncodeError> {
+    encode_framed(dst, &NotificationOut { method, params }, max)
+}
+
+/// Append a success response frame to `dst`.
+pub fn encode_response<R: Serialize>(
+    dst: &mut Vec<u8>,
+    id: Option<u64>,
+    result: &R,
+    max: usize,
+) -> Result<(), EncodeError> {
+    encode_framed(dst, &ResponseOut { id, result }, max)
+}
+
+/// Append an error response frame to `dst`.
+pub fn encode_error(
+    dst: &mut Vec<u8>,
+    id: Option<u64>,
+    error: &WireError,
+    max: usize,
+) -> Result<(), EncodeError> {
+    encode_framed(dst, &ErrorOut { id, error }, max)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum ScanError {
+    Malformed(usize),
+    TooManyValues,
+    TooDeep,
+}
+
+/// Walk one MessagePack value without allocating; return its encoded length.
+fn scan(buf: &[u8], max_values: u64, max_depth: usize) -> Result<usize, ScanError> {
+    // `pending[i]` = values still expected by the i-th open container.
+    let mut pending: Vec<u64> = Vec::with_capacity(8);
+    let mut pos = 0usize;
+    let mut values = 0u64;
+    let take = |pos: &mut usize, n: usize| -> Result<u64, ScanError> {
+        let end = pos
+            .checked_add(n)
+            .filter(|&e| e <= buf.len())
+            .ok_or(ScanError::Malformed(*pos))?;
+        let mut v = 0u64;
+        for b in &buf[*pos..end] {
+            v = (v << 8) | u64::from(*b);
+        }
+        *pos = end;
+        Ok(v)
+    };
+    loop {
+        let at = pos;
+        let marker = *buf.get(pos).ok_or(ScanError::Malformed(at))?;
+        pos += 1;
+        values += 1;
+        if values > max_values {
+            return Err(ScanError::TooManyValues);
+        }
+        // (bytes to skip, children to expect)
+        let (skip, children): (u64, u64) = match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0),
+            0x80..=0x8f => (0, 2 * u64::from(marker & 0x0f)),
+            0x90..=0x9f => (0, u64::from(marker & 0x0f)),
+            0xa0..=0xbf => (u64::from(marker & 0x1f), 0),
+            0xc1 => return Err(ScanError::Malformed(at)),
+            0xc4 | 0xd9 => (take(&mut pos, 1)?, 0),
+            0xc5 | 0xda => (take(&mut pos, 2)?, 0),
+            0xc6 | 0xdb => (take(&mut pos, 4)?, 0),
+            0xc7 => (take(&mut pos, 1)? + 1, 0),
+            0xc8 => (take(&mut pos, 2)? + 1, 0),
+            0xc9 => (take(&mut pos, 4)? + 1, 0),
+            0xca => (4, 0),
+            0xcb => (8, 0),
+            0xcc | 0xd0 => (1, 0),
+            0xcd | 0xd1 => (2, 0),
+            0xce | 0xd2 => (4, 0),
+            0xcf | 0xd3 => (8, 0),
+            0xd4 => (2, 0),
+            0xd5 => (3, 0),
+            0xd6 => (5, 0),
+            0xd7 => (9, 0),
+            0xd8 => (17, 0),
+            0xdc => (0, take(&mut pos, 2)?),
+            0xdd => (0, take(&mut pos, 4)?),
+            0xde => (0, 2 * take(&mut pos, 2)?),
+            0xdf => (0, 2 * take(&mut pos, 4)?),
+        };
+        let skip = usize::try_from(skip).map_err(|_| ScanError::Malformed(at))?;
+        pos = pos
+            .checked_add(skip)
+            .filter(|&e| e <= buf.len())
+            .ok_or(ScanError::Malformed(at))?;
+        if children > 0 {
+            // Each child needs at least one byte: cheap early rejection.
+            if children > (buf.len() - pos) as u64 {
+                return Err(ScanError::Malformed(at));
+            }
+            if pending.len() >= max_depth {
+                return Err(ScanError::TooDeep);
+            }
+            pending.push(children);
+            continue;
+        }
+        // A scalar (or empty container) completed: close finished containers.
+        loop {
+            match pending.last_mut() {
+                None => return Ok(pos),
+                Some(n) => {
+                    *n -= 1;
+                    if *n == 0 {
+                        pending.pop();
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, v).unwrap();
+        out
+    }
+
+    #[test]
+    fn scan_agrees_with_rmpv_on_lengths() {
+        let v = Value::Map(vec![
+            (
+                Value::from("a"),
+                Value::Array(vec![Value::from(1), Value::from(-300), Value::Nil]),
+            ),
+            (Value::from("b"), Value::Binary(vec![1; 300])),
+            (Value::from("c"), Value::Ext(3, vec![1, 2, 3, 4])),
+            (Value::from("d"), Value::F64(1.5)),
+            (Value::from("e"), Value::Map(vec![])),
+        ]);
+        let bytes = enc(&v);
+        assert_eq!(scan(&bytes, 100, 8), Ok(bytes.len()));
+        assert_eq!(scan(&bytes, 5, 8), Err(ScanError::TooManyValues));
+        assert!(matches!(
+            scan(&bytes[..bytes.len() - 1], 100, 8),
+            Err(ScanError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn nil_bomb_is_refused_before_decoding() {
+        let mut frame = vec![0xdd, 0x00, 0x20, 0x00, 0x00];
+        frame.extend(std::iter::repeat_n(0xc0u8, 0x20_0000));
+        let e = Incoming::decode(&frame).unwrap_err();
+        assert_eq!(e.error.code, ErrorCode::LimitExceeded);
+    }
+
+    #[test]
+    fn deep_nesting_refused() {
+        let frame = vec![0x91u8; 1000];
+        let e = Incoming::decode(&frame).unwrap_err();
+        assert_eq!(e.error.code, ErrorCode::LimitExceeded);
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct P {
+            inner: Inner,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Inner {
+            rows: u16,
+        }
+        let v = Value::Map(vec![(Value::from("inner"), Value::Map(vec![]))]);
+        let e = from_params::<P>(v).unwrap_err();
+        assert_eq!(
+            e.data_get("field").and_then(|v| v.as_str()),
+            Some("inner.rows")
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! Filesystem (PROTOCOL.md §5). Every request takes an optional `sandbox`
+//! and an optional absolute `cwd` (what `:cwd` means in that intent).
+
+use super::sandbox::SandboxIntent;
+use crate::path::WirePath;
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+/// Default `fs/walk` bounds.
+pub const WALK_MAX_DEPTH: u32 = 64;
+pub const WALK_MAX_DIRECTORIES: u64 = 10_000;
+
+macro_rules! fs_params {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub sandbox: Option<SandboxIntent>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub cwd: Option<WirePath>,
+        }
+    };
+}
+
+fn yes() -> bool {
+    true
+}
+
+crate::wire_enum! {
+    pub enum FileKind {
+        File = "file",
+        Dir = "dir",
+        Symlink = "symlink",
+        Other = "other",
+    }
+}
+
+fs_params! {
+    pub struct StatParams {
+        pub path: WirePath,
+        #[serde(default = "yes")]
+        pub follow_symlinks: bool,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatResult {
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+fs_params! {
+    pub struct CanonicalizeParams {
+        pub path: WirePath,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathResult {
+    pub path: WirePath,
+}
+
+fs_params! {
+    pub struct ReadFileParams {
+        pub path: WirePath,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub offset: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub length: Option<u64>,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadFileResult {
+    pub data: ByteBuf,
+    pub size: u64,
+}
+
+fs_params! {
+    pub struct WriteFileParams {
+        pub path: WirePath,
+        pub data: ByteBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub mode: Option<u32>,
+        #[serde(default)]
+        pub create_parents: bool,
+        #[serde(default = "yes")]
+        pub atomic: bool,
+    }
+}
+
+fs_params! {
+    pub struct CreateDirectoryParams {
+        pub path: WirePath,
+        #[serde(default)]
+        pub recursive: bool,
+    }
+}
+
+fs_params! {
+    pub struct RemoveParams {
+        pub path: WirePath,
+        #[serde(default)]
+        pub recursive: bool,
+    }
+}
+
+fs_params! {
+    pub struct RenameParams {
+        pub from: WirePath,
+        pub to: WirePath,
+    }
+}
+
+fn d_depth() -> u32 {
+    WALK_MAX_DEPTH
+}
+fn d_entries() -> u64 {
+    crate::limits::MAX_WALK_ENTRIES
+}
+fn d_dirs() -> u64 {
+    WALK_MAX_DIRECTORIES
+}
+fn d_bytes() -> u64 {
+    crate::limits::MAX_WALK_RESPONSE_BYTES
+}
+
+fs_params! {
+    pub struct WalkParams {
+        pub root: WirePath,
+        #[serde(default = "d_depth")]
+        pub max_depth: u32,
+        #[serde(default = "d_entries")]
+        pub max_entries: u64,
+        #[serde(default = "d_dirs")]
+        pub max_directories: u64,
+        #[serde(default = "d_bytes")]
+        pub max_response_bytes: u64,
+        #[serde(default = "yes")]
+        pub include_hidden: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cursor: Option<ByteBuf>,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalkEntry {
+    pub path: WirePath,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mtime_ns: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalkErrorEntry {
+    pub path: WirePath,
+    pub code: crate::error::ErrorCode,
+    pub message: String,
+}
+
+crate::wire_enum! {
+    pub enum TruncatedBy {
+        MaxDepth = "max_depth",
+        MaxEntries = "max_entries",
+        MaxDirectories = "max_directories",
+        MaxResponseBytes = "max_response_bytes",
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalkResult {
+    pub entries: Vec<WalkEntry>,
+    pub errors: Vec<WalkErrorEntry>,
+    pub truncated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_by: Option<TruncatedBy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<ByteBuf>,
+}
+
+fs_params! {
+    pub struct OpenParams {
+        pub path: WirePath,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenResult {
+    pub handle: u64,
+    pub size: u64,
+}
+
+fs_params! {
+    pub struct ReadBlockParams {
+        pub handle: u64,
+        pub offset: u64,
+        pub length: u64,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadBlockResult {
+    pub data: ByteBuf,
+    pub eof: bool,
+}
+
+fs_params! {
+    pub struct OpenWriteParams {
+        pub path: WirePath,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub mode: Option<u32>,
+        #[serde(default)]
+        pub create_parents: bool,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandleResult {
+    pub handle: u64,
+}
+
+fs_params! {
+    pub struct WriteBlockParams {
+        pub handle: u64,
+        pub offset: u64,
+        pub data: ByteBuf,
+    }
+}
+
+fs_params! {
+    /// `fs/commit` and `fs/close`.
+    pub struct HandleParams {
+        pub handle: u64,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitResult {
+    pub size: u64,
+}

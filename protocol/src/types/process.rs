@@ -1,0 +1,226 @@
+//! Processes (PROTOCOL.md §3).
+
+use super::sandbox::SandboxIntent;
+use crate::path::WirePath;
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl Default for PtySize {
+    fn default() -> Self {
+        PtySize { rows: 24, cols: 80 }
+    }
+}
+
+crate::wire_enum! {
+    pub enum StdinMode {
+        Pipe = "pipe",
+        Null = "null",
+    }
+}
+
+/// Never log `env` values: they may hold secrets.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessStartParams {
+    pub argv: Vec<String>,
+    pub cwd: WirePath,
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arg0: Option<String>,
+    #[serde(default)]
+    pub tty: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty_size: Option<PtySize>,
+    #[serde(default)]
+    pub stdin: StdinMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxIntent>,
+    #[serde(default = "super::yes")]
+    pub notify: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_buffer_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+impl std::fmt::Debug for ProcessStartParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessStartParams")
+            .field("argv", &self.argv)
+            .field("cwd", &self.cwd)
+            .field("env_keys", &self.env.keys().collect::<Vec<_>>())
+            .field("arg0", &self.arg0)
+            .field("tty", &self.tty)
+            .field("stdin", &self.stdin)
+            .field("sandbox", &self.sandbox)
+            .field("tag", &self.tag)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessStartParams {
+    /// Params for `argv` in `cwd` with `env`, everything else default.
+    pub fn new(argv: Vec<String>, cwd: impl Into<WirePath>, env: BTreeMap<String, String>) -> Self {
+        ProcessStartParams {
+            argv,
+            cwd: cwd.into(),
+            env,
+            arg0: None,
+            tty: false,
+            pty_size: None,
+            stdin: StdinMode::Pipe,
+            sandbox: None,
+            notify: true,
+            output_buffer_bytes: None,
+            tag: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessStartResult {
+    pub process_id: String,
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_degraded: Option<Vec<String>>,
+}
+
+crate::wire_enum! {
+    pub enum OutputStream {
+        Stdout = "stdout",
+        Stderr = "stderr",
+        Pty = "pty",
+    }
+}
+
+/// `process/output` notification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessOutput {
+    pub process_id: String,
+    pub seq: u64,
+    pub stream: OutputStream,
+    pub data: ByteBuf,
+}
+
+/// `process/exited` notification.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ProcessExited {
+    pub process_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal_number: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_seq: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_denied: Option<bool>,
+}
+
+/// `process/lagged` notification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessLagged {
+    pub process_id: String,
+    pub next_seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessReadParams {
+    pub process_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_seq: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    pub seq: u64,
+    pub stream: OutputStream,
+    pub data: ByteBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ExitInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessReadResult {
+    pub chunks: Vec<OutputChunk>,
+    pub next_seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exited: Option<ExitInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_before: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessWriteParams {
+    pub process_id: String,
+    pub data: ByteBuf,
+    #[serde(default)]
+    pub close_stdin: bool,
+}
+
+crate::wire_enum! {
+    /// The nine signal names of `process/signal`.
+    pub enum SignalName {
+        Interrupt = "interrupt",
+        Terminate = "terminate",
+        Kill = "kill",
+        Hangup = "hangup",
+        Quit = "quit",
+        User1 = "user1",
+        User2 = "user2",
+        Continue = "continue",
+        Stop = "stop",
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessSignalParams {
+    pub process_id: String,
+    pub signal: SignalName,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessResizeParams {
+    pub process_id: String,
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub process_id: String,
+    pub pid: u32,
+    pub argv: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    pub running: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessListResult {
+    pub processes: Vec<ProcessInfo>,
+}
+
+#[allow(clippy::derivable_impls)] // the variant lives in a macro
+impl Default for StdinMode {
+    fn default() -> Self {
+        StdinMode::Pipe
+    }
+}

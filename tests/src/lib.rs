@@ -1,0 +1,215 @@
+//! Helpers shared by the integration tests: find and spawn the real
+//! `executor` binary, and talk to it in raw frames.
+
+use bytes::BytesMut;
+use executor_protocol::codec::FrameDecoder;
+use executor_protocol::message::{encode_request, Incoming};
+use executor_protocol::types::session::{ClientInfo, InitializeParams};
+use executor_protocol::PREAMBLE;
+use rmpv::Value;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+/// Generous bound for anything a test waits on.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The `executor` binary built by this workspace.
+pub fn executor_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("EXECUTOR_BIN") {
+        return p.into();
+    }
+    // tests run from target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("executor");
+    assert!(
+        bin.is_file(),
+        "no executor binary at {} (cargo build first)",
+        bin.display()
+    );
+    bin
+}
+
+/// The real agent, spoken to in raw frames.
+#[derive(Debug)]
+pub struct RawAgent {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: ChildStdout,
+    buf: BytesMut,
+    decoder: FrameDecoder,
+}
+
+impl RawAgent {
+    /// Spawn the agent and check its preamble.
+    pub async fn spawn() -> RawAgent {
+        let mut child = tokio::process::Command::new(executor_bin())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn executor");
+        let stdin = child.stdin.take();
+        let mut stdout = child.stdout.take().expect("stdout");
+        let mut pre = [0u8; 16];
+        tokio::time::timeout(WAIT, stdout.read_exact(&mut pre))
+            .await
+            .expect("preamble in time")
+            .expect("read preamble");
+        assert_eq!(&pre, PREAMBLE);
+        RawAgent {
+            child,
+            stdin,
+            stdout,
+            buf: BytesMut::new(),
+            decoder: FrameDecoder::new(64 << 20),
+        }
+    }
+
+    /// Spawn and initialize.
+    pub async fn initialized() -> RawAgent {
+        let mut a = RawAgent::spawn().await;
+        let r = a.request(0, "initialize", &init_params()).await;
+        assert!(get(&r, "result").is_some(), "initialize failed: {r:?}");
+        a
+    }
+
+    /// Write raw bytes.
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).await.expect("write to agent");
+        stdin.flush().await.expect("flush");
+    }
+
+    /// Write one frame holding `payload`.
+    pub async fn send_frame(&mut self, payload: &[u8]) {
+        let mut b = (payload.len() as u32).to_be_bytes().to_vec();
+        b.extend_from_slice(payload);
+        self.send_raw(&b).await;
+    }
+
+    /// Write a value as one frame.
+    pub async fn send_value(&mut self, v: &Value) {
+        let mut payload = Vec::new();
+        rmpv::encode::write_value(&mut payload, v).expect("encode");
+        self.send_frame(&payload).await;
+    }
+
+    /// Send a request without waiting.
+    pub async fn send_request<P: serde::Serialize>(&mut self, id: u64, method: &str, params: &P) {
+        let mut b = Vec::new();
+        encode_request(&mut b, id, method, params, 64 << 20).expect("encode");
+        self.send_raw(&b).await;
+    }
+
+    /// Read the next frame as a map value; `None` at EOF.
+    pub async fn recv(&mut self) -> Option<Value> {
+        loop {
+            if let Some(frame) = self.decoder.decode(&mut self.buf).expect("agent framing") {
+                return Some(
+                    rmpv::decode::read_value(&mut &frame[..]).expect("agent sent msgpack"),
+                );
+            }
+            let n = tokio::time::timeout(WAIT, self.stdout.read_buf(&mut self.buf))
+                .await
+                .expect("agent answered in time")
+                .expect("read agent stdout");
+            if n == 0 {
+                assert!(self.buf.is_empty(), "agent output ended inside a frame");
+                return None;
+            }
+        }
+    }
+
+    /// Read frames until the answer to `id` (notifications are skipped).
+    pub async fn response(&mut self, id: u64) -> Value {
+        loop {
+            let v = self.recv().await.expect("agent closed before answering");
+            if get(&v, "id").and_then(|i| i.as_u64()) == Some(id) {
+                return v;
+            }
+        }
+    }
+
+    /// Send a request and wait for its answer.
+    pub async fn request<P: serde::Serialize>(
+        &mut self,
+        id: u64,
+        method: &str,
+        params: &P,
+    ) -> Value {
+        self.send_request(id, method, params).await;
+        self.response(id).await
+    }
+
+    /// Close stdin and wait for the agent to exit.
+    pub async fn close_and_wait(&mut self) -> std::process::ExitStatus {
+        self.stdin.take();
+        self.wait().await
+    }
+
+    /// Wait for the agent to exit.
+    pub async fn wait(&mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("agent exited in time")
+            .expect("wait")
+    }
+
+    /// Everything the agent wrote to stderr (after it exited).
+    pub async fn stderr(&mut self) -> String {
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = tokio::time::timeout(WAIT, e.read_to_string(&mut s)).await;
+        }
+        s
+    }
+}
+
+/// Standard `initialize` params.
+pub fn init_params() -> InitializeParams {
+    InitializeParams {
+        protocol_version: 1,
+        client: ClientInfo {
+            name: "tests".into(),
+            version: "0".into(),
+        },
+        session: None,
+    }
+}
+
+/// Look up a key of a map value.
+pub fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    match v {
+        Value::Map(m) => m
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+/// Follow a dotted path of keys.
+pub fn path<'a>(v: &'a Value, dotted: &str) -> Option<&'a Value> {
+    dotted.split('.').try_fold(v, |v, k| get(v, k))
+}
+
+/// The `error.code` of a response, if it is an error.
+pub fn error_code(v: &Value) -> Option<&str> {
+    path(v, "error.code").and_then(|c| c.as_str())
+}
+
+/// Decode a whole stream of frames (for checks on `Incoming`).
+pub fn decode_all(bytes: &[u8]) -> Vec<Result<Incoming, String>> {
+    let mut d = FrameDecoder::new(1 << 20);
+    let mut b = BytesMut::from(bytes);
+    let mut out = Vec::new();
+    while let Ok(Some(f)) = d.decode(&mut b) {
+        out.push(Incoming::decode(&f).map_err(|e| e.to_string()));
+    }
+    out
+}

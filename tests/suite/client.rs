@@ -1,0 +1,124 @@
+//! The client library against the real agent.
+
+use executor_client::{Client, ClientOptions, Error, ErrorCode, Target};
+use executor_protocol::types::Empty;
+use executor_tests::executor_bin;
+
+fn shell_with_noise(noise_bytes: usize) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "head -c {noise_bytes} /dev/zero | tr '\\0' 'N'; printf 'Welcome to devbox\\n'; exec \"$0\"",
+        ))
+        .arg(executor_bin());
+    cmd
+}
+
+#[tokio::test]
+async fn local_target_connects_and_initializes() {
+    std::env::set_var("EXECUTOR_BIN", executor_bin());
+    let c = Client::connect_target(&Target::Local, ClientOptions::default())
+        .await
+        .expect("connect");
+    assert_eq!(c.initialize_result().protocol_version, 1);
+    let info = c.environment_info().await.unwrap();
+    assert_eq!(info.path_separator, "/");
+    assert_eq!(info.uid, nix_uid());
+    c.close().await.unwrap();
+}
+
+fn nix_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|u| u.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn preamble_after_ten_kib_of_banner_noise() {
+    let c = Client::spawn(shell_with_noise(10 * 1024), ClientOptions::default())
+        .await
+        .expect("noise before the preamble is skipped");
+    c.tools_list().await.unwrap();
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn noise_over_64_kib_fails_quoting_it() {
+    let err = Client::spawn(shell_with_noise(70 * 1024), ClientOptions::default())
+        .await
+        .expect_err("too much noise");
+    match &err {
+        Error::Preamble { seen, reason } => {
+            assert!(seen.starts_with("NNNNNNNN"), "{seen:?}");
+            assert!(reason.contains("64 KiB"), "{reason}");
+        }
+        other => panic!("expected a preamble error, got {other:?}"),
+    }
+    assert!(err.to_string().contains("NNNN"));
+}
+
+#[tokio::test]
+async fn eof_before_the_preamble_fails_quoting_what_was_seen() {
+    let mut cmd = tokio::process::Command::new("/bin/sh");
+    cmd.arg("-c").arg("echo 'executor: command not found'");
+    let err = Client::spawn(cmd, ClientOptions::default())
+        .await
+        .expect_err("no agent");
+    match err {
+        Error::Preamble { seen, reason } => {
+            assert!(seen.contains("command not found"), "{seen:?}");
+            assert!(reason.contains("ended"), "{reason}");
+        }
+        other => panic!("expected a preamble error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn errors_are_typed_and_many_requests_fly_at_once() {
+    let c = Client::spawn(
+        tokio::process::Command::new(executor_bin()),
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let err = c
+        .request::<_, Empty>("no/such", &Empty {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::MethodNotFound));
+    let mut calls = Vec::new();
+    for _ in 0..500 {
+        calls.push(c.call("environment/info", &Empty {}).await.unwrap());
+    }
+    let ids: std::collections::BTreeSet<u64> = calls.iter().map(|c| c.id()).collect();
+    assert_eq!(ids.len(), 500);
+    for call in calls {
+        let info: executor_protocol::types::session::EnvironmentInfo = call.result().await.unwrap();
+        assert_eq!(info.path_separator, "/");
+    }
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn requests_after_the_agent_died_fail_as_closed() {
+    let c = Client::spawn(
+        tokio::process::Command::new(executor_bin()),
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    // Break framing on purpose: the agent closes.
+    c.notify("x", &Empty {}).await.unwrap();
+    let big = vec![0u8; 1];
+    let _ = c
+        .request::<_, Empty>("tools/list", &serde_bytes::ByteBuf::from(big))
+        .await;
+    // The agent is still fine after a bad-params request.
+    let r = c.tools_list().await;
+    assert!(r.is_ok(), "{r:?}");
+    c.close().await.unwrap();
+}

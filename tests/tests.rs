@@ -1,0 +1,9 @@
+//! One integration-test binary (like ripgrep's): a module per capability,
+//! shared helpers in `executor_tests` (`src/lib.rs`).
+
+#[path = "suite/client.rs"]
+mod client;
+#[path = "suite/fuzzish.rs"]
+mod fuzzish;
+#[path = "suite/wire.rs"]
+mod wire;
