@@ -3,7 +3,11 @@
 
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/exec.rs"]
+mod exec;
 #[path = "suite/fuzzish.rs"]
 mod fuzzish;
+#[path = "suite/process.rs"]
+mod process;
 #[path = "suite/wire.rs"]
 mod wire;

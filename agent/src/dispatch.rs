@@ -7,6 +7,7 @@
 use crate::conn::OutFrame;
 use crate::session::{self, Session};
 use crate::tools;
+use crate::{exec, process};
 use executor_protocol::message::{encode_error, encode_response, from_params};
 use executor_protocol::{methods as m, ErrorCode, WireError};
 use rmpv::Value;
@@ -14,7 +15,18 @@ use serde::Serialize;
 use std::sync::Arc;
 
 /// Request methods handled by this build (besides `initialize`).
-pub const ENABLED: &[&str] = &[m::ENVIRONMENT_INFO, m::TOOLS_LIST];
+pub const ENABLED: &[&str] = &[
+    m::ENVIRONMENT_INFO,
+    m::TOOLS_LIST,
+    m::PROCESS_START,
+    m::PROCESS_READ,
+    m::PROCESS_WRITE,
+    m::PROCESS_SIGNAL,
+    m::PROCESS_RESIZE,
+    m::PROCESS_LIST,
+    m::EXEC_COMMAND,
+    m::WRITE_STDIN,
+];
 
 /// Encode a handler's outcome as a response frame.
 pub fn reply<R: Serialize>(id: u64, outcome: Result<R, WireError>, max_frame: usize) -> OutFrame {
@@ -71,6 +83,14 @@ pub async fn dispatch(s: &Arc<Session>, id: u64, method: &str, params: Value) ->
     match method {
         m::ENVIRONMENT_INFO => call!(session::environment_info),
         m::TOOLS_LIST => call!(tools::list),
+        m::PROCESS_START => call!(process::handle_start),
+        m::PROCESS_READ => call!(process::handle_read),
+        m::PROCESS_WRITE => call!(process::handle_write),
+        m::PROCESS_SIGNAL => call!(process::handle_signal),
+        m::PROCESS_RESIZE => call!(process::handle_resize),
+        m::PROCESS_LIST => call!(process::handle_list),
+        m::EXEC_COMMAND => call!(exec::exec_command),
+        m::WRITE_STDIN => call!(exec::write_stdin),
         m::INITIALIZE => error_frame(
             id,
             &WireError::new(

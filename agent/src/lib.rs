@@ -12,6 +12,8 @@
 
 pub mod conn;
 pub mod dispatch;
+pub mod exec;
+pub mod process;
 pub mod session;
 pub mod tools;
 

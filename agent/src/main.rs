@@ -18,6 +18,12 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The trampoline must run single-threaded: dispatch to it before
+    // anything else (no runtime, no logging threads).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).and_then(|a| a.to_str()) == Some("sandbox-exec") {
+        sandbox_exec(&args[2..]);
+    }
     let cli = Cli::parse();
     init_tracing(cli.log_json);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -37,6 +43,21 @@ fn main() -> anyhow::Result<()> {
         executor_agent::conn::Ending::BadLength => std::process::exit(2),
         _ => Ok(()),
     }
+}
+
+/// `executor sandbox-exec [--lifeline FD] [--status FD] [--tty] --exec PATH POLICY -- ARGV...`:
+/// the trampoline every job goes through (see `executor_sandbox::trampoline`).
+fn sandbox_exec(args: &[std::ffi::OsString]) -> ! {
+    use executor_sandbox::trampoline;
+    let code = match trampoline::Spec::parse(args).and_then(trampoline::run) {
+        Ok(code) => code,
+        Err(e) => {
+            // Our stderr is the job's stderr: say who failed.
+            eprintln!("executor sandbox-exec: {e}");
+            126
+        }
+    };
+    std::process::exit(code)
 }
 
 fn init_tracing(json: bool) {

@@ -3,14 +3,65 @@
 
 use crate::dispatch::ENABLED;
 use crate::session::Session;
+use executor_protocol::methods as m;
+use executor_protocol::types::exec::{DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_YIELD_TIME_MS};
 use executor_protocol::types::session::{ToolSpec, ToolsListResult};
 use executor_protocol::types::Empty;
 use executor_protocol::WireError;
+use serde_json::json;
 use std::sync::Arc;
+
+fn schema(v: serde_json::Value) -> rmpv::Value {
+    rmpv::ext::to_value(v).unwrap_or(rmpv::Value::Nil)
+}
 
 /// The tool specs this build can serve.
 pub fn specs() -> Vec<ToolSpec> {
-    let all: Vec<ToolSpec> = Vec::new();
+    let all = vec![
+        ToolSpec {
+            name: m::EXEC_COMMAND.into(),
+            description: "Run a command (final argv, no shell added) on the executor host. Returns its output \
+                          and exit code if it finishes within yield_time_ms, else a process_id to continue \
+                          with write_stdin."
+                .into(),
+            input_schema: schema(json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                "description": "argv; argv[0] is looked up in env.PATH when it has no '/'"},
+                    "cwd": {"type": "string", "description": "absolute working directory"},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"},
+                            "description": "the complete environment"},
+                    "tty": {"type": "boolean", "default": false},
+                    "yield_time_ms": {"type": "integer", "minimum": 0, "default": DEFAULT_YIELD_TIME_MS},
+                    "max_output_tokens": {"type": "integer", "minimum": 0, "default": DEFAULT_MAX_OUTPUT_TOKENS},
+                    "sandbox_permissions": {"type": "object"},
+                    "additional_permissions": {"type": "object"},
+                    "additional_permissions_preapproved": {"type": "boolean"},
+                    "justification": {"type": "string"}
+                },
+                "required": ["command", "cwd", "env"],
+                "additionalProperties": true
+            })),
+        },
+        ToolSpec {
+            name: m::WRITE_STDIN.into(),
+            description: "Write to a running exec_command process (empty input polls; \\u0003 interrupts) \
+                          and collect its output since the previous call."
+                .into(),
+            input_schema: schema(json!({
+                "type": "object",
+                "properties": {
+                    "process_id": {"type": "string"},
+                    "input": {"type": "string", "default": ""},
+                    "yield_time_ms": {"type": "integer", "minimum": 0, "default": DEFAULT_YIELD_TIME_MS},
+                    "max_output_tokens": {"type": "integer", "minimum": 0, "default": DEFAULT_MAX_OUTPUT_TOKENS}
+                },
+                "required": ["process_id"],
+                "additionalProperties": true
+            })),
+        },
+    ];
     all.into_iter()
         .filter(|t| ENABLED.contains(&t.name.as_str()))
         .collect()

@@ -23,10 +23,12 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod process;
 mod target;
 
 pub use executor_protocol as protocol;
 pub use executor_protocol::{ErrorCode, WireError};
+pub use process::{ExitStatus, Output, Process};
 pub use target::Target;
 
 use bytes::BytesMut;
@@ -128,10 +130,16 @@ impl Default for ClientOptions {
 }
 
 type Reply = Result<Value, WireError>;
-type Subscriber = (Vec<String>, mpsc::UnboundedSender<Notification>);
+struct Subscriber {
+    id: u64,
+    methods: Vec<String>,
+    process_id: Option<String>,
+    tx: mpsc::UnboundedSender<Notification>,
+}
 
 #[derive(Default)]
 struct Shared {
+    next_sub: u64,
     pending: HashMap<u64, oneshot::Sender<Reply>>,
     subscribers: Vec<Subscriber>,
     closed: Option<String>,
@@ -143,19 +151,25 @@ struct Inner {
     max_frame: usize,
 }
 
-/// A connection to an agent, initialized and ready.
-pub struct Client {
+struct Conn {
     inner: Arc<Inner>,
-    /// The only sender to the writer task: dropping it closes our side.
-    out: mpsc::Sender<Vec<u8>>,
+    /// The only sender to the writer task: taking it closes our side.
+    out: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
     init: InitializeResult,
     child: Mutex<Option<tokio::process::Child>>,
+}
+
+/// A connection to an agent, initialized and ready. Cheap to clone: clones
+/// share the connection (and [`Process`] handles hold one).
+#[derive(Clone)]
+pub struct Client {
+    conn: Arc<Conn>,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("session_id", &self.init.session_id)
+            .field("session_id", &self.conn.init.session_id)
             .finish_non_exhaustive()
     }
 }
@@ -200,12 +214,17 @@ impl Call {
 /// A stream of notifications; ends when the connection closes.
 #[derive(Debug)]
 pub struct Subscription {
+    id: u64,
+    backlog: std::collections::VecDeque<Notification>,
     rx: mpsc::UnboundedReceiver<Notification>,
 }
 
 impl Subscription {
     /// The next notification, `None` once the connection is closed.
     pub async fn recv(&mut self) -> Option<Notification> {
+        if let Some(n) = self.backlog.pop_front() {
+            return Some(n);
+        }
         self.rx.recv().await
     }
 }
@@ -244,10 +263,12 @@ impl Client {
             .result()
             .await?;
         Ok(Client {
-            inner,
-            out: out_tx,
-            init,
-            child: Mutex::new(None),
+            conn: Arc::new(Conn {
+                inner,
+                out: Mutex::new(Some(out_tx)),
+                init,
+                child: Mutex::new(None),
+            }),
         })
     }
 
@@ -280,7 +301,7 @@ impl Client {
             .take()
             .ok_or_else(|| Error::Closed("child has no stdout".into()))?;
         let client = Client::connect(stdout, stdin, options).await?;
-        *client.child.lock().expect("child lock") = Some(child);
+        *client.conn.child.lock().expect("child lock") = Some(child);
         Ok(client)
     }
 
@@ -291,12 +312,21 @@ impl Client {
 
     /// What `initialize` answered.
     pub fn initialize_result(&self) -> &InitializeResult {
-        &self.init
+        &self.conn.init
+    }
+
+    fn sender(&self) -> Result<mpsc::Sender<Vec<u8>>, Error> {
+        self.conn
+            .out
+            .lock()
+            .expect("client lock")
+            .clone()
+            .ok_or_else(|| Error::Closed("the client was closed".into()))
     }
 
     /// Send a request; the returned [`Call`] resolves to its answer.
     pub async fn call<P: Serialize>(&self, method: &str, params: &P) -> Result<Call, Error> {
-        send_call(&self.inner, &self.out, method, params).await
+        send_call(&self.conn.inner, &self.sender()?, method, params).await
     }
 
     /// Send a request and wait for its typed result.
@@ -311,13 +341,13 @@ impl Client {
     /// Send a notification.
     pub async fn notify<P: Serialize>(&self, method: &str, params: &P) -> Result<(), Error> {
         let mut frame = Vec::new();
-        encode_notification(&mut frame, method, params, self.inner.max_frame).map_err(|e| {
-            Error::Encode {
+        encode_notification(&mut frame, method, params, self.conn.inner.max_frame).map_err(
+            |e| Error::Encode {
                 method: method.into(),
                 message: e.to_string(),
-            }
-        })?;
-        self.out
+            },
+        )?;
+        self.sender()?
             .send(frame)
             .await
             .map_err(|_| Error::Closed("writer stopped".into()))
@@ -334,14 +364,53 @@ impl Client {
 
     /// Receive the notifications whose method is in `methods` (all when empty).
     pub fn subscribe(&self, methods: &[&str]) -> Subscription {
+        self.subscribe_filtered(methods, None)
+    }
+
+    /// Like [`Client::subscribe`], only for notifications whose
+    /// `params.process_id` is `process_id`.
+    pub fn subscribe_process(&self, methods: &[&str], process_id: &str) -> Subscription {
+        self.subscribe_filtered(methods, Some(process_id.to_string()))
+    }
+
+    fn subscribe_filtered(&self, methods: &[&str], process_id: Option<String>) -> Subscription {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut shared = self.inner.shared.lock().expect("client lock");
+        let mut shared = self.conn.inner.shared.lock().expect("client lock");
+        shared.next_sub += 1;
+        let id = shared.next_sub;
         if shared.closed.is_none() {
-            shared
-                .subscribers
-                .push((methods.iter().map(|m| m.to_string()).collect(), tx));
+            shared.subscribers.push(Subscriber {
+                id,
+                methods: methods.iter().map(|m| m.to_string()).collect(),
+                process_id,
+                tx,
+            });
         }
-        Subscription { rx }
+        Subscription {
+            id,
+            backlog: Default::default(),
+            rx,
+        }
+    }
+
+    /// Narrow a subscription made before a process id was known (so that
+    /// nothing pushed before the `process/start` answer is lost) to that
+    /// process: what it already holds for other processes is dropped.
+    pub fn narrow_to_process(&self, mut sub: Subscription, process_id: &str) -> Subscription {
+        let mut shared = self.conn.inner.shared.lock().expect("client lock");
+        if let Some(s) = shared.subscribers.iter_mut().find(|s| s.id == sub.id) {
+            s.process_id = Some(process_id.to_string());
+        }
+        // Under the lock nothing new is delivered: drain and filter.
+        let mut keep = std::mem::take(&mut sub.backlog);
+        keep.retain(|n| note_process_id(n) == Some(process_id));
+        while let Ok(n) = sub.rx.try_recv() {
+            if note_process_id(&n) == Some(process_id) {
+                keep.push_back(n);
+            }
+        }
+        sub.backlog = keep;
+        sub
     }
 
     /// `environment/info`
@@ -358,8 +427,8 @@ impl Client {
     /// Close the connection: the agent sees EOF and ends the session; wait
     /// for a spawned transport to exit.
     pub async fn close(self) -> Result<(), Error> {
-        let child = self.child.lock().expect("child lock").take();
-        drop(self.out);
+        let child = self.conn.child.lock().expect("child lock").take();
+        self.conn.out.lock().expect("client lock").take();
         if let Some(mut child) = child {
             // The writer task drops stdin once the last sender is gone.
             match tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await {
@@ -509,11 +578,14 @@ fn deliver(inner: &Inner, frame: &[u8]) -> Result<(), String> {
         }
         Incoming::Notification { method, params } => {
             let note = Notification { method, params };
-            shared.subscribers.retain(|(filter, tx)| {
-                if filter.is_empty() || filter.contains(&note.method) {
-                    tx.send(note.clone()).is_ok()
+            let pid = note_process_id(&note);
+            shared.subscribers.retain(|sub| {
+                let wanted = (sub.methods.is_empty() || sub.methods.contains(&note.method))
+                    && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid);
+                if wanted {
+                    sub.tx.send(note.clone()).is_ok()
                 } else {
-                    !tx.is_closed()
+                    !sub.tx.is_closed()
                 }
             });
         }
@@ -522,6 +594,16 @@ fn deliver(inner: &Inner, frame: &[u8]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+fn note_process_id(note: &Notification) -> Option<&str> {
+    match &note.params {
+        Value::Map(m) => m
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("process_id"))
+            .and_then(|(_, v)| v.as_str()),
+        _ => None,
+    }
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(

@@ -3,8 +3,11 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use executor_client::{Client, ClientOptions, Target};
+use executor_client::{Client, ClientOptions, Process, Target};
+use executor_protocol::types::process::{OutputStream, ProcessStartParams, PtySize, StdinMode};
+use std::collections::BTreeMap;
 use std::io::Write;
+use tokio::io::AsyncReadExt;
 
 /// Drive an executor agent, locally or over ssh.
 #[derive(Debug, Parser)]
@@ -17,10 +20,35 @@ struct Cli {
     command: Cmd,
 }
 
+/// The environment sent when none is given: enough to find programs.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Show the agent's initialize answer and environment as JSON.
     Info,
+    /// Run a command on the agent's host, streaming its output; exits with
+    /// its exit code (128+n when killed by signal n).
+    Run {
+        /// Give it a terminal (output arrives as one stream).
+        #[arg(long)]
+        tty: bool,
+        /// Working directory on the host (default: the agent's).
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Environment entries; the command gets exactly these (plus PATH
+        /// and HOME unless given, and TERM with --tty).
+        #[arg(long = "env", value_name = "K=V")]
+        env: Vec<String>,
+        /// Send this machine's whole environment instead.
+        #[arg(long)]
+        inherit_env: bool,
+        /// Program and arguments (no shell is added).
+        #[arg(required = true, last = true)]
+        argv: Vec<String>,
+    },
+    /// An interactive login shell in a terminal on the host.
+    Shell,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,6 +71,7 @@ fn main() -> anyhow::Result<()> {
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => return Err(e),
     };
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
     std::process::exit(code);
 }
 
@@ -62,9 +91,236 @@ async fn run(target: Target, cmd: Cmd) -> anyhow::Result<i32> {
             writeln!(stdout)?;
             0
         }
+        Cmd::Run {
+            tty,
+            cwd,
+            env,
+            inherit_env,
+            argv,
+        } => {
+            let info = client.environment_info().await?;
+            let mut vars: BTreeMap<String, String> = if inherit_env {
+                std::env::vars().collect()
+            } else {
+                BTreeMap::new()
+            };
+            vars.entry("PATH".into())
+                .or_insert_with(|| DEFAULT_PATH.into());
+            vars.entry("HOME".into())
+                .or_insert_with(|| info.home.clone());
+            if tty {
+                vars.entry("TERM".into()).or_insert_with(|| {
+                    std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into())
+                });
+            }
+            for kv in env {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--env {kv:?} is not K=V"))?;
+                vars.insert(k.into(), v.into());
+            }
+            let mut params = ProcessStartParams::new(argv, cwd.unwrap_or(info.cwd), vars);
+            params.tty = tty;
+            if tty {
+                params.pty_size = terminal_size();
+            }
+            let interactive = std::io::IsTerminal::is_terminal(&std::io::stdin());
+            if !tty && interactive {
+                params.stdin = StdinMode::Null;
+            }
+            let proc = client.start(&params).await?;
+            let raw = if tty && interactive {
+                RawMode::enable()
+            } else {
+                None
+            };
+            let code = pump(proc, tty || !interactive, tty).await;
+            drop(raw);
+            code?
+        }
+        Cmd::Shell => {
+            let info = client.environment_info().await?;
+            let mut vars = BTreeMap::new();
+            vars.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+            vars.insert("HOME".to_string(), info.home.clone());
+            vars.insert("USER".to_string(), info.user.clone());
+            vars.insert("SHELL".to_string(), info.shell.path.clone());
+            vars.insert(
+                "TERM".to_string(),
+                std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into()),
+            );
+            let mut params = ProcessStartParams::new(
+                vec![info.shell.path.clone(), "-l".into()],
+                info.home.clone(),
+                vars,
+            );
+            params.tty = true;
+            params.pty_size = terminal_size();
+            let proc = client.start(&params).await?;
+            let raw = RawMode::enable();
+            let code = pump(proc, true, true).await;
+            drop(raw);
+            code?
+        }
     };
     client.close().await?;
     Ok(code)
+}
+
+fn terminal_size() -> Option<PtySize> {
+    crossterm::terminal::size()
+        .ok()
+        .map(|(cols, rows)| PtySize { rows, cols })
+}
+
+/// Raw mode on the local terminal for as long as this lives.
+struct RawMode;
+impl RawMode {
+    fn enable() -> Option<RawMode> {
+        crossterm::terminal::enable_raw_mode().ok().map(|_| RawMode)
+    }
+}
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = crossterm::terminal::disable_raw_mode();
+    }
+}
+
+/// Stream output to our stdout/stderr, forward stdin (and window size
+/// changes for a tty); return the remote exit as a shell exit code.
+async fn pump(mut proc: Process, forward_stdin: bool, tty: bool) -> anyhow::Result<i32> {
+    let id = proc.id().to_string();
+    let (stdin_client, stdin_task) = if forward_stdin {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(16);
+        let task = tokio::spawn(async move {
+            let mut stdin = tokio::io::stdin();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match stdin.read(&mut buf).await {
+                    Ok(0) | Err(_) => {
+                        let _ = tx.send(None).await;
+                        break;
+                    }
+                    Ok(n) => {
+                        if tx.send(Some(buf[..n].to_vec())).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let writer = ProcessWriter::new(&proc);
+        let fwd = tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    Some(data) => {
+                        if writer.write(&data).await.is_err() {
+                            break;
+                        }
+                    }
+                    None => {
+                        let _ = writer.close().await;
+                        break;
+                    }
+                }
+            }
+        });
+        (Some(fwd), Some(task))
+    } else {
+        (None, None)
+    };
+    let resize = if tty {
+        let writer = ProcessWriter::new(&proc);
+        Some(tokio::spawn(async move {
+            let Ok(mut winch) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+            else {
+                return;
+            };
+            while winch.recv().await.is_some() {
+                if let Some(size) = terminal_size() {
+                    let _ = writer.resize(size.rows, size.cols).await;
+                }
+            }
+        }))
+    } else {
+        None
+    };
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    while let Some(chunk) = proc.next_output().await? {
+        match chunk.stream {
+            OutputStream::Stderr => {
+                err.write_all(&chunk.data)?;
+                err.flush()?;
+            }
+            _ => {
+                out.write_all(&chunk.data)?;
+                out.flush()?;
+            }
+        }
+    }
+    for t in [stdin_client, stdin_task, resize].into_iter().flatten() {
+        t.abort();
+    }
+    let status = proc
+        .exit_status()
+        .with_context(|| format!("{id} ended without an exit status"))?;
+    Ok(status.shell_code())
+}
+
+/// A detached writer for a process (its stdin and terminal size).
+struct ProcessWriter {
+    client: Client,
+    id: String,
+}
+
+impl ProcessWriter {
+    fn new(p: &Process) -> Self {
+        ProcessWriter {
+            client: p.client().clone(),
+            id: p.id().to_string(),
+        }
+    }
+    async fn write(&self, data: &[u8]) -> Result<(), executor_client::Error> {
+        self.client
+            .request::<_, executor_protocol::types::Empty>(
+                executor_protocol::methods::PROCESS_WRITE,
+                &executor_protocol::types::process::ProcessWriteParams {
+                    process_id: self.id.clone(),
+                    data: serde_bytes::ByteBuf::from(data.to_vec()),
+                    close_stdin: false,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+    async fn close(&self) -> Result<(), executor_client::Error> {
+        self.client
+            .request::<_, executor_protocol::types::Empty>(
+                executor_protocol::methods::PROCESS_WRITE,
+                &executor_protocol::types::process::ProcessWriteParams {
+                    process_id: self.id.clone(),
+                    data: serde_bytes::ByteBuf::new(),
+                    close_stdin: true,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+    async fn resize(&self, rows: u16, cols: u16) -> Result<(), executor_client::Error> {
+        self.client
+            .request::<_, executor_protocol::types::Empty>(
+                executor_protocol::methods::PROCESS_RESIZE,
+                &executor_protocol::types::process::ProcessResizeParams {
+                    process_id: self.id.clone(),
+                    rows,
+                    cols,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {

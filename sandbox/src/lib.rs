@@ -12,6 +12,7 @@
 //! with a `// SAFETY:` comment.
 
 pub mod sys;
+pub mod trampoline;
 
 use executor_protocol::types::session::SandboxCapabilities;
 

@@ -46,3 +46,99 @@ pub fn seccomp_filter_available() -> bool {
         false
     }
 }
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// Take ownership of an fd number inherited from the agent.
+///
+/// # Safety
+/// The caller must know that `fd` is open and owned by nobody else in this
+/// process (an fd number passed on the command line by the agent).
+pub unsafe fn own_inherited_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Close every fd >= 3 except those in `keep` (inherited leftovers of a
+/// multithreaded parent must not reach the job).
+pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Some(fd) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<RawFd>().ok())
+        {
+            if fd > 2 && !keep.contains(&fd) {
+                fds.push(fd);
+            }
+        }
+    }
+    for fd in fds {
+        // SAFETY: `fd` was listed as open in this single-threaded process
+        // and is not one we keep; closing an fd that the read_dir iterator
+        // itself used (already closed) just fails with EBADF, ignored.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
+}
+
+/// Make `fd` the controlling terminal of the calling session leader.
+pub fn set_controlling_tty(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal), no
+    // pointer; the fd is borrowed and open for the call's duration.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSCTTY, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Set a terminal's window size (`TIOCSWINSZ`); the foreground process
+/// group gets SIGWINCH from the kernel.
+pub fn set_winsize(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `winsize` through the pointer, which
+    // points at a live, initialised local for the duration of the call.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Restore every catchable signal to its default disposition and empty the
+/// signal mask: a job starts as if from a fresh login, whatever the agent
+/// (which ignores SIGPIPE, as Rust programs do) had set.
+pub fn reset_signals() {
+    for sig in 1..libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no handler code; signals that cannot be
+        // changed make the call fail with EINVAL, which is ignored.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    // SAFETY: an empty, initialised set is passed by pointer for reading
+    // only; the old mask is not requested (null).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
+/// `fork()` in a process known to be single-threaded.
+///
+/// # Safety
+/// The caller must be single-threaded: then the child may run any code.
+pub unsafe fn fork_single_threaded() -> io::Result<nix::unistd::ForkResult> {
+    // SAFETY: forwarded from the caller's contract (no other thread can
+    // hold a lock or be mid-allocation at the fork).
+    unsafe { nix::unistd::fork() }.map_err(io::Error::from)
+}

@@ -16,7 +16,8 @@ fn shell_with_noise(noise_bytes: usize) -> tokio::process::Command {
 
 #[tokio::test]
 async fn local_target_connects_and_initializes() {
-    std::env::set_var("EXECUTOR_BIN", executor_bin());
+    // `local` finds the `executor` next to the running binary (here the
+    // test binary in target/*/deps, one level below it).
     let c = Client::connect_target(&Target::Local, ClientOptions::default())
         .await
         .expect("connect");

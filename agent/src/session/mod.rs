@@ -2,6 +2,7 @@
 
 use crate::conn::Outbound;
 use crate::dispatch::ENABLED;
+use crate::process::ProcessTable;
 use executor_protocol::limits::Limits;
 use executor_protocol::types::session::{
     AgentInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
@@ -28,6 +29,7 @@ pub struct Session {
     caps: Capabilities,
     outbound: Outbound,
     identity: OnceLock<Identity>,
+    processes: ProcessTable,
 }
 
 impl std::fmt::Debug for Session {
@@ -46,6 +48,7 @@ impl Session {
             caps: Capabilities::probe(),
             outbound,
             identity: OnceLock::new(),
+            processes: ProcessTable::default(),
         }
     }
 
@@ -67,6 +70,11 @@ impl Session {
     /// The connection's sending side.
     pub fn outbound(&self) -> &Outbound {
         &self.outbound
+    }
+
+    /// The session's jobs.
+    pub fn processes(&self) -> &ProcessTable {
+        &self.processes
     }
 
     /// The session id, once initialized.
@@ -163,6 +171,8 @@ impl Session {
 
     /// End the session: release everything it owns.
     pub async fn shutdown(&self) {
+        // Every job: SIGTERM, then SIGKILL after the grace period.
+        self.processes.terminate_all().await;
         tracing::debug!(session_id = ?self.id(), "session ended");
     }
 }

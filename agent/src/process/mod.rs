@@ -1,0 +1,804 @@
+//! Processes (PROTOCOL.md §3): start, output, read, write, signal, resize,
+//! list, and the end of every job when the session ends.
+//!
+//! Each job has its own tasks: one per output stream draining it into the
+//! bounded [`output::OutputBuffer`] (so a child never blocks on a full
+//! pipe, whatever the client does), and one waiting for its exit. Output is
+//! pushed as `process/output` only while the connection's notification
+//! queue has room; otherwise the job is marked lagged, `process/lagged` is
+//! sent once, and the client catches up with `process/read`.
+
+pub mod output;
+pub mod spawn;
+
+use crate::conn::{NotifyError, Outbound};
+use crate::session::Session;
+use bytes::{Bytes, BytesMut};
+use executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;
+use executor_protocol::methods as m;
+use executor_protocol::types::process::*;
+use executor_protocol::types::sandbox::SandboxIntent;
+use executor_protocol::types::Empty;
+use executor_protocol::{ErrorCode, WireError};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use output::{Chunk, OutputBuffer};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+/// How long an exited process stays readable after a client saw its exit.
+pub const REAP_AFTER: Duration = Duration::from_secs(30);
+/// Grace between SIGTERM and SIGKILL when a session ends.
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl Exit {
+    /// The conventional signal name (`SIGTERM`).
+    pub fn signal_name(&self) -> Option<String> {
+        self.signal.map(signal_name)
+    }
+    /// A shell-style code: the exit code, or 128 + the signal number.
+    pub fn shell_code(&self) -> i32 {
+        self.code.unwrap_or_else(|| 128 + self.signal.unwrap_or(0))
+    }
+    fn info(&self) -> ExitInfo {
+        ExitInfo {
+            exit_code: self.code,
+            signal: self.signal_name(),
+        }
+    }
+}
+
+/// `SIGTERM` for 15, `SIG42` for what nix does not name.
+pub fn signal_name(n: i32) -> String {
+    Signal::try_from(n)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("SIG{n}"))
+}
+
+enum StdinSink {
+    Pipe(tokio::process::ChildStdin),
+    /// The PTY master (a dup), written as a stream.
+    Pty(tokio::net::unix::pipe::Sender),
+}
+
+struct State {
+    out: OutputBuffer,
+    exit: Option<Exit>,
+    streams_open: usize,
+    lagged: bool,
+    /// The task queueing `process/lagged`: `process/exited` waits for it.
+    lag_note: Option<tokio::task::JoinHandle<()>>,
+    delivered: bool,
+    /// Next seq that `exec_command`/`write_stdin` will hand out.
+    pub exec_cursor: u64,
+}
+
+/// One job of the session.
+pub struct Proc {
+    pub id: String,
+    pub pid: u32,
+    pub argv: Vec<String>,
+    pub tag: Option<String>,
+    pub tty: bool,
+    notify: bool,
+    state: Mutex<State>,
+    changed: watch::Sender<u64>,
+    stdin: tokio::sync::Mutex<Option<StdinSink>>,
+    /// The PTY master, kept for `process/resize`.
+    pty: Option<OwnedFd>,
+}
+
+impl std::fmt::Debug for Proc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proc")
+            .field("id", &self.id)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize)]
+struct OutputNote<'a> {
+    process_id: &'a str,
+    seq: u64,
+    stream: OutputStream,
+    #[serde(with = "serde_bytes")]
+    data: &'a [u8],
+}
+
+impl Proc {
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Whether the job is still running.
+    pub fn running(&self) -> bool {
+        self.state.lock().expect("proc state").exit.is_none()
+    }
+
+    /// The exit, once the job ended *and* all its output is buffered.
+    pub fn finished(&self) -> Option<Exit> {
+        let st = self.state.lock().expect("proc state");
+        if st.streams_open == 0 {
+            st.exit
+        } else {
+            None
+        }
+    }
+
+    fn append(&self, stream: OutputStream, data: Bytes, outbound: &Outbound) {
+        let mut st = self.state.lock().expect("proc state");
+        let seq = st.out.push(stream, data.clone());
+        if self.notify && !st.lagged {
+            // Under the lock, so notifications leave in seq order.
+            let note = OutputNote {
+                process_id: &self.id,
+                seq,
+                stream,
+                data: &data,
+            };
+            if let Err(NotifyError::Full) = outbound.try_notify(m::PROCESS_OUTPUT, &note) {
+                tracing::debug!(process_id = %self.id, seq, "client not keeping up: process lagged");
+                st.lagged = true;
+                let outbound = outbound.clone();
+                let lagged = ProcessLagged {
+                    process_id: self.id.clone(),
+                    next_seq: seq,
+                };
+                let previous = st.lag_note.take();
+                st.lag_note = Some(tokio::spawn(async move {
+                    // In order: a lag notice is queued after the previous one.
+                    if let Some(p) = previous {
+                        let _ = p.await;
+                    }
+                    let r = outbound.notify(m::PROCESS_LAGGED, &lagged).await;
+                    tracing::debug!(process_id = %lagged.process_id, ?r, "process/lagged queued");
+                }));
+            }
+        }
+        drop(st);
+        self.bump();
+    }
+
+    fn stream_closed(&self) {
+        self.state.lock().expect("proc state").streams_open -= 1;
+        self.bump();
+    }
+
+    /// Wait until the state changes or `deadline` passes.
+    pub async fn changed_until(
+        &self,
+        rx: &mut watch::Receiver<u64>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        tokio::time::timeout_at(deadline, rx.changed())
+            .await
+            .is_ok()
+    }
+
+    /// A receiver of state changes (new output, exit).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Take the output not yet handed to `exec_command`/`write_stdin`, and
+    /// how many chunks were dropped from the buffer before they could be.
+    pub fn take_exec_output(&self) -> (Vec<Chunk>, u64) {
+        let mut st = self.state.lock().expect("proc state");
+        let cursor = st.exec_cursor;
+        let missed = st.out.first_seq().saturating_sub(cursor);
+        let chunks = st.out.read(cursor.checked_sub(1), usize::MAX);
+        st.exec_cursor = st.out.next_seq();
+        (chunks, missed)
+    }
+
+    /// Mark the exit as given to a client: reaping starts.
+    pub fn mark_delivered(self: &Arc<Self>, session: &Arc<Session>) {
+        let first = {
+            let mut st = self.state.lock().expect("proc state");
+            let first = !st.delivered;
+            st.delivered = true;
+            first
+        };
+        if first {
+            let weak = Arc::downgrade(session);
+            let id = self.id.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(REAP_AFTER).await;
+                if let Some(s) = weak.upgrade() {
+                    s.processes().remove(&id);
+                }
+            });
+        }
+    }
+
+    /// Send `signal` to the job's process group (no-op once it exited).
+    pub fn signal(&self, signal: Signal) -> Result<(), WireError> {
+        if !self.running() {
+            return Ok(());
+        }
+        match killpg(Pid::from_raw(self.pid as i32), signal) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+            Err(e) => Err(WireError::new(
+                ErrorCode::Io,
+                format!("cannot signal process {} (pid {}): {e}", self.id, self.pid),
+            )
+            .with("errno", e as i32)),
+        }
+    }
+
+    /// Write to the job's stdin (pipe or PTY).
+    pub async fn write_stdin(&self, data: &[u8], close: bool) -> Result<(), WireError> {
+        let mut guard = self.stdin.lock().await;
+        let closed_err = || {
+            WireError::new(
+                ErrorCode::Io,
+                format!("stdin of process {} is closed", self.id),
+            )
+            .with("errno", libc::EPIPE)
+        };
+        if !data.is_empty() {
+            match guard.as_mut() {
+                None => return Err(closed_err()),
+                Some(StdinSink::Pipe(p)) => p.write_all(data).await.map_err(|e| {
+                    WireError::new(
+                        ErrorCode::Io,
+                        format!("writing to stdin of process {}: {e}", self.id),
+                    )
+                    .with("errno", e.raw_os_error().unwrap_or(0))
+                })?,
+                Some(StdinSink::Pty(fd)) => fd.write_all(data).await.map_err(|e| {
+                    WireError::new(
+                        ErrorCode::Io,
+                        format!("writing to the terminal of process {}: {e}", self.id),
+                    )
+                    .with("errno", e.raw_os_error().unwrap_or(0))
+                })?,
+            }
+        }
+        if close {
+            match guard.take() {
+                // EOF for a terminal is the line discipline's EOF character.
+                Some(StdinSink::Pty(mut fd)) => {
+                    let _ = fd.write_all(b"\x04").await;
+                }
+                Some(StdinSink::Pipe(mut p)) => {
+                    let _ = p.shutdown().await;
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The session's jobs.
+#[derive(Debug, Default)]
+pub struct ProcessTable {
+    map: Mutex<HashMap<String, Arc<Proc>>>,
+    next_id: AtomicU64,
+    running: Arc<AtomicUsize>,
+}
+
+impl ProcessTable {
+    /// Look up a job by id.
+    pub fn get(&self, id: &str) -> Result<Arc<Proc>, WireError> {
+        self.map
+            .lock()
+            .expect("process table")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::UnknownProcess,
+                    format!("no process {id:?} in this session"),
+                )
+                .with("process_id", id)
+            })
+    }
+
+    fn remove(&self, id: &str) {
+        self.map.lock().expect("process table").remove(id);
+    }
+
+    /// Every job.
+    pub fn all(&self) -> Vec<Arc<Proc>> {
+        let mut v: Vec<_> = self
+            .map
+            .lock()
+            .expect("process table")
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|p| p.id.trim_start_matches("proc-").parse::<u64>().unwrap_or(0));
+        v
+    }
+
+    /// SIGTERM every running job, SIGKILL what is left after the grace.
+    pub async fn terminate_all(&self) {
+        let procs: Vec<_> = self.all().into_iter().filter(|p| p.running()).collect();
+        if procs.is_empty() {
+            return;
+        }
+        for p in &procs {
+            let _ = p.signal(Signal::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + TERM_GRACE;
+        for p in &procs {
+            let mut rx = p.subscribe();
+            while p.running() && p.changed_until(&mut rx, deadline).await {}
+        }
+        for p in &procs {
+            let _ = p.signal(Signal::SIGKILL);
+        }
+        let deadline = tokio::time::Instant::now() + TERM_GRACE;
+        for p in &procs {
+            let mut rx = p.subscribe();
+            while p.running() && p.changed_until(&mut rx, deadline).await {}
+        }
+    }
+}
+
+/// The agent's refusal of sandbox intents until enforcement exists: with
+/// `required` (the default) nothing runs; otherwise the job runs and the
+/// answer lists what was not enforced.
+pub fn sandbox_gate(intent: Option<&SandboxIntent>) -> Result<Option<Vec<String>>, WireError> {
+    let Some(intent) = intent else {
+        return Ok(None);
+    };
+    if intent.required {
+        return Err(WireError::new(
+            ErrorCode::SandboxUnavailable,
+            "this agent version cannot enforce a sandbox intent; nothing was run",
+        ));
+    }
+    Ok(Some(vec![
+        "filesystem: not enforced by this agent version".into(),
+        "network: not enforced by this agent version".into(),
+    ]))
+}
+
+/// Options of a start that `process/start` and `exec_command` share.
+#[derive(Debug)]
+pub struct StartOptions<'a> {
+    pub argv: &'a [String],
+    pub cwd: &'a executor_protocol::WirePath,
+    pub env: &'a std::collections::BTreeMap<String, String>,
+    pub arg0: Option<&'a str>,
+    pub tty: bool,
+    pub pty_size: Option<PtySize>,
+    pub stdin_null: bool,
+    pub notify: bool,
+    pub output_buffer_bytes: Option<u64>,
+    pub tag: Option<String>,
+}
+
+/// Start a job and its tasks; register it in the session.
+pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, WireError> {
+    use std::os::unix::ffi::OsStrExt;
+    if o.argv.is_empty() {
+        return Err(WireError::invalid_params("argv", "argv must not be empty"));
+    }
+    if !o.cwd.is_absolute() {
+        return Err(WireError::invalid_params(
+            "cwd",
+            format!("cwd must be an absolute path, got {:?}", o.cwd.display()),
+        ));
+    }
+    let limits = s.limits();
+    let cap = o.output_buffer_bytes.unwrap_or(limits.output_buffer_bytes);
+    if cap > MAX_OUTPUT_BUFFER_BYTES {
+        return Err(WireError::limit(
+            "output_buffer_bytes",
+            MAX_OUTPUT_BUFFER_BYTES,
+            Some(cap),
+        ));
+    }
+    if let Some(size) = o.pty_size {
+        if size.rows == 0 || size.cols == 0 {
+            return Err(WireError::invalid_params(
+                if size.rows == 0 {
+                    "pty_size.rows"
+                } else {
+                    "pty_size.cols"
+                },
+                "pty_size rows and cols must be at least 1",
+            ));
+        }
+    }
+    let table = s.processes();
+    // Reserve a slot first, so concurrent starts cannot overshoot.
+    let running = table.running.fetch_add(1, Ordering::SeqCst);
+    if running as u64 >= limits.max_processes {
+        table.running.fetch_sub(1, Ordering::SeqCst);
+        return Err(WireError::limit(
+            "max_processes",
+            limits.max_processes,
+            None,
+        ));
+    }
+    let slot = SlotGuard(table.running.clone(), true);
+    let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
+    let req = spawn::SpawnRequest {
+        argv: o.argv,
+        cwd: &cwd,
+        env: o.env,
+        arg0: o.arg0,
+        tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
+        stdin_null: o.stdin_null,
+    };
+    let spawned = spawn::spawn(&req).await?;
+    let id = format!("proc-{}", table.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+    // The PTY master as three fds: a reader, a writer, and one for resize.
+    // (tokio's pipe types drive any non-blocking fd safely; a PTY master
+    // reads and writes like a pipe, and EIO means the job side closed.)
+    let mut pty_reader = None;
+    let mut stdin = spawned.stdin.map(StdinSink::Pipe);
+    let pty = match spawned.pty_master {
+        Some(master) => {
+            let io =
+                |e: std::io::Error| WireError::new(ErrorCode::Io, format!("pseudo-terminal: {e}"));
+            let r = master.try_clone().map_err(io)?;
+            let w = master.try_clone().map_err(io)?;
+            pty_reader =
+                Some(tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(r).map_err(io)?);
+            stdin = Some(StdinSink::Pty(
+                tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(w).map_err(io)?,
+            ));
+            Some(master)
+        }
+        None => None,
+    };
+    let streams = if pty.is_some() { 1 } else { 2 };
+    let (changed, _) = watch::channel(0u64);
+    let proc = Arc::new(Proc {
+        id: id.clone(),
+        pid: spawned.pid,
+        argv: o.argv.to_vec(),
+        tag: o.tag,
+        tty: o.tty,
+        notify: o.notify,
+        state: Mutex::new(State {
+            out: OutputBuffer::new(cap as usize),
+            exit: None,
+            streams_open: streams,
+            lagged: false,
+            lag_note: None,
+            delivered: false,
+            exec_cursor: 0,
+        }),
+        changed,
+        stdin: tokio::sync::Mutex::new(stdin),
+        pty,
+    });
+    table
+        .map
+        .lock()
+        .expect("process table")
+        .insert(id.clone(), proc.clone());
+    tracing::info!(
+        session_id = ?s.id(),
+        process_id = %id,
+        pid = spawned.pid,
+        argv = ?o.argv,
+        cwd = %o.cwd.display(),
+        tty = o.tty,
+        "process started"
+    );
+
+    let chunk = s.limits().max_output_chunk_bytes.clamp(1024, 1 << 20) as usize;
+    let outbound = s.outbound().clone();
+    if let Some(r) = pty_reader {
+        tokio::spawn(pump(
+            proc.clone(),
+            OutputStream::Pty,
+            r,
+            outbound.clone(),
+            chunk,
+        ));
+    } else {
+        if let Some(out) = spawned.stdout {
+            tokio::spawn(pump(
+                proc.clone(),
+                OutputStream::Stdout,
+                out,
+                outbound.clone(),
+                chunk,
+            ));
+        }
+        if let Some(err) = spawned.stderr {
+            tokio::spawn(pump(
+                proc.clone(),
+                OutputStream::Stderr,
+                err,
+                outbound.clone(),
+                chunk,
+            ));
+        }
+    }
+    tokio::spawn(wait_job(
+        proc.clone(),
+        spawned.supervisor,
+        spawned.status,
+        outbound,
+        Arc::downgrade(s),
+        slot,
+    ));
+    Ok(proc)
+}
+
+/// Releases a `max_processes` slot when the job ends (or never started).
+struct SlotGuard(Arc<AtomicUsize>, bool);
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn pump<R: AsyncRead + Unpin>(
+    proc: Arc<Proc>,
+    stream: OutputStream,
+    mut r: R,
+    outbound: Outbound,
+    chunk: usize,
+) {
+    loop {
+        let mut buf = BytesMut::with_capacity(chunk);
+        match r.read_buf(&mut buf).await {
+            Ok(0) => break,
+            Ok(_) => proc.append(stream, buf.freeze(), &outbound),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // EIO from a PTY master: the job side is closed.
+                tracing::debug!(process_id = %proc.id, error = %e, "output ended");
+                break;
+            }
+        }
+    }
+    proc.stream_closed();
+}
+
+async fn wait_job(
+    proc: Arc<Proc>,
+    mut supervisor: tokio::process::Child,
+    mut status: tokio::net::unix::pipe::Receiver,
+    outbound: Outbound,
+    session: std::sync::Weak<Session>,
+    slot: SlotGuard,
+) {
+    let mut msg = [0u8; 5];
+    let reported = match status.read_exact(&mut msg).await {
+        Ok(_) if msg[0] == executor_sandbox::trampoline::MSG_EXITED => {
+            Some(i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]))
+        }
+        _ => None,
+    };
+    let sup = supervisor.wait().await;
+    let exit = match reported {
+        Some(raw) => {
+            let (code, signal) = executor_sandbox::trampoline::decode_wait_status(raw);
+            Exit { code, signal }
+        }
+        None => {
+            // The supervisor died without reporting (killed from outside).
+            use std::os::unix::process::ExitStatusExt;
+            let st = sup.ok();
+            Exit {
+                code: st.and_then(|s| s.code()),
+                signal: st.and_then(|s| s.signal()),
+            }
+        }
+    };
+    drop(slot);
+    // All output first: `process/exited` follows the last `process/output`.
+    let mut rx = proc.subscribe();
+    loop {
+        {
+            let mut st = proc.state.lock().expect("proc state");
+            if st.streams_open == 0 {
+                st.exit = Some(exit);
+                break;
+            }
+        }
+        if rx.changed().await.is_err() {
+            break;
+        }
+    }
+    proc.bump();
+    tracing::info!(process_id = %proc.id, exit_code = ?exit.code, signal = ?exit.signal, "process exited");
+    if proc.notify {
+        let (final_seq, lag_note) = {
+            let mut st = proc.state.lock().expect("proc state");
+            (st.out.next_seq().checked_sub(1), st.lag_note.take())
+        };
+        // `process/lagged` (if any) goes out before `process/exited`.
+        if let Some(t) = lag_note {
+            let _ = t.await;
+        }
+        let note = ProcessExited {
+            process_id: proc.id.clone(),
+            exit_code: exit.code,
+            signal: exit.signal_name(),
+            signal_number: exit.signal,
+            final_seq,
+            sandbox_denied: None,
+        };
+        if outbound.notify(m::PROCESS_EXITED, &note).await.is_ok() {
+            if let Some(s) = session.upgrade() {
+                proc.mark_delivered(&s);
+            }
+        }
+    }
+}
+
+// ---- handlers -------------------------------------------------------------
+
+/// `process/start`
+pub async fn handle_start(
+    s: &Arc<Session>,
+    p: ProcessStartParams,
+) -> Result<ProcessStartResult, WireError> {
+    let degraded = sandbox_gate(p.sandbox.as_ref())?;
+    let proc = start(
+        s,
+        StartOptions {
+            argv: &p.argv,
+            cwd: &p.cwd,
+            env: &p.env,
+            arg0: p.arg0.as_deref(),
+            tty: p.tty,
+            pty_size: p.pty_size,
+            stdin_null: p.stdin == StdinMode::Null,
+            notify: p.notify,
+            output_buffer_bytes: p.output_buffer_bytes,
+            tag: p.tag,
+        },
+    )
+    .await?;
+    Ok(ProcessStartResult {
+        process_id: proc.id.clone(),
+        pid: proc.pid,
+        sandbox_degraded: degraded,
+    })
+}
+
+/// `process/read`
+pub async fn handle_read(
+    s: &Arc<Session>,
+    p: ProcessReadParams,
+) -> Result<ProcessReadResult, WireError> {
+    let proc = s.processes().get(&p.process_id)?;
+    let max_bytes = p
+        .max_bytes
+        .unwrap_or(1 << 20)
+        .min(s.limits().max_frame_bytes / 2)
+        .max(1) as usize;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(p.wait_ms.unwrap_or(0));
+    let mut rx = proc.subscribe();
+    loop {
+        let result = {
+            let mut st = proc.state.lock().expect("proc state");
+            let chunks = st.out.read(p.after_seq, max_bytes);
+            let finished = st.streams_open == 0 && st.exit.is_some();
+            if chunks.is_empty() && !finished && tokio::time::Instant::now() < deadline {
+                None
+            } else {
+                st.lagged = false;
+                let exited = if finished {
+                    st.exit.map(|e| e.info())
+                } else {
+                    None
+                };
+                Some(ProcessReadResult {
+                    chunks: chunks
+                        .into_iter()
+                        .map(|c| OutputChunk {
+                            seq: c.seq,
+                            stream: c.stream,
+                            data: serde_bytes::ByteBuf::from(c.data.to_vec()),
+                        })
+                        .collect(),
+                    next_seq: st.out.next_seq(),
+                    exited,
+                    dropped_before: st.out.dropped_before(),
+                })
+            }
+        };
+        if let Some(r) = result {
+            if r.exited.is_some() {
+                proc.mark_delivered(s);
+            }
+            return Ok(r);
+        }
+        proc.changed_until(&mut rx, deadline).await;
+    }
+}
+
+/// `process/write`
+pub async fn handle_write(s: &Arc<Session>, p: ProcessWriteParams) -> Result<Empty, WireError> {
+    let proc = s.processes().get(&p.process_id)?;
+    proc.write_stdin(&p.data, p.close_stdin).await?;
+    Ok(Empty {})
+}
+
+/// The host signal for a wire signal name.
+pub fn to_signal(n: SignalName) -> Signal {
+    match n {
+        SignalName::Interrupt => Signal::SIGINT,
+        SignalName::Terminate => Signal::SIGTERM,
+        SignalName::Kill => Signal::SIGKILL,
+        SignalName::Hangup => Signal::SIGHUP,
+        SignalName::Quit => Signal::SIGQUIT,
+        SignalName::User1 => Signal::SIGUSR1,
+        SignalName::User2 => Signal::SIGUSR2,
+        SignalName::Continue => Signal::SIGCONT,
+        SignalName::Stop => Signal::SIGSTOP,
+    }
+}
+
+/// `process/signal`
+pub async fn handle_signal(s: &Arc<Session>, p: ProcessSignalParams) -> Result<Empty, WireError> {
+    let proc = s.processes().get(&p.process_id)?;
+    tracing::info!(process_id = %proc.id, signal = %p.signal, "signal");
+    proc.signal(to_signal(p.signal))?;
+    Ok(Empty {})
+}
+
+/// `process/resize`
+pub async fn handle_resize(s: &Arc<Session>, p: ProcessResizeParams) -> Result<Empty, WireError> {
+    let proc = s.processes().get(&p.process_id)?;
+    let Some(fd) = &proc.pty else {
+        return Err(WireError::invalid_params(
+            "process_id",
+            format!("process {} has no terminal (started without tty)", proc.id),
+        ));
+    };
+    if p.rows == 0 || p.cols == 0 {
+        return Err(WireError::invalid_params(
+            if p.rows == 0 { "rows" } else { "cols" },
+            "rows and cols must be at least 1",
+        ));
+    }
+    use std::os::fd::AsFd;
+    executor_sandbox::sys::set_winsize(fd.as_fd(), p.rows, p.cols).map_err(|e| {
+        WireError::new(
+            ErrorCode::Io,
+            format!("resizing the terminal of {}: {e}", proc.id),
+        )
+    })?;
+    Ok(Empty {})
+}
+
+/// `process/list`
+pub async fn handle_list(s: &Arc<Session>, _p: Empty) -> Result<ProcessListResult, WireError> {
+    Ok(ProcessListResult {
+        processes: s
+            .processes()
+            .all()
+            .into_iter()
+            .map(|p| ProcessInfo {
+                process_id: p.id.clone(),
+                pid: p.pid,
+                argv: p.argv.clone(),
+                tag: p.tag.clone(),
+                running: p.running(),
+            })
+            .collect(),
+    })
+}

@@ -1,0 +1,301 @@
+//! Starting a job: resolve the program, then spawn it through the one
+//! trampoline (`executor sandbox-exec`), with pipes or a PTY.
+//!
+//! This is the only module of the agent that spawns processes.
+
+use executor_protocol::types::process::PtySize;
+use executor_protocol::{ErrorCode, WireError};
+use executor_sandbox::trampoline::{MSG_EXEC_FAILED, MSG_STARTED};
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+
+/// What to start.
+#[derive(Debug)]
+pub struct SpawnRequest<'a> {
+    pub argv: &'a [String],
+    pub cwd: &'a Path,
+    pub env: &'a BTreeMap<String, String>,
+    pub arg0: Option<&'a str>,
+    pub tty: Option<PtySize>,
+    pub stdin_null: bool,
+}
+
+/// A started job.
+#[derive(Debug)]
+pub struct Spawned {
+    /// The trampoline (the job's supervisor).
+    pub supervisor: Child,
+    /// The program's own pid (also its process group and session id).
+    pub pid: u32,
+    /// Carries the job's exit status from the supervisor.
+    pub status: pipe::Receiver,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: Option<ChildStdout>,
+    pub stderr: Option<ChildStderr>,
+    /// The PTY master, for tty jobs.
+    pub pty_master: Option<OwnedFd>,
+}
+
+/// The read end every supervisor inherits; the agent alone holds the write
+/// end, so its death (however it dies) hangs the pipe up for all of them.
+struct Lifeline {
+    read: OwnedFd,
+    _write: OwnedFd,
+}
+
+static LIFELINE: OnceLock<Result<Lifeline, String>> = OnceLock::new();
+
+fn lifeline() -> Result<&'static Lifeline, WireError> {
+    LIFELINE
+        .get_or_init(|| {
+            let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+            // Supervisors inherit the read end; the write end stays ours.
+            fcntl(&read, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| e.to_string())?;
+            Ok(Lifeline {
+                read,
+                _write: write,
+            })
+        })
+        .as_ref()
+        .map_err(|e| {
+            WireError::new(
+                ErrorCode::Internal,
+                format!("cannot create the lifeline pipe: {e}"),
+            )
+        })
+}
+
+fn errno_error(code: ErrorCode, path: &Path, errno: i32, what: &str) -> WireError {
+    WireError::new(
+        code,
+        format!(
+            "{what} {}: {}",
+            path.display(),
+            std::io::Error::from_raw_os_error(errno)
+        ),
+    )
+    .with("path", path.to_string_lossy().as_ref())
+    .with("errno", errno)
+}
+
+/// Map an errno of exec to the wire code.
+fn exec_errno_code(errno: i32) -> ErrorCode {
+    match errno {
+        libc::ENOENT => ErrorCode::NotFound,
+        libc::EACCES | libc::EPERM => ErrorCode::PermissionDenied,
+        libc::ENOTDIR => ErrorCode::NotADirectory,
+        _ => ErrorCode::Io,
+    }
+}
+
+/// Find what `argv0` names: a path (relative to `cwd`) when it has a `/`,
+/// else the first executable file of that name in the request's `PATH`.
+pub fn resolve_program(
+    argv0: &str,
+    cwd: &Path,
+    env: &BTreeMap<String, String>,
+) -> Result<PathBuf, WireError> {
+    if argv0.is_empty() {
+        return Err(WireError::invalid_params("argv.0", "argv[0] is empty"));
+    }
+    if argv0.contains('/') {
+        let p = if argv0.starts_with('/') {
+            PathBuf::from(argv0)
+        } else {
+            cwd.join(argv0)
+        };
+        return match std::fs::metadata(&p) {
+            Ok(_) => Ok(p),
+            Err(e) => Err(errno_error(
+                ErrorCode::NotFound,
+                &p,
+                e.raw_os_error().unwrap_or(libc::ENOENT),
+                "program not found:",
+            )),
+        };
+    }
+    let Some(path_var) = env.get("PATH") else {
+        return Err(WireError::new(
+            ErrorCode::NotFound,
+            format!(
+                "program {argv0:?} has no '/' and the request's env has no PATH to look it up in"
+            ),
+        )
+        .with("path", argv0)
+        .with("errno", libc::ENOENT));
+    };
+    for dir in path_var.split(':') {
+        let dir = if dir.is_empty() {
+            cwd.to_path_buf()
+        } else {
+            cwd.join(dir)
+        };
+        let candidate = dir.join(argv0);
+        if let Ok(meta) = std::fs::metadata(&candidate) {
+            if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(WireError::new(
+        ErrorCode::NotFound,
+        format!("program {argv0:?} not found in the request's PATH ({path_var})"),
+    )
+    .with("path", argv0)
+    .with("errno", libc::ENOENT))
+}
+
+/// Check that `cwd` is an existing directory.
+pub fn check_cwd(cwd: &Path) -> Result<(), WireError> {
+    match std::fs::metadata(cwd) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(errno_error(
+            ErrorCode::NotADirectory,
+            cwd,
+            libc::ENOTDIR,
+            "cwd is not a directory:",
+        )),
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+            let code = if errno == libc::EACCES {
+                ErrorCode::PermissionDenied
+            } else {
+                ErrorCode::NotFound
+            };
+            Err(errno_error(code, cwd, errno, "cwd not usable:"))
+        }
+    }
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> WireError {
+    WireError::new(ErrorCode::Io, format!("{what}: {e}"))
+}
+
+/// Spawn through the trampoline and wait until the program runs (or exec
+/// failed, in which case nothing ran and the error says why).
+pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
+    check_cwd(req.cwd)?;
+    let program = resolve_program(&req.argv[0], req.cwd, req.env)?;
+    let lifeline = lifeline()?;
+    let (status_r, status_w) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("status pipe", e))?;
+    fcntl(&status_w, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("status pipe", e))?;
+
+    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    cmd.arg("sandbox-exec")
+        .arg("--lifeline")
+        .arg(lifeline.read.as_raw_fd().to_string())
+        .arg("--status")
+        .arg(status_w.as_raw_fd().to_string());
+    if req.tty.is_some() {
+        cmd.arg("--tty");
+    }
+    cmd.arg("--exec")
+        .arg(&program)
+        .arg("") // no sandbox policy
+        .arg("--")
+        .arg(req.arg0.unwrap_or(&req.argv[0]))
+        .args(&req.argv[1..]);
+    cmd.env_clear()
+        .envs(req.env)
+        .current_dir(req.cwd)
+        .kill_on_drop(false);
+
+    let mut pty_master = None;
+    if let Some(size) = req.tty {
+        let ws = nix::pty::Winsize {
+            ws_row: size.rows,
+            ws_col: size.cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty =
+            nix::pty::openpty(&ws, None).map_err(|e| io_err("opening a pseudo-terminal", e))?;
+        for fd in [&pty.master, &pty.slave] {
+            fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(|e| io_err("pty", e))?;
+        }
+        let flags = fcntl(&pty.master, FcntlArg::F_GETFL).map_err(|e| io_err("pty", e))?;
+        fcntl(
+            &pty.master,
+            FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+        )
+        .map_err(|e| io_err("pty", e))?;
+        let slave = std::fs::File::from(pty.slave);
+        let clone = |f: &std::fs::File| f.try_clone().map_err(|e| io_err("pty", e));
+        cmd.stdin(Stdio::from(clone(&slave)?))
+            .stdout(Stdio::from(clone(&slave)?))
+            .stderr(Stdio::from(slave));
+        pty_master = Some(pty.master);
+    } else {
+        cmd.stdin(if req.stdin_null {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    }
+
+    let mut supervisor = cmd.spawn().map_err(|e| io_err("starting the job", e))?;
+    // Our copies of the job's ends must go, or EOF would never come.
+    drop(status_w);
+    drop(cmd);
+    let mut status =
+        pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;
+    let mut msg = [0u8; 5];
+    let first = tokio::time::timeout(Duration::from_secs(30), status.read_exact(&mut msg)).await;
+    match first {
+        Ok(Ok(_)) if msg[0] == MSG_STARTED => {
+            let pid = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);
+            Ok(Spawned {
+                pid: pid as u32,
+                status,
+                stdin: supervisor.stdin.take(),
+                stdout: supervisor.stdout.take(),
+                stderr: supervisor.stderr.take(),
+                supervisor,
+                pty_master,
+            })
+        }
+        Ok(Ok(_)) if msg[0] == MSG_EXEC_FAILED => {
+            let errno = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);
+            let _ = supervisor.wait().await;
+            Err(errno_error(
+                exec_errno_code(errno),
+                &program,
+                errno,
+                "cannot execute",
+            ))
+        }
+        other => {
+            let _ = supervisor.start_kill();
+            let st = supervisor.wait().await.ok();
+            let mut stderr = String::new();
+            if let Some(mut e) = supervisor.stderr.take() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), e.read_to_string(&mut stderr))
+                    .await;
+            }
+            Err(WireError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the job supervisor (executor sandbox-exec) failed before starting the program ({}; status {st:?}): {}",
+                    match other {
+                        Ok(Ok(_)) => "bad status message".to_string(),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "timed out".into(),
+                    },
+                    stderr.trim()
+                ),
+            ))
+        }
+    }
+}

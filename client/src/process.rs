@@ -1,0 +1,271 @@
+//! Jobs on the agent: [`Process`] (from `process/start`) and the
+//! unified-exec helpers.
+
+use crate::{Client, Error, Subscription};
+use executor_protocol::methods as m;
+use executor_protocol::types::exec::{ExecCommandParams, ExecResult, WriteStdinParams};
+use executor_protocol::types::process::*;
+use executor_protocol::types::Empty;
+use futures_util::Stream;
+use std::collections::VecDeque;
+
+/// One chunk of a job's output.
+pub type Output = OutputChunk;
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitStatus {
+    pub code: Option<i32>,
+    pub signal: Option<String>,
+    pub signal_number: Option<i32>,
+}
+
+impl ExitStatus {
+    /// The exit code, or 128 + the signal number (as shells report it).
+    pub fn shell_code(&self) -> i32 {
+        self.code
+            .unwrap_or_else(|| 128 + self.signal_number.unwrap_or(0))
+    }
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// A job started with `process/start`. Output arrives as pushed
+/// `process/output` notifications; any gap (output produced before this
+/// handle subscribed, or while the agent had to stop pushing) is filled
+/// with `process/read`, so the stream is complete and in order.
+#[derive(Debug)]
+pub struct Process {
+    client: Client,
+    id: String,
+    pid: u32,
+    sub: Subscription,
+    next_seq: u64,
+    ready: VecDeque<OutputChunk>,
+    exited: Option<ProcessExited>,
+    done: bool,
+}
+
+impl Client {
+    /// `process/start`, returning a handle on the job.
+    pub async fn start(&self, params: &ProcessStartParams) -> Result<Process, Error> {
+        // Subscribe before asking: output may be pushed before the answer.
+        let early = self.subscribe(&[m::PROCESS_OUTPUT, m::PROCESS_EXITED, m::PROCESS_LAGGED]);
+        let r: ProcessStartResult = self.request(m::PROCESS_START, params).await?;
+        let sub = self.narrow_to_process(early, &r.process_id);
+        Ok(Process {
+            client: self.clone(),
+            id: r.process_id,
+            pid: r.pid,
+            sub,
+            next_seq: 0,
+            ready: VecDeque::new(),
+            exited: None,
+            done: false,
+        })
+    }
+
+    /// `exec_command`
+    pub async fn exec_command(&self, params: &ExecCommandParams) -> Result<ExecResult, Error> {
+        self.request(m::EXEC_COMMAND, params).await
+    }
+
+    /// `write_stdin`
+    pub async fn write_stdin(&self, params: &WriteStdinParams) -> Result<ExecResult, Error> {
+        self.request(m::WRITE_STDIN, params).await
+    }
+
+    /// `process/list`
+    pub async fn process_list(&self) -> Result<ProcessListResult, Error> {
+        self.request(m::PROCESS_LIST, &Empty {}).await
+    }
+}
+
+impl Process {
+    /// The agent's id of this job.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The client this job belongs to.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The host pid of the program.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Write to its stdin.
+    pub async fn write(&self, data: &[u8]) -> Result<(), Error> {
+        self.client
+            .request::<_, Empty>(
+                m::PROCESS_WRITE,
+                &ProcessWriteParams {
+                    process_id: self.id.clone(),
+                    data: serde_bytes::ByteBuf::from(data.to_vec()),
+                    close_stdin: false,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Close its stdin (EOF).
+    pub async fn close_stdin(&self) -> Result<(), Error> {
+        self.client
+            .request::<_, Empty>(
+                m::PROCESS_WRITE,
+                &ProcessWriteParams {
+                    process_id: self.id.clone(),
+                    data: serde_bytes::ByteBuf::new(),
+                    close_stdin: true,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Signal its process group.
+    pub async fn signal(&self, signal: SignalName) -> Result<(), Error> {
+        self.client
+            .request::<_, Empty>(
+                m::PROCESS_SIGNAL,
+                &ProcessSignalParams {
+                    process_id: self.id.clone(),
+                    signal,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Resize its terminal.
+    pub async fn resize(&self, rows: u16, cols: u16) -> Result<(), Error> {
+        self.client
+            .request::<_, Empty>(
+                m::PROCESS_RESIZE,
+                &ProcessResizeParams {
+                    process_id: self.id.clone(),
+                    rows,
+                    cols,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Fill `ready` from `process/read` starting at `next_seq`; returns
+    /// whether the read reported the exit.
+    async fn catch_up(&mut self) -> Result<bool, Error> {
+        let r: ProcessReadResult = self
+            .client
+            .request(
+                m::PROCESS_READ,
+                &ProcessReadParams {
+                    process_id: self.id.clone(),
+                    after_seq: self.next_seq.checked_sub(1),
+                    max_bytes: None,
+                    wait_ms: None,
+                },
+            )
+            .await?;
+        if let Some(first) = r.dropped_before {
+            if first > self.next_seq {
+                return Err(Error::Protocol(format!(
+                    "output of {} chunks {}..{} was dropped by the agent (buffer overflow)",
+                    self.id, self.next_seq, first
+                )));
+            }
+        }
+        for c in r.chunks {
+            if c.seq >= self.next_seq {
+                self.next_seq = c.seq + 1;
+                self.ready.push_back(c);
+            }
+        }
+        Ok(r.exited.is_some() && self.next_seq >= r.next_seq)
+    }
+
+    /// The next chunk of output, in seq order; `None` once the job exited
+    /// and all its output was returned.
+    pub async fn next_output(&mut self) -> Result<Option<OutputChunk>, Error> {
+        loop {
+            if let Some(c) = self.ready.pop_front() {
+                return Ok(Some(c));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            if let Some(ex) = &self.exited {
+                let want = ex.final_seq.map(|s| s + 1).unwrap_or(0);
+                if self.next_seq >= want {
+                    self.done = true;
+                    continue;
+                }
+                self.catch_up().await?;
+                continue;
+            }
+            let Some(note) = self.sub.recv().await else {
+                return Err(Error::Closed(format!(
+                    "connection closed before {} exited",
+                    self.id
+                )));
+            };
+            match note.method.as_str() {
+                m::PROCESS_OUTPUT => {
+                    let o: ProcessOutput = note.decode()?;
+                    if o.seq > self.next_seq {
+                        // A gap: fetch what we missed (includes this chunk).
+                        self.catch_up().await?;
+                    } else if o.seq == self.next_seq {
+                        self.next_seq += 1;
+                        self.ready.push_back(OutputChunk {
+                            seq: o.seq,
+                            stream: o.stream,
+                            data: o.data,
+                        });
+                    }
+                }
+                m::PROCESS_EXITED => self.exited = Some(note.decode()?),
+                m::PROCESS_LAGGED => {
+                    // The agent stopped pushing until we read: read, and
+                    // later gaps are filled the same way.
+                    self.catch_up().await?;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The output as a `Stream`.
+    pub fn output(self) -> impl Stream<Item = Result<OutputChunk, Error>> {
+        futures_util::stream::unfold(Some(self), |state| async move {
+            let mut p = state?;
+            match p.next_output().await {
+                Ok(Some(c)) => Some((Ok(c), Some(p))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
+
+    /// Drain the output (discarding it) and wait for the exit.
+    pub async fn wait(mut self) -> Result<ExitStatus, Error> {
+        while self.next_output().await?.is_some() {}
+        self.exit_status()
+            .ok_or_else(|| Error::Protocol("process ended without an exit report".into()))
+    }
+
+    /// The exit, once `next_output` returned `None`.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        self.exited.as_ref().map(|e| ExitStatus {
+            code: e.exit_code,
+            signal: e.signal.clone(),
+            signal_number: e.signal_number,
+        })
+    }
+}
