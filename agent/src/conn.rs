@@ -38,13 +38,32 @@ const RESPONSE_QUEUE_SLACK: usize = 256;
 const EOF_GRACE: Duration = Duration::from_secs(1);
 /// The writer gathers up to this much before one write call.
 const WRITE_BATCH: usize = 1 << 20;
+/// At most this many frames per vectored write.
+const MAX_BATCH_FRAMES: usize = 256;
 
-/// A framed message on its way to the writer.
+/// A framed message on its way to the writer: `bytes`, then `tail` (bulk
+/// data sent by reference with a vectored write, never copied).
 #[derive(Debug)]
 pub struct OutFrame {
     pub bytes: Vec<u8>,
+    pub tail: Option<bytes::Bytes>,
     /// Released when written: bounds requests between arrival and answer.
     pub permit: Option<OwnedSemaphorePermit>,
+}
+
+impl OutFrame {
+    /// A frame held in one buffer.
+    pub fn new(bytes: Vec<u8>) -> Self {
+        OutFrame {
+            bytes,
+            tail: None,
+            permit: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes.len() + self.tail.as_ref().map_or(0, |t| t.len())
+    }
 }
 
 /// The sending side of the connection, shared with handlers.
@@ -73,10 +92,7 @@ impl Outbound {
     fn encode_note<P: serde::Serialize>(&self, method: &str, params: &P) -> Option<OutFrame> {
         let mut bytes = Vec::new();
         match encode_notification(&mut bytes, method, params, self.max_frame) {
-            Ok(()) => Some(OutFrame {
-                bytes,
-                permit: None,
-            }),
+            Ok(()) => Some(OutFrame::new(bytes)),
             Err(e) => {
                 tracing::error!(method, error = %e, "cannot encode notification");
                 None
@@ -97,6 +113,27 @@ impl Outbound {
             mpsc::error::TrySendError::Full(_) => NotifyError::Full,
             mpsc::error::TrySendError::Closed(_) => NotifyError::Closed,
         })
+    }
+
+    /// Queue a prepared notification frame, waiting at most `patience` for
+    /// room: a client that drains its input slows the producer down (no
+    /// loss); one that stalls longer than that gets `Full`.
+    pub async fn notify_frame_within(
+        &self,
+        frame: OutFrame,
+        patience: Duration,
+    ) -> Result<(), NotifyError> {
+        match self.notes.try_send(frame) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(NotifyError::Closed),
+            Err(mpsc::error::TrySendError::Full(frame)) => {
+                match tokio::time::timeout(patience, self.notes.send(frame)).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(_)) => Err(NotifyError::Closed),
+                    Err(_) => Err(NotifyError::Full),
+                }
+            }
+        }
     }
 
     /// Queue a notification, waiting for room (for rare, must-deliver ones).
@@ -122,11 +159,7 @@ impl Outbound {
     async fn respond_error(&self, id: Option<u64>, error: &WireError) {
         let mut bytes = Vec::new();
         if encode_error(&mut bytes, id, error, self.max_frame).is_ok() {
-            self.respond(OutFrame {
-                bytes,
-                permit: None,
-            })
-            .await;
+            self.respond(OutFrame::new(bytes)).await;
         }
     }
 }
@@ -256,12 +289,7 @@ async fn report_frame_error(outbound: &Outbound, e: &FrameError) {
     tracing::warn!(error = %error, "framing lost");
     let mut bytes = Vec::new();
     if encode_notification(&mut bytes, methods::ERROR, &error, outbound.max_frame).is_ok() {
-        outbound
-            .respond(OutFrame {
-                bytes,
-                permit: None,
-            })
-            .await;
+        outbound.respond(OutFrame::new(bytes)).await;
     }
 }
 
@@ -380,8 +408,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     if out.write_all(PREAMBLE).await.is_err() || out.flush().await.is_err() {
         return;
     }
-    let mut batch: Vec<u8> = Vec::with_capacity(WRITE_BATCH);
-    let mut permits: Vec<OwnedSemaphorePermit> = Vec::new();
+    let mut batch: Vec<OutFrame> = Vec::with_capacity(MAX_BATCH_FRAMES);
     let mut notes_open = true;
     loop {
         let first = tokio::select! {
@@ -401,41 +428,66 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 None => { notes_open = false; continue; }
             },
         };
-        push(&mut batch, &mut permits, first);
+        let mut total = first.len();
+        batch.push(first);
         // Gather what is already queued, responses ahead of notifications.
-        while batch.len() < WRITE_BATCH {
-            if let Ok(f) = responses.try_recv() {
-                push(&mut batch, &mut permits, f);
-            } else if let Ok(f) = notes.try_recv() {
-                push(&mut batch, &mut permits, f);
-            } else {
-                break;
-            }
+        while total < WRITE_BATCH && batch.len() < MAX_BATCH_FRAMES {
+            let next = match responses.try_recv() {
+                Ok(f) => f,
+                Err(_) => match notes.try_recv() {
+                    Ok(f) => f,
+                    Err(_) => break,
+                },
+            };
+            total += next.len();
+            batch.push(next);
         }
-        if let Err(e) = out.write_all(&batch).await {
+        if let Err(e) = write_frames(&mut out, &batch).await {
             tracing::debug!(error = %e, "output closed");
             return;
         }
-        if let Err(e) = out.flush().await {
-            tracing::debug!(error = %e, "output closed");
-            return;
-        }
+        // Written: in-flight slots are released with the frames.
         batch.clear();
-        permits.clear();
-        if batch.capacity() > 4 * WRITE_BATCH {
-            batch.shrink_to(WRITE_BATCH);
-        }
     }
     let _ = out.flush().await;
 }
 
-fn push(batch: &mut Vec<u8>, permits: &mut Vec<OwnedSemaphorePermit>, f: OutFrame) {
-    if batch.is_empty() && f.bytes.len() >= WRITE_BATCH {
-        *batch = f.bytes;
-    } else {
-        batch.extend_from_slice(&f.bytes);
+/// Write frames (head, then tail, of each) with vectored writes.
+async fn write_frames<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    frames: &[OutFrame],
+) -> std::io::Result<()> {
+    let parts: Vec<&[u8]> = frames
+        .iter()
+        .flat_map(|f| std::iter::once(&f.bytes[..]).chain(f.tail.as_deref()))
+        .filter(|p| !p.is_empty())
+        .collect();
+    let (mut idx, mut off) = (0usize, 0usize);
+    while idx < parts.len() {
+        let slices: Vec<std::io::IoSlice<'_>> =
+            std::iter::once(std::io::IoSlice::new(&parts[idx][off..]))
+                .chain(
+                    parts[idx + 1..]
+                        .iter()
+                        .take(1023)
+                        .map(|p| std::io::IoSlice::new(p)),
+                )
+                .collect();
+        let mut n = out.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && idx < parts.len() {
+            let left = parts[idx].len() - off;
+            if n >= left {
+                n -= left;
+                idx += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
     }
-    if let Some(p) = f.permit {
-        permits.push(p);
-    }
+    out.flush().await
 }

@@ -43,10 +43,7 @@ pub fn reply<R: Serialize>(id: u64, outcome: Result<R, WireError>, max_frame: us
         }
         Err(err) => return error_frame(id, &err, max_frame),
     }
-    OutFrame {
-        bytes,
-        permit: None,
-    }
+    OutFrame::new(bytes)
 }
 
 /// Encode an error response frame.
@@ -57,10 +54,7 @@ pub fn error_frame(id: u64, err: &WireError, max_frame: usize) -> OutFrame {
         let short = WireError::new(err.code, "error message too large to send");
         let _ = encode_error(&mut bytes, Some(id), &short, max_frame);
     }
-    OutFrame {
-        bytes,
-        permit: None,
-    }
+    OutFrame::new(bytes)
 }
 
 /// `initialize`, run inline by the connection so later requests see it.

@@ -31,7 +31,13 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let ending = runtime.block_on(async {
-        executor_agent::serve(tokio::io::stdin(), tokio::io::stdout(), Limits::default()).await
+        match stream_stdio() {
+            Some((input, output)) => executor_agent::serve(input, output, Limits::default()).await,
+            None => {
+                executor_agent::serve(tokio::io::stdin(), tokio::io::stdout(), Limits::default())
+                    .await
+            }
+        }
     })?;
     tracing::debug!(?ending, "agent exiting");
     // Blocked stdin reads on the runtime's blocking pool must not hold the exit.
@@ -58,6 +64,35 @@ fn sandbox_exec(args: &[std::ffi::OsString]) -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// When stdin and stdout are pipes or sockets (under sshd, or a spawning
+/// client), drive them directly on the runtime (non-blocking, vectored
+/// writes) instead of through tokio's blocking-thread stdio, which copies
+/// every write. A terminal or a regular file keeps the portable path (and
+/// is never switched to non-blocking mode).
+fn stream_stdio() -> Option<(
+    tokio::net::unix::pipe::Receiver,
+    tokio::net::unix::pipe::Sender,
+)> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use nix::sys::stat::{fstat, SFlag};
+    use std::os::fd::AsFd;
+    let input = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let output = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
+    for fd in [&input, &output] {
+        let kind = SFlag::from_bits_truncate(fstat(fd).ok()?.st_mode) & SFlag::S_IFMT;
+        if kind != SFlag::S_IFIFO && kind != SFlag::S_IFSOCK {
+            return None;
+        }
+    }
+    for fd in [&input, &output] {
+        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).ok()?);
+        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).ok()?;
+    }
+    let input = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(input).ok()?;
+    let output = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(output).ok()?;
+    Some((input, output))
 }
 
 fn init_tracing(json: bool) {

@@ -24,7 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod process;
-mod target;
+pub mod target;
 
 pub use executor_protocol as protocol;
 pub use executor_protocol::{ErrorCode, WireError};
@@ -104,8 +104,14 @@ pub struct Notification {
 impl Notification {
     /// Decode the params into their typed form.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
-        rmpv::ext::from_value(self.params.clone()).map_err(|e| Error::Decode {
-            method: self.method.clone(),
+        self.clone().into_decoded()
+    }
+
+    /// Decode the params into their typed form, without copying them.
+    pub fn into_decoded<T: DeserializeOwned>(self) -> Result<T, Error> {
+        let method = self.method;
+        rmpv::ext::from_value(self.params).map_err(|e| Error::Decode {
+            method,
             message: e.to_string(),
         })
     }
@@ -578,16 +584,31 @@ fn deliver(inner: &Inner, frame: &[u8]) -> Result<(), String> {
         }
         Incoming::Notification { method, params } => {
             let note = Notification { method, params };
-            let pid = note_process_id(&note);
-            shared.subscribers.retain(|sub| {
-                let wanted = (sub.methods.is_empty() || sub.methods.contains(&note.method))
-                    && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid);
-                if wanted {
-                    sub.tx.send(note.clone()).is_ok()
+            let pid = note_process_id(&note).map(str::to_owned);
+            let pid = pid.as_deref();
+            let wanted: Vec<usize> = shared
+                .subscribers
+                .iter()
+                .enumerate()
+                .filter(|(_, sub)| {
+                    (sub.methods.is_empty() || sub.methods.contains(&note.method))
+                        && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid)
+                })
+                .map(|(i, _)| i)
+                .collect();
+            // Bulk output is moved to the last subscriber, copied to others.
+            let mut note = Some(note);
+            for (n, &i) in wanted.iter().enumerate() {
+                let item = if n + 1 == wanted.len() {
+                    note.take()
                 } else {
-                    !sub.tx.is_closed()
+                    note.clone()
+                };
+                if let Some(item) = item {
+                    let _ = shared.subscribers[i].tx.send(item);
                 }
-            });
+            }
+            shared.subscribers.retain(|sub| !sub.tx.is_closed());
         }
         Incoming::Request { method, .. } => {
             tracing::debug!(method, "ignoring a request from the agent");

@@ -217,7 +217,7 @@ impl Process {
             };
             match note.method.as_str() {
                 m::PROCESS_OUTPUT => {
-                    let o: ProcessOutput = note.decode()?;
+                    let o: ProcessOutput = note.into_decoded()?;
                     if o.seq > self.next_seq {
                         // A gap: fetch what we missed (includes this chunk).
                         self.catch_up().await?;
@@ -230,7 +230,7 @@ impl Process {
                         });
                     }
                 }
-                m::PROCESS_EXITED => self.exited = Some(note.decode()?),
+                m::PROCESS_EXITED => self.exited = Some(note.into_decoded()?),
                 m::PROCESS_LAGGED => {
                     // The agent stopped pushing until we read: read, and
                     // later gaps are filled the same way.

@@ -343,6 +343,55 @@ pub fn encode_error(
     encode_framed(dst, &ErrorOut { id, error }, max)
 }
 
+/// Append the frame of a `process/output` notification *without* its data
+/// bytes: the caller sends `data` right after these bytes (a vectored
+/// write), so bulk output is never copied into a frame buffer. The result is
+/// byte-for-byte what [`encode_notification`] produces for
+/// [`ProcessOutput`](crate::types::process::ProcessOutput) (`data` is last).
+pub fn encode_output_head(
+    dst: &mut Vec<u8>,
+    process_id: &str,
+    seq: u64,
+    stream: crate::types::process::OutputStream,
+    data_len: usize,
+    max: usize,
+) -> Result<(), EncodeError> {
+    use rmp::encode as e;
+    let start = dst.len();
+    dst.extend_from_slice(&[0; 4]);
+    let io = |r: Result<(), rmp::encode::ValueWriteError>| {
+        r.map_err(|x| EncodeError::Serialize(x.to_string()))
+    };
+    let io3 = |r: Result<rmp::Marker, rmp::encode::ValueWriteError>| {
+        r.map(|_| ())
+            .map_err(|x| EncodeError::Serialize(x.to_string()))
+    };
+    io3(e::write_map_len(dst, 2))?;
+    io(e::write_str(dst, "method"))?;
+    io(e::write_str(dst, crate::methods::PROCESS_OUTPUT))?;
+    io(e::write_str(dst, "params"))?;
+    io3(e::write_map_len(dst, 4))?;
+    io(e::write_str(dst, "process_id"))?;
+    io(e::write_str(dst, process_id))?;
+    io(e::write_str(dst, "seq"))?;
+    io3(e::write_uint(dst, seq))?;
+    io(e::write_str(dst, "stream"))?;
+    io(e::write_str(dst, stream.as_str()))?;
+    io(e::write_str(dst, "data"))?;
+    let len = u32::try_from(data_len).map_err(|_| EncodeError::TooLarge {
+        size: data_len,
+        max,
+    })?;
+    io3(e::write_bin_len(dst, len))?;
+    let size = dst.len() - start - 4 + data_len;
+    if size > max || size > u32::MAX as usize {
+        dst.truncate(start);
+        return Err(EncodeError::TooLarge { size, max });
+    }
+    dst[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
+    Ok(())
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum ScanError {
     Malformed(usize),
@@ -467,6 +516,30 @@ mod tests {
             scan(&bytes[..bytes.len() - 1], 100, 8),
             Err(ScanError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn output_head_plus_data_equals_the_serde_encoding() {
+        use crate::types::process::{OutputStream, ProcessOutput};
+        for len in [0usize, 1, 255, 256, 65_535, 65_536, 70_000] {
+            for stream in OutputStream::ALL {
+                let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+                let note = ProcessOutput {
+                    process_id: "proc-17".into(),
+                    seq: len as u64 * 3,
+                    stream: *stream,
+                    data: serde_bytes::ByteBuf::from(data.clone()),
+                };
+                let mut want = Vec::new();
+                encode_notification(&mut want, crate::methods::PROCESS_OUTPUT, &note, 1 << 24)
+                    .unwrap();
+                let mut got = Vec::new();
+                encode_output_head(&mut got, "proc-17", len as u64 * 3, *stream, len, 1 << 24)
+                    .unwrap();
+                got.extend_from_slice(&data);
+                assert_eq!(got, want, "len {len}");
+            }
+        }
     }
 
     #[test]

@@ -374,8 +374,18 @@ fn kill_children_except(except: Option<Pid>) {
     }
 }
 
-/// Direct children of `parent`, from `/proc/*/stat`.
+/// Direct children of `parent`: from `/proc/PID/task/PID/children` (the
+/// supervisor is single-threaded, so its main task has all of them), else
+/// by scanning `/proc/*/stat` on kernels without CONFIG_PROC_CHILDREN.
 fn children_of(parent: Pid) -> Vec<Pid> {
+    let p = parent.as_raw();
+    if let Ok(list) = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")) {
+        return list
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+            .map(Pid::from_raw)
+            .collect();
+    }
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;

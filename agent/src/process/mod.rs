@@ -11,10 +11,11 @@
 pub mod output;
 pub mod spawn;
 
-use crate::conn::{NotifyError, Outbound};
+use crate::conn::{NotifyError, OutFrame, Outbound};
 use crate::session::Session;
 use bytes::{Bytes, BytesMut};
 use executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;
+use executor_protocol::message::encode_output_head;
 use executor_protocol::methods as m;
 use executor_protocol::types::process::*;
 use executor_protocol::types::sandbox::SandboxIntent;
@@ -23,7 +24,6 @@ use executor_protocol::{ErrorCode, WireError};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use output::{Chunk, OutputBuffer};
-use serde::Serialize;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -35,6 +35,9 @@ use tokio::sync::watch;
 
 /// How long an exited process stays readable after a client saw its exit.
 pub const REAP_AFTER: Duration = Duration::from_secs(30);
+/// How long a job's output push may wait for room in the notification
+/// queue before the job is marked lagged (the client is not reading).
+pub const LAG_PATIENCE: Duration = Duration::from_millis(500);
 /// Grace between SIGTERM and SIGKILL when a session ends.
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
@@ -97,6 +100,7 @@ pub struct Proc {
     notify: bool,
     state: Mutex<State>,
     changed: watch::Sender<u64>,
+    push_order: tokio::sync::Mutex<()>,
     stdin: tokio::sync::Mutex<Option<StdinSink>>,
     /// The PTY master, kept for `process/resize`.
     pty: Option<OwnedFd>,
@@ -109,15 +113,6 @@ impl std::fmt::Debug for Proc {
             .field("pid", &self.pid)
             .finish_non_exhaustive()
     }
-}
-
-#[derive(Serialize)]
-struct OutputNote<'a> {
-    process_id: &'a str,
-    seq: u64,
-    stream: OutputStream,
-    #[serde(with = "serde_bytes")]
-    data: &'a [u8],
 }
 
 impl Proc {
@@ -140,38 +135,59 @@ impl Proc {
         }
     }
 
-    fn append(&self, stream: OutputStream, data: Bytes, outbound: &Outbound) {
-        let mut st = self.state.lock().expect("proc state");
-        let seq = st.out.push(stream, data.clone());
-        if self.notify && !st.lagged {
-            // Under the lock, so notifications leave in seq order.
-            let note = OutputNote {
-                process_id: &self.id,
-                seq,
-                stream,
-                data: &data,
-            };
-            if let Err(NotifyError::Full) = outbound.try_notify(m::PROCESS_OUTPUT, &note) {
-                tracing::debug!(process_id = %self.id, seq, "client not keeping up: process lagged");
-                st.lagged = true;
-                let outbound = outbound.clone();
-                let lagged = ProcessLagged {
-                    process_id: self.id.clone(),
-                    next_seq: seq,
-                };
-                let previous = st.lag_note.take();
-                st.lag_note = Some(tokio::spawn(async move {
-                    // In order: a lag notice is queued after the previous one.
-                    if let Some(p) = previous {
-                        let _ = p.await;
-                    }
-                    let r = outbound.notify(m::PROCESS_LAGGED, &lagged).await;
-                    tracing::debug!(process_id = %lagged.process_id, ?r, "process/lagged queued");
-                }));
-            }
-        }
-        drop(st);
+    /// Buffer a chunk, then push it as `process/output` if the client keeps
+    /// up. While the notification queue is full the pump waits (the child
+    /// is slowed, nothing is lost) up to [`LAG_PATIENCE`]; past that the job
+    /// is marked lagged, `process/lagged` is sent once, and output is only
+    /// retained (bounded) until the client reads it.
+    async fn append(&self, stream: OutputStream, data: Bytes, outbound: &Outbound) {
+        // Per job, pushes leave in seq order (stdout and stderr pumps race).
+        let _order = self.push_order.lock().await;
+        let (seq, push) = {
+            let mut st = self.state.lock().expect("proc state");
+            let seq = st.out.push(stream, data.clone());
+            (seq, self.notify && !st.lagged)
+        };
         self.bump();
+        if !push {
+            return;
+        }
+        let mut head = Vec::with_capacity(96);
+        if encode_output_head(
+            &mut head,
+            &self.id,
+            seq,
+            stream,
+            data.len(),
+            outbound.max_frame(),
+        )
+        .is_err()
+        {
+            return;
+        }
+        let frame = OutFrame {
+            bytes: head,
+            tail: Some(data),
+            permit: None,
+        };
+        if let Err(NotifyError::Full) = outbound.notify_frame_within(frame, LAG_PATIENCE).await {
+            tracing::debug!(process_id = %self.id, seq, "client not keeping up: process lagged");
+            let mut st = self.state.lock().expect("proc state");
+            st.lagged = true;
+            let outbound = outbound.clone();
+            let lagged = ProcessLagged {
+                process_id: self.id.clone(),
+                next_seq: seq,
+            };
+            let previous = st.lag_note.take();
+            st.lag_note = Some(tokio::spawn(async move {
+                // In order: a lag notice is queued after the previous one.
+                if let Some(p) = previous {
+                    let _ = p.await;
+                }
+                let _ = outbound.notify(m::PROCESS_LAGGED, &lagged).await;
+            }));
+        }
     }
 
     fn stream_closed(&self) {
@@ -482,6 +498,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
             exec_cursor: 0,
         }),
         changed,
+        push_order: tokio::sync::Mutex::new(()),
         stdin: tokio::sync::Mutex::new(stdin),
         pty,
     });
@@ -562,7 +579,7 @@ async fn pump<R: AsyncRead + Unpin>(
         let mut buf = BytesMut::with_capacity(chunk);
         match r.read_buf(&mut buf).await {
             Ok(0) => break,
-            Ok(_) => proc.append(stream, buf.freeze(), &outbound),
+            Ok(_) => proc.append(stream, buf.freeze(), &outbound).await,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 // EIO from a PTY master: the job side is closed.
