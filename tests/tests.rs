@@ -5,6 +5,8 @@
 mod client;
 #[path = "suite/exec.rs"]
 mod exec;
+#[path = "suite/fs.rs"]
+mod fs;
 #[path = "suite/fuzzish.rs"]
 mod fuzzish;
 #[path = "suite/process.rs"]

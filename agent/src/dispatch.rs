@@ -7,8 +7,10 @@
 use crate::conn::OutFrame;
 use crate::session::{self, Session};
 use crate::tools;
-use crate::{exec, process};
-use executor_protocol::message::{encode_error, encode_response, from_params};
+use crate::{exec, fs, process};
+use executor_protocol::message::{
+    encode_error, encode_read_block_head, encode_response, from_params,
+};
 use executor_protocol::{methods as m, ErrorCode, WireError};
 use rmpv::Value;
 use serde::Serialize;
@@ -26,6 +28,20 @@ pub const ENABLED: &[&str] = &[
     m::PROCESS_LIST,
     m::EXEC_COMMAND,
     m::WRITE_STDIN,
+    m::FS_STAT,
+    m::FS_CANONICALIZE,
+    m::FS_READ_FILE,
+    m::FS_WRITE_FILE,
+    m::FS_CREATE_DIRECTORY,
+    m::FS_REMOVE,
+    m::FS_RENAME,
+    m::FS_WALK,
+    m::FS_OPEN,
+    m::FS_READ_BLOCK,
+    m::FS_OPEN_WRITE,
+    m::FS_WRITE_BLOCK,
+    m::FS_COMMIT,
+    m::FS_CLOSE,
 ];
 
 /// Encode a handler's outcome as a response frame.
@@ -85,6 +101,41 @@ pub async fn dispatch(s: &Arc<Session>, id: u64, method: &str, params: Value) ->
         m::PROCESS_LIST => call!(process::handle_list),
         m::EXEC_COMMAND => call!(exec::exec_command),
         m::WRITE_STDIN => call!(exec::write_stdin),
+        m::FS_STAT => call!(fs::stat),
+        m::FS_CANONICALIZE => call!(fs::canonicalize),
+        m::FS_READ_FILE => call!(fs::read_file),
+        m::FS_WRITE_FILE => call!(fs::write_file),
+        m::FS_CREATE_DIRECTORY => call!(fs::create_directory),
+        m::FS_REMOVE => call!(fs::remove),
+        m::FS_RENAME => call!(fs::rename),
+        m::FS_WALK => call!(fs::walk::walk),
+        m::FS_OPEN => call!(fs::handles::open),
+        m::FS_READ_BLOCK => match from_params(params) {
+            // The block is sent by reference after its frame head.
+            Ok(p) => match fs::handles::read_block(s, p).await {
+                Ok((eof, data)) => {
+                    let mut head = Vec::with_capacity(48);
+                    match encode_read_block_head(&mut head, id, eof, data.len(), max) {
+                        Ok(()) => OutFrame {
+                            bytes: head,
+                            tail: Some(data),
+                            permit: None,
+                        },
+                        Err(e) => error_frame(
+                            id,
+                            &WireError::new(ErrorCode::Internal, e.to_string()),
+                            max,
+                        ),
+                    }
+                }
+                Err(e) => error_frame(id, &e, max),
+            },
+            Err(e) => error_frame(id, &e, max),
+        },
+        m::FS_OPEN_WRITE => call!(fs::handles::open_write),
+        m::FS_WRITE_BLOCK => call!(fs::handles::write_block),
+        m::FS_COMMIT => call!(fs::handles::commit),
+        m::FS_CLOSE => call!(fs::handles::close),
         m::INITIALIZE => error_frame(
             id,
             &WireError::new(

@@ -23,6 +23,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod fs;
 mod process;
 pub mod target;
 

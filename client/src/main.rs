@@ -4,9 +4,12 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use executor_client::{Client, ClientOptions, Process, Target};
+use executor_protocol::types::fs::FileKind;
 use executor_protocol::types::process::{OutputStream, ProcessStartParams, PtySize, StdinMode};
+use futures_util::StreamExt;
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::PathBuf;
 use tokio::io::AsyncReadExt;
 
 /// Drive an executor agent, locally or over ssh.
@@ -49,6 +52,21 @@ enum Cmd {
     },
     /// An interactive login shell in a terminal on the host.
     Shell,
+    /// Write a remote file to stdout.
+    Cat { path: String },
+    /// Copy a remote file to a local path (atomically: a temp file, then rename).
+    Get { remote: String, local: PathBuf },
+    /// Copy a local file to a remote path (atomically: the remote file
+    /// appears whole or not at all).
+    Put { local: PathBuf, remote: String },
+    /// List a remote tree, one `KIND SIZE PATH` line per entry.
+    Walk {
+        root: String,
+        #[arg(long)]
+        max_depth: Option<u32>,
+    },
+    /// Show a remote path's metadata as JSON.
+    Stat { path: String },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -162,9 +180,128 @@ async fn run(target: Target, cmd: Cmd) -> anyhow::Result<i32> {
             drop(raw);
             code?
         }
+        Cmd::Cat { path } => {
+            let (_, stream) = client.read_stream(path.as_str()).await?;
+            let mut stream = std::pin::pin!(stream);
+            let mut out = std::io::stdout().lock();
+            while let Some(block) = stream.next().await {
+                out.write_all(&block?)?;
+            }
+            out.flush()?;
+            0
+        }
+        Cmd::Get { remote, local } => {
+            let (size, stream) = client.read_stream(remote.as_str()).await?;
+            let mut stream = std::pin::pin!(stream);
+            let bar = progress(size, &format!("get {remote}"));
+            let dir = local
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            let mut tmp = tempfile_in(dir, &local)?;
+            while let Some(block) = stream.next().await {
+                let block = block?;
+                tmp.1.write_all(&block)?;
+                bar.inc(block.len() as u64);
+            }
+            tmp.1.sync_all()?;
+            std::fs::rename(&tmp.0, &local)
+                .with_context(|| format!("renaming into {}", local.display()))?;
+            bar.finish_and_clear();
+            0
+        }
+        Cmd::Put { local, remote } => {
+            let file = tokio::fs::File::open(&local)
+                .await
+                .with_context(|| format!("opening {}", local.display()))?;
+            let size = file.metadata().await?.len();
+            let bar = progress(size, &format!("put {remote}"));
+            let reader = bar.wrap_async_read(file);
+            client.write_stream(remote.as_str(), reader, None).await?;
+            bar.finish_and_clear();
+            0
+        }
+        Cmd::Walk { root, max_depth } => {
+            let mut params = executor_client::fs::walk_params(root.as_str());
+            if let Some(d) = max_depth {
+                params.max_depth = d;
+            }
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut failed = Ok(());
+            client
+                .walk(params, |page| {
+                    for e in &page.entries {
+                        let kind = match e.kind {
+                            FileKind::File => 'f',
+                            FileKind::Dir => 'd',
+                            FileKind::Symlink => 'l',
+                            _ => '?',
+                        };
+                        if let Err(err) = writeln!(out, "{kind} {} {}", e.size, e.path.display()) {
+                            failed = Err(err);
+                        }
+                    }
+                    for e in &page.errors {
+                        tracing::warn!(path = %e.path.display(), code = %e.code, "{}", e.message);
+                    }
+                })
+                .await?;
+            failed?;
+            out.flush()?;
+            0
+        }
+        Cmd::Stat { path } => {
+            let st = client.stat(path.as_str()).await?;
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut out, &st)?;
+            writeln!(out)?;
+            0
+        }
     };
     client.close().await?;
     Ok(code)
+}
+
+/// A progress bar on a terminal (stderr), hidden otherwise.
+fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// A new temp file beside `target` (removed by the caller's rename).
+fn tempfile_in(
+    dir: &std::path::Path,
+    target: &std::path::Path,
+) -> anyhow::Result<(PathBuf, std::fs::File)> {
+    let name = target
+        .file_name()
+        .context("the local path has no file name")?;
+    for n in 0..1000u32 {
+        let tmp = dir.join(format!(
+            ".{}.part{}-{n}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", tmp.display())),
+        }
+    }
+    anyhow::bail!("cannot create a temp file in {}", dir.display())
 }
 
 fn terminal_size() -> Option<PtySize> {

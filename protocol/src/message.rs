@@ -392,6 +392,48 @@ pub fn encode_output_head(
     Ok(())
 }
 
+/// Append the frame of a successful `fs/readBlock` response *without* its
+/// data bytes (sent right after, by a vectored write). Byte-for-byte what
+/// [`encode_response`] produces for `{"eof": eof, "data": bin}`.
+pub fn encode_read_block_head(
+    dst: &mut Vec<u8>,
+    id: u64,
+    eof: bool,
+    data_len: usize,
+    max: usize,
+) -> Result<(), EncodeError> {
+    use rmp::encode as e;
+    let start = dst.len();
+    dst.extend_from_slice(&[0; 4]);
+    let io = |r: Result<(), rmp::encode::ValueWriteError>| {
+        r.map_err(|x| EncodeError::Serialize(x.to_string()))
+    };
+    let io3 = |r: Result<rmp::Marker, rmp::encode::ValueWriteError>| {
+        r.map(|_| ())
+            .map_err(|x| EncodeError::Serialize(x.to_string()))
+    };
+    io3(e::write_map_len(dst, 2))?;
+    io(e::write_str(dst, "id"))?;
+    io3(e::write_uint(dst, id))?;
+    io(e::write_str(dst, "result"))?;
+    io3(e::write_map_len(dst, 2))?;
+    io(e::write_str(dst, "eof"))?;
+    e::write_bool(dst, eof).map_err(|x| EncodeError::Serialize(x.to_string()))?;
+    io(e::write_str(dst, "data"))?;
+    let len = u32::try_from(data_len).map_err(|_| EncodeError::TooLarge {
+        size: data_len,
+        max,
+    })?;
+    io3(e::write_bin_len(dst, len))?;
+    let size = dst.len() - start - 4 + data_len;
+    if size > max || size > u32::MAX as usize {
+        dst.truncate(start);
+        return Err(EncodeError::TooLarge { size, max });
+    }
+    dst[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
+    Ok(())
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum ScanError {
     Malformed(usize),
@@ -538,6 +580,45 @@ mod tests {
                     .unwrap();
                 got.extend_from_slice(&data);
                 assert_eq!(got, want, "len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn read_block_head_plus_data_equals_the_serde_encoding() {
+        #[derive(serde::Serialize)]
+        struct R {
+            eof: bool,
+            #[serde(with = "serde_bytes")]
+            data: Vec<u8>,
+        }
+        for len in [0usize, 7, 300, 70_000] {
+            for eof in [false, true] {
+                let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+                let mut want = Vec::new();
+                encode_response(
+                    &mut want,
+                    Some(1234567),
+                    &R {
+                        eof,
+                        data: data.clone(),
+                    },
+                    1 << 24,
+                )
+                .unwrap();
+                let mut got = Vec::new();
+                encode_read_block_head(&mut got, 1234567, eof, len, 1 << 24).unwrap();
+                got.extend_from_slice(&data);
+                assert_eq!(got, want);
+                // And it decodes as the typed result.
+                let frame = &got[4..];
+                match Incoming::decode(frame).unwrap() {
+                    Incoming::Response { result: Ok(v), .. } => {
+                        let r: crate::types::fs::ReadBlockResult = from_params(v).unwrap();
+                        assert_eq!((r.eof, r.data.len()), (eof, len));
+                    }
+                    other => panic!("{other:?}"),
+                }
             }
         }
     }

@@ -2,6 +2,7 @@
 
 use crate::conn::Outbound;
 use crate::dispatch::ENABLED;
+use crate::fs::handles::HandleTable;
 use crate::process::ProcessTable;
 use executor_protocol::limits::Limits;
 use executor_protocol::types::session::{
@@ -30,6 +31,7 @@ pub struct Session {
     outbound: Outbound,
     identity: OnceLock<Identity>,
     processes: ProcessTable,
+    handles: HandleTable,
 }
 
 impl std::fmt::Debug for Session {
@@ -49,6 +51,7 @@ impl Session {
             outbound,
             identity: OnceLock::new(),
             processes: ProcessTable::default(),
+            handles: HandleTable::default(),
         }
     }
 
@@ -75,6 +78,11 @@ impl Session {
     /// The session's jobs.
     pub fn processes(&self) -> &ProcessTable {
         &self.processes
+    }
+
+    /// The session's open file handles.
+    pub fn handles(&self) -> &HandleTable {
+        &self.handles
     }
 
     /// The session id, once initialized.
@@ -173,6 +181,8 @@ impl Session {
     pub async fn shutdown(&self) {
         // Every job: SIGTERM, then SIGKILL after the grace period.
         self.processes.terminate_all().await;
+        // Every handle: uncommitted writes lose their temp files.
+        self.handles.close_all();
         tracing::debug!(session_id = ?self.id(), "session ended");
     }
 }

@@ -1,0 +1,262 @@
+//! Streaming handles: `fs/open` + `fs/readBlock`, `fs/openWrite` +
+//! `fs/writeBlock` + `fs/commit`, and `fs/close`.
+//!
+//! A read handle keeps the opened file (not the path): reads continue from
+//! the same inode after the path is replaced. A write handle writes a temp
+//! file beside its target; `fs/commit` fsyncs and renames it into place (the
+//! handle is then released), and `fs/close` or the end of the session
+//! removes an uncommitted temp file.
+
+use super::{blocking, create_temp, finish_temp, io_error, no_sandbox, read_at_most, req_path};
+use crate::session::Session;
+use bytes::Bytes;
+use executor_protocol::types::fs::*;
+use executor_protocol::types::Empty;
+use executor_protocol::{ErrorCode, WireError};
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// An uncommitted write: its temp file goes away with it.
+#[derive(Debug)]
+pub struct WriteHandle {
+    file: std::fs::File,
+    tmp: PathBuf,
+    target: PathBuf,
+    mode: Option<u32>,
+    done: AtomicBool,
+}
+
+impl Drop for WriteHandle {
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::SeqCst) {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Handle {
+    Read {
+        file: Arc<std::fs::File>,
+        path: PathBuf,
+    },
+    Write(Arc<WriteHandle>),
+}
+
+/// The session's open handles.
+#[derive(Debug, Default)]
+pub struct HandleTable {
+    map: Mutex<HashMap<u64, Handle>>,
+    next: AtomicU64,
+}
+
+impl HandleTable {
+    fn insert(&self, h: Handle, max: u64) -> Result<u64, WireError> {
+        let mut map = self.map.lock().expect("handle table");
+        if map.len() as u64 >= max {
+            return Err(WireError::new(
+                ErrorCode::LimitExceeded,
+                format!("{max} files are already open in this session (max_open_files); close one first"),
+            )
+            .with("limit", "max_open_files")
+            .with("max", max));
+        }
+        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        map.insert(id, h);
+        Ok(id)
+    }
+
+    fn get(&self, id: u64) -> Result<Handle, WireError> {
+        self.map
+            .lock()
+            .expect("handle table")
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| unknown(id))
+    }
+
+    fn take(&self, id: u64) -> Result<Handle, WireError> {
+        self.map
+            .lock()
+            .expect("handle table")
+            .remove(&id)
+            .ok_or_else(|| unknown(id))
+    }
+
+    /// Close everything (end of session): temp files of uncommitted writes go.
+    pub fn close_all(&self) {
+        self.map.lock().expect("handle table").clear();
+    }
+}
+
+fn unknown(id: u64) -> WireError {
+    WireError::new(
+        ErrorCode::UnknownHandle,
+        format!("no open handle {id} in this session"),
+    )
+    .with("handle", id)
+}
+
+fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
+    let max = s.limits().max_block_bytes;
+    if len > max {
+        return Err(WireError::limit("max_block_bytes", max, Some(len)));
+    }
+    Ok(())
+}
+
+/// `fs/open`
+pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireError> {
+    no_sandbox(p.sandbox.as_ref())?;
+    let path = req_path(&p.path, "path")?;
+    let (file, size) = blocking({
+        let path = path.clone();
+        move || {
+            let f = std::fs::File::open(&path).map_err(|e| io_error(&e, &path, "cannot open"))?;
+            let m = f
+                .metadata()
+                .map_err(|e| io_error(&e, &path, "cannot stat"))?;
+            if m.is_dir() {
+                return Err(io_error(
+                    &std::io::Error::from_raw_os_error(libc::EISDIR),
+                    &path,
+                    "cannot open",
+                ));
+            }
+            Ok((f, m.len()))
+        }
+    })
+    .await?;
+    let handle = s.handles().insert(
+        Handle::Read {
+            file: Arc::new(file),
+            path,
+        },
+        s.limits().max_open_files,
+    )?;
+    Ok(OpenResult { handle, size })
+}
+
+/// `fs/readBlock`: the data (sent by reference) and whether the read
+/// reached the end of the file.
+pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, Bytes), WireError> {
+    no_sandbox(p.sandbox.as_ref())?;
+    check_block(p.length, s)?;
+    let Handle::Read { file, path } = s.handles().get(p.handle)? else {
+        return Err(WireError::invalid_params(
+            "handle",
+            format!("handle {} was opened for writing", p.handle),
+        ));
+    };
+    blocking(move || {
+        let data = read_at_most(&file, p.offset, p.length as usize)
+            .map_err(|e| io_error(&e, &path, "cannot read"))?;
+        let eof = if (data.len() as u64) < p.length {
+            true
+        } else {
+            let size = file
+                .metadata()
+                .map_err(|e| io_error(&e, &path, "cannot stat"))?
+                .len();
+            p.offset + data.len() as u64 >= size
+        };
+        Ok((eof, Bytes::from(data)))
+    })
+    .await
+}
+
+/// `fs/openWrite`
+pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleResult, WireError> {
+    no_sandbox(p.sandbox.as_ref())?;
+    let target = req_path(&p.path, "path")?;
+    if let Some(m) = p.mode {
+        if m > 0o7777 {
+            return Err(WireError::invalid_params(
+                "mode",
+                format!("mode {m:o} has bits beyond 07777"),
+            ));
+        }
+    }
+    // Reserve the slot before creating anything.
+    if s.handles().map.lock().expect("handle table").len() as u64 >= s.limits().max_open_files {
+        let max = s.limits().max_open_files;
+        return Err(WireError::limit("max_open_files", max, None));
+    }
+    let h = blocking(move || {
+        let (file, tmp) = create_temp(&target, p.create_parents)?;
+        Ok(WriteHandle {
+            file,
+            tmp,
+            target,
+            mode: p.mode,
+            done: AtomicBool::new(false),
+        })
+    })
+    .await?;
+    let handle = s
+        .handles()
+        .insert(Handle::Write(Arc::new(h)), s.limits().max_open_files)?;
+    Ok(HandleResult { handle })
+}
+
+/// `fs/writeBlock`
+pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty, WireError> {
+    no_sandbox(p.sandbox.as_ref())?;
+    check_block(p.data.len() as u64, s)?;
+    let Handle::Write(h) = s.handles().get(p.handle)? else {
+        return Err(WireError::invalid_params(
+            "handle",
+            format!("handle {} was opened for reading", p.handle),
+        ));
+    };
+    blocking(move || {
+        h.file
+            .write_all_at(&p.data, p.offset)
+            .map_err(|e| io_error(&e, &h.target, "cannot write"))?;
+        Ok(Empty {})
+    })
+    .await
+}
+
+/// `fs/commit`: fsync, rename into place, release the handle.
+pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, WireError> {
+    no_sandbox(p.sandbox.as_ref())?;
+    let Handle::Write(_) = s.handles().get(p.handle)? else {
+        return Err(WireError::invalid_params(
+            "handle",
+            format!("handle {} was opened for reading", p.handle),
+        ));
+    };
+    let Handle::Write(h) = s.handles().take(p.handle)? else {
+        return Err(WireError::new(ErrorCode::Internal, "handle changed kind"));
+    };
+    blocking(move || {
+        let size = h
+            .file
+            .metadata()
+            .map_err(|e| io_error(&e, &h.target, "cannot stat"))?
+            .len();
+        let r = finish_temp(&h.file, &h.tmp, &h.target, h.mode);
+        // Committed or failed (then finish_temp removed the temp): either
+        // way the temp file is no longer ours to delete.
+        h.done.store(true, Ordering::SeqCst);
+        r?;
+        Ok(CommitResult { size })
+    })
+    .await
+}
+
+/// `fs/close`
+pub async fn close(s: &Arc<Session>, p: HandleParams) -> Result<Empty, WireError> {
+    no_sandbox(p.sandbox.as_ref())?;
+    let h = s.handles().take(p.handle)?;
+    // Dropping a write handle removes its uncommitted temp file.
+    blocking(move || {
+        drop(h);
+        Ok(Empty {})
+    })
+    .await
+}

@@ -1,0 +1,230 @@
+//! `fs/walk`: breadth-first, bounded, resumable.
+//!
+//! Each directory is read whole and its entries sorted by name (bytes), so a
+//! walk is deterministic and a cursor can say exactly where to go on: the
+//! queue of directories still to list (the first one partly listed) and the
+//! last name given from it. Symlinks are entries, never followed. A
+//! directory that cannot be read is an entry (from its parent's listing) and
+//! an error; the walk goes on. One `statx` per entry (relative to the open
+//! directory), nothing else.
+
+use super::{blocking, io_error, mtime_ns, no_sandbox, req_path};
+use crate::session::Session;
+use executor_protocol::types::fs::*;
+use executor_protocol::{ErrorCode, WireError, WirePath};
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Fixed bytes of a result besides its entries (keys, flags, slack).
+const RESULT_OVERHEAD: u64 = 256;
+/// Upper bound of an entry's encoding besides its path bytes.
+const ENTRY_OVERHEAD: u64 = 64;
+
+/// Directories still to list (relative path, depth).
+type Queue = VecDeque<(Vec<u8>, u32)>;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Cursor {
+    v: u8,
+    root: ByteBuf,
+    /// Directories still to list, relative to the root, with their depth.
+    queue: Vec<(ByteBuf, u32)>,
+    /// The last name already given from `queue[0]`.
+    after: Option<ByteBuf>,
+}
+
+fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    if rel.is_empty() {
+        name.to_vec()
+    } else {
+        let mut v = Vec::with_capacity(rel.len() + 1 + name.len());
+        v.extend_from_slice(rel);
+        v.push(b'/');
+        v.extend_from_slice(name);
+        v
+    }
+}
+
+fn kind_of(ft: std::fs::FileType) -> FileKind {
+    if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    }
+}
+
+/// `fs/walk`
+pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireError> {
+    no_sandbox(p.sandbox.as_ref())?;
+    let root = req_path(&p.root, "root")?;
+    let max_entries = p.max_entries.min(s.limits().max_walk_entries);
+    let max_bytes = p.max_response_bytes.min(s.limits().max_walk_response_bytes);
+    blocking(move || walk_blocking(&root, &p, max_entries, max_bytes)).await
+}
+
+fn walk_blocking(
+    root: &Path,
+    p: &WalkParams,
+    max_entries: u64,
+    max_bytes: u64,
+) -> Result<WalkResult, WireError> {
+    let (mut queue, mut after): (Queue, Option<Vec<u8>>) = match &p.cursor {
+        None => (VecDeque::from([(Vec::new(), 0u32)]), None),
+        Some(c) => {
+            let c: Cursor = rmp_serde::from_slice(c).map_err(|e| {
+                WireError::invalid_params("cursor", format!("not a cursor of fs/walk: {e}"))
+            })?;
+            if c.v != 1 || c.root.as_slice() != root.as_os_str().as_bytes() {
+                return Err(WireError::invalid_params(
+                    "cursor",
+                    "the cursor belongs to another walk (pass it back with the same root)",
+                ));
+            }
+            (
+                c.queue
+                    .into_iter()
+                    .map(|(r, d)| (r.into_vec(), d))
+                    .collect(),
+                c.after.map(|a| a.into_vec()),
+            )
+        }
+    };
+    let mut entries: Vec<WalkEntry> = Vec::new();
+    let mut errors: Vec<WalkErrorEntry> = Vec::new();
+    let mut size_est = RESULT_OVERHEAD + root.as_os_str().len() as u64;
+    let mut queue_est: u64 = queue.iter().map(|(r, _)| r.len() as u64 + 16).sum();
+    let mut dirs_read = 0u64;
+    let mut truncated_by = None;
+    let mut depth_cut = false;
+
+    'dirs: while let Some((rel, depth)) = queue.front().cloned() {
+        if dirs_read >= p.max_directories {
+            truncated_by = Some(TruncatedBy::MaxDirectories);
+            break;
+        }
+        dirs_read += 1;
+        let abs = if rel.is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(OsStr::from_bytes(&rel))
+        };
+        let read = std::fs::read_dir(&abs).and_then(|rd| rd.collect::<Result<Vec<_>, _>>());
+        let mut list = match read {
+            Ok(l) => l,
+            Err(e) if rel.is_empty() => return Err(io_error(&e, &abs, "cannot walk")),
+            Err(e) => {
+                let w = io_error(&e, &abs, "cannot read directory");
+                size_est += rel.len() as u64 + ENTRY_OVERHEAD + w.message.len() as u64;
+                errors.push(WalkErrorEntry {
+                    path: WirePath::from_bytes(rel.clone()),
+                    code: w.code,
+                    message: w.message,
+                });
+                queue.pop_front();
+                queue_est -= rel.len() as u64 + 16;
+                after = None;
+                continue;
+            }
+        };
+        list.sort_by(|a, b| a.file_name().as_bytes().cmp(b.file_name().as_bytes()));
+        let start = match &after {
+            None => 0,
+            Some(a) => list.partition_point(|e| e.file_name().as_bytes() <= a.as_slice()),
+        };
+        for entry in &list[start..] {
+            let name = entry.file_name();
+            let name = name.as_bytes();
+            if !p.include_hidden && name.first() == Some(&b'.') {
+                continue;
+            }
+            let path = join(&rel, name);
+            let est = path.len() as u64 + ENTRY_OVERHEAD;
+            if entries.len() as u64 >= max_entries {
+                truncated_by = Some(TruncatedBy::MaxEntries);
+                break 'dirs;
+            }
+            if size_est + queue_est + est + path.len() as u64 + 16 > max_bytes {
+                truncated_by = Some(TruncatedBy::MaxResponseBytes);
+                break 'dirs;
+            }
+            let (kind, size, mtime) = match entry.metadata() {
+                Ok(m) => (kind_of(m.file_type()), m.len(), mtime_ns(&m)),
+                Err(e) => {
+                    // Vanished between listing and stat: report, go on.
+                    let w = io_error(&e, &abs.join(OsStr::from_bytes(name)), "cannot stat");
+                    size_est += est + w.message.len() as u64;
+                    errors.push(WalkErrorEntry {
+                        path: WirePath::from_bytes(path),
+                        code: w.code,
+                        message: w.message,
+                    });
+                    after = Some(name.to_vec());
+                    continue;
+                }
+            };
+            if kind == FileKind::Dir {
+                let child_depth = depth + 1;
+                if child_depth < p.max_depth {
+                    queue_est += path.len() as u64 + 16;
+                    queue.push_back((path.clone(), child_depth));
+                } else if !depth_cut {
+                    let dir = abs.join(OsStr::from_bytes(name));
+                    depth_cut = std::fs::read_dir(&dir)
+                        .map(|mut d| d.next().is_some())
+                        .unwrap_or(false);
+                }
+            }
+            size_est += est;
+            entries.push(WalkEntry {
+                path: WirePath::from_bytes(path),
+                kind,
+                size,
+                mtime_ns: mtime,
+            });
+            after = Some(name.to_vec());
+        }
+        queue.pop_front();
+        queue_est -= rel.len() as u64 + 16;
+        after = None;
+    }
+
+    let next_cursor = match truncated_by {
+        Some(_) => {
+            let c = Cursor {
+                v: 1,
+                root: ByteBuf::from(root.as_os_str().as_bytes().to_vec()),
+                queue: queue
+                    .into_iter()
+                    .map(|(r, d)| (ByteBuf::from(r), d))
+                    .collect(),
+                after: after.map(ByteBuf::from),
+            };
+            Some(ByteBuf::from(rmp_serde::to_vec(&c).map_err(|e| {
+                WireError::new(
+                    ErrorCode::Internal,
+                    format!("cannot encode the walk cursor: {e}"),
+                )
+            })?))
+        }
+        None => None,
+    };
+    if truncated_by.is_none() && depth_cut {
+        truncated_by = Some(TruncatedBy::MaxDepth);
+    }
+    Ok(WalkResult {
+        entries,
+        errors,
+        truncated: truncated_by.is_some(),
+        truncated_by,
+        next_cursor,
+    })
+}

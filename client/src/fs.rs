@@ -1,0 +1,309 @@
+//! Files on the agent's host: streaming reads with a read-ahead window,
+//! streaming atomic writes, and walks in pages.
+
+use crate::{Call, Client, Error};
+use bytes::Bytes;
+use executor_protocol::methods as m;
+use executor_protocol::types::fs::*;
+use executor_protocol::types::Empty;
+use executor_protocol::WirePath;
+use futures_util::Stream;
+use serde_bytes::ByteBuf;
+use std::collections::VecDeque;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Block size of streaming reads and writes (the protocol's maximum).
+pub const BLOCK: u64 = 1 << 20;
+/// Blocks kept in flight: enough to hide a round trip at wire speed.
+pub const WINDOW: usize = 8;
+
+impl Client {
+    /// `fs/stat`
+    pub async fn stat(&self, path: impl Into<WirePath>) -> Result<StatResult, Error> {
+        self.request(
+            m::FS_STAT,
+            &StatParams {
+                path: path.into(),
+                follow_symlinks: true,
+                sandbox: None,
+                cwd: None,
+            },
+        )
+        .await
+    }
+
+    /// `fs/readFile` of a whole (small) file.
+    pub async fn read_file(&self, path: impl Into<WirePath>) -> Result<Vec<u8>, Error> {
+        let r: ReadFileResult = self
+            .request(
+                m::FS_READ_FILE,
+                &ReadFileParams {
+                    path: path.into(),
+                    offset: None,
+                    length: None,
+                    sandbox: None,
+                    cwd: None,
+                },
+            )
+            .await?;
+        Ok(r.data.into_vec())
+    }
+
+    /// `fs/writeFile`, atomic.
+    pub async fn write_file(&self, path: impl Into<WirePath>, data: &[u8]) -> Result<(), Error> {
+        self.request::<_, Empty>(
+            m::FS_WRITE_FILE,
+            &WriteFileParams {
+                path: path.into(),
+                data: ByteBuf::from(data.to_vec()),
+                mode: None,
+                create_parents: false,
+                atomic: true,
+                sandbox: None,
+                cwd: None,
+            },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Stream a file of any size: `fs/open`, then `fs/readBlock` with up to
+    /// [`WINDOW`] blocks in flight, then `fs/close`. Returns the size seen at
+    /// open and the stream of blocks.
+    pub async fn read_stream(
+        &self,
+        path: impl Into<WirePath>,
+    ) -> Result<(u64, impl Stream<Item = Result<Bytes, Error>>), Error> {
+        let open: OpenResult = self
+            .request(
+                m::FS_OPEN,
+                &OpenParams {
+                    path: path.into(),
+                    sandbox: None,
+                    cwd: None,
+                },
+            )
+            .await?;
+        let state = ReadState {
+            client: self.clone(),
+            handle: open.handle,
+            size: open.size,
+            next: 0,
+            inflight: VecDeque::new(),
+            done: false,
+        };
+        let stream = futures_util::stream::unfold(state, |mut st| async move {
+            match st.next_block().await {
+                Ok(Some(b)) => Some((Ok(b), st)),
+                Ok(None) => None,
+                Err(e) => {
+                    st.done = true;
+                    st.close().await;
+                    Some((Err(e), st))
+                }
+            }
+        });
+        Ok((open.size, stream))
+    }
+
+    /// Write a file of any size atomically: `fs/openWrite`, pipelined
+    /// `fs/writeBlock`s, `fs/commit`. The file appears whole or not at all.
+    /// Returns the committed size.
+    pub async fn write_stream<R: AsyncRead + Unpin>(
+        &self,
+        path: impl Into<WirePath>,
+        mut reader: R,
+        mode: Option<u32>,
+    ) -> Result<u64, Error> {
+        let h: HandleResult = self
+            .request(
+                m::FS_OPEN_WRITE,
+                &OpenWriteParams {
+                    path: path.into(),
+                    mode,
+                    create_parents: false,
+                    sandbox: None,
+                    cwd: None,
+                },
+            )
+            .await?;
+        let result = async {
+            let mut inflight: VecDeque<Call> = VecDeque::new();
+            let mut offset = 0u64;
+            loop {
+                let mut buf = vec![0u8; BLOCK as usize];
+                let mut n = 0;
+                while n < buf.len() {
+                    let k = reader.read(&mut buf[n..]).await?;
+                    if k == 0 {
+                        break;
+                    }
+                    n += k;
+                }
+                if n == 0 {
+                    break;
+                }
+                buf.truncate(n);
+                if inflight.len() >= WINDOW {
+                    if let Some(c) = inflight.pop_front() {
+                        c.result::<Empty>().await?;
+                    }
+                }
+                inflight.push_back(
+                    self.call(
+                        m::FS_WRITE_BLOCK,
+                        &WriteBlockParams {
+                            handle: h.handle,
+                            offset,
+                            data: ByteBuf::from(buf),
+                            sandbox: None,
+                            cwd: None,
+                        },
+                    )
+                    .await?,
+                );
+                offset += n as u64;
+            }
+            for c in inflight {
+                c.result::<Empty>().await?;
+            }
+            let r: CommitResult = self
+                .request(
+                    m::FS_COMMIT,
+                    &HandleParams {
+                        handle: h.handle,
+                        sandbox: None,
+                        cwd: None,
+                    },
+                )
+                .await?;
+            Ok::<u64, Error>(r.size)
+        }
+        .await;
+        if result.is_err() {
+            // Discard the temp file; the error that matters is the first.
+            let _ = self
+                .request::<_, Empty>(
+                    m::FS_CLOSE,
+                    &HandleParams {
+                        handle: h.handle,
+                        sandbox: None,
+                        cwd: None,
+                    },
+                )
+                .await;
+        }
+        result
+    }
+
+    /// One page of `fs/walk`.
+    pub async fn walk_page(&self, params: &WalkParams) -> Result<WalkResult, Error> {
+        self.request(m::FS_WALK, params).await
+    }
+
+    /// A whole walk, page by page (following `next_cursor`), calling `each`
+    /// with every page. Stops at a truncation that has no cursor (max_depth).
+    pub async fn walk(
+        &self,
+        mut params: WalkParams,
+        mut each: impl FnMut(&WalkResult),
+    ) -> Result<(), Error> {
+        loop {
+            let page = self.walk_page(&params).await?;
+            each(&page);
+            match page.next_cursor {
+                Some(c) => params.cursor = Some(c),
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Default walk params for `root`.
+pub fn walk_params(root: impl Into<WirePath>) -> WalkParams {
+    WalkParams {
+        root: root.into(),
+        max_depth: WALK_MAX_DEPTH,
+        max_entries: executor_protocol::limits::MAX_WALK_ENTRIES,
+        max_directories: WALK_MAX_DIRECTORIES,
+        max_response_bytes: executor_protocol::limits::MAX_WALK_RESPONSE_BYTES,
+        include_hidden: true,
+        cursor: None,
+        sandbox: None,
+        cwd: None,
+    }
+}
+
+struct ReadState {
+    client: Client,
+    handle: u64,
+    size: u64,
+    next: u64,
+    inflight: VecDeque<Call>,
+    done: bool,
+}
+
+impl ReadState {
+    async fn fill(&mut self) -> Result<(), Error> {
+        // Keep the window full up to the size seen at open (and one block
+        // past it, to learn about growth and get `eof`).
+        while self.inflight.len() < WINDOW && self.next <= self.size {
+            let call = self
+                .client
+                .call(
+                    m::FS_READ_BLOCK,
+                    &ReadBlockParams {
+                        handle: self.handle,
+                        offset: self.next,
+                        length: BLOCK,
+                        sandbox: None,
+                        cwd: None,
+                    },
+                )
+                .await?;
+            self.inflight.push_back(call);
+            self.next += BLOCK;
+        }
+        Ok(())
+    }
+
+    async fn next_block(&mut self) -> Result<Option<Bytes>, Error> {
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            self.fill().await?;
+            let Some(call) = self.inflight.pop_front() else {
+                // Past the size seen at open without eof: the file grew.
+                self.size = self.next;
+                continue;
+            };
+            let r: ReadBlockResult = call.result().await?;
+            if r.eof {
+                self.done = true;
+                // Later blocks in flight are past the end: let them land.
+                while let Some(c) = self.inflight.pop_front() {
+                    let _ = c.value().await;
+                }
+                self.close().await;
+            }
+            if !r.data.is_empty() {
+                return Ok(Some(Bytes::from(r.data.into_vec())));
+            }
+        }
+    }
+
+    async fn close(&mut self) {
+        let _ = self
+            .client
+            .request::<_, Empty>(
+                m::FS_CLOSE,
+                &HandleParams {
+                    handle: self.handle,
+                    sandbox: None,
+                    cwd: None,
+                },
+            )
+            .await;
+    }
+}
