@@ -33,6 +33,26 @@ pub fn executor_bin() -> PathBuf {
     bin
 }
 
+/// A copy of the `executor` binary that any user can execute (the build
+/// tree may sit under a home directory other users cannot traverse): for
+/// tests that run the agent as an unprivileged user.
+pub fn executor_bin_for_any_user() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("executor-tests-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let bin = dir.join("executor");
+        let tmp = dir.join("executor.tmp");
+        std::fs::copy(executor_bin(), &tmp).expect("copy executor");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&tmp, &bin).expect("rename");
+        bin
+    })
+    .clone()
+}
+
 /// The real agent, spoken to in raw frames.
 #[derive(Debug)]
 pub struct RawAgent {
