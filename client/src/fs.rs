@@ -278,7 +278,11 @@ impl ReadState {
                 self.size = self.next;
                 continue;
             };
-            let r: ReadBlockResult = call.result().await?;
+            #[derive(serde::Deserialize)]
+            struct Eof {
+                eof: bool,
+            }
+            let (r, data): (Eof, Bytes) = call.result_with_data().await?;
             if r.eof {
                 self.done = true;
                 // Later blocks in flight are past the end: let them land.
@@ -287,8 +291,8 @@ impl ReadState {
                 }
                 self.close().await;
             }
-            if !r.data.is_empty() {
-                return Ok(Some(Bytes::from(r.data.into_vec())));
+            if !data.is_empty() {
+                return Ok(Some(data));
             }
         }
     }

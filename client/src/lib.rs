@@ -32,10 +32,10 @@ pub use executor_protocol::{ErrorCode, WireError};
 pub use process::{ExitStatus, Output, Process};
 pub use target::Target;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use executor_protocol::codec::FrameDecoder;
 use executor_protocol::limits::MAX_FRAME_BYTES;
-use executor_protocol::message::{encode_notification, encode_request, Incoming};
+use executor_protocol::message::{encode_notification, encode_request};
 use executor_protocol::types::session::{
     ClientInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
     SessionParams, ToolsListResult,
@@ -95,26 +95,71 @@ impl Error {
     }
 }
 
-/// A notification from the agent.
+/// A notification from the agent. Its params are decoded on demand,
+/// straight from the frame into the type asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notification {
     pub method: String,
-    pub params: Value,
+    process_id: Option<String>,
+    frame: Bytes,
+}
+
+#[derive(serde::Deserialize)]
+struct ParamsOf<T> {
+    params: T,
+}
+
+#[derive(serde::Deserialize)]
+struct ResultOf<T> {
+    result: T,
 }
 
 impl Notification {
     /// Decode the params into their typed form.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
-        self.clone().into_decoded()
+        rmp_serde::from_slice::<ParamsOf<T>>(&self.frame)
+            .map(|p| p.params)
+            .map_err(|e| Error::Decode {
+                method: self.method.clone(),
+                message: e.to_string(),
+            })
     }
 
-    /// Decode the params into their typed form, without copying them.
+    /// Decode the params into their typed form.
     pub fn into_decoded<T: DeserializeOwned>(self) -> Result<T, Error> {
-        let method = self.method;
-        rmpv::ext::from_value(self.params).map_err(|e| Error::Decode {
-            method,
+        self.decode()
+    }
+
+    /// The params as a MessagePack value.
+    pub fn params(&self) -> Result<Value, Error> {
+        self.decode()
+    }
+
+    /// `params.data` as a slice of the frame (no copy), with the rest of
+    /// the params decoded as `T`.
+    pub fn decode_with_data<T: DeserializeOwned>(&self) -> Result<(T, Bytes), Error> {
+        #[derive(serde::Deserialize)]
+        struct Data<'a> {
+            #[serde(borrow)]
+            data: &'a serde_bytes::Bytes,
+        }
+        #[derive(serde::Deserialize)]
+        struct P<'a> {
+            #[serde(borrow)]
+            params: Data<'a>,
+        }
+        let err = |e: rmp_serde::decode::Error| Error::Decode {
+            method: self.method.clone(),
             message: e.to_string(),
-        })
+        };
+        let d: P<'_> = rmp_serde::from_slice(&self.frame).map_err(err)?;
+        let data = self.frame.slice_ref(d.params.data);
+        Ok((self.decode()?, data))
+    }
+
+    /// `params.process_id`, when there is one.
+    pub fn process_id(&self) -> Option<&str> {
+        self.process_id.as_deref()
     }
 }
 
@@ -136,7 +181,7 @@ impl Default for ClientOptions {
     }
 }
 
-type Reply = Result<Value, WireError>;
+type Reply = Result<Bytes, WireError>;
 struct Subscriber {
     id: u64,
     methods: Vec<String>,
@@ -195,10 +240,9 @@ impl Call {
         self.id
     }
 
-    /// Wait for the answer as a raw value.
-    pub async fn value(self) -> Result<Value, Error> {
+    async fn frame(self) -> Result<(String, Bytes), Error> {
         match self.rx.await {
-            Ok(Ok(v)) => Ok(v),
+            Ok(Ok(frame)) => Ok((self.method, frame)),
             Ok(Err(e)) => Err(Error::Remote(e)),
             Err(_) => Err(Error::Closed(format!(
                 "no answer to {} (id {})",
@@ -207,14 +251,48 @@ impl Call {
         }
     }
 
-    /// Wait for the answer in its typed form.
-    pub async fn result<R: DeserializeOwned>(self) -> Result<R, Error> {
-        let method = self.method.clone();
-        let v = self.value().await?;
-        rmpv::ext::from_value(v).map_err(|e| Error::Decode {
-            method,
+    /// Wait for the answer as a raw value.
+    pub async fn value(self) -> Result<Value, Error> {
+        self.result().await
+    }
+
+    /// Wait for a result holding `data` (bin): the data as a slice of the
+    /// frame (no copy), and the rest decoded as `R` (which should skip
+    /// `data`, e.g. by not having such a field).
+    pub async fn result_with_data<R: DeserializeOwned>(self) -> Result<(R, Bytes), Error> {
+        #[derive(serde::Deserialize)]
+        struct Data<'a> {
+            #[serde(borrow)]
+            data: &'a serde_bytes::Bytes,
+        }
+        #[derive(serde::Deserialize)]
+        struct Res<'a> {
+            #[serde(borrow)]
+            result: Data<'a>,
+        }
+        let (method, frame) = self.frame().await?;
+        let err = |e: rmp_serde::decode::Error| Error::Decode {
+            method: method.clone(),
             message: e.to_string(),
-        })
+        };
+        let d: Res<'_> = rmp_serde::from_slice(&frame).map_err(err)?;
+        let data = frame.slice_ref(d.result.data);
+        let rest = rmp_serde::from_slice::<ResultOf<R>>(&frame)
+            .map_err(err)?
+            .result;
+        Ok((rest, data))
+    }
+
+    /// Wait for the answer in its typed form (decoded straight from the
+    /// frame: no intermediate value tree).
+    pub async fn result<R: DeserializeOwned>(self) -> Result<R, Error> {
+        let (method, frame) = self.frame().await?;
+        rmp_serde::from_slice::<ResultOf<R>>(&frame)
+            .map(|r| r.result)
+            .map_err(|e| Error::Decode {
+                method,
+                message: e.to_string(),
+            })
     }
 }
 
@@ -410,9 +488,9 @@ impl Client {
         }
         // Under the lock nothing new is delivered: drain and filter.
         let mut keep = std::mem::take(&mut sub.backlog);
-        keep.retain(|n| note_process_id(n) == Some(process_id));
+        keep.retain(|n| n.process_id() == Some(process_id));
         while let Ok(n) = sub.rx.try_recv() {
-            if note_process_id(&n) == Some(process_id) {
+            if n.process_id() == Some(process_id) {
                 keep.push_back(n);
             }
         }
@@ -533,7 +611,7 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner
         loop {
             match decoder.decode(&mut buf) {
                 Ok(Some(frame)) => {
-                    if let Err(e) = deliver(&inner, &frame) {
+                    if let Err(e) = deliver(&inner, frame) {
                         break 'outer e;
                     }
                 }
@@ -564,68 +642,82 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner
     shared.subscribers.clear();
 }
 
-fn deliver(inner: &Inner, frame: &[u8]) -> Result<(), String> {
-    // The agent is trusted more than clients are, but its walk answers hold
-    // many values: allow the frame's byte count as the value bound.
-    let msg = Incoming::decode_bounded(frame, frame.len() as u64 + 1).map_err(|e| e.to_string())?;
+#[derive(serde::Deserialize)]
+struct PeekParams {
+    #[serde(default)]
+    process_id: Option<String>,
+}
+
+/// What routing needs of a frame; everything else is skipped unparsed.
+#[derive(serde::Deserialize)]
+struct Peek {
+    #[serde(default)]
+    id: Option<u64>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    params: Option<PeekParams>,
+    #[serde(default)]
+    result: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    error: Option<WireError>,
+}
+
+fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
+    let frame = frame.freeze();
+    let peek: Peek = rmp_serde::from_slice(&frame)
+        .map_err(|e| format!("undecodable message from the agent: {e}"))?;
     let mut shared = inner.shared.lock().expect("client lock");
-    match msg {
-        Incoming::Response {
-            id: Some(id),
-            result,
-        } => {
+    if let Some(method) = peek.method {
+        if peek.id.is_some() {
+            tracing::debug!(method, "ignoring a request from the agent");
+            return Ok(());
+        }
+        let note = Notification {
+            method,
+            process_id: peek.params.and_then(|p| p.process_id),
+            frame,
+        };
+        let pid = note.process_id.clone();
+        let pid = pid.as_deref();
+        let wanted: Vec<usize> = shared
+            .subscribers
+            .iter()
+            .enumerate()
+            .filter(|(_, sub)| {
+                (sub.methods.is_empty() || sub.methods.contains(&note.method))
+                    && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        for &i in &wanted {
+            // Clones share the frame (reference-counted), never copy it.
+            let _ = shared.subscribers[i].tx.send(note.clone());
+        }
+        shared.subscribers.retain(|sub| !sub.tx.is_closed());
+        return Ok(());
+    }
+    match (peek.id, peek.error) {
+        (Some(id), Some(err)) => {
             if let Some(tx) = shared.pending.remove(&id) {
-                let _ = tx.send(result);
+                let _ = tx.send(Err(err));
+            }
+        }
+        (None, Some(err)) => {
+            tracing::warn!(error = %err, "agent answered a request it could not read")
+        }
+        (Some(id), None) if peek.result.is_some() => {
+            if let Some(tx) = shared.pending.remove(&id) {
+                let _ = tx.send(Ok(frame));
             } else {
                 tracing::debug!(id, "answer to no pending request");
             }
         }
-        Incoming::Response { id: None, result } => {
-            tracing::warn!(?result, "agent answered a request it could not read");
-        }
-        Incoming::Notification { method, params } => {
-            let note = Notification { method, params };
-            let pid = note_process_id(&note).map(str::to_owned);
-            let pid = pid.as_deref();
-            let wanted: Vec<usize> = shared
-                .subscribers
-                .iter()
-                .enumerate()
-                .filter(|(_, sub)| {
-                    (sub.methods.is_empty() || sub.methods.contains(&note.method))
-                        && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid)
-                })
-                .map(|(i, _)| i)
-                .collect();
-            // Bulk output is moved to the last subscriber, copied to others.
-            let mut note = Some(note);
-            for (n, &i) in wanted.iter().enumerate() {
-                let item = if n + 1 == wanted.len() {
-                    note.take()
-                } else {
-                    note.clone()
-                };
-                if let Some(item) = item {
-                    let _ = shared.subscribers[i].tx.send(item);
-                }
-            }
-            shared.subscribers.retain(|sub| !sub.tx.is_closed());
-        }
-        Incoming::Request { method, .. } => {
-            tracing::debug!(method, "ignoring a request from the agent");
+        _ => {
+            return Err("a message from the agent is neither a response nor a notification".into())
         }
     }
     Ok(())
-}
-
-fn note_process_id(note: &Notification) -> Option<&str> {
-    match &note.params {
-        Value::Map(m) => m
-            .iter()
-            .find(|(k, _)| k.as_str() == Some("process_id"))
-            .and_then(|(_, v)| v.as_str()),
-        _ => None,
-    }
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(

@@ -9,8 +9,20 @@ use executor_protocol::types::Empty;
 use futures_util::Stream;
 use std::collections::VecDeque;
 
-/// One chunk of a job's output.
-pub type Output = OutputChunk;
+/// One chunk of a job's output (its bytes share the received frame).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub seq: u64,
+    pub stream: OutputStream,
+    pub data: bytes::Bytes,
+}
+
+/// The fields of `process/output` besides `data`.
+#[derive(serde::Deserialize)]
+struct OutputMeta {
+    seq: u64,
+    stream: OutputStream,
+}
 
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +55,7 @@ pub struct Process {
     pid: u32,
     sub: Subscription,
     next_seq: u64,
-    ready: VecDeque<OutputChunk>,
+    ready: VecDeque<Output>,
     exited: Option<ProcessExited>,
     done: bool,
 }
@@ -184,7 +196,11 @@ impl Process {
         for c in r.chunks {
             if c.seq >= self.next_seq {
                 self.next_seq = c.seq + 1;
-                self.ready.push_back(c);
+                self.ready.push_back(Output {
+                    seq: c.seq,
+                    stream: c.stream,
+                    data: bytes::Bytes::from(c.data.into_vec()),
+                });
             }
         }
         Ok(r.exited.is_some() && self.next_seq >= r.next_seq)
@@ -192,7 +208,7 @@ impl Process {
 
     /// The next chunk of output, in seq order; `None` once the job exited
     /// and all its output was returned.
-    pub async fn next_output(&mut self) -> Result<Option<OutputChunk>, Error> {
+    pub async fn next_output(&mut self) -> Result<Option<Output>, Error> {
         loop {
             if let Some(c) = self.ready.pop_front() {
                 return Ok(Some(c));
@@ -217,16 +233,16 @@ impl Process {
             };
             match note.method.as_str() {
                 m::PROCESS_OUTPUT => {
-                    let o: ProcessOutput = note.into_decoded()?;
+                    let (o, data): (OutputMeta, _) = note.decode_with_data()?;
                     if o.seq > self.next_seq {
                         // A gap: fetch what we missed (includes this chunk).
                         self.catch_up().await?;
                     } else if o.seq == self.next_seq {
                         self.next_seq += 1;
-                        self.ready.push_back(OutputChunk {
+                        self.ready.push_back(Output {
                             seq: o.seq,
                             stream: o.stream,
-                            data: o.data,
+                            data,
                         });
                     }
                 }
@@ -242,7 +258,7 @@ impl Process {
     }
 
     /// The output as a `Stream`.
-    pub fn output(self) -> impl Stream<Item = Result<OutputChunk, Error>> {
+    pub fn output(self) -> impl Stream<Item = Result<Output, Error>> {
         futures_util::stream::unfold(Some(self), |state| async move {
             let mut p = state?;
             match p.next_output().await {

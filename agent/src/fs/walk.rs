@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use std::collections::VecDeque;
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -117,7 +117,10 @@ fn walk_blocking(
         } else {
             root.join(OsStr::from_bytes(&rel))
         };
-        let read = std::fs::read_dir(&abs).and_then(|rd| rd.collect::<Result<Vec<_>, _>>());
+        let read = std::fs::read_dir(&abs).and_then(|rd| {
+            rd.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
+                .collect::<Result<Vec<_>, _>>()
+        });
         let mut list = match read {
             Ok(l) => l,
             Err(e) if rel.is_empty() => return Err(io_error(&e, &abs, "cannot walk")),
@@ -135,14 +138,13 @@ fn walk_blocking(
                 continue;
             }
         };
-        list.sort_by(|a, b| a.file_name().as_bytes().cmp(b.file_name().as_bytes()));
+        list.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let start = match &after {
             None => 0,
-            Some(a) => list.partition_point(|e| e.file_name().as_bytes() <= a.as_slice()),
+            Some(a) => list.partition_point(|e| e.0.as_slice() <= a.as_slice()),
         };
-        for entry in &list[start..] {
-            let name = entry.file_name();
-            let name = name.as_bytes();
+        for (name, entry) in &list[start..] {
+            let name = name.as_slice();
             if !p.include_hidden && name.first() == Some(&b'.') {
                 continue;
             }
