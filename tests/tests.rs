@@ -13,5 +13,7 @@ mod fs;
 mod fuzzish;
 #[path = "suite/process.rs"]
 mod process;
+#[path = "suite/ssh.rs"]
+mod ssh;
 #[path = "suite/wire.rs"]
 mod wire;

@@ -13,6 +13,7 @@
 pub mod conn;
 pub mod dispatch;
 pub mod exec;
+pub mod forced;
 pub mod fs;
 pub mod process;
 pub mod session;

@@ -24,6 +24,26 @@ fn main() -> anyhow::Result<()> {
     if args.get(1).and_then(|a| a.to_str()) == Some("sandbox-exec") {
         sandbox_exec(&args[2..]);
     }
+    // Under an authorized_keys forced command, the client's own request is
+    // in SSH_ORIGINAL_COMMAND: accept only the executor itself.
+    if let Some(original) = std::env::var_os("SSH_ORIGINAL_COMMAND") {
+        use executor_agent::forced::{judge, Forced};
+        match judge(&original.to_string_lossy()) {
+            Forced::Serve => {}
+            Forced::Version => {
+                let mut out = std::io::stdout();
+                std::io::Write::write_all(
+                    &mut out,
+                    format!("executor {}\n", env!("CARGO_PKG_VERSION")).as_bytes(),
+                )?;
+                return Ok(());
+            }
+            Forced::Refuse(why) => {
+                eprintln!("executor: {why}");
+                std::process::exit(2);
+            }
+        }
+    }
     let cli = Cli::parse();
     init_tracing(cli.log_json);
     let runtime = tokio::runtime::Builder::new_multi_thread()

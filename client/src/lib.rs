@@ -30,7 +30,7 @@ pub mod target;
 pub use executor_protocol as protocol;
 pub use executor_protocol::{ErrorCode, WireError};
 pub use process::{ExitStatus, Output, Process};
-pub use target::Target;
+pub use target::{SshOptions, Target};
 
 use bytes::{Bytes, BytesMut};
 use executor_protocol::codec::FrameDecoder;
@@ -393,6 +393,16 @@ impl Client {
     /// Connect to a [`Target`]: the local `executor` or one over `ssh`.
     pub async fn connect_target(target: &Target, options: ClientOptions) -> Result<Client, Error> {
         Client::spawn(target.command()?, options).await
+    }
+
+    /// Connect over the system `ssh` to `host`: `ssh -T [options] host
+    /// executor` (or the `executor` subsystem).
+    pub async fn connect_ssh(
+        host: &str,
+        ssh: &SshOptions,
+        options: ClientOptions,
+    ) -> Result<Client, Error> {
+        Client::spawn(ssh.command(host)?, options).await
     }
 
     /// What `initialize` answered.

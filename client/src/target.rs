@@ -61,19 +61,113 @@ impl Target {
                 Ok(tokio::process::Command::new(bin))
             }
             Target::Ssh { user, host, port } => {
-                let mut cmd = tokio::process::Command::new("ssh");
-                cmd.arg("-T");
-                if let Some(p) = port {
-                    cmd.arg("-p").arg(p.to_string());
-                }
-                let dest = match user {
-                    Some(u) => format!("{u}@{host}"),
-                    None => host.clone(),
+                let opts = SshOptions {
+                    user: user.clone(),
+                    port: *port,
+                    ..SshOptions::default()
                 };
-                cmd.arg("--").arg(dest).arg("executor");
-                Ok(cmd)
+                opts.command(host)
             }
         }
+    }
+}
+
+/// How to reach an agent with the system `ssh` (so `~/.ssh/config`,
+/// ProxyJump, certificates, agents and ControlMaster all keep working).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshOptions {
+    /// Remote user (else ssh's default).
+    pub user: Option<String>,
+    /// Remote port (else ssh's default).
+    pub port: Option<u16>,
+    /// `-i IDENTITY`.
+    pub identity: Option<std::path::PathBuf>,
+    /// Extra `-o KEY=VALUE` options, each passed as its own argument.
+    pub options: Vec<String>,
+    /// Request the `executor` subsystem (`ssh -s`) instead of a command.
+    pub subsystem: bool,
+    /// The remote command (or subsystem name): a plain path, never a shell
+    /// string. Default `executor`.
+    pub remote_command: String,
+    /// The ssh program. Default `ssh`.
+    pub ssh_program: std::path::PathBuf,
+}
+
+impl Default for SshOptions {
+    fn default() -> Self {
+        SshOptions {
+            user: None,
+            port: None,
+            identity: None,
+            options: Vec::new(),
+            subsystem: false,
+            remote_command: "executor".into(),
+            ssh_program: "ssh".into(),
+        }
+    }
+}
+
+fn bad(what: &str, v: &str) -> Error {
+    Error::Spawn {
+        program: "ssh".into(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("invalid {what} {v:?}"),
+        ),
+    }
+}
+
+impl SshOptions {
+    /// The `ssh` command line for `host`. Every part is validated: the
+    /// remote side receives one plain word (the remote shell would split or
+    /// expand anything else), and nothing can be taken for an ssh option.
+    pub fn command(&self, host: &str) -> Result<tokio::process::Command, Error> {
+        let word = |v: &str| {
+            !v.is_empty()
+                && !v.starts_with('-')
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-[]:".contains(c))
+        };
+        if !word(host) {
+            return Err(bad("host", host));
+        }
+        if let Some(u) = &self.user {
+            if !word(u) {
+                return Err(bad("user", u));
+            }
+        }
+        let rc = &self.remote_command;
+        if rc.is_empty()
+            || rc.starts_with('-')
+            || !rc
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-~+".contains(c))
+        {
+            return Err(bad("remote command", rc));
+        }
+        let mut cmd = tokio::process::Command::new(&self.ssh_program);
+        cmd.arg("-T");
+        if let Some(p) = self.port {
+            cmd.arg("-p").arg(p.to_string());
+        }
+        if let Some(i) = &self.identity {
+            cmd.arg("-i").arg(i);
+        }
+        for o in &self.options {
+            if !o.contains('=') || o.contains('\n') || o.starts_with('-') {
+                return Err(bad("ssh option", o));
+            }
+            cmd.arg("-o").arg(o);
+        }
+        if self.subsystem {
+            cmd.arg("-s");
+        }
+        let dest = match &self.user {
+            Some(u) => format!("{u}@{host}"),
+            None => host.to_string(),
+        };
+        cmd.arg("--").arg(dest).arg(rc);
+        Ok(cmd)
     }
 }
 
@@ -130,6 +224,28 @@ mod tests {
             }
         );
         assert!(Target::parse("-oProxyCommand=x").is_err());
+        let o = SshOptions {
+            remote_command: "executor; rm -rf /".into(),
+            ..Default::default()
+        };
+        assert!(o.command("box").is_err());
+        let o = SshOptions {
+            options: vec!["-oProxyCommand=x".into()],
+            ..Default::default()
+        };
+        assert!(o.command("box").is_err());
+        let o = SshOptions {
+            port: Some(22),
+            subsystem: true,
+            ..Default::default()
+        };
+        let cmd = o.command("box").unwrap();
+        let args: Vec<_> = cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(args, vec!["-T", "-p", "22", "-s", "--", "box", "executor"]);
         assert!(Target::parse("ssh://a b").is_err());
     }
 }

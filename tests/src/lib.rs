@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: find and spawn the real
 //! `executor` binary, and talk to it in raw frames.
 
+pub mod sshd;
+
 use bytes::BytesMut;
 use executor_protocol::codec::FrameDecoder;
 use executor_protocol::message::{encode_request, Incoming};

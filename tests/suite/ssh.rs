@@ -1,0 +1,134 @@
+//! `ssh devbox executor` against a real OpenSSH sshd on 127.0.0.1.
+
+use executor_client::{Client, ClientOptions};
+use executor_protocol::types::process::ProcessStartParams;
+use executor_tests::sshd::Sshd;
+use executor_tests::*;
+use std::collections::BTreeMap;
+
+fn env() -> BTreeMap<String, String> {
+    BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
+}
+
+/// What every transport must do: initialize, run, stream a file.
+async fn exercise(c: &Client) {
+    assert_eq!(c.initialize_result().protocol_version, 1);
+    let mut p = ProcessStartParams::new(
+        vec!["sh".into(), "-c".into(), "echo over-ssh; exit 5".into()],
+        "/",
+        env(),
+    );
+    p.tag = Some("ssh".into());
+    let mut proc = c.start(&p).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(ch) = proc.next_output().await.unwrap() {
+        out.extend_from_slice(&ch.data);
+    }
+    assert_eq!(out, b"over-ssh\n");
+    assert_eq!(proc.exit_status().unwrap().code, Some(5));
+    let dir = std::env::temp_dir().join(format!("executor-ssh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
+    let f = dir.join("data");
+    c.write_stream(f.to_str().unwrap(), &data[..], None)
+        .await
+        .unwrap();
+    let (_, s) = c.read_stream(f.to_str().unwrap()).await.unwrap();
+    use futures_util::StreamExt;
+    let got: Vec<u8> = s
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .flat_map(|b| b.unwrap().to_vec())
+        .collect();
+    assert_eq!(got, data);
+}
+
+#[tokio::test]
+async fn exec_mode() {
+    let sshd = Sshd::start("", "");
+    let c = Client::connect_ssh(
+        "127.0.0.1",
+        &sshd.options(&executor_bin()),
+        ClientOptions::default(),
+    )
+    .await
+    .expect("connect over ssh");
+    exercise(&c).await;
+    // SSH_CLIENT shows it really went through sshd.
+    let info = c.environment_info().await.unwrap();
+    assert!(!info.user.is_empty());
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn subsystem_mode() {
+    let sshd = Sshd::start(
+        "",
+        &format!("Subsystem executor {}", executor_bin().display()),
+    );
+    let mut opts = sshd.options(std::path::Path::new("executor"));
+    opts.subsystem = true;
+    let c = Client::connect_ssh("127.0.0.1", &opts, ClientOptions::default())
+        .await
+        .expect("subsystem");
+    exercise(&c).await;
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn forced_command_accepts_the_executor_and_refuses_anything_else() {
+    let prefix = format!("command=\"{}\",restrict ", executor_bin().display());
+    let sshd = Sshd::start(&prefix, "");
+    // Allowed: the client asks for `executor`.
+    let c = Client::connect_ssh(
+        "127.0.0.1",
+        &sshd.options(std::path::Path::new("executor")),
+        ClientOptions::default(),
+    )
+    .await
+    .expect("forced command serves the executor");
+    exercise(&c).await;
+    c.close().await.unwrap();
+    // `--version` is allowed too.
+    let out = sshd.ssh("executor --version").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("executor "));
+    // Anything else: refused, with a message, non-zero, nothing run.
+    let marker = std::env::temp_dir().join(format!("executor-forced-{}", std::process::id()));
+    let out = sshd
+        .ssh(&format!("touch {}", marker.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("may only run the executor"), "{err}");
+    assert!(!marker.exists(), "the refused command did not run");
+    let out = sshd.ssh("executor --config /tmp/x").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn login_shell_noise_before_the_preamble_is_skipped() {
+    // Output before the agent starts, as a user's .bashrc or a motd script
+    // produces it: here the remote side prints a banner, then runs us.
+    let prefix = format!(
+        "command=\"echo 'Welcome to devbox! Last login: yesterday'; echo motd; exec {}\",restrict ",
+        executor_bin().display()
+    );
+    let sshd = Sshd::start(&prefix, "");
+    let out = sshd.ssh("executor --version").output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("Welcome to devbox"),
+        "the banner is really there"
+    );
+    let c = Client::connect_ssh(
+        "127.0.0.1",
+        &sshd.options(std::path::Path::new("executor")),
+        ClientOptions::default(),
+    )
+    .await
+    .expect("banner skipped");
+    exercise(&c).await;
+    c.close().await.unwrap();
+}
