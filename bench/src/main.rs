@@ -311,6 +311,163 @@ async fn walk_tree() -> anyhow::Result<Row> {
     })
 }
 
+const CIPHER: &str = "Ciphers=aes128-gcm@openssh.com";
+
+/// 100 sequential `/bin/true` on one warm executor connection through a
+/// real sshd, vs 100 fresh `ssh host /bin/true`, vs 100 `ssh` over a
+/// ControlMaster connection.
+async fn ssh_commands(n: usize) -> anyhow::Result<Row> {
+    use executor_tests::sshd::Sshd;
+    let agent = executor_client::target::local_executor()?;
+    let sshd = Sshd::start("", "Subsystem sftp /usr/lib/openssh/sftp-server");
+    let c =
+        Client::connect_ssh("127.0.0.1", &sshd.options(&agent), ClientOptions::default()).await?;
+    let params = ProcessStartParams::new(vec!["/bin/true".into()], "/", env());
+    c.start(&params).await?.wait().await?;
+    let t = Instant::now();
+    for _ in 0..n {
+        let st = c.start(&params).await?.wait().await?;
+        if !st.success() {
+            bail!("/bin/true failed over ssh");
+        }
+    }
+    let warm = t.elapsed();
+    c.close().await?;
+    let run = |mut cmd: std::process::Command| -> anyhow::Result<()> {
+        let st = cmd.stdout(std::process::Stdio::null()).status()?;
+        if !st.success() {
+            bail!("ssh failed: {st}");
+        }
+        Ok(())
+    };
+    let t = Instant::now();
+    for _ in 0..n {
+        run(sshd.ssh("/bin/true"))?;
+    }
+    let fresh = t.elapsed();
+    let ctl = sshd.dir.join("ctl");
+    let ctl_path = format!("ControlPath={}", ctl.display());
+    let master = |remote: &str| {
+        sshd.ssh_with(
+            &["ControlMaster=auto", &ctl_path, "ControlPersist=60"],
+            remote,
+        )
+    };
+    run(master("/bin/true"))?;
+    let t = Instant::now();
+    for _ in 0..n {
+        run(master("/bin/true"))?;
+    }
+    let cm = t.elapsed();
+    let _ = std::process::Command::new("ssh")
+        .args(["-o"])
+        .arg(format!("ControlPath={}", ctl.display()))
+        .args(["-O", "exit", "127.0.0.1"])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let per = |d: Duration| d.as_secs_f64() * 1e3 / n as f64;
+    let ratio = per(cm) / per(warm);
+    Ok(Row {
+        what: format!("{n} sequential `/bin/true` through real sshd on one warm connection"),
+        ours: format!("{:.2} ms each", per(warm)),
+        baseline: format!(
+            "{:.2} ms each over a ControlMaster; {:.1} ms each with a fresh `ssh host /bin/true`",
+            per(cm),
+            per(fresh)
+        ),
+        ratio,
+        goal: "≥ 4× faster than ControlMaster".into(),
+        met: ratio >= 4.0,
+        note: format!(
+            "ratio = ControlMaster time / executor time (higher is better); vs fresh ssh the executor is {:.0}× faster. \
+             On this machine a multiplexed exec through sshd costs ~100 ms (checked by hand with `ssh -O check`: \
+             the master is used), far above the ~8 ms of DESIGN.md's reference machine; the executor's warm path \
+             never opens a new SSH session",
+            per(fresh) / per(warm)
+        ),
+    })
+}
+
+/// 1 GiB `get` through sshd vs `ssh host cat f` and `sftp get`, same cipher.
+async fn ssh_get(bytes: u64) -> anyhow::Result<Row> {
+    use executor_tests::sshd::Sshd;
+    let dir = scratch()?;
+    let f = dir.join("ssh-big");
+    std::fs::File::create(&f)?.set_len(0)?;
+    {
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&f)?);
+        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 249) as u8).collect();
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            w.write_all(&block[..n])?;
+            left -= n as u64;
+        }
+    }
+    let agent = executor_client::target::local_executor()?;
+    let sshd = Sshd::start("", "Subsystem sftp /usr/lib/openssh/sftp-server");
+    let mut opts = sshd.options(&agent);
+    opts.options.push(CIPHER.into());
+    let c = Client::connect_ssh("127.0.0.1", &opts, ClientOptions::default()).await?;
+    read_through_agent(&c, &f, bytes).await?;
+    let (mut ours, mut cat, mut sftp) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        ours.push(read_through_agent(&c, &f, bytes).await?);
+        let t = Instant::now();
+        let mut cmd = sshd.ssh_with(&[CIPHER], &format!("cat {}", f.display()));
+        let st = cmd.stdout(std::process::Stdio::null()).status()?;
+        if !st.success() {
+            bail!("ssh cat failed");
+        }
+        cat.push(t.elapsed());
+        let batch = dir.join("sftp-batch");
+        std::fs::write(&batch, format!("get {} /dev/null\n", f.display()))?;
+        let t = Instant::now();
+        let mut s = std::process::Command::new("sftp");
+        s.arg("-q")
+            .arg("-b")
+            .arg(&batch)
+            .arg("-P")
+            .arg(sshd.port.to_string())
+            .arg("-i")
+            .arg(&sshd.client_key);
+        for o in sshd.ssh_o_options() {
+            s.arg("-o").arg(o);
+        }
+        s.args(["-o", CIPHER])
+            .arg(format!("{}@127.0.0.1", sshd.user));
+        let st = s.stdout(std::process::Stdio::null()).status()?;
+        if !st.success() {
+            bail!("sftp failed");
+        }
+        sftp.push(t.elapsed());
+    }
+    c.close().await?;
+    std::fs::remove_file(&f)?;
+    let (o, k, sf) = (median(ours), median(cat), median(sftp));
+    let ratio = mbps(bytes, o) / mbps(bytes, k);
+    Ok(Row {
+        what: format!("`get` of {} MiB through real sshd, aes128-gcm (median of 3)", bytes >> 20),
+        ours: format!("{:.0} MB/s", mbps(bytes, o)),
+        baseline: format!(
+            "{:.0} MB/s `ssh host cat f`; {:.0} MB/s `sftp get`",
+            mbps(bytes, k),
+            mbps(bytes, sf)
+        ),
+        ratio,
+        goal: "≥ 0.95× ssh cat, and faster than sftp".into(),
+        met: ratio >= 0.95 && o < sf,
+        note: format!(
+            "vs sftp: {:.2}×. Missed: the reads are request/response blocks (8 × 1 MiB in flight) through the \
+             SSH channel's flow-control window, where `cat` is one unidirectional stream; what would close it: \
+             a streamed read mode (the agent pushes blocks ahead, bounded by a credit the client returns) so the \
+             channel never idles between blocks",
+            mbps(bytes, o) / mbps(bytes, sf)
+        ),
+    })
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -334,6 +491,8 @@ async fn main() -> anyhow::Result<()> {
         spawn_latency(args.iterations).await?,
         file_read(args.bytes).await?,
         walk_tree().await?,
+        ssh_commands(100).await?,
+        ssh_get(args.bytes).await?,
     ];
     let mut md = String::new();
     writeln!(md, "# Benchmark results\n")?;

@@ -122,6 +122,11 @@ impl Sshd {
 
     /// A plain `ssh` command to this server running `remote`.
     pub fn ssh(&self, remote: &str) -> Command {
+        self.ssh_with(&[], remote)
+    }
+
+    /// `ssh` with extra `-o` options (before the destination).
+    pub fn ssh_with(&self, extra_o: &[&str], remote: &str) -> Command {
         let mut c = Command::new("ssh");
         c.arg("-T")
             .arg("-p")
@@ -129,6 +134,9 @@ impl Sshd {
             .arg("-i")
             .arg(&self.client_key);
         for o in self.ssh_o_options() {
+            c.arg("-o").arg(o);
+        }
+        for o in extra_o {
             c.arg("-o").arg(o);
         }
         c.arg(format!("{}@127.0.0.1", self.user)).arg(remote);
