@@ -25,6 +25,9 @@ struct Args {
     /// Iterations of the latency comparisons.
     #[arg(long, default_value_t = 300)]
     iterations: usize,
+    /// Run only these comparisons (output, spawn, read, walk, ssh-exec, ssh-get).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 struct Row {
@@ -486,14 +489,26 @@ fn machine() -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let rows = vec![
-        process_output(args.bytes).await?,
-        spawn_latency(args.iterations).await?,
-        file_read(args.bytes).await?,
-        walk_tree().await?,
-        ssh_commands(100).await?,
-        ssh_get(args.bytes).await?,
-    ];
+    let want = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+    let mut rows = Vec::new();
+    if want("output") {
+        rows.push(process_output(args.bytes).await?);
+    }
+    if want("spawn") {
+        rows.push(spawn_latency(args.iterations).await?);
+    }
+    if want("read") {
+        rows.push(file_read(args.bytes).await?);
+    }
+    if want("walk") {
+        rows.push(walk_tree().await?);
+    }
+    if want("ssh-exec") {
+        rows.push(ssh_commands(100).await?);
+    }
+    if want("ssh-get") {
+        rows.push(ssh_get(args.bytes).await?);
+    }
     let mut md = String::new();
     writeln!(md, "# Benchmark results\n")?;
     writeln!(
