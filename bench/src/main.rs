@@ -175,6 +175,21 @@ async fn spawn_latency(iterations: usize) -> anyhow::Result<Row> {
     })
 }
 
+/// A file of `bytes` non-zero, non-sparse bytes.
+fn write_pattern_file(f: &std::path::Path, bytes: u64) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(f)?);
+    let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        w.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    w.flush()?;
+    Ok(())
+}
+
 fn scratch() -> anyhow::Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("executor-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
@@ -226,17 +241,7 @@ async fn read_stdout_of(cmd: &str) -> anyhow::Result<(Duration, u64)> {
 async fn file_read(bytes: u64) -> anyhow::Result<Row> {
     let dir = scratch()?;
     let f = dir.join("big");
-    {
-        use std::io::Write;
-        let mut w = std::io::BufWriter::new(std::fs::File::create(&f)?);
-        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(block.len() as u64) as usize;
-            w.write_all(&block[..n])?;
-            left -= n as u64;
-        }
-    }
+    write_pattern_file(&f, bytes)?;
     let c = connect().await?;
     read_through_agent(&c, &f, bytes).await?; // warm the page cache
     let cmd = format!("cat {} | cat", f.display());
@@ -396,18 +401,7 @@ async fn ssh_get(bytes: u64) -> anyhow::Result<Row> {
     use executor_tests::sshd::Sshd;
     let dir = scratch()?;
     let f = dir.join("ssh-big");
-    std::fs::File::create(&f)?.set_len(0)?;
-    {
-        use std::io::Write;
-        let mut w = std::io::BufWriter::new(std::fs::File::create(&f)?);
-        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 249) as u8).collect();
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(block.len() as u64) as usize;
-            w.write_all(&block[..n])?;
-            left -= n as u64;
-        }
-    }
+    write_pattern_file(&f, bytes)?;
     let agent = executor_client::target::local_executor()?;
     let sshd = Sshd::start("", "Subsystem sftp /usr/lib/openssh/sftp-server");
     let mut opts = sshd.options(&agent);

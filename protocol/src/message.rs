@@ -343,6 +343,28 @@ pub fn encode_error(
     encode_framed(dst, &ErrorOut { id, error }, max)
 }
 
+/// End a frame head whose last value is `bin` of `data_len` bytes sent
+/// after it: write the bin header and the frame length (covering the data).
+fn finish_head(
+    dst: &mut Vec<u8>,
+    start: usize,
+    data_len: usize,
+    max: usize,
+) -> Result<(), EncodeError> {
+    let len = u32::try_from(data_len).map_err(|_| EncodeError::TooLarge {
+        size: data_len,
+        max,
+    })?;
+    rmp::encode::write_bin_len(dst, len).map_err(|x| EncodeError::Serialize(x.to_string()))?;
+    let size = dst.len() - start - 4 + data_len;
+    if size > max || size > u32::MAX as usize {
+        dst.truncate(start);
+        return Err(EncodeError::TooLarge { size, max });
+    }
+    dst[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
+    Ok(())
+}
+
 /// Append the frame of a `process/output` notification *without* its data
 /// bytes: the caller sends `data` right after these bytes (a vectored
 /// write), so bulk output is never copied into a frame buffer. The result is
@@ -378,18 +400,7 @@ pub fn encode_output_head(
     io(e::write_str(dst, "stream"))?;
     io(e::write_str(dst, stream.as_str()))?;
     io(e::write_str(dst, "data"))?;
-    let len = u32::try_from(data_len).map_err(|_| EncodeError::TooLarge {
-        size: data_len,
-        max,
-    })?;
-    io3(e::write_bin_len(dst, len))?;
-    let size = dst.len() - start - 4 + data_len;
-    if size > max || size > u32::MAX as usize {
-        dst.truncate(start);
-        return Err(EncodeError::TooLarge { size, max });
-    }
-    dst[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
-    Ok(())
+    finish_head(dst, start, data_len, max)
 }
 
 /// Append the frame of a successful `fs/readBlock` response *without* its
@@ -420,18 +431,7 @@ pub fn encode_read_block_head(
     io(e::write_str(dst, "eof"))?;
     e::write_bool(dst, eof).map_err(|x| EncodeError::Serialize(x.to_string()))?;
     io(e::write_str(dst, "data"))?;
-    let len = u32::try_from(data_len).map_err(|_| EncodeError::TooLarge {
-        size: data_len,
-        max,
-    })?;
-    io3(e::write_bin_len(dst, len))?;
-    let size = dst.len() - start - 4 + data_len;
-    if size > max || size > u32::MAX as usize {
-        dst.truncate(start);
-        return Err(EncodeError::TooLarge { size, max });
-    }
-    dst[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
-    Ok(())
+    finish_head(dst, start, data_len, max)
 }
 
 #[derive(Debug, PartialEq, Eq)]

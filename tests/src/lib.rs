@@ -192,6 +192,41 @@ impl RawAgent {
     }
 }
 
+/// A client on a freshly spawned local agent.
+pub async fn local_client() -> executor_client::Client {
+    executor_client::Client::spawn(
+        tokio::process::Command::new(executor_bin()),
+        executor_client::ClientOptions::default(),
+    )
+    .await
+    .expect("connect to a local agent")
+}
+
+/// A `/proc/PID/status` field in KiB (`VmRSS`, `VmHWM`), 0 when gone.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A fresh, uniquely named directory under the temp dir.
+pub fn unique_tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "executor-test-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).expect("create temp dir");
+    d
+}
+
 /// Standard `initialize` params.
 pub fn init_params() -> InitializeParams {
     InitializeParams {

@@ -1,6 +1,5 @@
 //! The unified-exec tool contract (PROTOCOL.md §4).
 
-use executor_client::{Client, ClientOptions};
 use executor_protocol::types::exec::*;
 use executor_tests::*;
 use std::collections::BTreeMap;
@@ -21,18 +20,9 @@ fn cmd(argv: &[&str], yield_ms: u64, tokens: u64) -> ExecCommandParams {
     }
 }
 
-async fn client() -> Client {
-    Client::spawn(
-        tokio::process::Command::new(executor_bin()),
-        ClientOptions::default(),
-    )
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn a_short_command_returns_its_exit_code_and_no_process_id() {
-    let c = client().await;
+    let c = local_client().await;
     let r = c
         .exec_command(&cmd(&["sh", "-c", "echo hi; exit 4"], 10_000, 1000))
         .await
@@ -46,7 +36,7 @@ async fn a_short_command_returns_its_exit_code_and_no_process_id() {
 
 #[tokio::test]
 async fn a_long_command_yields_a_process_id_then_write_stdin_collects_the_rest() {
-    let c = client().await;
+    let c = local_client().await;
     let r = c
         .exec_command(&cmd(
             &[
@@ -86,7 +76,7 @@ async fn a_long_command_yields_a_process_id_then_write_stdin_collects_the_rest()
 
 #[tokio::test]
 async fn empty_input_is_a_plain_poll() {
-    let c = client().await;
+    let c = local_client().await;
     let r = c
         .exec_command(&cmd(&["sh", "-c", "sleep 0.3; echo done"], 50, 100))
         .await
@@ -106,7 +96,7 @@ async fn empty_input_is_a_plain_poll() {
 
 #[tokio::test]
 async fn truncation_keeps_head_and_tail() {
-    let c = client().await;
+    let c = local_client().await;
     let r = c
         .exec_command(&cmd(&["seq", "1", "10000"], 10_000, 50))
         .await
@@ -122,7 +112,7 @@ async fn truncation_keeps_head_and_tail() {
 
 #[tokio::test]
 async fn ctrl_c_input_interrupts_a_non_tty_process() {
-    let c = client().await;
+    let c = local_client().await;
     let r = c
         .exec_command(&cmd(
             &[
@@ -151,7 +141,7 @@ async fn ctrl_c_input_interrupts_a_non_tty_process() {
 
 #[tokio::test]
 async fn tools_list_advertises_both_tools_with_schemas() {
-    let c = client().await;
+    let c = local_client().await;
     let tools = c.tools_list().await.unwrap().tools;
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, vec!["exec_command", "write_stdin"]);
@@ -173,7 +163,7 @@ async fn tools_list_advertises_both_tools_with_schemas() {
 
 #[tokio::test]
 async fn a_sandbox_that_cannot_be_enforced_runs_nothing() {
-    let c = client().await;
+    let c = local_client().await;
     let dir = std::env::temp_dir().join(format!("exec-sbx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let marker = dir.join("marker");

@@ -10,29 +10,7 @@ use futures_util::StreamExt;
 use serde_bytes::ByteBuf;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-
-async fn client() -> Client {
-    Client::spawn(
-        tokio::process::Command::new(executor_bin()),
-        ClientOptions::default(),
-    )
-    .await
-    .unwrap()
-}
-
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "executor-fs-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use std::path::Path;
 
 fn p(path: &Path) -> WirePath {
     WirePath::from_bytes(path.as_os_str().as_bytes().to_vec())
@@ -62,8 +40,8 @@ fn sha256(data: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn all_256_byte_values_round_trip() {
-    let c = client().await;
-    let d = tempdir("bytes");
+    let c = local_client().await;
+    let d = unique_tempdir("bytes");
     let data: Vec<u8> = (0..=255u8).cycle().take(256 * 17).collect();
     let f = d.join("all");
     c.write_file(p(&f), &data).await.unwrap();
@@ -85,8 +63,8 @@ async fn all_256_byte_values_round_trip() {
 
 #[tokio::test]
 async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
-    let c = client().await;
-    let d = tempdir("temp");
+    let c = local_client().await;
+    let d = unique_tempdir("temp");
     let f = d.join("x");
     for i in 0..5 {
         c.write_file(p(&f), format!("v{i}").as_bytes())
@@ -152,8 +130,8 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
 
 #[tokio::test]
 async fn open_write_content_is_invisible_before_commit() {
-    let c = client().await;
-    let d = tempdir("commit");
+    let c = local_client().await;
+    let d = unique_tempdir("commit");
     let f = d.join("target");
     std::fs::write(&f, "old").unwrap();
     let h: HandleResult = c
@@ -212,8 +190,8 @@ async fn open_write_content_is_invisible_before_commit() {
 
 #[tokio::test]
 async fn errors_name_the_path() {
-    let c = client().await;
-    let d = tempdir("errors");
+    let c = local_client().await;
+    let d = unique_tempdir("errors");
     let missing = d.join("missing");
     let w = remote(c.read_file(p(&missing)).await.unwrap_err());
     assert_eq!(w.code, ErrorCode::NotFound);
@@ -259,7 +237,7 @@ async fn errors_name_the_path() {
 #[tokio::test]
 async fn permission_denied_names_the_path() {
     // The agent runs unprivileged here (root bypasses file permissions).
-    let d = tempdir("perm");
+    let d = unique_tempdir("perm");
     let secret = d.join("secret");
     std::fs::write(&secret, "x").unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -290,8 +268,8 @@ async fn permission_denied_names_the_path() {
 
 #[tokio::test]
 async fn non_utf8_names_are_walked_and_read_back() {
-    let c = client().await;
-    let d = tempdir("utf8");
+    let c = local_client().await;
+    let d = unique_tempdir("utf8");
     let name = OsStr::from_bytes(b"caf\xe9-\xff.txt");
     let f = d.join(name);
     std::fs::write(&f, "bytes").unwrap();
@@ -345,8 +323,8 @@ fn make_tree(d: &Path) -> usize {
 
 #[tokio::test]
 async fn walk_limits_truncate_and_cursors_resume_exactly() {
-    let c = client().await;
-    let d = tempdir("walk");
+    let c = local_client().await;
+    let d = unique_tempdir("walk");
     let total = make_tree(&d);
     // Everything at once.
     let all = c.walk_page(&walk_params(p(&d))).await.unwrap();
@@ -412,8 +390,8 @@ async fn walk_limits_truncate_and_cursors_resume_exactly() {
 
 #[tokio::test]
 async fn walk_reports_symlinks_without_following_and_survives_loops() {
-    let c = client().await;
-    let d = tempdir("loops");
+    let c = local_client().await;
+    let d = unique_tempdir("loops");
     std::fs::create_dir(d.join("sub")).unwrap();
     std::os::unix::fs::symlink(&d, d.join("sub/up")).unwrap();
     std::os::unix::fs::symlink("self", d.join("self")).unwrap();
@@ -441,7 +419,7 @@ async fn walk_reports_symlinks_without_following_and_survives_loops() {
 
 #[tokio::test]
 async fn unreadable_directories_are_errors_and_the_walk_goes_on() {
-    let d = tempdir("unreadable");
+    let d = unique_tempdir("unreadable");
     std::fs::create_dir(d.join("closed")).unwrap();
     std::fs::write(d.join("closed/hidden"), "x").unwrap();
     std::fs::create_dir(d.join("open")).unwrap();
@@ -454,7 +432,7 @@ async fn unreadable_directories_are_errors_and_the_walk_goes_on() {
         .arg(executor_bin());
     let c = match Client::spawn(cmd, ClientOptions::default()).await {
         Ok(c) => c,
-        Err(_) => client().await, // not root: setpriv cannot switch, run as self
+        Err(_) => local_client().await, // not root: setpriv cannot switch, run as self
     };
     let page = c.walk_page(&walk_params(p(&d))).await.unwrap();
     let paths: Vec<String> = page.entries.iter().map(|e| e.path.display()).collect();
@@ -469,8 +447,8 @@ async fn unreadable_directories_are_errors_and_the_walk_goes_on() {
 
 #[tokio::test]
 async fn a_5_mib_file_read_in_blocks_matches_its_sha256() {
-    let c = client().await;
-    let d = tempdir("sha");
+    let c = local_client().await;
+    let d = unique_tempdir("sha");
     let data: Vec<u8> = (0..5 * 1024 * 1024 + 123)
         .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
@@ -548,8 +526,8 @@ async fn a_5_mib_file_read_in_blocks_matches_its_sha256() {
 
 #[tokio::test]
 async fn reads_continue_from_the_old_inode_after_a_rename_over_the_path() {
-    let c = client().await;
-    let d = tempdir("inode");
+    let c = local_client().await;
+    let d = unique_tempdir("inode");
     let f = d.join("f");
     std::fs::write(&f, "original content").unwrap();
     let o: OpenResult = c
@@ -584,8 +562,8 @@ async fn reads_continue_from_the_old_inode_after_a_rename_over_the_path() {
 
 #[tokio::test]
 async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot() {
-    let c = client().await;
-    let d = tempdir("handles");
+    let c = local_client().await;
+    let d = unique_tempdir("handles");
     let f = d.join("f");
     std::fs::write(&f, "x").unwrap();
     let mut handles = Vec::new();
@@ -681,8 +659,8 @@ async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot() {
 
 #[tokio::test]
 async fn read_file_is_bounded_and_ranges_within_the_bound_work() {
-    let c = client().await;
-    let d = tempdir("bound");
+    let c = local_client().await;
+    let d = unique_tempdir("bound");
     let f = d.join("big");
     let file = std::fs::File::create(&f).unwrap();
     file.set_len(9 << 20).unwrap();
@@ -711,8 +689,8 @@ async fn read_file_is_bounded_and_ranges_within_the_bound_work() {
 
 #[tokio::test]
 async fn mode_is_exact_and_remove_never_follows_symlinks() {
-    let c = client().await;
-    let d = tempdir("mode");
+    let c = local_client().await;
+    let d = unique_tempdir("mode");
     c.request::<_, Empty>(
         "fs/writeFile",
         &WriteFileParams {
@@ -738,7 +716,7 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
         "not masked by the umask"
     );
     // A symlink at the path is replaced, not written through.
-    let outside = tempdir("outside");
+    let outside = unique_tempdir("outside");
     std::fs::write(outside.join("keep"), "keep").unwrap();
     std::os::unix::fs::symlink(outside.join("keep"), d.join("link")).unwrap();
     c.write_file(p(&d.join("link")), b"new").await.unwrap();
@@ -815,19 +793,9 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
     assert!(d.join("moved/x").is_dir());
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn streaming_a_2_gib_sparse_file_keeps_the_agent_rss_flat() {
-    let d = tempdir("sparse");
+    let d = unique_tempdir("sparse");
     let f = d.join("sparse");
     std::fs::File::create(&f).unwrap().set_len(2 << 30).unwrap();
     let mut a = RawAgent::spawn().await;
@@ -859,7 +827,7 @@ async fn streaming_a_2_gib_sparse_file_keeps_the_agent_rss_flat() {
         total += b.unwrap().len() as u64;
     }
     assert_eq!(total, 2 << 30);
-    let peak = rss_kib(pid);
+    let peak = status_kib(pid, "VmHWM");
     assert!(
         peak > 0 && peak < 64 * 1024,
         "agent peak RSS {peak} KiB while streaming 2 GiB"

@@ -15,15 +15,6 @@ fn params(argv: &[&str]) -> ProcessStartParams {
     ProcessStartParams::new(argv.iter().map(|s| s.to_string()).collect(), "/", env())
 }
 
-async fn client() -> Client {
-    Client::spawn(
-        tokio::process::Command::new(executor_bin()),
-        ClientOptions::default(),
-    )
-    .await
-    .expect("connect")
-}
-
 /// Run to completion: (stdout, stderr, pty, exit).
 async fn run(
     c: &Client,
@@ -74,7 +65,7 @@ async fn wait_dead(pid: u32, within: Duration) -> bool {
 
 #[tokio::test]
 async fn echo_exit_codes_and_streams() {
-    let c = client().await;
+    let c = local_client().await;
     let (out, err, _, st) = run(&c, &params(&["sh", "-c", "echo out; echo err >&2; exit 3"])).await;
     assert_eq!((out.as_str(), err.as_str()), ("out\n", "err\n"));
     assert_eq!(st.code, Some(3));
@@ -86,7 +77,7 @@ async fn echo_exit_codes_and_streams() {
 
 #[tokio::test]
 async fn death_by_signal_is_reported_as_signal() {
-    let c = client().await;
+    let c = local_client().await;
     let (_, _, _, st) = run(&c, &params(&["sh", "-c", "kill -TERM $$"])).await;
     assert_eq!(st.code, None);
     assert_eq!(st.signal.as_deref(), Some("SIGTERM"));
@@ -110,7 +101,7 @@ async fn the_environment_is_exactly_the_requests() {
 
 #[tokio::test]
 async fn cwd_and_arg0() {
-    let c = client().await;
+    let c = local_client().await;
     let dir = std::env::temp_dir();
     let mut p = params(&["pwd"]);
     p.cwd = dir.to_str().unwrap().into();
@@ -146,7 +137,7 @@ async fn cwd_and_arg0() {
 
 #[tokio::test]
 async fn missing_cwd_or_program_is_an_error_and_nothing_runs() {
-    let c = client().await;
+    let c = local_client().await;
     let mut p = params(&["true"]);
     p.cwd = "/no/such/dir".into();
     let e = c.start(&p).await.unwrap_err();
@@ -172,7 +163,7 @@ async fn missing_cwd_or_program_is_an_error_and_nothing_runs() {
         Some("/no/such/bin")
     );
     // Not executable: exec fails in the trampoline, nothing runs.
-    let dir = tempdir();
+    let dir = unique_tempdir("proc");
     let file = dir.join("not-executable");
     std::fs::write(&file, "#!/bin/sh\necho ran\n").unwrap();
     let e = c
@@ -199,7 +190,7 @@ async fn missing_cwd_or_program_is_an_error_and_nothing_runs() {
 
 #[tokio::test]
 async fn cat_echoes_stdin_until_close() {
-    let c = client().await;
+    let c = local_client().await;
     let mut proc = c.start(&params(&["cat"])).await.unwrap();
     proc.write(b"hello ").await.unwrap();
     proc.write(b"there").await.unwrap();
@@ -219,7 +210,7 @@ async fn cat_echoes_stdin_until_close() {
 
 #[tokio::test]
 async fn tty_has_a_pts_and_resize_is_seen() {
-    let c = client().await;
+    let c = local_client().await;
     let mut p = params(&["sh", "-c", "tty; stty size"]);
     p.tty = true;
     p.pty_size = Some(PtySize {
@@ -256,7 +247,7 @@ async fn tty_has_a_pts_and_resize_is_seen() {
 
 #[tokio::test]
 async fn interrupt_reaches_the_trap_and_its_exit_is_reported() {
-    let c = client().await;
+    let c = local_client().await;
     let mut proc = c
         .start(&params(&[
             "sh",
@@ -282,7 +273,7 @@ async fn interrupt_reaches_the_trap_and_its_exit_is_reported() {
 
 #[tokio::test]
 async fn every_signal_name_is_delivered_to_the_group() {
-    let c = client().await;
+    let c = local_client().await;
     for (name, num) in [
         (SignalName::Terminate, 15),
         (SignalName::Hangup, 1),
@@ -328,7 +319,7 @@ async fn every_signal_name_is_delivered_to_the_group() {
 
 #[tokio::test]
 async fn a_grandchild_dies_with_its_group() {
-    let c = client().await;
+    let c = local_client().await;
     let mut proc = c
         .start(&params(&["sh", "-c", "sleep 1000 & echo $!; wait"]))
         .await
@@ -347,7 +338,7 @@ async fn a_grandchild_dies_with_its_group() {
 /// Start a job whose grandchild escapes the group and the session
 /// (`setsid` + double fork); returns (agent, job pid, escaped pid).
 async fn agent_with_escaping_grandchild() -> (RawAgent, u32, u32) {
-    let dir = tempdir();
+    let dir = unique_tempdir("proc");
     let pidfile = dir.join("gc");
     let script = format!(
         "setsid sh -c '(sleep 1000 & echo $! > {}) ' ; echo started; sleep 1000",
@@ -376,19 +367,6 @@ async fn agent_with_escaping_grandchild() -> (RawAgent, u32, u32) {
     };
     assert!(alive(pid) && alive(gc));
     (a, pid, gc)
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "executor-test-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 #[tokio::test]
@@ -459,16 +437,6 @@ fn children(pid: u32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn a_flood_never_blocks_other_requests_and_memory_stays_bounded() {
     let mut a = RawAgent::initialized().await;
@@ -503,7 +471,7 @@ async fn a_flood_never_blocks_other_requests_and_memory_stays_bounded() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let rss = rss_kib(agent_pid);
+    let rss = status_kib(agent_pid, "VmRSS");
     assert!(
         rss < 64 * 1024,
         "agent RSS {rss} KiB while the client ignores a flood"
@@ -551,7 +519,7 @@ async fn a_flood_never_blocks_other_requests_and_memory_stays_bounded() {
         let log = a.stderr().await;
         panic!("a flooding process is marked lagged; saw {seen:?}; agent log: {log}");
     }
-    let rss = rss_kib(agent_pid);
+    let rss = status_kib(agent_pid, "VmRSS");
     assert!(rss < 64 * 1024, "agent RSS {rss} KiB after the flood");
     // The buffer overflowed: reading from the start says what was dropped.
     let r = a
@@ -646,7 +614,7 @@ async fn read_long_polls_and_cancel_answers_cancelled() {
 
 #[tokio::test]
 async fn two_hundred_concurrent_processes_keep_their_own_output() {
-    let c = client().await;
+    let c = local_client().await;
     let mut tasks = Vec::new();
     for i in 0..200 {
         let c = c.clone();
@@ -668,7 +636,7 @@ async fn two_hundred_concurrent_processes_keep_their_own_output() {
 
 #[tokio::test]
 async fn process_ids_are_unique_and_listed_with_tags() {
-    let c = client().await;
+    let c = local_client().await;
     let mut p = params(&["sleep", "100"]);
     p.tag = Some("my-tag".into());
     let a = c.start(&p).await.unwrap();
@@ -700,7 +668,7 @@ async fn process_ids_are_unique_and_listed_with_tags() {
 
 #[tokio::test]
 async fn output_buffer_over_64_mib_is_limit_exceeded() {
-    let c = client().await;
+    let c = local_client().await;
     let mut p = params(&["true"]);
     p.output_buffer_bytes = Some(65 << 20);
     let executor_client::Error::Remote(w) = c.start(&p).await.unwrap_err() else {
@@ -715,7 +683,7 @@ async fn output_buffer_over_64_mib_is_limit_exceeded() {
 
 #[tokio::test]
 async fn pid_is_the_programs_own() {
-    let c = client().await;
+    let c = local_client().await;
     let (out, _, _, _) = run(&c, &params(&["sh", "-c", "echo $$"])).await;
     let mut proc = c.start(&params(&["sh", "-c", "echo $$"])).await.unwrap();
     let ch = proc.next_output().await.unwrap().unwrap();

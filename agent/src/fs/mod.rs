@@ -92,7 +92,8 @@ pub async fn blocking<T: Send + 'static>(
         .map_err(|e| WireError::new(ErrorCode::Internal, format!("filesystem task failed: {e}")))?
 }
 
-fn kind_of(ft: std::fs::FileType) -> FileKind {
+/// The wire kind of a file type (symlinks are never followed here).
+pub(crate) fn kind_of(ft: std::fs::FileType) -> FileKind {
     if ft.is_symlink() {
         FileKind::Symlink
     } else if ft.is_dir() {

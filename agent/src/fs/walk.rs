@@ -8,7 +8,7 @@
 //! an error; the walk goes on. One `statx` per entry (relative to the open
 //! directory), nothing else.
 
-use super::{blocking, io_error, mtime_ns, no_sandbox, req_path};
+use super::{blocking, io_error, kind_of, mtime_ns, no_sandbox, req_path};
 use crate::session::Session;
 use executor_protocol::types::fs::*;
 use executor_protocol::{ErrorCode, WireError, WirePath};
@@ -47,18 +47,6 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
         v.push(b'/');
         v.extend_from_slice(name);
         v
-    }
-}
-
-fn kind_of(ft: std::fs::FileType) -> FileKind {
-    if ft.is_symlink() {
-        FileKind::Symlink
-    } else if ft.is_dir() {
-        FileKind::Dir
-    } else if ft.is_file() {
-        FileKind::File
-    } else {
-        FileKind::Other
     }
 }
 
