@@ -16,6 +16,7 @@ pub mod exec;
 pub mod forced;
 pub mod fs;
 pub mod process;
+pub mod sandbox_gate;
 pub mod session;
 pub mod tools;
 

@@ -11,6 +11,8 @@
 //! All `unsafe` of the workspace lives in this crate, in [`sys`], each block
 //! with a `// SAFETY:` comment.
 
+pub mod policy;
+pub mod seatbelt;
 pub mod sys;
 pub mod trampoline;
 

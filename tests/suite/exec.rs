@@ -184,3 +184,51 @@ async fn a_sandbox_that_cannot_be_enforced_runs_nothing() {
     assert_eq!(r.exit_code, Some(0));
     assert!(marker.exists());
 }
+
+#[tokio::test]
+async fn a_missing_or_broken_sandbox_root_is_invalid_params_naming_it() {
+    use executor_protocol::types::sandbox::{FilesystemIntent, SandboxIntent};
+    let c = local_client().await;
+    let d = unique_tempdir("badroot");
+    let broken = d.join("broken");
+    std::os::unix::fs::symlink(d.join("nowhere"), &broken).unwrap();
+    let marker = d.join("marker");
+    for root in [d.join("missing"), broken] {
+        for required in [true, false] {
+            let mut p = cmd(&["touch", marker.to_str().unwrap()], 5000, 100);
+            p.sandbox_permissions = Some(SandboxIntent {
+                filesystem: FilesystemIntent {
+                    write: vec![d.to_str().unwrap().into(), root.to_str().unwrap().into()],
+                    ..Default::default()
+                },
+                required,
+                ..Default::default()
+            });
+            let e = c.exec_command(&p).await.unwrap_err();
+            let executor_client::Error::Remote(w) = e else {
+                panic!()
+            };
+            assert_eq!(w.code, executor_client::ErrorCode::InvalidParams, "{w:?}");
+            assert_eq!(
+                w.data_get("field").and_then(|v| v.as_str()),
+                Some("sandbox_permissions.filesystem.write.1")
+            );
+            assert!(w.message.contains(root.to_str().unwrap()), "{}", w.message);
+        }
+    }
+    assert!(!marker.exists(), "nothing ran");
+    assert!(c.process_list().await.unwrap().processes.is_empty());
+    // `required: false` with good roots runs, and says what was not enforced.
+    let mut p = cmd(&["true"], 5000, 100);
+    p.sandbox_permissions = Some(SandboxIntent {
+        required: false,
+        ..Default::default()
+    });
+    let r = c.exec_command(&p).await.unwrap();
+    assert_eq!(r.exit_code, Some(0));
+    assert!(r
+        .sandbox_degraded
+        .unwrap()
+        .iter()
+        .any(|d| d.starts_with("filesystem")));
+}

@@ -11,6 +11,7 @@ use executor_protocol::types::exec::*;
 use executor_protocol::types::sandbox::{NetworkIntent, ReadRoots, SandboxIntent};
 use executor_protocol::WireError;
 use nix::sys::signal::Signal;
+use std::os::unix::ffi::OsStrExt as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -152,7 +153,12 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
         p.sandbox_permissions.clone(),
         p.additional_permissions.clone(),
     );
-    let degraded = process::sandbox_gate(intent.as_ref())?;
+    let cwd = p
+        .cwd
+        .is_absolute()
+        .then(|| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
+    let degraded =
+        crate::sandbox_gate::gate(intent.as_ref(), cwd.as_deref(), "sandbox_permissions")?;
     tracing::info!(
         command = ?p.command,
         cwd = %p.cwd.display(),

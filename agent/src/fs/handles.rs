@@ -110,7 +110,7 @@ fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
 
 /// `fs/open`
 pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let path = req_path(&p.path, "path")?;
     let (file, size) = blocking({
         let path = path.clone();
@@ -143,7 +143,7 @@ pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireErr
 /// `fs/readBlock`: the data (sent by reference) and whether the read
 /// reached the end of the file.
 pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, Bytes), WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     check_block(p.length, s)?;
     let Handle::Read { file, path } = s.handles().get(p.handle)? else {
         return Err(WireError::invalid_params(
@@ -170,7 +170,7 @@ pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, B
 
 /// `fs/openWrite`
 pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleResult, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let target = req_path(&p.path, "path")?;
     if let Some(m) = p.mode {
         if m > 0o7777 {
@@ -204,7 +204,7 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
 
 /// `fs/writeBlock`
 pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     check_block(p.data.len() as u64, s)?;
     let Handle::Write(h) = s.handles().get(p.handle)? else {
         return Err(WireError::invalid_params(
@@ -223,7 +223,7 @@ pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty,
 
 /// `fs/commit`: fsync, rename into place, release the handle.
 pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let Handle::Write(_) = s.handles().get(p.handle)? else {
         return Err(WireError::invalid_params(
             "handle",
@@ -251,7 +251,7 @@ pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, W
 
 /// `fs/close`
 pub async fn close(s: &Arc<Session>, p: HandleParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let h = s.handles().take(p.handle)?;
     // Dropping a write handle removes its uncommitted temp file.
     blocking(move || {

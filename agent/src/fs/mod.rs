@@ -72,14 +72,23 @@ pub fn req_path(p: &WirePath, field: &str) -> Result<PathBuf, WireError> {
     Ok(PathBuf::from(OsStr::from_bytes(p.as_bytes())))
 }
 
-/// Refuse sandboxed fs requests until the sandbox can confine them.
-pub fn no_sandbox(s: Option<&SandboxIntent>) -> Result<(), WireError> {
+/// Refuse sandboxed fs requests until the sandbox can confine them (after
+/// resolving the intent, so a bad root is `invalid_params`). A result of an
+/// fs method has no `sandbox_degraded`, so even `required: false` is refused.
+pub fn no_sandbox(s: Option<&SandboxIntent>, cwd: Option<&WirePath>) -> Result<(), WireError> {
     match s {
         None => Ok(()),
-        Some(_) => Err(WireError::new(
-            ErrorCode::SandboxUnavailable,
-            "this agent version cannot confine filesystem requests to a sandbox intent; nothing was done",
-        )),
+        Some(intent) => {
+            let cwd = match cwd {
+                Some(c) => Some(req_path(c, "cwd")?),
+                None => None,
+            };
+            crate::sandbox_gate::resolve_intent(intent, cwd.as_deref(), "sandbox")?;
+            Err(WireError::new(
+                ErrorCode::SandboxUnavailable,
+                "this agent version cannot confine filesystem requests to a sandbox intent; nothing was done",
+            ))
+        }
     }
 }
 
@@ -114,7 +123,7 @@ pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 
 /// `fs/stat`
 pub async fn stat(_s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let path = req_path(&p.path, "path")?;
     blocking(move || {
         let m = if p.follow_symlinks {
@@ -140,7 +149,7 @@ pub async fn canonicalize(
     _s: &Arc<Session>,
     p: CanonicalizeParams,
 ) -> Result<PathResult, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let path = req_path(&p.path, "path")?;
     blocking(move || {
         let c =
@@ -172,7 +181,7 @@ pub fn read_at_most(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Ve
 
 /// `fs/readFile`
 pub async fn read_file(s: &Arc<Session>, p: ReadFileParams) -> Result<ReadFileResult, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let path = req_path(&p.path, "path")?;
     let max = s.limits().max_read_file_bytes;
     blocking(move || {
@@ -296,7 +305,7 @@ pub fn finish_temp(
 
 /// `fs/writeFile`
 pub async fn write_file(_s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let path = req_path(&p.path, "path")?;
     if let Some(m) = p.mode {
         if m > 0o7777 {
@@ -347,7 +356,7 @@ pub async fn create_directory(
     _s: &Arc<Session>,
     p: CreateDirectoryParams,
 ) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let path = req_path(&p.path, "path")?;
     blocking(move || {
         let r = if p.recursive {
@@ -364,7 +373,7 @@ pub async fn create_directory(
 /// `fs/remove`: a symlink is removed itself, never what it points to;
 /// recursive removal never follows symlinks out of the tree.
 pub async fn remove(_s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let path = req_path(&p.path, "path")?;
     blocking(move || {
         let m =
@@ -388,7 +397,7 @@ pub async fn remove(_s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireErr
 
 /// `fs/rename`
 pub async fn rename(_s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let from = req_path(&p.from, "from")?;
     let to = req_path(&p.to, "to")?;
     blocking(move || {

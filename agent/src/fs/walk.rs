@@ -52,7 +52,7 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// `fs/walk`
 pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireError> {
-    no_sandbox(p.sandbox.as_ref())?;
+    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let root = req_path(&p.root, "root")?;
     let max_entries = p.max_entries.min(s.limits().max_walk_entries);
     let max_bytes = p.max_response_bytes.min(s.limits().max_walk_response_bytes);

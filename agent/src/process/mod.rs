@@ -18,7 +18,6 @@ use executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;
 use executor_protocol::message::encode_output_head;
 use executor_protocol::methods as m;
 use executor_protocol::types::process::*;
-use executor_protocol::types::sandbox::SandboxIntent;
 use executor_protocol::types::Empty;
 use executor_protocol::{ErrorCode, WireError};
 use nix::sys::signal::{killpg, Signal};
@@ -26,6 +25,7 @@ use nix::unistd::Pid;
 use output::{Chunk, OutputBuffer};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -369,25 +369,6 @@ impl ProcessTable {
     }
 }
 
-/// The agent's refusal of sandbox intents until enforcement exists: with
-/// `required` (the default) nothing runs; otherwise the job runs and the
-/// answer lists what was not enforced.
-pub fn sandbox_gate(intent: Option<&SandboxIntent>) -> Result<Option<Vec<String>>, WireError> {
-    let Some(intent) = intent else {
-        return Ok(None);
-    };
-    if intent.required {
-        return Err(WireError::new(
-            ErrorCode::SandboxUnavailable,
-            "this agent version cannot enforce a sandbox intent; nothing was run",
-        ));
-    }
-    Ok(Some(vec![
-        "filesystem: not enforced by this agent version".into(),
-        "network: not enforced by this agent version".into(),
-    ]))
-}
-
 /// Options of a start that `process/start` and `exec_command` share.
 #[derive(Debug)]
 pub struct StartOptions<'a> {
@@ -671,7 +652,11 @@ pub async fn handle_start(
     s: &Arc<Session>,
     p: ProcessStartParams,
 ) -> Result<ProcessStartResult, WireError> {
-    let degraded = sandbox_gate(p.sandbox.as_ref())?;
+    let cwd = p
+        .cwd
+        .is_absolute()
+        .then(|| PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
+    let degraded = crate::sandbox_gate::gate(p.sandbox.as_ref(), cwd.as_deref(), "sandbox")?;
     let proc = start(
         s,
         StartOptions {
