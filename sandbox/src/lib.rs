@@ -1,16 +1,25 @@
 //! # executor-sandbox
 //!
 //! Enforces an orchestrator's `SandboxIntent` with the host's own mechanism.
-//! This first slice is the **probe**: what this kernel can enforce (Landlock
-//! ABI, seccomp filter mode, unprivileged user namespaces), reported in
-//! `initialize.sandbox`. Enforcement itself lands with the Sandbox issue;
-//! until then [`Capabilities::to_wire`] says `enforceable: false` with the
-//! reason, and the agent refuses every sandboxed request with
-//! `sandbox_unavailable` rather than running it unconfined.
+//! - [`Capabilities::probe`]: what this kernel can enforce (Landlock ABI,
+//!   seccomp filter mode, unprivileged user namespaces), reported in
+//!   `initialize.sandbox`;
+//! - [`policy`]: an intent resolved for one request (symbols, canonical
+//!   roots; a missing root is an error naming it);
+//! - [`linux`]: the enforcement the trampoline applies to a job before exec
+//!   (user + mount namespace, Landlock, capabilities, seccomp);
+//! - [`seatbelt`]: the macOS profile generator (pure, golden-tested);
+//! - [`trampoline`]: `executor sandbox-exec`, the one path of every job.
+//!
+//! Test hook (documented, test-only): `EXECUTOR_TEST_LANDLOCK_ABI=N` in the
+//! agent's environment makes the probe report Landlock ABI `N` (0: absent),
+//! to prove that what cannot be enforced is refused before anything runs.
 //!
 //! All `unsafe` of the workspace lives in this crate, in [`sys`], each block
 //! with a `// SAFETY:` comment.
 
+#[cfg(target_os = "linux")]
+pub mod linux;
 pub mod policy;
 pub mod seatbelt;
 pub mod sys;
@@ -37,8 +46,16 @@ pub struct Capabilities {
 impl Capabilities {
     /// Probe the running kernel. Cheap: a few syscalls and `/proc` reads.
     pub fn probe() -> Self {
+        let hook = std::env::var("EXECUTOR_TEST_LANDLOCK_ABI")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok());
+        let landlock_abi = match hook {
+            Some(0) => None,
+            Some(n) => sys::landlock_abi().ok().map(|real| real.min(n)),
+            None => sys::landlock_abi().ok(),
+        };
         Capabilities {
-            landlock_abi: sys::landlock_abi().ok(),
+            landlock_abi,
             seccomp_filter: sys::seccomp_filter_available(),
             user_namespaces: user_namespaces_allowed(),
         }
@@ -59,10 +76,21 @@ impl Capabilities {
         m
     }
 
-    /// What `initialize.sandbox` reports. Enforcement is not built yet, so
-    /// nothing is claimed enforceable, whatever the kernel offers.
+    /// Whether every filesystem and network-deny part of an intent can be
+    /// enforced here (ports need [`LANDLOCK_ABI_NET`] on top).
+    pub fn enforceable(&self) -> bool {
+        cfg!(target_os = "linux")
+            && self.landlock_abi.is_some()
+            && self.seccomp_filter
+            && self.user_namespaces
+    }
+
+    /// What `initialize.sandbox` reports.
     pub fn to_wire(&self) -> SandboxCapabilities {
         let mut missing = Vec::new();
+        if !cfg!(target_os = "linux") {
+            missing.push("this agent enforces sandboxes on Linux only");
+        }
         if self.landlock_abi.is_none() {
             missing.push("Landlock is not available in this kernel");
         }
@@ -70,16 +98,19 @@ impl Capabilities {
             missing.push("seccomp filter mode is not available");
         }
         if !self.user_namespaces {
-            missing.push("unprivileged user namespaces are disabled");
+            missing.push("unprivileged user namespaces are disabled (needed for read-only mounts and carve-outs)");
         }
-        missing.push("this agent version does not implement sandbox enforcement yet");
+        let enforceable = self.enforceable();
+        let network_rules = enforceable && self.landlock_abi.is_some_and(|a| a >= LANDLOCK_ABI_NET);
+        if enforceable && !network_rules {
+            missing.push("Landlock ABI below 4: TCP port allow-lists cannot be enforced");
+        }
         SandboxCapabilities {
-            enforceable: false,
+            enforceable,
             mechanisms: self.mechanisms(),
             landlock_abi: self.landlock_abi,
-            network_rules: self.landlock_abi.is_some_and(|a| a >= LANDLOCK_ABI_NET)
-                && self.seccomp_filter,
-            reason: Some(missing.join("; ")),
+            network_rules,
+            reason: (!missing.is_empty()).then(|| missing.join("; ")),
         }
     }
 }
@@ -117,7 +148,10 @@ mod tests {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         assert_eq!(caps.seccomp_filter, status.contains("Seccomp:"));
         let wire = caps.to_wire();
-        assert!(!wire.enforceable);
-        assert!(wire.reason.unwrap().contains("does not implement"));
+        assert_eq!(wire.enforceable, caps.enforceable());
+        assert_eq!(
+            wire.reason.is_none(),
+            wire.enforceable && wire.network_rules
+        );
     }
 }

@@ -142,3 +142,103 @@ pub unsafe fn fork_single_threaded() -> io::Result<nix::unistd::ForkResult> {
     // hold a lock or be mid-allocation at the fork).
     unsafe { nix::unistd::fork() }.map_err(io::Error::from)
 }
+
+/// `mount_setattr(2)` on `path` and everything below it: set and clear
+/// mount attributes (`MOUNT_ATTR_RDONLY`).
+pub fn mount_setattr_recursive(path: &std::ffi::CStr, set: u64, clear: u64) -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    // SAFETY: `path` is a valid NUL-terminated string and `attr` a live,
+    // initialised struct of the size passed; the kernel only reads both.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `MOUNT_ATTR_RDONLY`.
+pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+
+/// Drop every capability for good: lock the securebits so root (uid 0,
+/// also inside a user namespace) regains nothing at exec, empty the
+/// bounding and ambient sets, then clear effective, permitted, inheritable.
+pub fn drop_all_capabilities() -> io::Result<()> {
+    let check = |ret: libc::c_int| {
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SECBIT_NOROOT | _LOCKED, SECBIT_NO_SETUID_FIXUP | _LOCKED,
+    // SECBIT_KEEP_CAPS_LOCKED, SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED.
+    let securebits: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
+    // SAFETY: PR_SET_SECUREBITS takes an integer; no pointers.
+    check(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, securebits, 0, 0, 0) })?;
+    let last: libc::c_ulong = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    for cap in 0..=last {
+        // SAFETY: PR_CAPBSET_DROP takes an integer capability number.
+        check(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) })?;
+    }
+    // SAFETY: integer arguments only.
+    check(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    })?;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: version 3 takes one header and two data structs, all live
+    // and initialised for the duration of the call.
+    check(unsafe {
+        libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) as libc::c_int
+    })
+}

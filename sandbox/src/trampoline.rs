@@ -33,6 +33,8 @@ use std::path::PathBuf;
 pub const MSG_STARTED: u8 = b'P';
 pub const MSG_EXEC_FAILED: u8 = b'E';
 pub const MSG_EXITED: u8 = b'X';
+/// The sandbox could not be set up; nothing ran. Value: step << 16 | errno.
+pub const MSG_SANDBOX_FAILED: u8 = b'S';
 
 /// What the agent asks of the trampoline (parsed from its command line).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +71,9 @@ pub enum Error {
     Pipe(io::Error),
     #[error("forking the job: {0}")]
     Fork(io::Error),
-    #[error("sandbox policies are not enforced by this version; refusing to run unconfined")]
+    #[error("the sandbox policy argument is malformed (refusing to run unconfined)")]
+    BadPolicy,
+    #[error("sandbox policies cannot be enforced on this platform; refusing to run unconfined")]
     PolicyUnsupported,
 }
 
@@ -167,9 +171,14 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         );
     }
 
-    // 2. Refuse policies until enforcement exists: never run unconfined
-    //    what was asked to be confined (the agent refuses first; this is
-    //    the second line).
+    // 2. Decode the sandbox policy now, so a bad one fails before any fork
+    //    (never run unconfined what was asked to be confined).
+    #[cfg(target_os = "linux")]
+    let policy = match spec.policy.as_str() {
+        "" => None,
+        s => Some(crate::linux::WirePolicy::decode(s).ok_or(Error::BadPolicy)?),
+    };
+    #[cfg(not(target_os = "linux"))]
     if !spec.policy.is_empty() {
         return Err(Error::PolicyUnsupported);
     }
@@ -216,9 +225,12 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let child = match unsafe { sys::fork_single_threaded() }.map_err(Error::Fork)? {
         ForkResult::Child => {
             drop(exec_r);
-            let errno = exec_job(&spec, &path, &argv, &envp);
+            #[cfg(target_os = "linux")]
+            let failure = exec_job(&spec, policy.as_ref(), &path, &argv, &envp);
+            #[cfg(not(target_os = "linux"))]
+            let failure = exec_job(&spec, &path, &argv, &envp);
             let mut w = std::fs::File::from(exec_w);
-            let _ = w.write_all(&errno.to_be_bytes());
+            let _ = w.write_all(&failure);
             // Only async-signal-safe exit: no destructors, no atexit.
             nix::unistd::write(std::io::stderr(), b"executor sandbox-exec: exec failed\n").ok();
             std::process::exit(127);
@@ -226,11 +238,19 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         ForkResult::Parent { child } => child,
     };
     drop(exec_w);
-    let mut errno = [0u8; 4];
-    match exec_r.read_exact(&mut errno) {
+    let mut failure = [0u8; 8];
+    match exec_r.read_exact(&mut failure) {
         Ok(()) => {
-            let errno = i32::from_be_bytes(errno);
-            send(&mut status, MSG_EXEC_FAILED, errno);
+            let errno = i32::from_be_bytes([failure[4], failure[5], failure[6], failure[7]]);
+            if failure[0] == FAIL_SANDBOX {
+                send(
+                    &mut status,
+                    MSG_SANDBOX_FAILED,
+                    (i32::from(failure[1]) << 16) | (errno & 0xffff),
+                );
+            } else {
+                send(&mut status, MSG_EXEC_FAILED, errno);
+            }
             let _ = waitpid(child, None);
             return Ok(127);
         }
@@ -256,22 +276,48 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// In the forked child: become the job, then exec. Returns errno on failure.
-fn exec_job(spec: &Spec, path: &CString, argv: &[CString], envp: &[CString]) -> i32 {
+const FAIL_EXEC: u8 = 0;
+const FAIL_SANDBOX: u8 = 1;
+
+fn failure(kind: u8, step: u8, errno: i32) -> [u8; 8] {
+    let e = errno.to_be_bytes();
+    [kind, step, 0, 0, e[0], e[1], e[2], e[3]]
+}
+
+/// In the forked child: become the job, confine it, then exec. Returns
+/// what failed (the job never runs then).
+fn exec_job(
+    spec: &Spec,
+    #[cfg(target_os = "linux")] policy: Option<&crate::linux::WirePolicy>,
+    path: &CString,
+    argv: &[CString],
+    envp: &[CString],
+) -> [u8; 8] {
     // A new session: the job leads its own process group (signals reach the
     // whole job) and, with a tty, gets the PTY as controlling terminal.
     if let Err(e) = nix::unistd::setsid() {
-        return e as i32;
+        return failure(FAIL_EXEC, 0, e as i32);
     }
     if spec.tty {
         if let Err(e) = sys::set_controlling_tty(std::io::stdin().as_fd()) {
-            return e.raw_os_error().unwrap_or(libc::EIO);
+            return failure(FAIL_EXEC, 0, e.raw_os_error().unwrap_or(libc::EIO));
+        }
+    }
+    // The sandbox, last before exec (see `linux::apply` for the order).
+    #[cfg(target_os = "linux")]
+    if let Some(p) = policy {
+        if let Err((step, e)) = crate::linux::apply(p) {
+            return failure(
+                FAIL_SANDBOX,
+                step as u8,
+                e.raw_os_error().unwrap_or(libc::EPERM),
+            );
         }
     }
     // Default dispositions and an empty mask, whatever the agent had.
     sys::reset_signals();
     match nix::unistd::execve(path, argv, envp) {
-        Err(e) => e as i32,
+        Err(e) => failure(FAIL_EXEC, 0, e as i32),
         Ok(never) => match never {},
     }
 }

@@ -161,9 +161,27 @@ async fn tools_list_advertises_both_tools_with_schemas() {
     );
 }
 
+/// An agent whose probe reports Landlock ABI `abi` (0: absent): the
+/// documented test-only hook.
+pub async fn agent_with_landlock_abi(abi: u32) -> executor_client::Client {
+    let mut cmd = tokio::process::Command::new(executor_bin());
+    cmd.env("EXECUTOR_TEST_LANDLOCK_ABI", abi.to_string());
+    executor_client::Client::spawn(cmd, executor_client::ClientOptions::default())
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_sandbox_that_cannot_be_enforced_runs_nothing() {
-    let c = local_client().await;
+    let c = agent_with_landlock_abi(0).await;
+    assert!(!c.initialize_result().sandbox.enforceable);
+    assert!(c
+        .initialize_result()
+        .sandbox
+        .reason
+        .as_deref()
+        .unwrap_or("")
+        .contains("Landlock"));
     let dir = std::env::temp_dir().join(format!("exec-sbx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let marker = dir.join("marker");
@@ -218,7 +236,9 @@ async fn a_missing_or_broken_sandbox_root_is_invalid_params_naming_it() {
     }
     assert!(!marker.exists(), "nothing ran");
     assert!(c.process_list().await.unwrap().processes.is_empty());
-    // `required: false` with good roots runs, and says what was not enforced.
+    // `required: false` on a host that cannot enforce: runs, and says
+    // what was not enforced.
+    let c = agent_with_landlock_abi(0).await;
     let mut p = cmd(&["true"], 5000, 100);
     p.sandbox_permissions = Some(SandboxIntent {
         required: false,

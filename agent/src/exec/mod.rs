@@ -157,8 +157,13 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
         .cwd
         .is_absolute()
         .then(|| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
-    let degraded =
-        crate::sandbox_gate::gate(intent.as_ref(), cwd.as_deref(), "sandbox_permissions")?;
+    let (policy, tmp, degraded) = crate::sandbox_gate::gate(
+        s.capabilities(),
+        intent.as_ref(),
+        cwd.as_deref(),
+        "sandbox_permissions",
+    )?
+    .into_parts();
     tracing::info!(
         command = ?p.command,
         cwd = %p.cwd.display(),
@@ -179,6 +184,8 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
             notify: false,
             output_buffer_bytes: None,
             tag: Some("exec_command".into()),
+            policy,
+            tmp,
         },
     )
     .await?;

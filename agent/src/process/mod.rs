@@ -382,6 +382,9 @@ pub struct StartOptions<'a> {
     pub notify: bool,
     pub output_buffer_bytes: Option<u64>,
     pub tag: Option<String>,
+    /// Encoded sandbox policy (empty: none) and the job's private :tmp.
+    pub policy: String,
+    pub tmp: Option<PathBuf>,
 }
 
 /// Start a job and its tasks; register it in the session.
@@ -437,8 +440,17 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         arg0: o.arg0,
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
+        policy: &o.policy,
     };
-    let spawned = spawn::spawn(&req).await?;
+    let spawned = match spawn::spawn(&req).await {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(t) = &o.tmp {
+                let _ = std::fs::remove_dir_all(t);
+            }
+            return Err(e);
+        }
+    };
     let id = format!("proc-{}", table.next_id.fetch_add(1, Ordering::SeqCst) + 1);
     // The PTY master as three fds: a reader, a writer, and one for resize.
     // (tokio's pipe types drive any non-blocking fd safely; a PTY master
@@ -535,6 +547,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         outbound,
         Arc::downgrade(s),
         slot,
+        o.tmp,
     ));
     Ok(proc)
 }
@@ -579,6 +592,7 @@ async fn wait_job(
     outbound: Outbound,
     session: std::sync::Weak<Session>,
     slot: SlotGuard,
+    tmp: Option<PathBuf>,
 ) {
     let mut msg = [0u8; 5];
     let reported = match status.read_exact(&mut msg).await {
@@ -604,6 +618,9 @@ async fn wait_job(
         }
     };
     drop(slot);
+    if let Some(t) = tmp {
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(t)).await;
+    }
     // All output first: `process/exited` follows the last `process/output`.
     let mut rx = proc.subscribe();
     loop {
@@ -656,7 +673,13 @@ pub async fn handle_start(
         .cwd
         .is_absolute()
         .then(|| PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
-    let degraded = crate::sandbox_gate::gate(p.sandbox.as_ref(), cwd.as_deref(), "sandbox")?;
+    let (policy, tmp, degraded) = crate::sandbox_gate::gate(
+        s.capabilities(),
+        p.sandbox.as_ref(),
+        cwd.as_deref(),
+        "sandbox",
+    )?
+    .into_parts();
     let proc = start(
         s,
         StartOptions {
@@ -670,6 +693,8 @@ pub async fn handle_start(
             notify: p.notify,
             output_buffer_bytes: p.output_buffer_bytes,
             tag: p.tag,
+            policy,
+            tmp,
         },
     )
     .await?;

@@ -5,7 +5,7 @@
 
 use executor_protocol::types::process::PtySize;
 use executor_protocol::{ErrorCode, WireError};
-use executor_sandbox::trampoline::{MSG_EXEC_FAILED, MSG_STARTED};
+use executor_sandbox::trampoline::{MSG_EXEC_FAILED, MSG_SANDBOX_FAILED, MSG_STARTED};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -27,6 +27,8 @@ pub struct SpawnRequest<'a> {
     pub arg0: Option<&'a str>,
     pub tty: Option<PtySize>,
     pub stdin_null: bool,
+    /// The encoded sandbox policy for the trampoline (empty: none).
+    pub policy: &'a str,
 }
 
 /// A started job.
@@ -201,7 +203,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     }
     cmd.arg("--exec")
         .arg(&program)
-        .arg("") // no sandbox policy
+        .arg(req.policy)
         .arg("--")
         .arg(req.arg0.unwrap_or(&req.argv[0]))
         .args(&req.argv[1..]);
@@ -265,6 +267,20 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
                 supervisor,
                 pty_master,
             })
+        }
+        Ok(Ok(_)) if msg[0] == MSG_SANDBOX_FAILED => {
+            let v = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);
+            let (step, errno) = ((v >> 16) as u8, v & 0xffff);
+            let _ = supervisor.wait().await;
+            Err(WireError::new(
+                ErrorCode::SandboxUnavailable,
+                format!(
+                    "the sandbox could not be set up ({}: {}); nothing was run",
+                    executor_sandbox::linux::Step::name(step),
+                    std::io::Error::from_raw_os_error(errno)
+                ),
+            )
+            .with("errno", errno))
         }
         Ok(Ok(_)) if msg[0] == MSG_EXEC_FAILED => {
             let errno = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);

@@ -90,6 +90,11 @@ impl Session {
         self.identity.get().map(|i| i.session_id.as_str())
     }
 
+    /// What this host can enforce.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
     /// What `initialize.sandbox` and `environment/info` report.
     pub fn sandbox_capabilities(&self) -> SandboxCapabilities {
         self.caps.to_wire()
