@@ -409,7 +409,7 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
         deny,
         SeccompAction::Allow,
         SeccompAction::Errno(EPERM as u32),
-        arch.clone(),
+        arch,
     )
     .map_err(|e| io::Error::other(e.to_string()))?;
     let clone3 = SeccompFilter::new(
