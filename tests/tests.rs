@@ -13,6 +13,8 @@ mod fs;
 mod fuzzish;
 #[path = "suite/process.rs"]
 mod process;
+#[path = "suite/sandbox.rs"]
+mod sandbox;
 #[path = "suite/ssh.rs"]
 mod ssh;
 #[path = "suite/wire.rs"]

@@ -432,6 +432,11 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
 /// Apply `p` to the calling (single-threaded, forked) process.
 pub fn apply(p: &WirePolicy) -> StepResult<()> {
     mount_namespace(p)?;
+    // The working directory still points into the mounts as they were
+    // before (read-only now, carve-outs not on top): walk to it again so
+    // relative paths see the sandbox's view.
+    let cwd = std::env::current_dir().map_err(at(Step::PrivateMounts))?;
+    std::env::set_current_dir(&cwd).map_err(at(Step::PrivateMounts))?;
     let ruleset = landlock_ruleset(p)?;
     let filters = seccomp_programs(&p.net).map_err(at(Step::Seccomp))?;
     sys::drop_all_capabilities().map_err(at(Step::Capabilities))?;

@@ -1,0 +1,702 @@
+//! The sandbox escape suite (shared/SANDBOX_TESTS.md), through the real
+//! `executor` binary. Every denial has its positive control; every case
+//! runs twice: with the agent as root and as an unprivileged user (when the
+//! tests run as root, the agent is started under uid/gid 65534 with
+//! `setpriv`; otherwise both runs use the current user).
+//!
+//! Expected errnos name the layer: EPERM (1) seccomp, EACCES (13) Landlock,
+//! EROFS (30) the read-only mount, EXDEV (18) a link across bind mounts.
+
+use executor_client::{Client, ClientOptions, ErrorCode};
+use executor_protocol::types::exec::ExecCommandParams;
+use executor_protocol::types::process::ProcessStartParams;
+use executor_protocol::types::sandbox::{
+    FilesystemIntent, NetworkIntent, ReadRoots, SandboxIntent,
+};
+use executor_protocol::WirePath;
+use executor_tests::*;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+const EPERM: &str = "errno=1";
+const EACCES: &str = "errno=13";
+
+fn is_root() -> bool {
+    status_kib(std::process::id(), "Uid") == 0
+        && std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// The hostile helper, compiled once, executable by any user.
+fn hostile() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = executor_bin_for_any_user().parent().unwrap().to_path_buf();
+        let out = dir.join("hostile");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("hostile/hostile.c");
+        let st = std::process::Command::new("cc")
+            .arg("-O1")
+            .arg("-o")
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("cc");
+        assert!(st.success(), "compiling the hostile helper");
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+        out
+    })
+    .clone()
+}
+
+struct Env {
+    c: Client,
+    base: PathBuf,
+    ws: PathBuf,
+    outside: PathBuf,
+    uid: u32,
+    agent_pid: u32,
+}
+
+fn chown_r(p: &Path, uid: u32) {
+    let st = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
+    let base = unique_tempdir(if unprivileged { "sbx-user" } else { "sbx-root" });
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ws = base.join("ws");
+    let outside = base.join("outside");
+    for d in ["ws/src", "ws/.git/hooks", "ws/secrets", "outside/sub"] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    std::fs::write(ws.join("src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    std::fs::write(ws.join("secrets/key"), "TOPSECRET\n").unwrap();
+    std::fs::write(outside.join("f"), "outside\n").unwrap();
+    std::fs::write(outside.join("secret"), "OUTSIDE-SECRET\n").unwrap();
+    std::os::unix::fs::symlink("../.git/config", ws.join("src/link-to-git-config")).unwrap();
+    std::os::unix::fs::symlink("../secrets/key", ws.join("src/link-to-key")).unwrap();
+    let drop = unprivileged && is_root();
+    let uid = if drop { 65534 } else { nix_uid() };
+    if drop {
+        chown_r(&base, uid);
+    }
+    let mut cmd = if drop {
+        let mut c = tokio::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(executor_bin_for_any_user());
+        c
+    } else {
+        tokio::process::Command::new(executor_bin())
+    };
+    if let Some(abi) = hook_abi {
+        cmd.env("EXECUTOR_TEST_LANDLOCK_ABI", abi.to_string());
+    }
+    let c = Client::spawn(cmd, ClientOptions::default())
+        .await
+        .expect("agent");
+    // The agent's pid: the parent of a job's supervisor.
+    let probe = c
+        .start(&ProcessStartParams::new(
+            vec!["sleep".into(), "0.2".into()],
+            "/",
+            path_env(),
+        ))
+        .await
+        .unwrap();
+    let sup = ppid(probe.pid());
+    let agent_pid = ppid(sup);
+    probe.wait().await.unwrap();
+    Env {
+        c,
+        base,
+        ws,
+        outside,
+        uid,
+        agent_pid,
+    }
+}
+
+fn nix_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|u| u.parse().ok())
+        .unwrap()
+}
+
+fn ppid(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn path_env() -> BTreeMap<String, String> {
+    BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
+}
+
+fn wp(p: &Path) -> WirePath {
+    p.to_str().unwrap().into()
+}
+
+impl Env {
+    /// Read everything, write the workspace, no network.
+    fn ws_write(&self) -> SandboxIntent {
+        SandboxIntent {
+            filesystem: FilesystemIntent {
+                read: ReadRoots::All,
+                write: vec![wp(&self.ws)],
+                ..Default::default()
+            },
+            network: NetworkIntent::Deny,
+            required: true,
+        }
+    }
+
+    async fn sh(&self, intent: Option<SandboxIntent>, script: &str) -> (String, i32) {
+        let p = ExecCommandParams {
+            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            cwd: wp(&self.ws),
+            env: path_env(),
+            tty: false,
+            yield_time_ms: 30_000,
+            max_output_tokens: 100_000,
+            sandbox_permissions: intent,
+            additional_permissions: None,
+            additional_permissions_preapproved: false,
+            justification: None,
+            exec_approval_requirement: None,
+        };
+        let r = self.c.exec_command(&p).await.expect("exec_command");
+        (r.output, r.exit_code.expect("finished"))
+    }
+
+    /// Run the hostile helper with `args`; its one-line verdict.
+    async fn hostile(&self, intent: Option<SandboxIntent>, args: &str) -> String {
+        let (out, _) = self
+            .sh(intent, &format!("{} {args}", hostile().display()))
+            .await;
+        out.trim().to_string()
+    }
+}
+
+macro_rules! both {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn as_root_or_self() {
+                let e = env(false, None).await;
+                ($body)(e).await;
+            }
+            #[tokio::test]
+            async fn as_unprivileged_user() {
+                let e = env(true, None).await;
+                ($body)(e).await;
+            }
+        }
+    };
+}
+
+// 1. Reads outside every read root: EACCES (Landlock).
+both!(c01_read_outside_read_roots, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.read = ReadRoots::Paths(vec!["/usr".into(), wp(&e.ws)]);
+    let (out, code) = e
+        .sh(
+            Some(i.clone()),
+            &format!("cat {}/secret", e.outside.display()),
+        )
+        .await;
+    assert_ne!(code, 0);
+    assert!(out.contains("Permission denied"), "{out}");
+    let (out, code) = e.sh(Some(i), "cat src/main.rs").await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("fn main() {}\n", 0),
+        "positive control"
+    );
+});
+
+// 2 + 3. Writes, truncation and namespace changes under a read-only root:
+// EROFS (mount); all succeed in the writable root.
+both!(c02_c03_writes_under_read_only_roots, |e: Env| async move {
+    let o = e.outside.display();
+    for op in [
+        format!("echo x > {o}/f"),
+        format!(": > {o}/f"),
+        format!("truncate -s 0 {o}/f"),
+        format!("touch {o}/new"),
+        format!("rm {o}/f"),
+        format!("mkdir {o}/d"),
+        format!("mkfifo {o}/fifo"),
+        format!("ln -s x {o}/l"),
+        format!("mv {o}/f {o}/g"),
+        format!("chmod 777 {o}/f"),
+    ] {
+        let (out, code) = e.sh(Some(e.ws_write()), &op).await;
+        assert_ne!(code, 0, "{op} must fail: {out}");
+        assert!(out.contains("Read-only file system"), "{op}: {out}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(e.outside.join("f")).unwrap(),
+        "outside\n"
+    );
+    let (out, code) = e
+        .sh(
+            Some(e.ws_write()),
+            "echo x > f && : > f && truncate -s 0 f && touch n && rm n && mkdir d && mkfifo p && ln -s x l && mv f g && chmod 600 g && echo done",
+        )
+        .await;
+    assert_eq!((out.trim(), code), ("done", 0), "positive control");
+});
+
+// 4. deny_read inside a readable root: hidden.
+both!(c04_deny_read_carve_out, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+    for op in ["cat secrets/key", "ls secrets", "cat src/link-to-key"] {
+        let (out, code) = e.sh(Some(i.clone()), op).await;
+        assert_ne!(code, 0, "{op}: {out}");
+        assert!(!out.contains("TOPSECRET"), "{op}: {out}");
+    }
+    let (out, code) = e.sh(Some(i), "cat src/main.rs").await;
+    assert_eq!((out.as_str(), code), ("fn main() {}\n", 0));
+});
+
+// 5. A writable sub-path under a read-only parent.
+both!(c05_writable_sub_path, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.write = vec![wp(&e.outside.join("sub"))];
+    let o = e.outside.display();
+    let (out, code) = e
+        .sh(
+            Some(i.clone()),
+            &format!("echo y > {o}/sub/x && cat {o}/sub/x"),
+        )
+        .await;
+    assert_eq!((out.as_str(), code), ("y\n", 0));
+    let (out, code) = e.sh(Some(i), &format!("echo y > {o}/y")).await;
+    assert_ne!(code, 0);
+    assert!(out.contains("Read-only"), "{out}");
+});
+
+// 6 + 7. deny_write inside the writable root, also through a symlink.
+both!(c06_c07_deny_write_and_symlinks, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+    for op in [
+        "echo x >> .git/config",
+        "touch .git/hooks/x",
+        "echo x > src/link-to-git-config",
+        "rm .git/config",
+    ] {
+        let (out, code) = e.sh(Some(i.clone()), op).await;
+        assert_ne!(code, 0, "{op}: {out}");
+        assert!(out.contains("Read-only"), "{op}: {out}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(e.ws.join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+    let (out, code) = e
+        .sh(
+            Some(i),
+            "echo ok > src/new && cat .git/config && cat src/new",
+        )
+        .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("[core]\nok\n", 0),
+        "reads of .git and writes to src work"
+    );
+});
+
+// 9 + 10. Links and moves across the boundary.
+both!(c09_c10_hard_links_and_moves, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+    let o = e.outside.display();
+    for op in [
+        "ln .git/config src/hardlink".to_string(),
+        format!("ln src/main.rs {o}/hardlink"),
+        format!("mv src/main.rs {o}/moved"),
+        format!("ln {o}/f src/hl-from-outside"),
+    ] {
+        let (out, code) = e.sh(Some(i.clone()), &op).await;
+        assert_ne!(code, 0, "{op}: {out}");
+    }
+    assert!(e.ws.join("src/main.rs").exists());
+    let (_, code) = e
+        .sh(Some(i), "ln src/main.rs src/hl && mv src/hl src/hl2")
+        .await;
+    assert_eq!(code, 0, "positive control");
+});
+
+// 11. /proc/self/root and /proc/1/root lead nowhere new.
+both!(c11_proc_root_paths, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+    let key = e.ws.join("secrets/key");
+    for op in [
+        format!("cat /proc/self/root{}", key.display()),
+        format!("cat /proc/1/root{}", key.display()),
+        format!("echo x > /proc/1/root{}/f", e.outside.display()),
+    ] {
+        let (out, code) = e.sh(Some(i.clone()), &op).await;
+        assert_ne!(code, 0, "{op}: {out}");
+        assert!(!out.contains("TOPSECRET"));
+    }
+    assert_eq!(
+        std::fs::read_to_string(e.outside.join("f")).unwrap(),
+        "outside\n"
+    );
+});
+
+// 12, 14, 15. Only fds 0-2; no_new_privs, seccomp, no capabilities; a
+// setuid binary does not elevate.
+both!(c12_c14_c15_process_state, |e: Env| async move {
+    let (out, _) = e
+        .sh(Some(e.ws_write()), "ls /proc/$$/fd | tr '\\n' ' '")
+        .await;
+    assert_eq!(out.trim(), "0 1 2");
+    let (out, _) = e
+        .sh(
+            Some(e.ws_write()),
+            "grep -E '^(NoNewPrivs|Seccomp|CapEff|CapPrm|CapBnd):' /proc/self/status",
+        )
+        .await;
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("CapPrm:\t0000000000000000"), "{out}");
+    assert!(out.contains("CapBnd:\t0000000000000000"), "{out}");
+    // A setuid-root copy of `id`: stays the agent's uid.
+    let suid = e.base.join("suid-id");
+    std::fs::copy("/usr/bin/id", &suid).unwrap();
+    if is_root() {
+        let _ = std::process::Command::new("chown")
+            .arg("0:0")
+            .arg(&suid)
+            .status();
+    }
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let (out, _) = e
+        .sh(Some(e.ws_write()), &format!("{} -u", suid.display()))
+        .await;
+    assert_eq!(out.trim(), e.uid.to_string());
+});
+
+// 16-19. Network deny: TCP, /dev/tcp, UDP, other families; socketpair works.
+both!(c16_c19_network_deny, |e: Env| async move {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    assert_eq!(
+        e.hostile(None, &format!("connect {port}")).await,
+        "ok",
+        "positive control"
+    );
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("connect {port}"))
+            .await,
+        EPERM
+    );
+    let (out, code) = e
+        .sh(
+            Some(e.ws_write()),
+            &format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>&1"),
+        )
+        .await;
+    assert_ne!(code, 0, "{out}");
+    let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let uport = u.local_addr().unwrap().port();
+    assert_eq!(e.hostile(None, &format!("udp {uport}")).await, "ok");
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("udp {uport}")).await,
+        EPERM
+    );
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), "udp 53").await,
+        EPERM,
+        "no DNS"
+    );
+    for (fam, ty, proto) in [(10, 1, 0), (17, 3, 0), (16, 3, 0), (2, 3, 1)] {
+        assert_eq!(
+            e.hostile(Some(e.ws_write()), &format!("socket {fam} {ty} {proto}"))
+                .await,
+            EPERM,
+            "family {fam}"
+        );
+    }
+    assert_eq!(e.hostile(Some(e.ws_write()), "socketpair").await, "ok");
+    drop(l);
+});
+
+// 20. A TCP port allow-list: that port only, no bind.
+both!(c20_allow_tcp_connect, |e: Env| async move {
+    let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (p, q) = (
+        allowed.local_addr().unwrap().port(),
+        other.local_addr().unwrap().port(),
+    );
+    let mut i = e.ws_write();
+    i.network = NetworkIntent::AllowTcpConnect(vec![p]);
+    assert_eq!(
+        e.hostile(Some(i.clone()), &format!("connect {p}")).await,
+        "ok"
+    );
+    assert_eq!(
+        e.hostile(Some(i.clone()), &format!("connect {q}")).await,
+        EACCES,
+        "Landlock"
+    );
+    assert_eq!(
+        e.hostile(Some(i.clone()), "bind 0").await,
+        EACCES,
+        "Landlock"
+    );
+    assert_eq!(
+        e.hostile(Some(i.clone()), &format!("udp {p}")).await,
+        EPERM,
+        "seccomp: TCP only"
+    );
+    assert_eq!(
+        e.hostile(Some(i), "socket 1 1 0").await,
+        EPERM,
+        "seccomp: no Unix sockets"
+    );
+});
+
+// 21 + 22. Signals and ptrace out of the sandbox.
+both!(c21_c22_signals_and_ptrace, |e: Env| async move {
+    let a = e.agent_pid;
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("kill {a}")).await,
+        EPERM,
+        "Landlock signal scope"
+    );
+    assert_eq!(e.hostile(Some(e.ws_write()), "kill 1").await, EPERM);
+    let (out, _) = e
+        .sh(
+            Some(e.ws_write()),
+            &format!("{} kill $$", hostile().display()),
+        )
+        .await;
+    assert_eq!(out.trim(), "ok", "positive control: its own process");
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("ptrace {a}")).await,
+        EPERM
+    );
+});
+
+// 23-25. Namespaces, mounts, and the dangerous syscalls: EPERM (seccomp).
+both!(c23_c25_dangerous_syscalls, |e: Env| async move {
+    for call in [
+        "unshare-user",
+        "unshare-ns",
+        "setns",
+        "clone-newuser",
+        "mount",
+        "umount /proc",
+        "pivot_root",
+        "chroot",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "perf",
+        "userfaultfd",
+        "kexec",
+        "init_module",
+        "io_uring",
+    ] {
+        assert_eq!(e.hostile(Some(e.ws_write()), call).await, EPERM, "{call}");
+    }
+    // Without a sandbox, unsharing a user namespace works (the filter made
+    // the difference, not the host).
+    if std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .map(|s| s.trim() != "0")
+        .unwrap_or(false)
+    {
+        assert_eq!(e.hostile(None, "unshare-user").await, "ok");
+    }
+});
+
+// 28. The restriction lands on the child only.
+both!(c28_agent_unaffected, |e: Env| async move {
+    let (_, code) = e.sh(Some(e.ws_write()), "true").await;
+    assert_eq!(code, 0);
+    let target = e.outside.join("written-by-agent");
+    e.c.write_file(wp(&target), b"free").await.unwrap();
+    assert_eq!(std::fs::read_to_string(target).unwrap(), "free");
+});
+
+// 31. Pathname Unix sockets outside the roots (a docker.sock stand-in).
+both!(c31_unix_socket_outside, |e: Env| async move {
+    let sock = e.base.join("docker.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(
+        e.hostile(None, &format!("unix {}", sock.display())).await,
+        "ok"
+    );
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("unix {}", sock.display()))
+            .await,
+        EPERM
+    );
+    drop(l);
+});
+
+// 33. A sandboxed tty keeps its terminal; arg0 is what the program sees.
+both!(c33_tty_and_arg0, |e: Env| async move {
+    let mut p = ProcessStartParams::new(
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "tty && echo via-tty > /dev/tty && stty size".into(),
+        ],
+        wp(&e.ws),
+        path_env(),
+    );
+    p.tty = true;
+    p.sandbox = Some(e.ws_write());
+    let mut proc = e.c.start(&p).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(ch) = proc.next_output().await.unwrap() {
+        out.extend_from_slice(&ch.data);
+    }
+    let out = String::from_utf8_lossy(&out);
+    assert!(
+        out.contains("/dev/pts/") && out.contains("via-tty") && out.contains("24 80"),
+        "{out}"
+    );
+    assert_eq!(proc.exit_status().unwrap().code, Some(0));
+    let mut p = ProcessStartParams::new(vec!["sleep".into(), "5".into()], wp(&e.ws), path_env());
+    p.arg0 = Some("sandboxed-sleep".into());
+    p.sandbox = Some(e.ws_write());
+    let proc = e.c.start(&p).await.unwrap();
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", proc.pid())).unwrap();
+    assert!(cmdline.starts_with(b"sandboxed-sleep\0"));
+    proc.signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .unwrap();
+});
+
+// 34. A read-only intent blocks writes, reads work.
+both!(c34_read_only_intent, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.write = vec![];
+    let (out, code) = e.sh(Some(i.clone()), "echo x > src/new").await;
+    assert_ne!(code, 0);
+    assert!(out.contains("Read-only"), "{out}");
+    let (out, code) = e.sh(Some(i), "cat src/main.rs").await;
+    assert_eq!((out.as_str(), code), ("fn main() {}\n", 0));
+});
+
+// 29 + 30. Fail closed: a host that cannot enforce runs nothing.
+#[tokio::test]
+async fn c29_c30_fail_closed_with_the_probe_hook() {
+    for (abi, network) in [
+        (0, NetworkIntent::Deny),
+        (3, NetworkIntent::AllowTcpConnect(vec![443])),
+    ] {
+        let e = env(false, Some(abi)).await;
+        let marker = e.ws.join("marker");
+        let mut i = e.ws_write();
+        i.network = network;
+        let p = ExecCommandParams {
+            command: vec!["touch".into(), marker.to_str().unwrap().into()],
+            cwd: wp(&e.ws),
+            env: path_env(),
+            tty: false,
+            yield_time_ms: 5000,
+            max_output_tokens: 100,
+            sandbox_permissions: Some(i),
+            additional_permissions: None,
+            additional_permissions_preapproved: false,
+            justification: None,
+            exec_approval_requirement: None,
+        };
+        let err = e.c.exec_command(&p).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(ErrorCode::SandboxUnavailable),
+            "abi {abi}: {err}"
+        );
+        assert!(!marker.exists(), "nothing ran");
+        let running: Vec<_> =
+            e.c.process_list()
+                .await
+                .unwrap()
+                .processes
+                .into_iter()
+                .filter(|p| p.running)
+                .collect();
+        assert!(running.is_empty());
+    }
+}
+
+// 27 (sandboxed). Closing the transport kills a sandboxed job too.
+#[tokio::test]
+async fn c27_sandboxed_job_dies_with_the_transport() {
+    let e = env(false, None).await;
+    let mut p = ProcessStartParams::new(vec!["sleep".into(), "1000".into()], wp(&e.ws), path_env());
+    p.sandbox = Some(e.ws_write());
+    let proc = e.c.start(&p).await.unwrap();
+    let pid = proc.pid();
+    drop(proc);
+    e.c.close().await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sandboxed job {pid} survived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+// The policy reaches the program even when exec fails inside the sandbox.
+#[tokio::test]
+async fn exec_outside_read_roots_is_refused_and_reported() {
+    let e = env(false, None).await;
+    let mut i = e.ws_write();
+    i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
+    let p = ExecCommandParams {
+        command: vec!["/bin/true".into()],
+        cwd: wp(&e.ws),
+        env: path_env(),
+        tty: false,
+        yield_time_ms: 5000,
+        max_output_tokens: 100,
+        sandbox_permissions: Some(i),
+        additional_permissions: None,
+        additional_permissions_preapproved: false,
+        justification: None,
+        exec_approval_requirement: None,
+    };
+    let err = e.c.exec_command(&p).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::PermissionDenied), "{err}");
+}
