@@ -700,3 +700,216 @@ async fn exec_outside_read_roots_is_refused_and_reported() {
     let err = e.c.exec_command(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::PermissionDenied), "{err}");
 }
+
+fn fs_err(e: executor_client::Error) -> executor_protocol::WireError {
+    match e {
+        executor_client::Error::Remote(w) => w,
+        other => panic!("expected an agent error, got {other:?}"),
+    }
+}
+
+// 13. The agent's own fs requests resolve beneath the roots.
+#[tokio::test]
+async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
+    use executor_protocol::types::fs::*;
+    let e = env(false, None).await;
+    std::os::unix::fs::symlink(e.outside.join("secret"), e.ws.join("src/link-out")).unwrap();
+    let mut i = e.ws_write();
+    i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
+    let read = |path: String| ReadFileParams {
+        path: path.as_str().into(),
+        offset: None,
+        length: None,
+        sandbox: Some(i.clone()),
+        cwd: None,
+    };
+    let ok: ReadFileResult =
+        e.c.request(
+            "fs/readFile",
+            &read(format!("{}/src/main.rs", e.ws.display())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(&ok.data[..], b"fn main() {}\n", "positive control");
+    for bad in [
+        format!("{}/secret", e.outside.display()),
+        format!("{}/../outside/secret", e.ws.display()),
+        format!("{}/src/link-out", e.ws.display()),
+        format!("/proc/self/root{}/src/main.rs", e.ws.display()),
+    ] {
+        let w = fs_err(
+            e.c.request::<_, ReadFileResult>("fs/readFile", &read(bad.clone()))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(w.code, ErrorCode::SandboxDenied, "{bad}: {w:?}");
+        assert!(w.data_get("rule").is_some());
+    }
+    // With everything readable, /proc/self/root is still a magic link.
+    let mut all = e.ws_write();
+    all.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+    let w = fs_err(
+        e.c.request::<_, ReadFileResult>(
+            "fs/readFile",
+            &ReadFileParams {
+                path: format!("/proc/self/root{}/secrets/key", e.ws.display())
+                    .as_str()
+                    .into(),
+                offset: None,
+                length: None,
+                sandbox: Some(all.clone()),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::SandboxDenied);
+    let w = fs_err(
+        e.c.request::<_, ReadFileResult>(
+            "fs/readFile",
+            &ReadFileParams {
+                path: format!("{}/secrets/key", e.ws.display()).as_str().into(),
+                offset: None,
+                length: None,
+                sandbox: Some(all.clone()),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::SandboxDenied, "deny_read carve-out");
+    // Walks list the carve-out but never enter it.
+    let mut params = executor_client::fs::walk_params(wp(&e.ws));
+    params.sandbox = Some(all);
+    let page = e.c.walk_page(&params).await.unwrap();
+    let paths: Vec<String> = page.entries.iter().map(|x| x.path.display()).collect();
+    assert!(paths.contains(&"src/main.rs".to_string()), "{paths:?}");
+    assert!(
+        !paths.iter().any(|p| p.starts_with("secrets/")),
+        "{paths:?}"
+    );
+    assert!(page
+        .errors
+        .iter()
+        .any(|x| x.code == ErrorCode::SandboxDenied));
+    // :cwd needs the request's cwd.
+    let mut cwd_intent = e.ws_write();
+    cwd_intent.filesystem.write = vec![":cwd".into()];
+    let w = fs_err(
+        e.c.request::<_, StatResult>(
+            "fs/stat",
+            &StatParams {
+                path: wp(&e.ws),
+                follow_symlinks: true,
+                sandbox: Some(cwd_intent),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::InvalidParams);
+}
+
+// 34. A read-only intent: fs writes are denied, reads and walks work.
+#[tokio::test]
+async fn c34_read_only_intent_on_fs_requests() {
+    use executor_protocol::types::fs::*;
+    use serde_bytes::ByteBuf;
+    let e = env(false, None).await;
+    let mut ro = e.ws_write();
+    ro.filesystem.write = vec![];
+    let target = e.ws.join("src/new");
+    let w = fs_err(
+        e.c.request::<_, executor_protocol::types::Empty>(
+            "fs/writeFile",
+            &WriteFileParams {
+                path: wp(&target),
+                data: ByteBuf::from(b"x".to_vec()),
+                mode: None,
+                create_parents: false,
+                atomic: true,
+                sandbox: Some(ro.clone()),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::SandboxDenied);
+    let w = fs_err(
+        e.c.request::<_, HandleResult>(
+            "fs/openWrite",
+            &OpenWriteParams {
+                path: wp(&target),
+                mode: None,
+                create_parents: false,
+                sandbox: Some(ro.clone()),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::SandboxDenied);
+    assert!(!target.exists());
+    let r: ReadFileResult =
+        e.c.request(
+            "fs/readFile",
+            &ReadFileParams {
+                path: wp(&e.ws.join("src/main.rs")),
+                offset: None,
+                length: None,
+                sandbox: Some(ro.clone()),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(&r.data[..], b"fn main() {}\n");
+    let mut params = executor_client::fs::walk_params(wp(&e.ws));
+    params.sandbox = Some(ro);
+    assert!(!e.c.walk_page(&params).await.unwrap().entries.is_empty());
+    // Positive control: the same write with the workspace writable.
+    e.c.request::<_, executor_protocol::types::Empty>(
+        "fs/writeFile",
+        &WriteFileParams {
+            path: wp(&target),
+            data: ByteBuf::from(b"x".to_vec()),
+            mode: None,
+            create_parents: false,
+            atomic: true,
+            sandbox: Some(e.ws_write()),
+            cwd: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read(&target).unwrap(), b"x");
+    // deny_write: writes into .git are denied through fs too.
+    let mut i = e.ws_write();
+    i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+    let w = fs_err(
+        e.c.request::<_, executor_protocol::types::Empty>(
+            "fs/writeFile",
+            &WriteFileParams {
+                path: wp(&e.ws.join(".git/config")),
+                data: ByteBuf::from(b"x".to_vec()),
+                mode: None,
+                create_parents: false,
+                atomic: true,
+                sandbox: Some(i),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::SandboxDenied);
+    assert_eq!(
+        std::fs::read_to_string(e.ws.join(".git/config")).unwrap(),
+        "[core]\n"
+    );
+}

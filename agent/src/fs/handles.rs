@@ -7,7 +7,8 @@
 //! handle is then released), and `fs/close` or the end of the session
 //! removes an uncommitted temp file.
 
-use super::{blocking, create_temp, finish_temp, io_error, no_sandbox, read_at_most, req_path};
+use super::confine::{confined, Access};
+use super::{blocking, create_temp, finish_temp, io_error, read_at_most};
 use crate::session::Session;
 use bytes::Bytes;
 use executor_protocol::types::fs::*;
@@ -110,8 +111,14 @@ fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
 
 /// `fs/open`
 pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let path = req_path(&p.path, "path")?;
+    let path = confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        Access::Read,
+        true,
+    )?;
     let (file, size) = blocking({
         let path = path.clone();
         move || {
@@ -143,7 +150,6 @@ pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireErr
 /// `fs/readBlock`: the data (sent by reference) and whether the read
 /// reached the end of the file.
 pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, Bytes), WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     check_block(p.length, s)?;
     let Handle::Read { file, path } = s.handles().get(p.handle)? else {
         return Err(WireError::invalid_params(
@@ -170,8 +176,14 @@ pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, B
 
 /// `fs/openWrite`
 pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleResult, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let target = req_path(&p.path, "path")?;
+    let target = confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        Access::Write,
+        false,
+    )?;
     if let Some(m) = p.mode {
         if m > 0o7777 {
             return Err(WireError::invalid_params(
@@ -204,7 +216,6 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
 
 /// `fs/writeBlock`
 pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     check_block(p.data.len() as u64, s)?;
     let Handle::Write(h) = s.handles().get(p.handle)? else {
         return Err(WireError::invalid_params(
@@ -223,7 +234,6 @@ pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty,
 
 /// `fs/commit`: fsync, rename into place, release the handle.
 pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let Handle::Write(_) = s.handles().get(p.handle)? else {
         return Err(WireError::invalid_params(
             "handle",
@@ -251,7 +261,6 @@ pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, W
 
 /// `fs/close`
 pub async fn close(s: &Arc<Session>, p: HandleParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let h = s.handles().take(p.handle)?;
     // Dropping a write handle removes its uncommitted temp file.
     blocking(move || {

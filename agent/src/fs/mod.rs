@@ -5,12 +5,12 @@
 //! threads. Writes are atomic by default: a temp file beside the target,
 //! fsync, rename. Streaming handles are bounded per session.
 
+pub mod confine;
 pub mod handles;
 pub mod walk;
 
 use crate::session::Session;
 use executor_protocol::types::fs::*;
-use executor_protocol::types::sandbox::SandboxIntent;
 use executor_protocol::types::Empty;
 use executor_protocol::{ErrorCode, WireError, WirePath};
 use serde_bytes::ByteBuf;
@@ -72,26 +72,6 @@ pub fn req_path(p: &WirePath, field: &str) -> Result<PathBuf, WireError> {
     Ok(PathBuf::from(OsStr::from_bytes(p.as_bytes())))
 }
 
-/// Refuse sandboxed fs requests until the sandbox can confine them (after
-/// resolving the intent, so a bad root is `invalid_params`). A result of an
-/// fs method has no `sandbox_degraded`, so even `required: false` is refused.
-pub fn no_sandbox(s: Option<&SandboxIntent>, cwd: Option<&WirePath>) -> Result<(), WireError> {
-    match s {
-        None => Ok(()),
-        Some(intent) => {
-            let cwd = match cwd {
-                Some(c) => Some(req_path(c, "cwd")?),
-                None => None,
-            };
-            crate::sandbox_gate::resolve_intent(intent, cwd.as_deref(), "sandbox")?;
-            Err(WireError::new(
-                ErrorCode::SandboxUnavailable,
-                "this agent version cannot confine filesystem requests to a sandbox intent; nothing was done",
-            ))
-        }
-    }
-}
-
 /// Run blocking filesystem work off the runtime's core threads.
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, WireError> + Send + 'static,
@@ -123,8 +103,14 @@ pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 
 /// `fs/stat`
 pub async fn stat(_s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let path = req_path(&p.path, "path")?;
+    let path = confine::confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Read,
+        p.follow_symlinks,
+    )?;
     blocking(move || {
         let m = if p.follow_symlinks {
             std::fs::metadata(&path)
@@ -149,8 +135,14 @@ pub async fn canonicalize(
     _s: &Arc<Session>,
     p: CanonicalizeParams,
 ) -> Result<PathResult, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let path = req_path(&p.path, "path")?;
+    let path = confine::confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Read,
+        true,
+    )?;
     blocking(move || {
         let c =
             std::fs::canonicalize(&path).map_err(|e| io_error(&e, &path, "cannot canonicalize"))?;
@@ -181,8 +173,14 @@ pub fn read_at_most(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Ve
 
 /// `fs/readFile`
 pub async fn read_file(s: &Arc<Session>, p: ReadFileParams) -> Result<ReadFileResult, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let path = req_path(&p.path, "path")?;
+    let path = confine::confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Read,
+        true,
+    )?;
     let max = s.limits().max_read_file_bytes;
     blocking(move || {
         let f = std::fs::File::open(&path).map_err(|e| io_error(&e, &path, "cannot open"))?;
@@ -305,8 +303,14 @@ pub fn finish_temp(
 
 /// `fs/writeFile`
 pub async fn write_file(_s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let path = req_path(&p.path, "path")?;
+    let path = confine::confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Write,
+        false,
+    )?;
     if let Some(m) = p.mode {
         if m > 0o7777 {
             return Err(WireError::invalid_params(
@@ -356,8 +360,14 @@ pub async fn create_directory(
     _s: &Arc<Session>,
     p: CreateDirectoryParams,
 ) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let path = req_path(&p.path, "path")?;
+    let path = confine::confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Write,
+        false,
+    )?;
     blocking(move || {
         let r = if p.recursive {
             std::fs::create_dir_all(&path)
@@ -373,8 +383,14 @@ pub async fn create_directory(
 /// `fs/remove`: a symlink is removed itself, never what it points to;
 /// recursive removal never follows symlinks out of the tree.
 pub async fn remove(_s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let path = req_path(&p.path, "path")?;
+    let path = confine::confined(
+        &p.path,
+        "path",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Write,
+        false,
+    )?;
     blocking(move || {
         let m =
             std::fs::symlink_metadata(&path).map_err(|e| io_error(&e, &path, "cannot remove"))?;
@@ -397,9 +413,22 @@ pub async fn remove(_s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireErr
 
 /// `fs/rename`
 pub async fn rename(_s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let from = req_path(&p.from, "from")?;
-    let to = req_path(&p.to, "to")?;
+    let from = confine::confined(
+        &p.from,
+        "from",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Write,
+        false,
+    )?;
+    let to = confine::confined(
+        &p.to,
+        "to",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        confine::Access::Write,
+        false,
+    )?;
     blocking(move || {
         std::fs::rename(&from, &to).map_err(|e| {
             let mut w = io_error(&e, &from, "cannot rename");

@@ -8,7 +8,8 @@
 //! an error; the walk goes on. One `statx` per entry (relative to the open
 //! directory), nothing else.
 
-use super::{blocking, io_error, kind_of, mtime_ns, no_sandbox, req_path};
+use super::confine::{confined, Access, Confinement};
+use super::{blocking, io_error, kind_of, mtime_ns};
 use crate::session::Session;
 use executor_protocol::types::fs::*;
 use executor_protocol::{ErrorCode, WireError, WirePath};
@@ -52,11 +53,18 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// `fs/walk`
 pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireError> {
-    no_sandbox(p.sandbox.as_ref(), p.cwd.as_ref())?;
-    let root = req_path(&p.root, "root")?;
+    let root = confined(
+        &p.root,
+        "root",
+        p.sandbox.as_ref(),
+        p.cwd.as_ref(),
+        Access::Read,
+        true,
+    )?;
+    let confinement = Confinement::of(p.sandbox.as_ref(), p.cwd.as_ref())?;
     let max_entries = p.max_entries.min(s.limits().max_walk_entries);
     let max_bytes = p.max_response_bytes.min(s.limits().max_walk_response_bytes);
-    blocking(move || walk_blocking(&root, &p, max_entries, max_bytes)).await
+    blocking(move || walk_blocking(&root, &p, max_entries, max_bytes, confinement.as_ref())).await
 }
 
 fn walk_blocking(
@@ -64,6 +72,7 @@ fn walk_blocking(
     p: &WalkParams,
     max_entries: u64,
     max_bytes: u64,
+    confinement: Option<&Confinement>,
 ) -> Result<WalkResult, WireError> {
     let (mut queue, mut after): (Queue, Option<Vec<u8>>) = match &p.cursor {
         None => (VecDeque::from([(Vec::new(), 0u32)]), None),
@@ -161,7 +170,20 @@ fn walk_blocking(
                     continue;
                 }
             };
-            if kind == FileKind::Dir {
+            let hidden = kind == FileKind::Dir
+                && confinement.is_some_and(|c| c.hidden(&abs.join(OsStr::from_bytes(name))));
+            if hidden {
+                let message = format!(
+                    "{}: hidden by a deny_read carve-out",
+                    String::from_utf8_lossy(&path)
+                );
+                size_est += est + message.len() as u64;
+                errors.push(WalkErrorEntry {
+                    path: WirePath::from_bytes(path.clone()),
+                    code: ErrorCode::SandboxDenied,
+                    message,
+                });
+            } else if kind == FileKind::Dir {
                 let child_depth = depth + 1;
                 if child_depth < p.max_depth {
                     queue_est += path.len() as u64 + 16;
