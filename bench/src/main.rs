@@ -25,7 +25,7 @@ struct Args {
     /// Iterations of the latency comparisons.
     #[arg(long, default_value_t = 300)]
     iterations: usize,
-    /// Run only these comparisons (output, spawn, read, walk, ssh-exec, ssh-get).
+    /// Run only these comparisons (output, spawn, sandbox, read, walk, ssh-exec, ssh-get).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -465,6 +465,55 @@ async fn ssh_get(bytes: u64) -> anyhow::Result<Row> {
     })
 }
 
+/// Sandboxed vs unsandboxed `/bin/true` start → exited, same run.
+async fn sandbox_spawn(iterations: usize) -> anyhow::Result<Row> {
+    use executor_protocol::types::sandbox::{FilesystemIntent, NetworkIntent, SandboxIntent};
+    let c = connect().await?;
+    let plain = ProcessStartParams::new(vec!["/bin/true".into()], "/", env());
+    let mut boxed = plain.clone();
+    boxed.sandbox = Some(SandboxIntent {
+        filesystem: FilesystemIntent {
+            write: vec![std::env::temp_dir()
+                .to_str()
+                .context("utf-8 temp dir")?
+                .into()],
+            ..Default::default()
+        },
+        network: NetworkIntent::Deny,
+        required: true,
+    });
+    for p in [&plain, &boxed] {
+        for _ in 0..5 {
+            c.start(p).await?.wait().await?;
+        }
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..iterations {
+        for (p, v) in [(&plain, &mut a), (&boxed, &mut b)] {
+            let t = Instant::now();
+            let st = c.start(p).await?.wait().await?;
+            v.push(t.elapsed());
+            if !st.success() {
+                bail!("/bin/true failed: {st:?}");
+            }
+        }
+    }
+    c.close().await?;
+    let (a, b) = (median(a), median(b));
+    let extra = b.as_secs_f64() * 1e3 - a.as_secs_f64() * 1e3;
+    Ok(Row {
+        what: format!("sandboxed vs unsandboxed `/bin/true` start → exited (median of {iterations}, alternating)"),
+        ours: format!("{:.0} µs sandboxed", b.as_secs_f64() * 1e6),
+        baseline: format!("{:.0} µs unsandboxed", a.as_secs_f64() * 1e6),
+        ratio: b.as_secs_f64() / a.as_secs_f64(),
+        goal: "under +1 ms".into(),
+        met: extra < 1.0,
+        note: format!(
+            "+{extra:.2} ms for a user+mount namespace, read-only remount, Landlock ruleset, capability drop and two seccomp filters"
+        ),
+    })
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -490,6 +539,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("spawn") {
         rows.push(spawn_latency(args.iterations).await?);
+    }
+    if want("sandbox") {
+        rows.push(sandbox_spawn(args.iterations.min(200)).await?);
     }
     if want("read") {
         rows.push(file_read(args.bytes).await?);

@@ -913,3 +913,52 @@ async fn c34_read_only_intent_on_fs_requests() {
         "[core]\n"
     );
 }
+
+// Denials are reported: `sandbox_denied` on a denied write, not on an
+// ordinary failure, not without a sandbox.
+#[tokio::test]
+async fn sandbox_denied_is_reported_only_for_denials() {
+    let e = env(false, None).await;
+    let run = |intent: Option<SandboxIntent>, script: &str| {
+        let p = ExecCommandParams {
+            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            cwd: wp(&e.ws),
+            env: path_env(),
+            tty: false,
+            yield_time_ms: 10_000,
+            max_output_tokens: 1000,
+            sandbox_permissions: intent,
+            additional_permissions: None,
+            additional_permissions_preapproved: false,
+            justification: None,
+            exec_approval_requirement: None,
+        };
+        let c = e.c.clone();
+        async move { c.exec_command(&p).await.unwrap() }
+    };
+    let o = e.outside.display();
+    let r = run(Some(e.ws_write()), &format!("echo x > {o}/f")).await;
+    assert_ne!(r.exit_code, Some(0));
+    assert_eq!(r.sandbox_denied, Some(true), "{}", r.output);
+    let r = run(Some(e.ws_write()), "echo just failing; exit 3").await;
+    assert_eq!((r.exit_code, r.sandbox_denied), (Some(3), None));
+    let r = run(None, "echo 'Permission denied' >&2; exit 1").await;
+    assert_eq!(r.sandbox_denied, None, "no sandbox, no sandbox denial");
+    // process/exited carries it too.
+    let mut p = ProcessStartParams::new(
+        vec!["/bin/sh".into(), "-c".into(), format!("touch {o}/new")],
+        wp(&e.ws),
+        path_env(),
+    );
+    p.sandbox = Some(e.ws_write());
+    let mut sub = e.c.subscribe(&["process/exited"]);
+    let proc = e.c.start(&p).await.unwrap();
+    let note = loop {
+        let n = sub.recv().await.unwrap();
+        if n.process_id() == Some(proc.id()) {
+            break n;
+        }
+    };
+    let ex: executor_protocol::types::process::ProcessExited = note.decode().unwrap();
+    assert_eq!(ex.sandbox_denied, Some(true));
+}

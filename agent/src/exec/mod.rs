@@ -129,7 +129,7 @@ async fn collect(
                 exit_code: Some(e.shell_code()),
                 process_id: None,
                 wall_time_ms,
-                sandbox_denied: None,
+                sandbox_denied: proc.sandbox_denied(),
                 sandbox_degraded: None,
             }
         }

@@ -97,6 +97,8 @@ pub struct Proc {
     pub argv: Vec<String>,
     pub tag: Option<String>,
     pub tty: bool,
+    /// Started under an enforced sandbox policy.
+    pub sandboxed: bool,
     notify: bool,
     state: Mutex<State>,
     changed: watch::Sender<u64>,
@@ -220,6 +222,37 @@ impl Proc {
         let chunks = st.out.read(cursor.checked_sub(1), usize::MAX);
         st.exec_cursor = st.out.next_seq();
         (chunks, missed)
+    }
+
+    /// The documented `sandbox_denied` heuristic: a sandboxed job that
+    /// ended unsuccessfully and whose recent output shows a permission-style
+    /// error (EPERM, EACCES, EROFS and their messages). Kernel audit records
+    /// would be exact but are not readable by an unprivileged agent.
+    pub fn sandbox_denied(&self) -> Option<bool> {
+        if !self.sandboxed {
+            return None;
+        }
+        let st = self.state.lock().expect("proc state");
+        let exit = st.exit?;
+        if exit.code == Some(0) {
+            return None;
+        }
+        let chunks = st.out.read(st.out.next_seq().checked_sub(64), usize::MAX);
+        let mut tail = Vec::new();
+        for c in &chunks {
+            tail.extend_from_slice(&c.data);
+        }
+        let text =
+            String::from_utf8_lossy(&tail[tail.len().saturating_sub(64 * 1024)..]).to_lowercase();
+        const MARKERS: &[&str] = &[
+            "permission denied",
+            "operation not permitted",
+            "read-only file system",
+            "eacces",
+            "eperm",
+            "erofs",
+        ];
+        MARKERS.iter().any(|m| text.contains(m)).then_some(true)
     }
 
     /// Mark the exit as given to a client: reaping starts.
@@ -480,6 +513,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         argv: o.argv.to_vec(),
         tag: o.tag,
         tty: o.tty,
+        sandboxed: !o.policy.is_empty(),
         notify: o.notify,
         state: Mutex::new(State {
             out: OutputBuffer::new(cap as usize),
@@ -652,7 +686,7 @@ async fn wait_job(
             signal: exit.signal_name(),
             signal_number: exit.signal,
             final_seq,
-            sandbox_denied: None,
+            sandbox_denied: proc.sandbox_denied(),
         };
         if outbound.notify(m::PROCESS_EXITED, &note).await.is_ok() {
             if let Some(s) = session.upgrade() {
