@@ -445,7 +445,10 @@ async fn ssh_get(bytes: u64) -> anyhow::Result<Row> {
     let (o, k, sf) = (median(ours), median(cat), median(sftp));
     let ratio = mbps(bytes, o) / mbps(bytes, k);
     Ok(Row {
-        what: format!("`get` of {} MiB through real sshd, aes128-gcm (median of 3)", bytes >> 20),
+        what: format!(
+            "`get` of {} MiB through real sshd, aes128-gcm (median of 3)",
+            bytes >> 20
+        ),
         ours: format!("{:.0} MB/s", mbps(bytes, o)),
         baseline: format!(
             "{:.0} MB/s `ssh host cat f`; {:.0} MB/s `sftp get`",
@@ -455,13 +458,17 @@ async fn ssh_get(bytes: u64) -> anyhow::Result<Row> {
         ratio,
         goal: "≥ 0.95× ssh cat, and faster than sftp".into(),
         met: ratio >= 0.95 && o < sf,
-        note: format!(
-            "vs sftp: {:.2}×. Missed: the reads are request/response blocks (8 × 1 MiB in flight) through the \
-             SSH channel's flow-control window, where `cat` is one unidirectional stream; what would close it: \
-             a streamed read mode (the agent pushes blocks ahead, bounded by a credit the client returns) so the \
-             channel never idles between blocks",
-            mbps(bytes, o) / mbps(bytes, sf)
-        ),
+        note: if ratio >= 0.95 && o < sf {
+            format!("vs sftp: {:.2}×", mbps(bytes, o) / mbps(bytes, sf))
+        } else {
+            format!(
+                "vs sftp: {:.2}×. Missed in this run: the reads are request/response blocks (8 × 1 MiB in flight) \
+                 through the SSH channel's flow-control window, where `cat` is one unidirectional stream, and on 2 \
+                 cores the agent and client compete with ssh/sshd's ciphers; what would close it: a streamed read \
+                 mode (the agent pushes blocks ahead, bounded by a credit the client returns)",
+                mbps(bytes, o) / mbps(bytes, sf)
+            )
+        },
     })
 }
 
@@ -563,6 +570,11 @@ async fn main() -> anyhow::Result<()> {
          (release build, loopback/local pipes, each comparison side by side in the same run).\n"
     )?;
     writeln!(md, "Machine: {}.\n", machine())?;
+    writeln!(
+        md,
+        "The machine is a shared 2-core VM: ratios move by about ±10% from run to run (medians of several \
+         trials are reported); goals met narrowly may read as missed in another run.\n"
+    )?;
     writeln!(
         md,
         "| comparison | executor | baseline | ratio | goal | met |"
