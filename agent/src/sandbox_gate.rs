@@ -51,7 +51,8 @@ pub enum Decision {
     /// No intent: run as is.
     Unconfined,
     /// Enforce `policy` (the trampoline's argument); `tmp` is the job's
-    /// private temp dir (remove it when the job ends); `degraded` lists
+    /// private directory (its `:tmp` and carve-out file; remove it when the
+    /// job ends); `degraded` lists
     /// what was not enforced (only with `required: false`).
     Enforce {
         policy: String,
@@ -137,44 +138,103 @@ pub fn gate(
             }
         }
     };
-    // Carve-outs: what can be covered by a mount today.
+    // Carve-outs. An existing directory is covered by an empty tmpfs, an
+    // existing file by an empty mode-000 file; one that does not exist yet
+    // is kept from being created by making its nearest existing ancestor
+    // read-only (stricter for that ancestor's other entries; refused when
+    // the ancestor is a whole write root, which would void the intent).
+    let write_roots: Vec<&Path> = policy
+        .write
+        .iter()
+        .filter_map(|r| match r {
+            Root::Path(p) => Some(p.as_path()),
+            Root::Tmp => None,
+        })
+        .collect();
     let mut deny_read = Vec::new();
-    for (i, d) in policy.deny_read.iter().enumerate() {
-        match std::fs::metadata(d) {
-            Ok(m) if m.is_dir() => deny_read.push(bytes(d)),
-            _ if intent.required => {
-                return Err(unavailable(format!(
-                    "{param}.filesystem.deny_read.{i}: {} is not an existing directory; hiding files and paths \
-                     that do not exist yet is not supported by this agent version",
-                    d.display()
-                )))
-            }
-            _ => degraded.push(format!("filesystem: deny_read {} not enforced", d.display())),
-        }
-    }
+    let mut deny_read_files = Vec::new();
     let mut deny_write = Vec::new();
-    for (i, d) in policy.deny_write.iter().enumerate() {
-        if d.exists() {
-            deny_write.push(bytes(d));
-        } else if intent.required {
-            return Err(unavailable(format!(
-                "{param}.filesystem.deny_write.{i}: {} does not exist; protecting a path that does not exist yet \
-                 is not supported by this agent version",
-                d.display()
-            )));
-        } else {
-            degraded.push(format!(
-                "filesystem: deny_write {} not enforced",
-                d.display()
-            ));
+    let mut read_only_extra: Vec<ByteBuf> = Vec::new();
+    let carve_outs = policy
+        .deny_read
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("{param}.filesystem.deny_read.{i}"), d, true))
+        .chain(
+            policy
+                .deny_write
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (format!("{param}.filesystem.deny_write.{i}"), d, false)),
+        );
+    for (field, d, is_read) in carve_outs {
+        match std::fs::symlink_metadata(d) {
+            Ok(m) if is_read && m.is_dir() => deny_read.push(bytes(d)),
+            Ok(_) if is_read => deny_read_files.push(bytes(d)),
+            Ok(_) => deny_write.push(bytes(d)),
+            Err(_) => {
+                let ancestor = d
+                    .ancestors()
+                    .skip(1)
+                    .find(|a| a.exists())
+                    .unwrap_or(Path::new("/"));
+                let under_write = write_roots.iter().any(|w| ancestor.starts_with(w));
+                if !under_write {
+                    // Already read-only in the sandbox: it cannot be created.
+                    continue;
+                }
+                if write_roots.contains(&ancestor) {
+                    let what = format!(
+                        "{field}: {} does not exist and its nearest existing parent is the write root {}; \
+                         protecting it would make the whole root read-only",
+                        d.display(),
+                        ancestor.display()
+                    );
+                    if intent.required {
+                        return Err(unavailable(what));
+                    }
+                    degraded.push(format!("filesystem: {what}; not enforced"));
+                    continue;
+                }
+                read_only_extra.push(bytes(ancestor));
+            }
         }
     }
     let needs_tmp = policy.write.contains(&Root::Tmp)
         || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
-    let tmp = if needs_tmp {
+    let job_dir = if needs_tmp || !deny_read_files.is_empty() {
         Some(private_tmp()?)
     } else {
         None
+    };
+    let tmp = match (&job_dir, needs_tmp) {
+        (Some(dir), true) => {
+            let t = dir.join("tmp");
+            std::fs::create_dir(&t).map_err(|e| {
+                WireError::new(ErrorCode::Io, format!("cannot create the job's :tmp: {e}"))
+            })?;
+            Some(t)
+        }
+        _ => None,
+    };
+    let hidden_file = match (&job_dir, deny_read_files.is_empty()) {
+        (Some(dir), false) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let f = dir.join("hidden");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o000)
+                .open(&f)
+                .map_err(|e| {
+                    WireError::new(
+                        ErrorCode::Io,
+                        format!("cannot create the carve-out file: {e}"),
+                    )
+                })?;
+            Some(bytes(&f))
+        }
+        _ => None,
     };
     let root = |r: &Root| -> ByteBuf {
         match r {
@@ -189,11 +249,14 @@ pub fn gate(
         write: policy.write.iter().map(root).collect(),
         deny_read,
         deny_write,
+        deny_read_files,
+        hidden_file,
+        read_only_extra,
         net,
     };
     Ok(Decision::Enforce {
         policy: wire.encode(),
-        tmp,
+        tmp: job_dir,
         degraded: (!degraded.is_empty()).then_some(degraded),
     })
 }

@@ -51,8 +51,18 @@ pub struct WirePolicy {
     pub landlock_abi: u32,
     pub read: Option<Vec<ByteBuf>>,
     pub write: Vec<ByteBuf>,
+    /// Directories to cover with an empty, inaccessible tmpfs.
     pub deny_read: Vec<ByteBuf>,
     pub deny_write: Vec<ByteBuf>,
+    /// Files to cover with `hidden_file` (an empty file, mode 000).
+    #[serde(default)]
+    pub deny_read_files: Vec<ByteBuf>,
+    #[serde(default)]
+    pub hidden_file: Option<ByteBuf>,
+    /// Existing ancestors of carve-outs that do not exist yet, made
+    /// read-only so the carve-out cannot be created.
+    #[serde(default)]
+    pub read_only_extra: Vec<ByteBuf>,
     pub net: WireNet,
 }
 
@@ -175,7 +185,12 @@ fn mount_namespace(p: &WirePolicy) -> StepResult<()> {
             .map_err(at(Step::WriteRoots))?;
     }
     // Carve-outs on top: read-only again.
-    for d in p.deny_write.iter().map(path) {
+    for d in p
+        .deny_write
+        .iter()
+        .chain(p.read_only_extra.iter())
+        .map(path)
+    {
         bind(&d).map_err(at(Step::DenyWrite))?;
         let c = cstr(&d).map_err(at(Step::DenyWrite))?;
         sys::mount_setattr_recursive(&c, sys::MOUNT_ATTR_RDONLY, 0).map_err(at(Step::DenyWrite))?;
@@ -190,6 +205,23 @@ fn mount_namespace(p: &WirePolicy) -> StepResult<()> {
             Some("mode=000,size=4k"),
         )
         .map_err(at(Step::DenyRead))?;
+    }
+    // Hidden files: an empty file no one may open, bound over each.
+    if let Some(hidden) = &p.hidden_file {
+        let hidden = path(hidden);
+        for f in p.deny_read_files.iter().map(path) {
+            mount(
+                Some(&hidden),
+                &f,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(at(Step::DenyRead))?;
+            let c = cstr(&f).map_err(at(Step::DenyRead))?;
+            sys::mount_setattr_recursive(&c, sys::MOUNT_ATTR_RDONLY, 0)
+                .map_err(at(Step::DenyRead))?;
+        }
     }
     Ok(())
 }

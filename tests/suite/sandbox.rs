@@ -962,3 +962,54 @@ async fn sandbox_denied_is_reported_only_for_denials() {
     let ex: executor_protocol::types::process::ProcessExited = note.decode().unwrap();
     assert_eq!(ex.sandbox_denied, Some(true));
 }
+
+// 4 + 6, the rest: a single file hidden, and carve-outs that do not exist
+// yet cannot be created.
+both!(c04_c06_file_and_future_carve_outs, |e: Env| async move {
+    std::fs::write(e.ws.join(".env"), "API_KEY=hunter2\n").unwrap();
+    if e.uid != nix_uid() {
+        chown_r(&e.ws.join(".env"), e.uid);
+    }
+    let mut i = e.ws_write();
+    i.filesystem.deny_read = vec![wp(&e.ws.join(".env")), wp(&e.ws.join("secrets/later"))];
+    i.filesystem.deny_write = vec![wp(&e.ws.join(".git/hooks/pre-commit"))];
+    for op in [
+        "cat .env",
+        "touch .git/hooks/pre-commit",
+        "echo k > secrets/later",
+    ] {
+        let (out, code) = e.sh(Some(i.clone()), op).await;
+        assert_ne!(code, 0, "{op}: {out}");
+        assert!(!out.contains("hunter2"), "{op}: {out}");
+    }
+    assert!(!e.ws.join(".git/hooks/pre-commit").exists());
+    assert!(!e.ws.join("secrets/later").exists());
+    let (out, code) = e
+        .sh(Some(i), "cat src/main.rs && touch src/fine && echo ok")
+        .await;
+    assert_eq!(
+        (out.as_str(), code),
+        ("fn main() {}\nok\n", 0),
+        "positive control"
+    );
+    // A future carve-out right under the write root cannot be protected
+    // without freezing the whole root: refused, nothing runs.
+    let mut j = e.ws_write();
+    j.filesystem.deny_write = vec![wp(&e.ws.join("not-yet"))];
+    let p = ExecCommandParams {
+        command: vec!["touch".into(), e.ws.join("marker").to_str().unwrap().into()],
+        cwd: wp(&e.ws),
+        env: path_env(),
+        tty: false,
+        yield_time_ms: 5000,
+        max_output_tokens: 100,
+        sandbox_permissions: Some(j),
+        additional_permissions: None,
+        additional_permissions_preapproved: false,
+        justification: None,
+        exec_approval_requirement: None,
+    };
+    let err = e.c.exec_command(&p).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable));
+    assert!(!e.ws.join("marker").exists());
+});
