@@ -213,6 +213,17 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The real uid of this (test) process.
+pub fn current_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .expect("/proc/self/status")
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|u| u.parse().ok())
+        .expect("a Uid line")
+}
+
 /// A fresh, uniquely named directory under the temp dir.
 pub fn unique_tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(

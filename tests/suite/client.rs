@@ -24,18 +24,8 @@ async fn local_target_connects_and_initializes() {
     assert_eq!(c.initialize_result().protocol_version, 1);
     let info = c.environment_info().await.unwrap();
     assert_eq!(info.path_separator, "/");
-    assert_eq!(info.uid, nix_uid());
+    assert_eq!(info.uid, executor_tests::current_uid());
     c.close().await.unwrap();
-}
-
-fn nix_uid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|u| u.parse().ok())
-        .unwrap()
 }
 
 #[tokio::test]

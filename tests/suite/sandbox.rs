@@ -23,11 +23,7 @@ const EPERM: &str = "errno=1";
 const EACCES: &str = "errno=13";
 
 fn is_root() -> bool {
-    status_kib(std::process::id(), "Uid") == 0
-        && std::fs::read_to_string("/proc/self/status")
-            .unwrap()
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    current_uid() == 0
 }
 
 /// The hostile helper, compiled once, executable by any user.
@@ -86,7 +82,7 @@ async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     std::os::unix::fs::symlink("../.git/config", ws.join("src/link-to-git-config")).unwrap();
     std::os::unix::fs::symlink("../secrets/key", ws.join("src/link-to-key")).unwrap();
     let drop = unprivileged && is_root();
-    let uid = if drop { 65534 } else { nix_uid() };
+    let uid = if drop { 65534 } else { current_uid() };
     if drop {
         chown_r(&base, uid);
     }
@@ -126,16 +122,6 @@ async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     }
 }
 
-fn nix_uid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|u| u.parse().ok())
-        .unwrap()
-}
-
 fn ppid(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     stat.rsplit_once(')')
@@ -150,6 +136,27 @@ fn ppid(pid: u32) -> u32 {
 
 fn path_env() -> BTreeMap<String, String> {
     BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
+}
+
+/// `exec_command` params for `command` in `cwd` under `intent`.
+fn exec_params(
+    command: Vec<String>,
+    cwd: &Path,
+    intent: Option<SandboxIntent>,
+) -> ExecCommandParams {
+    ExecCommandParams {
+        command,
+        cwd: wp(cwd),
+        env: path_env(),
+        tty: false,
+        yield_time_ms: 30_000,
+        max_output_tokens: 100_000,
+        sandbox_permissions: intent,
+        additional_permissions: None,
+        additional_permissions_preapproved: false,
+        justification: None,
+        exec_approval_requirement: None,
+    }
 }
 
 fn wp(p: &Path) -> WirePath {
@@ -171,19 +178,11 @@ impl Env {
     }
 
     async fn sh(&self, intent: Option<SandboxIntent>, script: &str) -> (String, i32) {
-        let p = ExecCommandParams {
-            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-            cwd: wp(&self.ws),
-            env: path_env(),
-            tty: false,
-            yield_time_ms: 30_000,
-            max_output_tokens: 100_000,
-            sandbox_permissions: intent,
-            additional_permissions: None,
-            additional_permissions_preapproved: false,
-            justification: None,
-            exec_approval_requirement: None,
-        };
+        let p = exec_params(
+            vec!["/bin/sh".into(), "-c".into(), script.into()],
+            &self.ws,
+            intent,
+        );
         let r = self.c.exec_command(&p).await.expect("exec_command");
         (r.output, r.exit_code.expect("finished"))
     }
@@ -622,19 +621,11 @@ async fn c29_c30_fail_closed_with_the_probe_hook() {
         let marker = e.ws.join("marker");
         let mut i = e.ws_write();
         i.network = network;
-        let p = ExecCommandParams {
-            command: vec!["touch".into(), marker.to_str().unwrap().into()],
-            cwd: wp(&e.ws),
-            env: path_env(),
-            tty: false,
-            yield_time_ms: 5000,
-            max_output_tokens: 100,
-            sandbox_permissions: Some(i),
-            additional_permissions: None,
-            additional_permissions_preapproved: false,
-            justification: None,
-            exec_approval_requirement: None,
-        };
+        let p = exec_params(
+            vec!["touch".into(), marker.to_str().unwrap().into()],
+            &e.ws,
+            Some(i),
+        );
         let err = e.c.exec_command(&p).await.unwrap_err();
         assert_eq!(
             err.code(),
@@ -684,19 +675,7 @@ async fn exec_outside_read_roots_is_refused_and_reported() {
     let e = env(false, None).await;
     let mut i = e.ws_write();
     i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
-    let p = ExecCommandParams {
-        command: vec!["/bin/true".into()],
-        cwd: wp(&e.ws),
-        env: path_env(),
-        tty: false,
-        yield_time_ms: 5000,
-        max_output_tokens: 100,
-        sandbox_permissions: Some(i),
-        additional_permissions: None,
-        additional_permissions_preapproved: false,
-        justification: None,
-        exec_approval_requirement: None,
-    };
+    let p = exec_params(vec!["/bin/true".into()], &e.ws, Some(i));
     let err = e.c.exec_command(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::PermissionDenied), "{err}");
 }
@@ -920,19 +899,11 @@ async fn c34_read_only_intent_on_fs_requests() {
 async fn sandbox_denied_is_reported_only_for_denials() {
     let e = env(false, None).await;
     let run = |intent: Option<SandboxIntent>, script: &str| {
-        let p = ExecCommandParams {
-            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-            cwd: wp(&e.ws),
-            env: path_env(),
-            tty: false,
-            yield_time_ms: 10_000,
-            max_output_tokens: 1000,
-            sandbox_permissions: intent,
-            additional_permissions: None,
-            additional_permissions_preapproved: false,
-            justification: None,
-            exec_approval_requirement: None,
-        };
+        let p = exec_params(
+            vec!["/bin/sh".into(), "-c".into(), script.into()],
+            &e.ws,
+            intent,
+        );
         let c = e.c.clone();
         async move { c.exec_command(&p).await.unwrap() }
     };
@@ -967,7 +938,7 @@ async fn sandbox_denied_is_reported_only_for_denials() {
 // yet cannot be created.
 both!(c04_c06_file_and_future_carve_outs, |e: Env| async move {
     std::fs::write(e.ws.join(".env"), "API_KEY=hunter2\n").unwrap();
-    if e.uid != nix_uid() {
+    if e.uid != current_uid() {
         chown_r(&e.ws.join(".env"), e.uid);
     }
     let mut i = e.ws_write();
@@ -996,19 +967,11 @@ both!(c04_c06_file_and_future_carve_outs, |e: Env| async move {
     // without freezing the whole root: refused, nothing runs.
     let mut j = e.ws_write();
     j.filesystem.deny_write = vec![wp(&e.ws.join("not-yet"))];
-    let p = ExecCommandParams {
-        command: vec!["touch".into(), e.ws.join("marker").to_str().unwrap().into()],
-        cwd: wp(&e.ws),
-        env: path_env(),
-        tty: false,
-        yield_time_ms: 5000,
-        max_output_tokens: 100,
-        sandbox_permissions: Some(j),
-        additional_permissions: None,
-        additional_permissions_preapproved: false,
-        justification: None,
-        exec_approval_requirement: None,
-    };
+    let p = exec_params(
+        vec!["touch".into(), e.ws.join("marker").to_str().unwrap().into()],
+        &e.ws,
+        Some(j),
+    );
     let err = e.c.exec_command(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable));
     assert!(!e.ws.join("marker").exists());

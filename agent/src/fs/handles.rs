@@ -184,14 +184,7 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
         Access::Write,
         false,
     )?;
-    if let Some(m) = p.mode {
-        if m > 0o7777 {
-            return Err(WireError::invalid_params(
-                "mode",
-                format!("mode {m:o} has bits beyond 07777"),
-            ));
-        }
-    }
+    super::check_mode(p.mode)?;
     // Reserve the slot before creating anything.
     if s.handles().map.lock().expect("handle table").len() as u64 >= s.limits().max_open_files {
         let max = s.limits().max_open_files;

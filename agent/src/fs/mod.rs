@@ -72,6 +72,17 @@ pub fn req_path(p: &WirePath, field: &str) -> Result<PathBuf, WireError> {
     Ok(PathBuf::from(OsStr::from_bytes(p.as_bytes())))
 }
 
+/// A requested file mode: permission bits (with setuid/setgid/sticky) only.
+pub fn check_mode(mode: Option<u32>) -> Result<(), WireError> {
+    match mode {
+        Some(m) if m > 0o7777 => Err(WireError::invalid_params(
+            "mode",
+            format!("mode {m:o} has bits beyond 07777"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Run blocking filesystem work off the runtime's core threads.
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, WireError> + Send + 'static,
@@ -311,14 +322,7 @@ pub async fn write_file(_s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, 
         confine::Access::Write,
         false,
     )?;
-    if let Some(m) = p.mode {
-        if m > 0o7777 {
-            return Err(WireError::invalid_params(
-                "mode",
-                format!("mode {m:o} has bits beyond 07777"),
-            ));
-        }
-    }
+    check_mode(p.mode)?;
     blocking(move || {
         if p.atomic {
             let (mut f, tmp) = create_temp(&path, p.create_parents)?;
