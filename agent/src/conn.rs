@@ -5,8 +5,8 @@
 //!   `initialize` runs inline so that requests pipelined behind it see it done.
 //! - Responses and notifications travel on two queues to one writer task,
 //!   which always drains responses first. The notification queue is bounded
-//!   (producers of bulk output use `try_send` and fall back to retained
-//!   buffers); the response queue is bounded too, and a request's in-flight
+//!   (a job's output push waits a short while for room, then marks the job
+//!   lagged and leaves the output in its retained buffer); the response queue is bounded too, and a request's in-flight
 //!   slot is only released once its answer was written, so a client that
 //!   stops reading stalls the agent's reader (backpressure) instead of
 //!   growing its memory.
@@ -98,21 +98,6 @@ impl Outbound {
                 None
             }
         }
-    }
-
-    /// Queue a notification if there is room, never waiting.
-    pub fn try_notify<P: serde::Serialize>(
-        &self,
-        method: &str,
-        params: &P,
-    ) -> Result<(), NotifyError> {
-        let Some(frame) = self.encode_note(method, params) else {
-            return Ok(());
-        };
-        self.notes.try_send(frame).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => NotifyError::Full,
-            mpsc::error::TrySendError::Closed(_) => NotifyError::Closed,
-        })
     }
 
     /// Queue a prepared notification frame, waiting at most `patience` for
