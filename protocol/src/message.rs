@@ -343,26 +343,50 @@ pub fn encode_error(
     encode_framed(dst, &ErrorOut { id, error }, max)
 }
 
-/// End a frame head whose last value is `bin` of `data_len` bytes sent
-/// after it: write the bin header and the frame length (covering the data).
-fn finish_head(
-    dst: &mut Vec<u8>,
+/// Writes the head of a frame whose last value is `bin` data sent after it
+/// by reference. Writing MessagePack into a `Vec` cannot fail, so the
+/// methods return nothing; only the size check at the end can.
+struct Head<'a> {
+    dst: &'a mut Vec<u8>,
     start: usize,
-    data_len: usize,
-    max: usize,
-) -> Result<(), EncodeError> {
-    let len = u32::try_from(data_len).map_err(|_| EncodeError::TooLarge {
-        size: data_len,
-        max,
-    })?;
-    rmp::encode::write_bin_len(dst, len).map_err(|x| EncodeError::Serialize(x.to_string()))?;
-    let size = dst.len() - start - 4 + data_len;
-    if size > max || size > u32::MAX as usize {
-        dst.truncate(start);
-        return Err(EncodeError::TooLarge { size, max });
+}
+
+impl<'a> Head<'a> {
+    fn new(dst: &'a mut Vec<u8>) -> Self {
+        let start = dst.len();
+        dst.extend_from_slice(&[0; 4]);
+        Head { dst, start }
     }
-    dst[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
-    Ok(())
+    fn map(&mut self, len: u32) -> &mut Self {
+        let _ = rmp::encode::write_map_len(self.dst, len); // infallible on Vec
+        self
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        let _ = rmp::encode::write_str(self.dst, s); // infallible on Vec
+        self
+    }
+    fn uint(&mut self, n: u64) -> &mut Self {
+        let _ = rmp::encode::write_uint(self.dst, n); // infallible on Vec
+        self
+    }
+    fn bool(&mut self, b: bool) -> &mut Self {
+        let _ = rmp::encode::write_bool(self.dst, b); // infallible on Vec
+        self
+    }
+    /// The `bin` header of `data_len` bytes, then the frame length
+    /// (covering the data that follows).
+    fn finish(&mut self, data_len: usize, max: usize) -> Result<(), EncodeError> {
+        let too_large = |size| EncodeError::TooLarge { size, max };
+        let len = u32::try_from(data_len).map_err(|_| too_large(data_len))?;
+        let _ = rmp::encode::write_bin_len(self.dst, len); // infallible on Vec
+        let size = self.dst.len() - self.start - 4 + data_len;
+        if size > max || size > u32::MAX as usize {
+            self.dst.truncate(self.start);
+            return Err(too_large(size));
+        }
+        self.dst[self.start..self.start + 4].copy_from_slice(&(size as u32).to_be_bytes());
+        Ok(())
+    }
 }
 
 /// Append the frame of a `process/output` notification *without* its data
@@ -378,29 +402,20 @@ pub fn encode_output_head(
     data_len: usize,
     max: usize,
 ) -> Result<(), EncodeError> {
-    use rmp::encode as e;
-    let start = dst.len();
-    dst.extend_from_slice(&[0; 4]);
-    let io = |r: Result<(), rmp::encode::ValueWriteError>| {
-        r.map_err(|x| EncodeError::Serialize(x.to_string()))
-    };
-    let io3 = |r: Result<rmp::Marker, rmp::encode::ValueWriteError>| {
-        r.map(|_| ())
-            .map_err(|x| EncodeError::Serialize(x.to_string()))
-    };
-    io3(e::write_map_len(dst, 2))?;
-    io(e::write_str(dst, "method"))?;
-    io(e::write_str(dst, crate::methods::PROCESS_OUTPUT))?;
-    io(e::write_str(dst, "params"))?;
-    io3(e::write_map_len(dst, 4))?;
-    io(e::write_str(dst, "process_id"))?;
-    io(e::write_str(dst, process_id))?;
-    io(e::write_str(dst, "seq"))?;
-    io3(e::write_uint(dst, seq))?;
-    io(e::write_str(dst, "stream"))?;
-    io(e::write_str(dst, stream.as_str()))?;
-    io(e::write_str(dst, "data"))?;
-    finish_head(dst, start, data_len, max)
+    Head::new(dst)
+        .map(2)
+        .str("method")
+        .str(crate::methods::PROCESS_OUTPUT)
+        .str("params")
+        .map(4)
+        .str("process_id")
+        .str(process_id)
+        .str("seq")
+        .uint(seq)
+        .str("stream")
+        .str(stream.as_str())
+        .str("data")
+        .finish(data_len, max)
 }
 
 /// Append the frame of a successful `fs/readBlock` response *without* its
@@ -413,25 +428,16 @@ pub fn encode_read_block_head(
     data_len: usize,
     max: usize,
 ) -> Result<(), EncodeError> {
-    use rmp::encode as e;
-    let start = dst.len();
-    dst.extend_from_slice(&[0; 4]);
-    let io = |r: Result<(), rmp::encode::ValueWriteError>| {
-        r.map_err(|x| EncodeError::Serialize(x.to_string()))
-    };
-    let io3 = |r: Result<rmp::Marker, rmp::encode::ValueWriteError>| {
-        r.map(|_| ())
-            .map_err(|x| EncodeError::Serialize(x.to_string()))
-    };
-    io3(e::write_map_len(dst, 2))?;
-    io(e::write_str(dst, "id"))?;
-    io3(e::write_uint(dst, id))?;
-    io(e::write_str(dst, "result"))?;
-    io3(e::write_map_len(dst, 2))?;
-    io(e::write_str(dst, "eof"))?;
-    e::write_bool(dst, eof).map_err(|x| EncodeError::Serialize(x.to_string()))?;
-    io(e::write_str(dst, "data"))?;
-    finish_head(dst, start, data_len, max)
+    Head::new(dst)
+        .map(2)
+        .str("id")
+        .uint(id)
+        .str("result")
+        .map(2)
+        .str("eof")
+        .bool(eof)
+        .str("data")
+        .finish(data_len, max)
 }
 
 #[derive(Debug, PartialEq, Eq)]
