@@ -279,11 +279,15 @@ impl ReadState {
                 continue;
             };
             #[derive(serde::Deserialize)]
-            struct Eof {
+            struct Block<'a> {
                 eof: bool,
+                #[serde(borrow)]
+                data: &'a serde_bytes::Bytes,
             }
-            let (r, data): (Eof, Bytes) = call.result_with_data().await?;
-            if r.eof {
+            let raw = call.raw().await?;
+            let block: Block<'_> = raw.decode()?;
+            let (eof, data) = (block.eof, raw.share(block.data));
+            if eof {
                 self.done = true;
                 // Later blocks in flight are past the end: let them land.
                 while let Some(c) = self.inflight.pop_front() {

@@ -135,26 +135,21 @@ impl Notification {
         self.decode()
     }
 
-    /// `params.data` as a slice of the frame (no copy), with the rest of
-    /// the params decoded as `T`.
-    pub fn decode_with_data<T: DeserializeOwned>(&self) -> Result<(T, Bytes), Error> {
-        #[derive(serde::Deserialize)]
-        struct Data<'a> {
-            #[serde(borrow)]
-            data: &'a serde_bytes::Bytes,
-        }
-        #[derive(serde::Deserialize)]
-        struct P<'a> {
-            #[serde(borrow)]
-            params: Data<'a>,
-        }
-        let err = |e: rmp_serde::decode::Error| Error::Decode {
-            method: self.method.clone(),
-            message: e.to_string(),
-        };
-        let d: P<'_> = rmp_serde::from_slice(&self.frame).map_err(err)?;
-        let data = self.frame.slice_ref(d.params.data);
-        Ok((self.decode()?, data))
+    /// Decode the params in one pass into a type that may borrow from the
+    /// frame (e.g. `data: &serde_bytes::Bytes`); turn borrowed bytes into
+    /// owned ones without copying with [`Notification::share`].
+    pub fn decode_borrowed<'a, T: serde::Deserialize<'a>>(&'a self) -> Result<T, Error> {
+        rmp_serde::from_slice::<ParamsOf<T>>(&self.frame)
+            .map(|p| p.params)
+            .map_err(|e| Error::Decode {
+                method: self.method.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// A part of this notification's frame as `Bytes` sharing it (no copy).
+    pub fn share(&self, part: &[u8]) -> Bytes {
+        self.frame.slice_ref(part)
     }
 
     /// `params.process_id`, when there is one.
@@ -256,31 +251,11 @@ impl Call {
         self.result().await
     }
 
-    /// Wait for a result holding `data` (bin): the data as a slice of the
-    /// frame (no copy), and the rest decoded as `R` (which should skip
-    /// `data`, e.g. by not having such a field).
-    pub async fn result_with_data<R: DeserializeOwned>(self) -> Result<(R, Bytes), Error> {
-        #[derive(serde::Deserialize)]
-        struct Data<'a> {
-            #[serde(borrow)]
-            data: &'a serde_bytes::Bytes,
-        }
-        #[derive(serde::Deserialize)]
-        struct Res<'a> {
-            #[serde(borrow)]
-            result: Data<'a>,
-        }
+    /// Wait for the answer as its frame, to decode in one pass into a type
+    /// borrowing from it ([`RawResult::decode`]).
+    pub async fn raw(self) -> Result<RawResult, Error> {
         let (method, frame) = self.frame().await?;
-        let err = |e: rmp_serde::decode::Error| Error::Decode {
-            method: method.clone(),
-            message: e.to_string(),
-        };
-        let d: Res<'_> = rmp_serde::from_slice(&frame).map_err(err)?;
-        let data = frame.slice_ref(d.result.data);
-        let rest = rmp_serde::from_slice::<ResultOf<R>>(&frame)
-            .map_err(err)?
-            .result;
-        Ok((rest, data))
+        Ok(RawResult { method, frame })
     }
 
     /// Wait for the answer in its typed form (decoded straight from the
@@ -293,6 +268,30 @@ impl Call {
                 method,
                 message: e.to_string(),
             })
+    }
+}
+
+/// An answer kept as its frame.
+#[derive(Debug, Clone)]
+pub struct RawResult {
+    method: String,
+    frame: Bytes,
+}
+
+impl RawResult {
+    /// Decode `result` in one pass; `T` may borrow from the frame.
+    pub fn decode<'a, T: serde::Deserialize<'a>>(&'a self) -> Result<T, Error> {
+        rmp_serde::from_slice::<ResultOf<T>>(&self.frame)
+            .map(|r| r.result)
+            .map_err(|e| Error::Decode {
+                method: self.method.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// A part of the frame as `Bytes` sharing it (no copy).
+    pub fn share(&self, part: &[u8]) -> Bytes {
+        self.frame.slice_ref(part)
     }
 }
 

@@ -17,11 +17,13 @@ pub struct Output {
     pub data: bytes::Bytes,
 }
 
-/// The fields of `process/output` besides `data`.
+/// `process/output` params, `data` borrowed from the frame.
 #[derive(serde::Deserialize)]
-struct OutputMeta {
+struct OutputNote<'a> {
     seq: u64,
     stream: OutputStream,
+    #[serde(borrow)]
+    data: &'a serde_bytes::Bytes,
 }
 
 /// How a job ended.
@@ -233,17 +235,14 @@ impl Process {
             };
             match note.method.as_str() {
                 m::PROCESS_OUTPUT => {
-                    let (o, data): (OutputMeta, _) = note.decode_with_data()?;
-                    if o.seq > self.next_seq {
+                    let o: OutputNote<'_> = note.decode_borrowed()?;
+                    let (seq, stream, data) = (o.seq, o.stream, note.share(o.data));
+                    if seq > self.next_seq {
                         // A gap: fetch what we missed (includes this chunk).
                         self.catch_up().await?;
-                    } else if o.seq == self.next_seq {
+                    } else if seq == self.next_seq {
                         self.next_seq += 1;
-                        self.ready.push_back(Output {
-                            seq: o.seq,
-                            stream: o.stream,
-                            data,
-                        });
+                        self.ready.push_back(Output { seq, stream, data });
                     }
                 }
                 m::PROCESS_EXITED => self.exited = Some(note.into_decoded()?),
