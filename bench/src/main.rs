@@ -89,23 +89,7 @@ async fn output_through_agent(c: &Client, cmd: &str, bytes: u64) -> anyhow::Resu
 }
 
 async fn output_through_cat(cmd: &str, bytes: u64) -> anyhow::Result<Duration> {
-    let t = Instant::now();
-    let out = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("{cmd} | cat | cat"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut stdout = out.stdout.context("stdout")?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut n = 0u64;
-    loop {
-        let k = tokio::io::AsyncReadExt::read(&mut stdout, &mut buf).await?;
-        if k == 0 {
-            break;
-        }
-        n += k as u64;
-    }
-    let d = t.elapsed();
+    let (d, n) = read_stdout_of(&format!("{cmd} | cat | cat")).await?;
     if n != bytes {
         bail!("baseline: got {n} bytes");
     }

@@ -16,10 +16,8 @@ use executor_protocol::types::sandbox::SandboxIntent;
 use executor_protocol::{ErrorCode, WireError, WirePath};
 use executor_sandbox::policy::Root;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 /// What a request does with its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,20 +215,9 @@ pub fn confined(
     follow: bool,
 ) -> Result<PathBuf, WireError> {
     let path = super::req_path(p, field)?;
-    // `..` is resolved by the kernel beneath a root; here only reject what
-    // cannot be a path at all.
-    if path.components().any(|c| matches!(c, Component::Prefix(_))) {
-        return Err(WireError::invalid_params(field, "not a Unix path"));
-    }
+    // `..` is resolved by the kernel beneath a root, never here.
     match Confinement::of(intent, cwd)? {
         None => Ok(path),
-        Some(c) => c.resolve(&path, access, follow).map(|r| {
-            // Keep a trailing name the caller may create exactly as given.
-            if r.as_os_str().is_empty() {
-                PathBuf::from(OsStr::from_bytes(b"/"))
-            } else {
-                r
-            }
-        }),
+        Some(c) => c.resolve(&path, access, follow),
     }
 }

@@ -55,28 +55,55 @@ pub struct HandleTable {
 }
 
 impl HandleTable {
+    fn room(map: &HashMap<u64, Handle>, max: u64) -> Result<(), WireError> {
+        if map.len() as u64 >= max {
+            return Err(WireError::limit("max_open_files", max, None));
+        }
+        Ok(())
+    }
+
+    /// Fail early (before creating anything) when no handle slot is free.
+    fn check_room(&self, max: u64) -> Result<(), WireError> {
+        Self::room(&self.map.lock().expect("handle table"), max)
+    }
+
     fn insert(&self, h: Handle, max: u64) -> Result<u64, WireError> {
         let mut map = self.map.lock().expect("handle table");
-        if map.len() as u64 >= max {
-            return Err(WireError::new(
-                ErrorCode::LimitExceeded,
-                format!("{max} files are already open in this session (max_open_files); close one first"),
-            )
-            .with("limit", "max_open_files")
-            .with("max", max));
-        }
+        Self::room(&map, max)?;
         let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         map.insert(id, h);
         Ok(id)
     }
 
-    fn get(&self, id: u64) -> Result<Handle, WireError> {
-        self.map
-            .lock()
-            .expect("handle table")
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| unknown(id))
+    /// A read handle (`invalid_params` for a write handle).
+    fn reader(&self, id: u64) -> Result<(Arc<std::fs::File>, PathBuf), WireError> {
+        match self.map.lock().expect("handle table").get(&id) {
+            Some(Handle::Read { file, path }) => Ok((file.clone(), path.clone())),
+            Some(Handle::Write(_)) => Err(wrong_kind(id, "writing")),
+            None => Err(unknown(id)),
+        }
+    }
+
+    /// A write handle, kept open (`invalid_params` for a read handle).
+    fn writer(&self, id: u64) -> Result<Arc<WriteHandle>, WireError> {
+        match self.map.lock().expect("handle table").get(&id) {
+            Some(Handle::Write(h)) => Ok(h.clone()),
+            Some(Handle::Read { .. }) => Err(wrong_kind(id, "reading")),
+            None => Err(unknown(id)),
+        }
+    }
+
+    /// A write handle, released from the table.
+    fn take_writer(&self, id: u64) -> Result<Arc<WriteHandle>, WireError> {
+        let mut map = self.map.lock().expect("handle table");
+        match map.get(&id) {
+            Some(Handle::Write(_)) => match map.remove(&id) {
+                Some(Handle::Write(h)) => Ok(h),
+                _ => Err(unknown(id)),
+            },
+            Some(Handle::Read { .. }) => Err(wrong_kind(id, "reading")),
+            None => Err(unknown(id)),
+        }
     }
 
     fn take(&self, id: u64) -> Result<Handle, WireError> {
@@ -91,6 +118,10 @@ impl HandleTable {
     pub fn close_all(&self) {
         self.map.lock().expect("handle table").clear();
     }
+}
+
+fn wrong_kind(id: u64, opened_for: &str) -> WireError {
+    WireError::invalid_params("handle", format!("handle {id} was opened for {opened_for}"))
 }
 
 fn unknown(id: u64) -> WireError {
@@ -151,12 +182,7 @@ pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireErr
 /// reached the end of the file.
 pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, Bytes), WireError> {
     check_block(p.length, s)?;
-    let Handle::Read { file, path } = s.handles().get(p.handle)? else {
-        return Err(WireError::invalid_params(
-            "handle",
-            format!("handle {} was opened for writing", p.handle),
-        ));
-    };
+    let (file, path) = s.handles().reader(p.handle)?;
     blocking(move || {
         let data = read_at_most(&file, p.offset, p.length as usize)
             .map_err(|e| io_error(&e, &path, "cannot read"))?;
@@ -185,11 +211,8 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
         false,
     )?;
     super::check_mode(p.mode)?;
-    // Reserve the slot before creating anything.
-    if s.handles().map.lock().expect("handle table").len() as u64 >= s.limits().max_open_files {
-        let max = s.limits().max_open_files;
-        return Err(WireError::limit("max_open_files", max, None));
-    }
+    // No temp file when no slot is free.
+    s.handles().check_room(s.limits().max_open_files)?;
     let h = blocking(move || {
         let (file, tmp) = create_temp(&target, p.create_parents)?;
         Ok(WriteHandle {
@@ -210,12 +233,7 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
 /// `fs/writeBlock`
 pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty, WireError> {
     check_block(p.data.len() as u64, s)?;
-    let Handle::Write(h) = s.handles().get(p.handle)? else {
-        return Err(WireError::invalid_params(
-            "handle",
-            format!("handle {} was opened for reading", p.handle),
-        ));
-    };
+    let h = s.handles().writer(p.handle)?;
     blocking(move || {
         h.file
             .write_all_at(&p.data, p.offset)
@@ -227,15 +245,7 @@ pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty,
 
 /// `fs/commit`: fsync, rename into place, release the handle.
 pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, WireError> {
-    let Handle::Write(_) = s.handles().get(p.handle)? else {
-        return Err(WireError::invalid_params(
-            "handle",
-            format!("handle {} was opened for reading", p.handle),
-        ));
-    };
-    let Handle::Write(h) = s.handles().take(p.handle)? else {
-        return Err(WireError::new(ErrorCode::Internal, "handle changed kind"));
-    };
+    let h = s.handles().take_writer(p.handle)?;
     blocking(move || {
         let size = h
             .file
