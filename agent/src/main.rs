@@ -106,6 +106,14 @@ fn stream_stdio() -> Option<(
             return None;
         }
     }
+    // Non-blocking mode belongs to the open file: if stderr (the logs) is
+    // the same pipe as stdout (`2>&1`), log writes could fail with EAGAIN.
+    let out_st = fstat(&output).ok()?;
+    if let Ok(err_st) = fstat(std::io::stderr().as_fd()) {
+        if (err_st.st_dev, err_st.st_ino) == (out_st.st_dev, out_st.st_ino) {
+            return None;
+        }
+    }
     for fd in [&input, &output] {
         let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).ok()?);
         fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).ok()?;
