@@ -13,11 +13,11 @@
 //! - A length prefix of 0 or above `max_frame_bytes` is answered with a
 //!   `$/error` notification (`frame_too_large`) and the connection closes.
 
+use crate::config::Config;
 use crate::dispatch;
 use crate::session::Session;
 use bytes::BytesMut;
 use executor_protocol::codec::{FrameDecoder, FrameError};
-use executor_protocol::limits::Limits;
 use executor_protocol::message::{encode_error, encode_notification, DecodeError, Incoming};
 use executor_protocol::types::session::CancelParams;
 use executor_protocol::{methods, ErrorCode, WireError, PREAMBLE};
@@ -49,6 +49,9 @@ pub struct OutFrame {
     pub tail: Option<bytes::Bytes>,
     /// Released when written: bounds requests between arrival and answer.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// Fired once the frame is queued: what is queued after it (a stream's
+    /// notifications) is written after it.
+    pub on_queued: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl OutFrame {
@@ -58,6 +61,7 @@ impl OutFrame {
             bytes,
             tail: None,
             permit: None,
+            on_queued: None,
         }
     }
 
@@ -121,6 +125,15 @@ impl Outbound {
         }
     }
 
+    /// Queue a prepared notification frame, waiting for room as long as it
+    /// takes (the producer is paused meanwhile: backpressure, no loss).
+    pub async fn notify_frame(&self, frame: OutFrame) -> Result<(), NotifyError> {
+        self.notes
+            .send(frame)
+            .await
+            .map_err(|_| NotifyError::Closed)
+    }
+
     /// Queue a notification, waiting for room (for rare, must-deliver ones).
     pub async fn notify<P: serde::Serialize>(
         &self,
@@ -136,9 +149,14 @@ impl Outbound {
             .map_err(|_| NotifyError::Closed)
     }
 
-    async fn respond(&self, frame: OutFrame) {
+    async fn respond(&self, mut frame: OutFrame) {
+        let queued = frame.on_queued.take();
         // Fails only when the writer is gone; nothing left to tell then.
-        let _ = self.responses.send(frame).await;
+        if self.responses.send(frame).await.is_ok() {
+            if let Some(signal) = queued {
+                let _ = signal.send(());
+            }
+        }
     }
 
     async fn respond_error(&self, id: Option<u64>, error: &WireError) {
@@ -168,11 +186,12 @@ struct InFlight {
 }
 
 /// Serve one connection until EOF or lost framing, then end the session.
-pub async fn serve<R, W>(mut input: R, output: W, limits: Limits) -> std::io::Result<Ending>
+pub async fn serve<R, W>(mut input: R, output: W, config: Config) -> std::io::Result<Ending>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let Config { limits, http } = config;
     let max_frame = limits.max_frame_bytes as usize;
     let max_in_flight = limits.max_requests_in_flight as usize;
     let (resp_tx, resp_rx) = mpsc::channel::<OutFrame>(max_in_flight + RESPONSE_QUEUE_SLACK);
@@ -184,7 +203,8 @@ where
     };
     let writer = tokio::spawn(write_loop(output, resp_rx, note_rx));
 
-    let session = Arc::new(Session::new(limits, outbound.clone()));
+    let http = Arc::new(crate::http::HttpContext::new(http));
+    let session = Arc::new(Session::new(limits, http, outbound.clone()));
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let in_flight = Arc::new(Mutex::new(InFlight::default()));
     let mut decoder = FrameDecoder::new(max_frame);

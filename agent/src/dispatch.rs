@@ -7,7 +7,7 @@
 use crate::conn::OutFrame;
 use crate::session::{self, Session};
 use crate::tools;
-use crate::{exec, fs, process};
+use crate::{exec, fs, http, process};
 use executor_protocol::message::{
     encode_error, encode_read_block_head, encode_response, from_params,
 };
@@ -42,6 +42,8 @@ pub const ENABLED: &[&str] = &[
     m::FS_WRITE_BLOCK,
     m::FS_COMMIT,
     m::FS_CLOSE,
+    m::HTTP_REQUEST,
+    m::HTTP_CANCEL,
 ];
 
 /// Encode a handler's outcome as a response frame.
@@ -117,9 +119,8 @@ pub async fn dispatch(s: &Arc<Session>, id: u64, method: &str, params: Value) ->
                     let mut head = Vec::with_capacity(48);
                     match encode_read_block_head(&mut head, id, eof, data.len(), max) {
                         Ok(()) => OutFrame {
-                            bytes: head,
                             tail: Some(data),
-                            permit: None,
+                            ..OutFrame::new(head)
                         },
                         Err(e) => error_frame(
                             id,
@@ -136,6 +137,20 @@ pub async fn dispatch(s: &Arc<Session>, id: u64, method: &str, params: Value) ->
         m::FS_WRITE_BLOCK => call!(fs::handles::write_block),
         m::FS_COMMIT => call!(fs::handles::commit),
         m::FS_CLOSE => call!(fs::handles::close),
+        m::HTTP_REQUEST => match from_params(params) {
+            Ok(p) => match http::handle_request(s, p).await {
+                Ok(http::Outcome::Buffered(r)) => reply(id, Ok(r), max),
+                Ok(http::Outcome::Stream { head, started }) => {
+                    // The pump starts once this head is queued.
+                    let mut frame = reply(id, Ok(head), max);
+                    frame.on_queued = Some(started);
+                    frame
+                }
+                Err(e) => error_frame(id, &e, max),
+            },
+            Err(e) => error_frame(id, &e, max),
+        },
+        m::HTTP_CANCEL => call!(http::handle_cancel),
         m::INITIALIZE => error_frame(
             id,
             &WireError::new(

@@ -10,11 +10,13 @@
 //! Handlers never see bytes or frames.
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod conn;
 pub mod dispatch;
 pub mod exec;
 pub mod forced;
 pub mod fs;
+pub mod http;
 pub mod process;
 pub mod sandbox_gate;
 pub mod session;

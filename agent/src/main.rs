@@ -4,7 +4,6 @@
 
 use anyhow::Context;
 use clap::Parser;
-use executor_protocol::limits::Limits;
 
 /// The executor agent: runs commands, reads files and makes HTTP calls on this
 /// host for a remote orchestrator, speaking the executor wire protocol on
@@ -15,6 +14,10 @@ struct Cli {
     /// Log as JSON lines (to stderr) instead of text.
     #[arg(long)]
     log_json: bool,
+    /// Configuration file (default /etc/executor/config.toml; a missing
+    /// default file means the built-in defaults).
+    #[arg(long, value_name = "PATH")]
+    config: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,17 +49,23 @@ fn main() -> anyhow::Result<()> {
     }
     let cli = Cli::parse();
     init_tracing(cli.log_json);
+    // A configuration that cannot be used stops the agent before it serves
+    // anything: the message names the file, the line and the key.
+    let config = match executor_agent::config::Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("executor: invalid configuration: {e}");
+            std::process::exit(78); // EX_CONFIG
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let ending = runtime.block_on(async {
         match stream_stdio() {
-            Some((input, output)) => executor_agent::serve(input, output, Limits::default()).await,
-            None => {
-                executor_agent::serve(tokio::io::stdin(), tokio::io::stdout(), Limits::default())
-                    .await
-            }
+            Some((input, output)) => executor_agent::serve(input, output, config).await,
+            None => executor_agent::serve(tokio::io::stdin(), tokio::io::stdout(), config).await,
         }
     })?;
     tracing::debug!(?ending, "agent exiting");

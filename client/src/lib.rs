@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod fs;
+pub mod http;
 mod process;
 pub mod target;
 
@@ -101,6 +102,7 @@ impl Error {
 pub struct Notification {
     pub method: String,
     process_id: Option<String>,
+    stream_id: Option<u64>,
     frame: Bytes,
 }
 
@@ -156,6 +158,11 @@ impl Notification {
     pub fn process_id(&self) -> Option<&str> {
         self.process_id.as_deref()
     }
+
+    /// `params.stream_id`, when there is one.
+    pub fn stream_id(&self) -> Option<u64> {
+        self.stream_id
+    }
 }
 
 /// Options for connecting.
@@ -181,6 +188,7 @@ struct Subscriber {
     id: u64,
     methods: Vec<String>,
     process_id: Option<String>,
+    stream_id: Option<u64>,
     tx: mpsc::UnboundedSender<Notification>,
 }
 
@@ -404,6 +412,17 @@ impl Client {
         Client::spawn(ssh.command(host)?, options).await
     }
 
+    /// The pid of the transport command this client spawned (the local
+    /// `executor`, or `ssh`), while it runs.
+    pub fn transport_pid(&self) -> Option<u32> {
+        self.conn
+            .child
+            .lock()
+            .expect("child lock")
+            .as_ref()
+            .and_then(|c| c.id())
+    }
+
     /// What `initialize` answered.
     pub fn initialize_result(&self) -> &InitializeResult {
         &self.conn.init
@@ -477,6 +496,7 @@ impl Client {
                 id,
                 methods: methods.iter().map(|m| m.to_string()).collect(),
                 process_id,
+                stream_id: None,
                 tx,
             });
         }
@@ -500,6 +520,25 @@ impl Client {
         keep.retain(|n| n.process_id() == Some(process_id));
         while let Ok(n) = sub.rx.try_recv() {
             if n.process_id() == Some(process_id) {
+                keep.push_back(n);
+            }
+        }
+        sub.backlog = keep;
+        sub
+    }
+
+    /// Narrow a subscription made before a stream id was known (an
+    /// `http/request` with `stream`) to that stream, like
+    /// [`Client::narrow_to_process`].
+    pub fn narrow_to_stream(&self, mut sub: Subscription, stream_id: u64) -> Subscription {
+        let mut shared = self.conn.inner.shared.lock().expect("client lock");
+        if let Some(s) = shared.subscribers.iter_mut().find(|s| s.id == sub.id) {
+            s.stream_id = Some(stream_id);
+        }
+        let mut keep = std::mem::take(&mut sub.backlog);
+        keep.retain(|n| n.stream_id() == Some(stream_id));
+        while let Ok(n) = sub.rx.try_recv() {
+            if n.stream_id() == Some(stream_id) {
                 keep.push_back(n);
             }
         }
@@ -655,6 +694,8 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner
 struct PeekParams {
     #[serde(default)]
     process_id: Option<String>,
+    #[serde(default)]
+    stream_id: Option<u64>,
 }
 
 /// What routing needs of a frame; everything else is skipped unparsed.
@@ -682,9 +723,13 @@ fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
             tracing::debug!(method, "ignoring a request from the agent");
             return Ok(());
         }
+        let (process_id, stream_id) = peek
+            .params
+            .map_or((None, None), |p| (p.process_id, p.stream_id));
         let note = Notification {
             method,
-            process_id: peek.params.and_then(|p| p.process_id),
+            process_id,
+            stream_id,
             frame,
         };
         let pid = note.process_id.clone();
@@ -696,6 +741,7 @@ fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
             .filter(|(_, sub)| {
                 (sub.methods.is_empty() || sub.methods.contains(&note.method))
                     && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid)
+                    && sub.stream_id.is_none_or(|s| Some(s) == note.stream_id)
             })
             .map(|(i, _)| i)
             .collect();

@@ -67,6 +67,29 @@ enum Cmd {
     },
     /// Show a remote path's metadata as JSON.
     Stat { path: String },
+    /// Make an HTTP request from the agent's host; the body goes to stdout
+    /// as it arrives. Exits 0 for a 2xx status, 1 otherwise.
+    Http {
+        /// The method.
+        #[arg(short = 'X', long = "request", default_value = "GET")]
+        method: String,
+        /// A header, `Name: value` (repeatable; order kept).
+        #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// The body: a literal string, or `@FILE` for a local file's bytes.
+        #[arg(short = 'd', long = "data")]
+        data: Option<String>,
+        /// Print the status line and headers to stderr.
+        #[arg(short = 'i', long)]
+        include: bool,
+        /// Follow up to N redirects.
+        #[arg(short = 'L', long, value_name = "N", default_value_t = 0)]
+        follow: u32,
+        /// Deadline for the head and each idle gap of the body, in ms.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+        url: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -179,6 +202,53 @@ async fn run(target: Target, cmd: Cmd) -> anyhow::Result<i32> {
             let code = pump(proc, true, true).await;
             drop(raw);
             code?
+        }
+        Cmd::Http {
+            method,
+            headers,
+            data,
+            include,
+            follow,
+            timeout_ms,
+            url,
+        } => {
+            use executor_client::http::HttpRequest;
+            let mut request = HttpRequest::new(method, url)
+                .stream(true)
+                .follow_redirects(follow)
+                .timeout_ms(timeout_ms);
+            for h in &headers {
+                let (name, value) = h
+                    .split_once(':')
+                    .with_context(|| format!("header {h:?} is not `Name: value`"))?;
+                request = request.header(name.trim(), value.trim_start());
+            }
+            if let Some(data) = data {
+                let bytes = match data.strip_prefix('@') {
+                    Some(file) => std::fs::read(file).with_context(|| format!("reading {file}"))?,
+                    None => data.into_bytes(),
+                };
+                request = request.body(bytes);
+            }
+            let mut response = client.http_request(request).await?;
+            if include {
+                let mut err = std::io::stderr().lock();
+                writeln!(err, "{} {}", response.status, response.url)?;
+                for (k, v) in &response.headers {
+                    writeln!(err, "{k}: {v}")?;
+                }
+                writeln!(err)?;
+            }
+            let mut out = std::io::stdout().lock();
+            while let Some(chunk) = response.body.next_chunk().await {
+                out.write_all(&chunk?)?;
+                out.flush()?;
+            }
+            if (200..300).contains(&response.status) {
+                0
+            } else {
+                1
+            }
         }
         Cmd::Cat { path } => {
             let (_, stream) = client.read_stream(path.as_str()).await?;

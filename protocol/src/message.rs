@@ -418,6 +418,34 @@ pub fn encode_output_head(
         .finish(data_len, max)
 }
 
+/// Append the frame of a non-final `http/request/bodyDelta` notification
+/// *without* its data bytes (sent right after, by a vectored write).
+/// Byte-for-byte what [`encode_notification`] produces for
+/// [`BodyDelta`](crate::types::http::BodyDelta) with `done: false` and no
+/// error.
+pub fn encode_body_delta_head(
+    dst: &mut Vec<u8>,
+    stream_id: u64,
+    seq: u64,
+    data_len: usize,
+    max: usize,
+) -> Result<(), EncodeError> {
+    Head::new(dst)
+        .map(2)
+        .str("method")
+        .str(crate::methods::HTTP_BODY_DELTA)
+        .str("params")
+        .map(4)
+        .str("stream_id")
+        .uint(stream_id)
+        .str("seq")
+        .uint(seq)
+        .str("done")
+        .bool(false)
+        .str("data")
+        .finish(data_len, max)
+}
+
 /// Append the frame of a successful `fs/readBlock` response *without* its
 /// data bytes (sent right after, by a vectored write). Byte-for-byte what
 /// [`encode_response`] produces for `{"eof": eof, "data": bin}`.
@@ -587,6 +615,28 @@ mod tests {
                 got.extend_from_slice(&data);
                 assert_eq!(got, want, "len {len}");
             }
+        }
+    }
+
+    #[test]
+    fn body_delta_head_plus_data_equals_the_serde_encoding() {
+        use crate::types::http::BodyDelta;
+        for len in [0usize, 1, 300, 65_536, 70_000] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 3) as u8).collect();
+            let delta = BodyDelta {
+                stream_id: 77,
+                seq: len as u64 + 5,
+                done: false,
+                error: None,
+                data: serde_bytes::ByteBuf::from(data.clone()),
+            };
+            let mut want = Vec::new();
+            encode_notification(&mut want, crate::methods::HTTP_BODY_DELTA, &delta, 1 << 24)
+                .unwrap();
+            let mut got = Vec::new();
+            encode_body_delta_head(&mut got, 77, len as u64 + 5, len, 1 << 24).unwrap();
+            got.extend_from_slice(&data);
+            assert_eq!(got, want, "len {len}");
         }
     }
 

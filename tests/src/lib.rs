@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: find and spawn the real
 //! `executor` binary, and talk to it in raw frames.
 
+pub mod http;
 pub mod sshd;
 
 use bytes::BytesMut;
@@ -280,4 +281,51 @@ pub fn decode_all(bytes: &[u8]) -> Vec<Result<Incoming, String>> {
         out.push(Incoming::decode(&f).map_err(|e| e.to_string()));
     }
     out
+}
+
+/// A client on a local agent started with `--config` holding `toml`.
+pub async fn client_with_config(toml: &str) -> executor_client::Client {
+    let dir = unique_tempdir("config");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, toml).expect("write the config");
+    let mut cmd = tokio::process::Command::new(executor_bin());
+    cmd.arg("--config").arg(&path);
+    executor_client::Client::spawn(cmd, executor_client::ClientOptions::default())
+        .await
+        .expect("connect to a configured agent")
+}
+
+/// Run `test` on a thread of its own inside a new network namespace where
+/// only `lo` exists (brought up), on a current-thread runtime: every socket
+/// it opens and every process it spawns (the agent) live there, so no
+/// packet can leave the host. Panics in `test` propagate. Returns `false`
+/// (and runs nothing) when this process may not create namespaces.
+pub fn in_private_netns<F, Fut>(test: F) -> bool
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let outcome = std::thread::spawn(move || {
+        // A network namespace is per thread: this one moves alone.
+        if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+            eprintln!("cannot create a network namespace ({e}): needs root");
+            return false;
+        }
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("run ip (iproute2)");
+        assert!(up.success(), "ip link set lo up failed");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(test());
+        true
+    })
+    .join();
+    match outcome {
+        Ok(ran) => ran,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
 }

@@ -168,9 +168,8 @@ impl Proc {
             return;
         }
         let frame = OutFrame {
-            bytes: head,
             tail: Some(data),
-            permit: None,
+            ..OutFrame::new(head)
         };
         if let Err(NotifyError::Full) = outbound.notify_frame_within(frame, LAG_PATIENCE).await {
             tracing::debug!(process_id = %self.id, seq, "client not keeping up: process lagged");

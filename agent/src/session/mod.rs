@@ -3,6 +3,7 @@
 use crate::conn::Outbound;
 use crate::dispatch::ENABLED;
 use crate::fs::handles::HandleTable;
+use crate::http::{HttpContext, Streams};
 use crate::process::ProcessTable;
 use executor_protocol::limits::Limits;
 use executor_protocol::types::session::{
@@ -32,6 +33,8 @@ pub struct Session {
     identity: OnceLock<Identity>,
     processes: ProcessTable,
     handles: HandleTable,
+    http: Arc<HttpContext>,
+    streams: Streams,
 }
 
 impl std::fmt::Debug for Session {
@@ -44,15 +47,27 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// A fresh, uninitialized session.
-    pub fn new(limits: Limits, outbound: Outbound) -> Self {
+    pub fn new(limits: Limits, http: Arc<HttpContext>, outbound: Outbound) -> Self {
         Session {
-            limits,
             caps: Capabilities::probe(),
             outbound,
             identity: OnceLock::new(),
             processes: ProcessTable::default(),
             handles: HandleTable::default(),
+            http,
+            streams: Streams::new(limits.max_http_streams),
+            limits,
         }
+    }
+
+    /// HTTP destination policy, trust and proxy.
+    pub fn http(&self) -> &HttpContext {
+        &self.http
+    }
+
+    /// The session's streamed HTTP responses.
+    pub fn http_streams(&self) -> &Streams {
+        &self.streams
     }
 
     /// Whether `initialize` succeeded.
@@ -188,6 +203,8 @@ impl Session {
         self.processes.terminate_all().await;
         // Every handle: uncommitted writes lose their temp files.
         self.handles.close_all();
+        // Every HTTP stream: a final `cancelled` delta, connection closed.
+        self.streams.cancel_all();
         tracing::debug!(session_id = ?self.id(), "session ended");
     }
 }

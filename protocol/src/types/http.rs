@@ -1,4 +1,27 @@
 //! HTTP from the executor host (PROTOCOL.md §6).
+//!
+//! Where PROTOCOL.md is silent, this agent:
+//! - refuses `CONNECT`, URLs with credentials (`user:pass@`; send an
+//!   `Authorization` header), `timeout_ms` of 0 or above a day, and more
+//!   than 20 redirects (`invalid_params`);
+//! - follows 301, 302, 303, 307 and 308; 303 (and 301/302 after a `POST`)
+//!   becomes a `GET` without body, as browsers do. With `follow_redirects`
+//!   exhausted the redirect response itself is the answer;
+//! - treats a redirect to a non-HTTP scheme or from https to http as
+//!   `policy_denied`;
+//! - drops `Authorization`, `Cookie`, `Proxy-Authorization` and `Host` on a
+//!   cross-origin hop (scheme, host or port differ);
+//! - reports response header values that are not UTF-8 lossily;
+//! - in streamed mode, applies `max_response_bytes` (when given) to the
+//!   whole stream: past it the stream ends with a final delta whose error
+//!   is `limit_exceeded`;
+//! - with a configured proxy (`http.proxy`), tunnels every request with
+//!   `CONNECT`; the destination's name (or address literal) is checked, its
+//!   resolved addresses are the proxy's to judge;
+//! - lets a configuration's CIDR entry (`http.allow = ["169.254.169.254/32"]`)
+//!   admit an address refused by default; a host-name entry never does;
+//! - opens a fresh connection per request and per redirect hop (no pool):
+//!   a connection admitted for one host is never reused for another.
 
 use super::sandbox::SandboxIntent;
 use crate::error::WireError;
@@ -62,15 +85,17 @@ pub struct HttpStreamHead {
     pub stream_id: u64,
 }
 
-/// `http/request/bodyDelta` notification.
+/// `http/request/bodyDelta` notification. `data` is encoded last, so that
+/// the agent can send the bytes after a prepared head without copying them
+/// (`message::encode_body_delta_head`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BodyDelta {
     pub stream_id: u64,
     pub seq: u64,
-    pub data: ByteBuf,
     pub done: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<WireError>,
+    pub data: ByteBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,505 @@
+//! `http/request` and `http/cancel` (PROTOCOL.md §6): HTTP from the
+//! executor's side of the network.
+//!
+//! Where PROTOCOL.md is silent, the choices are documented in
+//! `executor_protocol::types::http`; the destination policy is in [`policy`].
+
+pub mod policy;
+pub mod transport;
+
+use crate::conn::{OutFrame, Outbound};
+use crate::session::Session;
+use bytes::Bytes;
+use executor_protocol::message::encode_body_delta_head;
+use executor_protocol::methods;
+use executor_protocol::types::http::{
+    BodyDelta, HttpCancelParams, HttpRequestParams, HttpResponse, HttpStreamHead,
+};
+use executor_protocol::types::sandbox::SandboxIntent;
+use executor_protocol::types::Empty;
+use executor_protocol::{ErrorCode, WireError};
+use http::header;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use policy::Destinations;
+use serde_bytes::ByteBuf;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+pub use transport::HttpContext;
+use transport::{http_error, Exchange};
+use url::Url;
+
+/// The longest `timeout_ms` accepted: a day.
+pub const MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+/// The most redirect hops one request may ask for.
+pub const MAX_REDIRECTS: u32 = 20;
+
+/// What `http/request` answers: a whole response, or a stream's head (sent
+/// before any of its deltas: the pump waits for `started`).
+#[derive(Debug)]
+pub enum Outcome {
+    Buffered(HttpResponse),
+    Stream {
+        head: HttpStreamHead,
+        started: oneshot::Sender<()>,
+    },
+}
+
+/// The session's open streams.
+#[derive(Debug)]
+pub struct Streams {
+    next: AtomicU64,
+    live: Mutex<HashMap<u64, CancellationToken>>,
+    slots: Arc<Semaphore>,
+    max: u64,
+}
+
+impl Streams {
+    pub fn new(max: u64) -> Self {
+        Streams {
+            next: AtomicU64::new(1),
+            live: Mutex::new(HashMap::new()),
+            slots: Arc::new(Semaphore::new(max as usize)),
+            max,
+        }
+    }
+
+    /// End every stream (with a final `cancelled` delta).
+    pub fn cancel_all(&self) {
+        for token in self.live.lock().expect("streams lock").values() {
+            token.cancel();
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        self.live.lock().expect("streams lock").remove(&id);
+    }
+}
+
+/// A validated request.
+struct Prepared {
+    method: http::Method,
+    url: Url,
+    headers: http::HeaderMap,
+    body: Bytes,
+    timeout: Duration,
+    stream: bool,
+    max_body: Option<u64>,
+    follow: u32,
+    sandbox: Option<SandboxIntent>,
+}
+
+fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
+    let method = http::Method::from_bytes(p.method.as_bytes()).map_err(|_| {
+        WireError::invalid_params("method", format!("{:?} is not an HTTP method", p.method))
+    })?;
+    if method == http::Method::CONNECT {
+        return Err(WireError::invalid_params(
+            "method",
+            "CONNECT is not supported by http/request",
+        ));
+    }
+    let url = Url::parse(&p.url)
+        .map_err(|e| WireError::invalid_params("url", format!("{:?} is not a URL: {e}", p.url)))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(WireError::invalid_params(
+            "url",
+            format!(
+                "{:?}: scheme {:?} is not supported (only http and https)",
+                p.url,
+                url.scheme()
+            ),
+        ));
+    }
+    if url.host().is_none() {
+        return Err(WireError::invalid_params(
+            "url",
+            format!("{:?} has no host", p.url),
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(WireError::invalid_params(
+            "url",
+            "credentials in the URL are not supported: send an Authorization header",
+        ));
+    }
+    let mut headers = http::HeaderMap::with_capacity(p.headers.len());
+    for (i, (name, value)) in p.headers.iter().enumerate() {
+        let n = header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            WireError::invalid_params(
+                &format!("headers.{i}"),
+                format!("{name:?} is not a valid header name"),
+            )
+        })?;
+        // The value is never echoed: it may be a credential.
+        let v = header::HeaderValue::from_str(value).map_err(|_| {
+            WireError::invalid_params(
+                &format!("headers.{i}"),
+                format!("the value of header {name:?} is not a valid header value"),
+            )
+        })?;
+        headers.append(n, v);
+    }
+    if p.timeout_ms == 0 || p.timeout_ms > MAX_TIMEOUT_MS {
+        return Err(WireError::invalid_params(
+            "timeout_ms",
+            format!(
+                "timeout_ms {} is outside 1..={MAX_TIMEOUT_MS}",
+                p.timeout_ms
+            ),
+        ));
+    }
+    if p.follow_redirects > MAX_REDIRECTS {
+        return Err(WireError::invalid_params(
+            "follow_redirects",
+            format!(
+                "follow_redirects {} is above {MAX_REDIRECTS}",
+                p.follow_redirects
+            ),
+        ));
+    }
+    let cap = s.limits().max_http_body_bytes;
+    let max_body = if p.stream {
+        p.max_response_bytes
+    } else {
+        match p.max_response_bytes {
+            Some(n) if n > cap => {
+                return Err(WireError::limit("max_http_body_bytes", cap, Some(n)))
+            }
+            Some(n) => Some(n),
+            None => Some(cap),
+        }
+    };
+    Ok(Prepared {
+        method,
+        url,
+        headers,
+        body: p
+            .body
+            .map(|b| Bytes::from(b.into_vec()))
+            .unwrap_or_default(),
+        timeout: Duration::from_millis(p.timeout_ms),
+        stream: p.stream,
+        max_body,
+        follow: p.follow_redirects,
+        sandbox: p.sandbox,
+    })
+}
+
+/// `http/request`
+pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Outcome, WireError> {
+    let req = prepare(s, p)?;
+    let streams = s.http_streams();
+    let permit = if req.stream {
+        let permit = streams
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| WireError::limit("max_http_streams", streams.max, None))?;
+        Some(permit)
+    } else {
+        None
+    };
+    tracing::debug!(
+        method = %req.method,
+        scheme = req.url.scheme(),
+        host = %transport::host_text(&req.url),
+        stream = req.stream,
+        "http/request"
+    );
+    let ms = req.timeout.as_millis() as u64;
+    let deadline = Instant::now() + req.timeout;
+    let timed_out = |what: &str| {
+        WireError::new(
+            ErrorCode::Timeout,
+            format!(
+                "{what} from {} within timeout_ms {ms}",
+                transport::host_text(&req.url)
+            ),
+        )
+        .with("timeout_ms", ms)
+    };
+    let (url, ex) = tokio::time::timeout_at(deadline, follow(s.http(), &req))
+        .await
+        .map_err(|_| timed_out("no response head"))??;
+    let Exchange { head, body, guard } = ex;
+    let status = head.status.as_u16();
+    let headers = header_pairs(&head.headers);
+    if !req.stream {
+        let max = req.max_body.unwrap_or(s.limits().max_http_body_bytes);
+        if let Some(len) = content_length(&head.headers) {
+            if len > max {
+                return Err(WireError::limit("max_http_body_bytes", max, Some(len)));
+            }
+        }
+        let body = tokio::time::timeout_at(deadline, collect(body, max))
+            .await
+            .map_err(|_| timed_out("no complete body"))??;
+        drop(guard);
+        return Ok(Outcome::Buffered(HttpResponse {
+            status,
+            headers,
+            body: ByteBuf::from(body),
+            url: url.to_string(),
+        }));
+    }
+    let stream_id = streams.next.fetch_add(1, Ordering::Relaxed);
+    let token = CancellationToken::new();
+    streams
+        .live
+        .lock()
+        .expect("streams lock")
+        .insert(stream_id, token.clone());
+    let (started, start) = oneshot::channel();
+    let pump = Pump {
+        session: s.clone(),
+        outbound: s.outbound().clone(),
+        stream_id,
+        idle: req.timeout,
+        max_total: req.max_body,
+        token,
+        _guard: guard,
+        _permit: permit,
+    };
+    tokio::spawn(pump.run(body, start));
+    Ok(Outcome::Stream {
+        head: HttpStreamHead {
+            status,
+            headers,
+            url: url.to_string(),
+            stream_id,
+        },
+        started,
+    })
+}
+
+/// Send the request, following redirects as asked; every hop is checked
+/// against the destination policy again (inside `exchange`).
+async fn follow(ctx: &HttpContext, req: &Prepared) -> Result<(Url, Exchange), WireError> {
+    let mut url = req.url.clone();
+    let mut method = req.method.clone();
+    let mut headers = req.headers.clone();
+    let mut body = req.body.clone();
+    let dest = Destinations {
+        allow: &ctx.config.allow,
+        sandbox: req.sandbox.as_ref(),
+    };
+    let mut hops = 0;
+    loop {
+        let ex = transport::exchange(ctx, &url, &dest, &method, &headers, &body).await?;
+        let code = ex.head.status.as_u16();
+        if hops >= req.follow || !matches!(code, 301 | 302 | 303 | 307 | 308) {
+            return Ok((url, ex));
+        }
+        let Some(next) = ex
+            .head
+            .headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|loc| url.join(loc).ok())
+        else {
+            return Ok((url, ex));
+        };
+        let refuse = |rule: &str| {
+            WireError::new(
+                ErrorCode::PolicyDenied,
+                format!("refused the redirect from {url} to {next}: {rule}"),
+            )
+            .with("host", transport::host_text(&next))
+            .with("rule", rule)
+        };
+        if next.scheme() != "http" && next.scheme() != "https" {
+            return Err(refuse("redirects only go to http or https"));
+        }
+        if url.scheme() == "https" && next.scheme() == "http" {
+            return Err(refuse("never from https to http"));
+        }
+        let to_get = (code == 303 && method != http::Method::HEAD)
+            || (matches!(code, 301 | 302) && method == http::Method::POST);
+        if to_get {
+            method = http::Method::GET;
+            body = Bytes::new();
+            for h in [
+                header::CONTENT_TYPE,
+                header::CONTENT_LENGTH,
+                header::TRANSFER_ENCODING,
+                header::CONTENT_ENCODING,
+            ] {
+                headers.remove(h);
+            }
+        }
+        if url.origin() != next.origin() {
+            for h in [
+                header::AUTHORIZATION,
+                header::COOKIE,
+                header::PROXY_AUTHORIZATION,
+                header::HOST,
+            ] {
+                headers.remove(h);
+            }
+        }
+        drop(ex);
+        hops += 1;
+        url = next;
+    }
+}
+
+fn content_length(h: &http::HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Response headers in order, repeated names kept.
+fn header_pairs(h: &http::HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Read a whole body, refusing more than `max` bytes.
+async fn collect(mut body: Incoming, max: u64) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| http_error("io", format!("reading the body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            let total = out.len() as u64 + data.len() as u64;
+            if total > max {
+                return Err(
+                    WireError::limit("max_http_body_bytes", max, None).with("received", total)
+                );
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
+}
+
+/// Moves one streamed body to the client as ordered deltas. It reads from
+/// the upstream only when the previous delta found room in the
+/// notification queue, so a slow client slows the server down.
+struct Pump {
+    session: Arc<Session>,
+    outbound: Outbound,
+    stream_id: u64,
+    idle: Duration,
+    max_total: Option<u64>,
+    token: CancellationToken,
+    _guard: transport::ConnGuard,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Pump {
+    async fn run(self, mut body: Incoming, start: oneshot::Receiver<()>) {
+        // The head must be queued before the first delta; if it never is
+        // (the request was cancelled), nobody knows this stream.
+        if start.await.is_err() {
+            self.session.http_streams().remove(self.stream_id);
+            return;
+        }
+        let mut seq = 0u64;
+        let mut total = 0u64;
+        let error = loop {
+            let next = tokio::select! {
+                _ = self.token.cancelled() => break Some(self.cancelled()),
+                r = tokio::time::timeout(self.idle, body.frame()) => r,
+            };
+            let data = match next {
+                Err(_) => {
+                    let ms = self.idle.as_millis() as u64;
+                    break Some(
+                        WireError::new(
+                            ErrorCode::Timeout,
+                            format!("no body data for timeout_ms {ms}"),
+                        )
+                        .with("timeout_ms", ms),
+                    );
+                }
+                Ok(None) => break None,
+                Ok(Some(Err(e))) => break Some(http_error("io", format!("reading the body: {e}"))),
+                Ok(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(d) if !d.is_empty() => d,
+                    _ => continue,
+                },
+            };
+            total += data.len() as u64;
+            if let Some(max) = self.max_total {
+                if total > max {
+                    break Some(WireError::limit("max_http_body_bytes", max, None));
+                }
+            }
+            // The data follows its frame head by reference: never copied.
+            let mut head = Vec::with_capacity(64);
+            let max = self.outbound.max_frame();
+            if let Err(e) = encode_body_delta_head(&mut head, self.stream_id, seq, data.len(), max)
+            {
+                break Some(WireError::new(ErrorCode::Internal, e.to_string()));
+            }
+            let frame = OutFrame {
+                tail: Some(data),
+                ..OutFrame::new(head)
+            };
+            let sent = tokio::select! {
+                r = self.outbound.notify_frame(frame) => r,
+                _ = self.token.cancelled() => break Some(self.cancelled()),
+            };
+            if sent.is_err() {
+                // The connection is gone: nobody to tell.
+                self.session.http_streams().remove(self.stream_id);
+                return;
+            }
+            seq += 1;
+        };
+        drop(body);
+        self.session.http_streams().remove(self.stream_id);
+        let last = BodyDelta {
+            stream_id: self.stream_id,
+            seq,
+            data: ByteBuf::new(),
+            done: true,
+            error,
+        };
+        let _ = self.outbound.notify(methods::HTTP_BODY_DELTA, &last).await;
+    }
+
+    fn cancelled(&self) -> WireError {
+        WireError::new(
+            ErrorCode::Cancelled,
+            format!("stream {} was cancelled", self.stream_id),
+        )
+    }
+}
+
+/// `http/cancel`
+pub async fn handle_cancel(s: &Arc<Session>, p: HttpCancelParams) -> Result<Empty, WireError> {
+    match s
+        .http_streams()
+        .live
+        .lock()
+        .expect("streams lock")
+        .get(&p.stream_id)
+    {
+        Some(token) => {
+            token.cancel();
+            Ok(Empty {})
+        }
+        None => Err(WireError::new(
+            ErrorCode::UnknownStream,
+            format!("no open stream {}", p.stream_id),
+        )
+        .with("stream_id", p.stream_id)),
+    }
+}

@@ -1,0 +1,288 @@
+//! `http/request` from the executor's side of the network.
+//!
+//! ```no_run
+//! # async fn demo(client: &executor_client::Client) -> Result<(), executor_client::Error> {
+//! use executor_client::http::HttpRequest;
+//! let mut response = client
+//!     .http_request(HttpRequest::get("http://mirror.internal/simple/").stream(true))
+//!     .await?;
+//! assert_eq!(response.status, 200);
+//! while let Some(chunk) = response.body.next_chunk().await {
+//!     let _bytes = chunk?;
+//! }
+//! # Ok(()) }
+//! ```
+
+use crate::{Client, Error, Subscription};
+use bytes::Bytes;
+use executor_protocol::methods;
+use executor_protocol::types::http::{
+    BodyDelta, HttpCancelParams, HttpRequestParams, HttpResponse as WireResponse, HttpStreamHead,
+};
+use executor_protocol::types::sandbox::SandboxIntent;
+use futures_util::Stream;
+use serde_bytes::ByteBuf;
+
+/// A request, built with [`HttpRequest::new`] / [`HttpRequest::get`] and
+/// the setters below.
+#[derive(Debug, Clone)]
+pub struct HttpRequest {
+    params: HttpRequestParams,
+}
+
+impl HttpRequest {
+    /// `method url`, no headers, no body, the protocol's defaults.
+    pub fn new(method: impl Into<String>, url: impl Into<String>) -> Self {
+        HttpRequest {
+            params: HttpRequestParams {
+                method: method.into(),
+                url: url.into(),
+                headers: Vec::new(),
+                body: None,
+                timeout_ms: 30_000,
+                stream: false,
+                max_response_bytes: None,
+                follow_redirects: 0,
+                sandbox: None,
+            },
+        }
+    }
+
+    /// `GET url`.
+    pub fn get(url: impl Into<String>) -> Self {
+        HttpRequest::new("GET", url)
+    }
+
+    /// Add a header (repeated names are kept, in order).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.params.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The request body.
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
+        self.params.body = Some(ByteBuf::from(body.into()));
+        self
+    }
+
+    /// Deadline for the whole exchange (buffered), or for the head and each
+    /// idle gap (streamed).
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.params.timeout_ms = ms;
+        self
+    }
+
+    /// Stream the body as it arrives instead of buffering it in the agent.
+    pub fn stream(mut self, stream: bool) -> Self {
+        self.params.stream = stream;
+        self
+    }
+
+    /// Refuse bodies larger than this (`limit_exceeded`).
+    pub fn max_response_bytes(mut self, max: u64) -> Self {
+        self.params.max_response_bytes = Some(max);
+        self
+    }
+
+    /// Follow up to `hops` redirects (never from https to http).
+    pub fn follow_redirects(mut self, hops: u32) -> Self {
+        self.params.follow_redirects = hops;
+        self
+    }
+
+    /// Limit where the request may go (`network` of the intent).
+    pub fn sandbox(mut self, intent: SandboxIntent) -> Self {
+        self.params.sandbox = Some(intent);
+        self
+    }
+
+    /// The wire params.
+    pub fn params(&self) -> &HttpRequestParams {
+        &self.params
+    }
+}
+
+impl From<HttpRequestParams> for HttpRequest {
+    fn from(params: HttpRequestParams) -> Self {
+        HttpRequest { params }
+    }
+}
+
+/// A response: head now, body as it comes.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    /// In order, repeated names kept.
+    pub headers: Vec<(String, String)>,
+    /// The final URL, after redirects.
+    pub url: String,
+    pub body: HttpBody,
+}
+
+impl HttpResponse {
+    /// Values of the header `name` (case-insensitive), in order.
+    pub fn header_values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A response body: one buffered chunk, or the deltas of a stream.
+#[derive(Debug)]
+pub struct HttpBody {
+    inner: BodyInner,
+}
+
+#[derive(Debug)]
+enum BodyInner {
+    Buffered(Option<Bytes>),
+    Streamed {
+        client: Client,
+        stream_id: u64,
+        sub: Subscription,
+        next_seq: u64,
+        done: bool,
+    },
+}
+
+impl HttpBody {
+    /// The stream id, for a streamed body.
+    pub fn stream_id(&self) -> Option<u64> {
+        match &self.inner {
+            BodyInner::Streamed { stream_id, .. } => Some(*stream_id),
+            BodyInner::Buffered(_) => None,
+        }
+    }
+
+    /// The next piece of the body; `None` at its end. An error that ended
+    /// the stream (`timeout`, `cancelled`, `limit_exceeded`, `http_error`)
+    /// comes once, as `Error::Remote`.
+    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, Error>> {
+        match &mut self.inner {
+            BodyInner::Buffered(b) => b.take().map(Ok),
+            BodyInner::Streamed {
+                sub,
+                next_seq,
+                done,
+                stream_id,
+                ..
+            } => loop {
+                if *done {
+                    return None;
+                }
+                let Some(note) = sub.recv().await else {
+                    *done = true;
+                    return Some(Err(Error::Closed(format!(
+                        "the connection closed during stream {stream_id}"
+                    ))));
+                };
+                let delta: BodyDelta = match note.decode() {
+                    Ok(d) => d,
+                    Err(e) => {
+                        *done = true;
+                        return Some(Err(e));
+                    }
+                };
+                if delta.seq != *next_seq {
+                    *done = true;
+                    return Some(Err(Error::Protocol(format!(
+                        "stream {stream_id}: delta seq {} where {} was expected",
+                        delta.seq, next_seq
+                    ))));
+                }
+                *next_seq += 1;
+                if delta.done {
+                    *done = true;
+                    if let Some(e) = delta.error {
+                        return Some(Err(Error::Remote(e)));
+                    }
+                }
+                if !delta.data.is_empty() {
+                    return Some(Ok(Bytes::from(delta.data.into_vec())));
+                }
+            },
+        }
+    }
+
+    /// The whole body (for a stream: until its end).
+    pub async fn bytes(mut self) -> Result<Vec<u8>, Error> {
+        let mut out = Vec::new();
+        while let Some(chunk) = self.next_chunk().await {
+            out.extend_from_slice(&chunk?);
+        }
+        Ok(out)
+    }
+
+    /// Close a stream early (`http/cancel`); the body then ends with a
+    /// `cancelled` error. A buffered body just ends.
+    pub async fn cancel(&mut self) -> Result<(), Error> {
+        match &mut self.inner {
+            BodyInner::Buffered(b) => {
+                b.take();
+                Ok(())
+            }
+            BodyInner::Streamed {
+                client,
+                stream_id,
+                done,
+                ..
+            } => {
+                if *done {
+                    return Ok(());
+                }
+                let params = HttpCancelParams {
+                    stream_id: *stream_id,
+                };
+                client
+                    .request::<_, executor_protocol::types::Empty>(methods::HTTP_CANCEL, &params)
+                    .await
+                    .map(|_| ())
+            }
+        }
+    }
+
+    /// The body as a `Stream` of chunks.
+    pub fn into_stream(self) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+        futures_util::stream::unfold(self, |mut body| async move {
+            body.next_chunk().await.map(|c| (c, body))
+        })
+    }
+}
+
+impl Client {
+    /// `http/request`: buffered, or streamed when the request says so.
+    pub async fn http_request(&self, request: HttpRequest) -> Result<HttpResponse, Error> {
+        let params = request.params;
+        if !params.stream {
+            let r: WireResponse = self.request(methods::HTTP_REQUEST, &params).await?;
+            return Ok(HttpResponse {
+                status: r.status,
+                headers: r.headers,
+                url: r.url,
+                body: HttpBody {
+                    inner: BodyInner::Buffered(Some(Bytes::from(r.body.into_vec()))),
+                },
+            });
+        }
+        // Subscribe before asking: deltas may follow the head at once.
+        let sub = self.subscribe(&[methods::HTTP_BODY_DELTA]);
+        let head: HttpStreamHead = self.request(methods::HTTP_REQUEST, &params).await?;
+        let sub = self.narrow_to_stream(sub, head.stream_id);
+        Ok(HttpResponse {
+            status: head.status,
+            headers: head.headers,
+            url: head.url,
+            body: HttpBody {
+                inner: BodyInner::Streamed {
+                    client: self.clone(),
+                    stream_id: head.stream_id,
+                    sub,
+                    next_seq: 0,
+                    done: false,
+                },
+            },
+        })
+    }
+}
