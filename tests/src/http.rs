@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +78,9 @@ impl TestCa {
 #[derive(Debug)]
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// Body bytes the server has handed to its connections so far (a
+    /// streamed body is produced only as fast as the peer reads it).
+    pub sent: Arc<AtomicU64>,
     tls: bool,
     task: tokio::task::JoinHandle<()>,
 }
@@ -104,16 +108,20 @@ impl TestServer {
             .expect("bind the test server");
         let addr = listener.local_addr().expect("local addr");
         let is_tls = tls.is_some();
+        let sent = Arc::new(AtomicU64::new(0));
+        let counter = sent.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
                 let tls = tls.clone();
+                let counter = counter.clone();
                 tokio::spawn(async move {
                     let builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let service = hyper::service::service_fn(route);
+                    let service =
+                        hyper::service::service_fn(move |req| route(req, counter.clone()));
                     let _ = match tls {
                         Some(acceptor) => match acceptor.accept(tcp).await {
                             Ok(s) => builder.serve_connection(TokioIo::new(s), service).await,
@@ -126,6 +134,7 @@ impl TestServer {
         });
         TestServer {
             addr,
+            sent,
             tls: is_tls,
             task,
         }
@@ -162,22 +171,34 @@ fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).boxed()
 }
 
-/// A body from a sequence of chunks produced `delay` apart.
-fn chunked(chunks: Vec<Bytes>, delay: Duration) -> Body {
-    let stream = futures_util::stream::unfold(
-        (chunks.into_iter(), true),
-        move |(mut it, first)| async move {
-            let next = it.next()?;
-            if !first && !delay.is_zero() {
+/// A body of `n` chunks made by `make(i)`, produced `delay` apart and only
+/// when the connection asks for more; `sent` counts them.
+fn chunked(
+    n: u64,
+    make: impl Fn(u64) -> Bytes + Send + Sync + 'static,
+    delay: Duration,
+    sent: Arc<AtomicU64>,
+) -> Body {
+    let make = Arc::new(make);
+    let stream = futures_util::stream::unfold(0u64, move |i| {
+        let make = make.clone();
+        let sent = sent.clone();
+        async move {
+            if i >= n {
+                return None;
+            }
+            if i > 0 && !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            Some((Ok::<_, Infallible>(Frame::data(next)), (it, false)))
-        },
-    );
+            let chunk = make(i);
+            sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            Some((Ok::<_, Infallible>(Frame::data(chunk)), i + 1))
+        }
+    });
     StreamBody::new(stream).boxed()
 }
 
-async fn route(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn route(req: Request<Incoming>, sent: Arc<AtomicU64>) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
     let response = match path.as_str() {
         "/echo" => {
@@ -209,20 +230,16 @@ async fn route(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
             Response::builder().body(full(vec![b'x'; n]))
         }
         "/bytes-chunked" => {
-            let n = num(&req, "n", 0) as usize;
-            let chunks = (0..n.div_ceil(65536))
-                .map(|i| Bytes::from(vec![b'y'; (n - i * 65536).min(65536)]))
-                .collect();
-            Response::builder().body(chunked(chunks, Duration::ZERO))
+            let n = num(&req, "n", 0);
+            let make = move |i: u64| Bytes::from(vec![b'y'; (n - i * 65536).min(65536) as usize]);
+            Response::builder().body(chunked(n.div_ceil(65536), make, Duration::ZERO, sent))
         }
         "/chunks" => {
             let n = num(&req, "n", 10);
             let size = num(&req, "size", 1024) as usize;
             let delay = Duration::from_millis(num(&req, "delay_ms", 0));
-            let chunks = (0..n)
-                .map(|i| Bytes::from(vec![(i % 251) as u8; size]))
-                .collect();
-            Response::builder().body(chunked(chunks, delay))
+            let make = move |i: u64| Bytes::from(vec![(i % 251) as u8; size]);
+            Response::builder().body(chunked(n, make, delay, sent))
         }
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(num(&req, "ms", 1000))).await;
@@ -238,12 +255,10 @@ async fn route(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         "/sse" => {
             let n = num(&req, "events", 3);
             let interval = Duration::from_millis(num(&req, "interval_ms", 1000));
-            let events = (0..n)
-                .map(|i| Bytes::from(format!("data: {i}\n\n")))
-                .collect();
+            let make = |i: u64| Bytes::from(format!("data: {i}\n\n"));
             Response::builder()
                 .header("content-type", "text/event-stream")
-                .body(chunked(events, interval))
+                .body(chunked(n, make, interval, sent))
         }
         _ => Response::builder().status(404).body(full("no such route")),
     };

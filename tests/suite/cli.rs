@@ -133,3 +133,35 @@ fn info_prints_json_without_the_resume_token() {
     assert!(text.contains("\"resume_token\": \"<redacted>\""), "{text}");
     assert!(text.contains("\"methods\""));
 }
+
+#[tokio::test]
+async fn an_invalid_configuration_stops_the_agent_naming_file_line_and_key() {
+    let dir = executor_tests::unique_tempdir("bad-config");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, "[limits]\nmax_processes = 8\n\n[http]\nalow = []\n").unwrap();
+    let out = tokio::process::Command::new(executor_tests::executor_bin())
+        .arg("--config")
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "EX_CONFIG");
+    assert!(out.stdout.is_empty(), "nothing on the protocol stream");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:5: alow:", path.display())),
+        "{err}"
+    );
+    // A missing explicit file is an error too; a valid one serves.
+    let out = tokio::process::Command::new(executor_tests::executor_bin())
+        .args(["--config", "/nonexistent/executor.toml"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let c = executor_tests::client_with_config("[limits]\nmax_processes = 8\n").await;
+    assert_eq!(c.initialize_result().limits.max_processes, 8);
+    c.close().await.unwrap();
+}

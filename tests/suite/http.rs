@@ -600,6 +600,13 @@ fn metadata_and_link_local_destinations_are_refused_quickly() {
                 start.elapsed()
             );
         }
+        // A name neither in the hosts file nor resolvable here (no network):
+        // `http_error` kind `dns`, quickly.
+        let start = Instant::now();
+        let e = fails(&c, HttpRequest::get("http://no-such-host.invalid/")).await;
+        assert_eq!(e.code, ErrorCode::HttpError, "{e:?}");
+        assert_eq!(data_str(&e, "kind"), Some("dns"), "{e:?}");
+        assert!(start.elapsed() < Duration::from_secs(10));
         c.close().await.unwrap();
     });
     if !ran {
@@ -697,6 +704,64 @@ async fn a_hundred_concurrent_streams_complete_with_bounded_agent_memory() {
         "agent peak RSS {peak} KiB for 100 concurrent streams"
     );
     c.close().await.unwrap();
+}
+
+/// A client that stops reading its side: the agent stops reading from the
+/// server (the server produces little of the 1 GiB) and its memory stays
+/// bounded; once the client reads again, the stream goes on in order.
+#[tokio::test]
+async fn a_client_that_stops_reading_slows_the_server_not_the_agents_memory() {
+    use executor_tests::{get, RawAgent};
+    use std::sync::atomic::Ordering;
+    let server = TestServer::start().await;
+    let mut a = RawAgent::initialized().await;
+    let pid = a.child.id().unwrap();
+    let params = executor_protocol::types::http::HttpRequestParams {
+        method: "GET".into(),
+        url: server.url(&format!("/bytes-chunked?n={}", 1u64 << 30)),
+        headers: vec![],
+        body: None,
+        timeout_ms: 30_000,
+        stream: true,
+        max_response_bytes: None,
+        follow_redirects: 0,
+        sandbox: None,
+    };
+    a.send_request(2, "http/request", &params).await;
+    // Read nothing for a while.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let produced = server.sent.load(Ordering::Relaxed);
+    let rss = status_kib(pid, "VmRSS");
+    eprintln!(
+        "stalled client: server produced {} MiB, agent RSS {rss} KiB",
+        produced >> 20
+    );
+    assert!(
+        produced < 64 << 20,
+        "server produced {produced} bytes for a stalled client"
+    );
+    assert!(rss > 0 && rss < 64 * 1024, "agent RSS {rss} KiB");
+    // Read again: the head, then deltas in order.
+    let head = a.response(2).await;
+    let stream_id = get(get(&head, "result").unwrap(), "stream_id")
+        .unwrap()
+        .as_u64()
+        .unwrap();
+    let mut seq = 0;
+    let mut got = 0u64;
+    while got < 32 << 20 {
+        let note = a.recv().await.expect("a delta");
+        let params = get(&note, "params").unwrap();
+        assert_eq!(get(params, "stream_id").unwrap().as_u64(), Some(stream_id));
+        assert_eq!(get(params, "seq").unwrap().as_u64(), Some(seq));
+        seq += 1;
+        got += get(params, "data").unwrap().as_slice().unwrap().len() as u64;
+    }
+    assert!(
+        server.sent.load(Ordering::Relaxed) > produced,
+        "reading resumed the server"
+    );
+    a.close_and_wait().await;
 }
 
 #[tokio::test]
