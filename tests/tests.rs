@@ -11,6 +11,8 @@ mod exec;
 mod fs;
 #[path = "suite/fuzzish.rs"]
 mod fuzzish;
+#[path = "suite/hardening.rs"]
+mod hardening;
 #[path = "suite/http.rs"]
 mod http;
 #[path = "suite/process.rs"]

@@ -19,23 +19,133 @@
 //! allow = ["mirror.corp:443", "10.0.0.0/8"]
 //! extra_ca_file = "/etc/executor/corp-ca.pem"   # PEM, added to the host's roots
 //! proxy = "http://proxy.corp:3128"              # HTTP(S)_PROXY is never read
+//!
+//! [audit]                  # one JSON line per request
+//! file = "/var/log/executor/audit.jsonl"
+//! syslog = false           # or to /dev/log (syslog, journald)
+//!
+//! # Chosen with `executor --profile NAME` (in an authorized_keys forced
+//! # command). A profile's own [limits] and [http] keys replace the top
+//! # level's.
+//! [profiles.readonly]
+//! methods.allow = ["fs/*", "environment/info"]  # exact names or `family/*`
+//! methods.deny = ["fs/remove"]                  # deny wins
+//! read_only = true         # refuse every mutating fs method, process/start
+//!                          # and exec_command (unless in methods.allow by name)
+//! allow_root = false       # refuse to start as root
+//! workspace_roots = ["/srv/work"]               # what `:workspace_roots` means
+//! # Jobs and HTTP run under this intent; a request's own intent may only
+//! # narrow it (same or fewer roots and ports).
+//! sandbox = { filesystem = { write = [":workspace_roots"] }, network = "deny" }
 //! ```
 
 use crate::http::policy::{AllowEntry, ParseAllowError};
 use executor_protocol::limits::Limits;
+use executor_protocol::methods;
+use executor_protocol::types::sandbox::SandboxIntent;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// Where the agent looks when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/executor/config.toml";
 
-/// The validated configuration the agent runs with.
+/// The validated configuration the agent runs with (the chosen profile
+/// applied).
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     /// The limits in force (defaults, with the file's overrides).
     pub limits: Limits,
     /// HTTP destination policy, trust and proxy.
     pub http: HttpConfig,
+    /// What this key may do.
+    pub profile: Profile,
+    /// Where the audit log goes.
+    pub audit: AuditConfig,
+}
+
+/// `[audit]`
+#[derive(Debug, Clone, Default)]
+pub struct AuditConfig {
+    pub file: Option<PathBuf>,
+    pub syslog: bool,
+}
+
+/// The chosen profile (without `--profile`: every method, as the SSH
+/// user).
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// `None` without `--profile`.
+    pub name: Option<String>,
+    /// Empty: every method.
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+    pub read_only: bool,
+    pub allow_root: bool,
+    pub workspace_roots: Vec<PathBuf>,
+    /// The intent jobs and HTTP requests run under; requests may narrow it.
+    pub sandbox: Option<SandboxIntent>,
+}
+
+impl Default for Profile {
+    fn default() -> Self {
+        Profile {
+            name: None,
+            allow: Vec::new(),
+            deny: Vec::new(),
+            read_only: false,
+            allow_root: true,
+            workspace_roots: Vec::new(),
+            sandbox: None,
+        }
+    }
+}
+
+/// Methods that change the host: refused under `read_only`.
+pub const MUTATING: &[&str] = &[
+    methods::FS_WRITE_FILE,
+    methods::FS_CREATE_DIRECTORY,
+    methods::FS_REMOVE,
+    methods::FS_RENAME,
+    methods::FS_OPEN_WRITE,
+    methods::FS_WRITE_BLOCK,
+    methods::FS_COMMIT,
+    methods::PROCESS_START,
+    methods::PROCESS_WRITE,
+    methods::EXEC_COMMAND,
+    methods::WRITE_STDIN,
+];
+
+/// `name` exactly, `family/*`, or `*`.
+fn pattern_matches(pattern: &str, method: &str) -> bool {
+    match pattern.strip_suffix("/*") {
+        Some(family) => method
+            .strip_prefix(family)
+            .is_some_and(|rest| rest.starts_with('/')),
+        None => pattern == "*" || pattern == method,
+    }
+}
+
+impl Profile {
+    /// Whether `method` may be called; the refusal names the rule.
+    pub fn check(&self, method: &str) -> Result<(), String> {
+        let who = self.name.as_deref().unwrap_or("(default)");
+        if let Some(p) = self.deny.iter().find(|p| pattern_matches(p, method)) {
+            return Err(format!(
+                "{method} is refused by profile {who}: methods.deny has {p:?}"
+            ));
+        }
+        if !self.allow.is_empty() && !self.allow.iter().any(|p| pattern_matches(p, method)) {
+            return Err(format!(
+                "{method} is refused by profile {who}: not in methods.allow"
+            ));
+        }
+        if self.read_only && MUTATING.contains(&method) && !self.allow.iter().any(|p| p == method) {
+            return Err(format!(
+                "{method} is refused by profile {who}: read_only (allow it by name in methods.allow)"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[http]`
@@ -73,6 +183,47 @@ struct RawFile {
     limits: Option<toml::Spanned<RawLimits>>,
     #[serde(default)]
     http: RawHttp,
+    #[serde(default)]
+    audit: RawAudit,
+    #[serde(default)]
+    profiles: std::collections::BTreeMap<String, toml::Spanned<RawProfile>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAudit {
+    file: Option<PathBuf>,
+    #[serde(default)]
+    syslog: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMethods {
+    #[serde(default)]
+    allow: Vec<toml::Spanned<String>>,
+    #[serde(default)]
+    deny: Vec<toml::Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    #[serde(default)]
+    methods: RawMethods,
+    #[serde(default)]
+    read_only: bool,
+    #[serde(default = "yes")]
+    allow_root: bool,
+    #[serde(default)]
+    workspace_roots: Vec<toml::Spanned<PathBuf>>,
+    sandbox: Option<toml::Spanned<SandboxIntent>>,
+    limits: Option<toml::Spanned<RawLimits>>,
+    http: Option<RawHttp>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,12 +259,20 @@ const FRAME_MARGIN: u64 = 64 * 1024;
 impl Config {
     /// Load `explicit` (which must exist), or the default path (which may
     /// be missing: built-in defaults).
-    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+    pub fn load(explicit: Option<&Path>, profile: Option<&str>) -> Result<Config, ConfigError> {
         let path = explicit.unwrap_or(Path::new(DEFAULT_PATH));
         match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(path, &text),
+            Ok(text) => Config::parse(path, &text, profile),
             Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
-                Ok(Config::default())
+                match profile {
+                    None => Ok(Config::default()),
+                    Some(name) => Err(ConfigError::Invalid {
+                        path: path.to_path_buf(),
+                        line: 0,
+                        key: format!("profiles.{name}"),
+                        message: "no such profile: the file does not exist".into(),
+                    }),
+                }
             }
             Err(source) => Err(ConfigError::Read {
                 path: path.to_path_buf(),
@@ -122,171 +281,313 @@ impl Config {
         }
     }
 
-    /// Parse and validate a configuration file's text.
-    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let invalid = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
-            ConfigError::Invalid {
-                path: path.to_path_buf(),
-                line: span.map_or(0, |s| line_of(text, s.start)),
-                key: key.to_string(),
-                message,
-            }
-        };
+    /// Parse and validate a configuration file's text, with `profile`
+    /// (which must exist in it) applied.
+    pub fn parse(path: &Path, text: &str, profile: Option<&str>) -> Result<Config, ConfigError> {
+        let ctx = Ctx { path, text };
         let raw: RawFile = toml::from_str(text).map_err(|e| {
             let key = unknown_key(e.message()).unwrap_or_default();
-            invalid(e.span(), &key, e.message().trim().to_string())
+            ctx.invalid(e.span(), &key, e.message().trim().to_string())
         })?;
-
         let mut limits = Limits::default();
-        let no_limits = RawLimits::default();
-        let limits_span = raw.limits.as_ref().map(|l| l.span());
-        let l = raw.limits.as_ref().map_or(&no_limits, |l| l.get_ref());
-        let table: [(&str, &Option<toml::Spanned<u64>>, &mut u64); 13] = [
-            (
-                "max_frame_bytes",
-                &l.max_frame_bytes,
-                &mut limits.max_frame_bytes,
-            ),
-            (
-                "max_requests_in_flight",
-                &l.max_requests_in_flight,
-                &mut limits.max_requests_in_flight,
-            ),
-            ("max_processes", &l.max_processes, &mut limits.max_processes),
-            (
-                "output_buffer_bytes",
-                &l.output_buffer_bytes,
-                &mut limits.output_buffer_bytes,
-            ),
-            (
-                "max_output_chunk_bytes",
-                &l.max_output_chunk_bytes,
-                &mut limits.max_output_chunk_bytes,
-            ),
-            (
-                "max_open_files",
-                &l.max_open_files,
-                &mut limits.max_open_files,
-            ),
-            (
-                "max_block_bytes",
-                &l.max_block_bytes,
-                &mut limits.max_block_bytes,
-            ),
-            (
-                "max_read_file_bytes",
-                &l.max_read_file_bytes,
-                &mut limits.max_read_file_bytes,
-            ),
-            (
-                "max_walk_entries",
-                &l.max_walk_entries,
-                &mut limits.max_walk_entries,
-            ),
-            (
-                "max_walk_response_bytes",
-                &l.max_walk_response_bytes,
-                &mut limits.max_walk_response_bytes,
-            ),
-            (
-                "max_http_body_bytes",
-                &l.max_http_body_bytes,
-                &mut limits.max_http_body_bytes,
-            ),
-            (
-                "max_http_streams",
-                &l.max_http_streams,
-                &mut limits.max_http_streams,
-            ),
-            (
-                "max_detach_ttl_ms",
-                &l.max_detach_ttl_ms,
-                &mut limits.max_detach_ttl_ms,
-            ),
-        ];
-        let mut spans = std::collections::HashMap::new();
-        for (name, value, slot) in table {
-            if let Some(v) = value {
-                if *v.get_ref() == 0 {
-                    return Err(invalid(
-                        Some(v.span()),
-                        &format!("limits.{name}"),
-                        "must be at least 1".into(),
+        let mut spans = Spans::new();
+        if let Some(l) = &raw.limits {
+            apply_limits(&ctx, "limits", l, &mut limits, &mut spans)?;
+        }
+        let mut http = parse_http(&ctx, "http", &raw.http)?;
+        let audit = AuditConfig {
+            file: raw.audit.file.clone(),
+            syslog: raw.audit.syslog,
+        };
+        let mut chosen = Profile::default();
+        if let Some(name) = profile {
+            let Some(p) = raw.profiles.get(name) else {
+                let known: Vec<&str> = raw.profiles.keys().map(String::as_str).collect();
+                return Err(ctx.invalid(
+                    None,
+                    &format!("profiles.{name}"),
+                    format!("no such profile (defined: {known:?})"),
+                ));
+            };
+            let key = format!("profiles.{name}");
+            let raw_p = p.get_ref();
+            for (list, what) in [
+                (&raw_p.methods.allow, "allow"),
+                (&raw_p.methods.deny, "deny"),
+            ] {
+                for (i, m) in list.iter().enumerate() {
+                    let known = m.get_ref() == "*"
+                        || methods::ALL_REQUESTS
+                            .iter()
+                            .any(|k| pattern_matches(m.get_ref(), k));
+                    if !known {
+                        return Err(ctx.invalid(
+                            Some(m.span()),
+                            &format!("{key}.methods.{what}[{i}]"),
+                            format!(
+                                "{:?} matches no method (see executor --list-methods)",
+                                m.get_ref()
+                            ),
+                        ));
+                    }
+                }
+            }
+            let mut roots = Vec::new();
+            for (i, r) in raw_p.workspace_roots.iter().enumerate() {
+                let root = r.get_ref();
+                if !root.is_absolute() {
+                    return Err(ctx.invalid(
+                        Some(r.span()),
+                        &format!("{key}.workspace_roots[{i}]"),
+                        format!("{} is not absolute", root.display()),
                     ));
                 }
-                *slot = *v.get_ref();
-                spans.insert(name, v.span());
+                roots.push(root.clone());
             }
-        }
-        // Payloads answered in one frame must fit one frame with room for
-        // the envelope.
-        let frame = limits.max_frame_bytes;
-        if frame < 2 * FRAME_MARGIN {
-            return Err(invalid(
-                spans.get("max_frame_bytes").cloned(),
-                "limits.max_frame_bytes",
-                format!(
-                    "{frame} is below the smallest usable frame ({})",
-                    2 * FRAME_MARGIN
-                ),
-            ));
-        }
-        for (name, value) in [
-            ("max_block_bytes", limits.max_block_bytes),
-            ("max_read_file_bytes", limits.max_read_file_bytes),
-            ("max_walk_response_bytes", limits.max_walk_response_bytes),
-            ("max_http_body_bytes", limits.max_http_body_bytes),
-            ("max_output_chunk_bytes", limits.max_output_chunk_bytes),
-        ] {
-            if value > frame - FRAME_MARGIN {
-                let span = spans
-                    .get(name)
-                    .or_else(|| spans.get("max_frame_bytes"))
-                    .cloned()
-                    .or(limits_span.clone());
-                return Err(invalid(
-                    span,
-                    &format!("limits.{name}"),
-                    format!(
-                        "{value} does not fit one frame (max_frame_bytes {frame} less {FRAME_MARGIN} for the envelope)"
-                    ),
-                ));
+            if let Some(l) = &raw_p.limits {
+                apply_limits(&ctx, &format!("{key}.limits"), l, &mut limits, &mut spans)?;
             }
+            if let Some(h) = &raw_p.http {
+                let over = parse_http(&ctx, &format!("{key}.http"), h)?;
+                if !h.allow.is_empty() {
+                    http.allow = over.allow;
+                }
+                if h.extra_ca_file.is_some() {
+                    http.extra_roots = over.extra_roots;
+                }
+                if h.proxy.is_some() {
+                    http.proxy = over.proxy;
+                }
+            }
+            chosen = Profile {
+                name: Some(name.to_string()),
+                allow: raw_p
+                    .methods
+                    .allow
+                    .iter()
+                    .map(|m| m.get_ref().clone())
+                    .collect(),
+                deny: raw_p
+                    .methods
+                    .deny
+                    .iter()
+                    .map(|m| m.get_ref().clone())
+                    .collect(),
+                read_only: raw_p.read_only,
+                allow_root: raw_p.allow_root,
+                workspace_roots: roots,
+                sandbox: raw_p.sandbox.as_ref().map(|s| s.get_ref().clone()),
+            };
         }
-
-        let mut http = HttpConfig::default();
-        for (i, entry) in raw.http.allow.iter().enumerate() {
-            let parsed = AllowEntry::parse(entry.get_ref()).map_err(|e: ParseAllowError| {
-                invalid(
-                    Some(entry.span()),
-                    &format!("http.allow[{i}]"),
-                    e.to_string(),
-                )
-            })?;
-            http.allow.push(parsed);
-        }
-        if let Some(file) = &raw.http.extra_ca_file {
-            http.extra_roots = load_pem_roots(file.get_ref())
-                .map_err(|message| invalid(Some(file.span()), "http.extra_ca_file", message))?;
-        }
-        if let Some(proxy) = &raw.http.proxy {
-            let url = url::Url::parse(proxy.get_ref())
-                .map_err(|e| format!("{:?} is not a URL: {e}", proxy.get_ref()))
-                .and_then(|u| {
-                    if u.scheme() != "http" || u.host().is_none() {
-                        Err(format!(
-                            "{:?}: only an http://host[:port] proxy is supported",
-                            proxy.get_ref()
-                        ))
-                    } else {
-                        Ok(u)
-                    }
-                })
-                .map_err(|message| invalid(Some(proxy.span()), "http.proxy", message))?;
-            http.proxy = Some(url);
-        }
-        Ok(Config { limits, http })
+        check_frame_fit(&ctx, &limits, &spans, raw.limits.as_ref().map(|l| l.span()))?;
+        Ok(Config {
+            limits,
+            http,
+            profile: chosen,
+            audit,
+        })
     }
+}
+
+/// Where errors point: the file and its text (for line numbers).
+struct Ctx<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Ctx<'_> {
+    fn invalid(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        key: &str,
+        message: String,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            line: span.map_or(0, |s| line_of(self.text, s.start)),
+            key: key.to_string(),
+            message,
+        }
+    }
+}
+
+/// The span (and full key) of each limit set in the file.
+type Spans = std::collections::HashMap<&'static str, (String, std::ops::Range<usize>)>;
+
+fn apply_limits(
+    ctx: &Ctx<'_>,
+    prefix: &str,
+    raw: &toml::Spanned<RawLimits>,
+    limits: &mut Limits,
+    spans: &mut Spans,
+) -> Result<(), ConfigError> {
+    let l = raw.get_ref();
+    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 13] = [
+        (
+            "max_frame_bytes",
+            &l.max_frame_bytes,
+            &mut limits.max_frame_bytes,
+        ),
+        (
+            "max_requests_in_flight",
+            &l.max_requests_in_flight,
+            &mut limits.max_requests_in_flight,
+        ),
+        ("max_processes", &l.max_processes, &mut limits.max_processes),
+        (
+            "output_buffer_bytes",
+            &l.output_buffer_bytes,
+            &mut limits.output_buffer_bytes,
+        ),
+        (
+            "max_output_chunk_bytes",
+            &l.max_output_chunk_bytes,
+            &mut limits.max_output_chunk_bytes,
+        ),
+        (
+            "max_open_files",
+            &l.max_open_files,
+            &mut limits.max_open_files,
+        ),
+        (
+            "max_block_bytes",
+            &l.max_block_bytes,
+            &mut limits.max_block_bytes,
+        ),
+        (
+            "max_read_file_bytes",
+            &l.max_read_file_bytes,
+            &mut limits.max_read_file_bytes,
+        ),
+        (
+            "max_walk_entries",
+            &l.max_walk_entries,
+            &mut limits.max_walk_entries,
+        ),
+        (
+            "max_walk_response_bytes",
+            &l.max_walk_response_bytes,
+            &mut limits.max_walk_response_bytes,
+        ),
+        (
+            "max_http_body_bytes",
+            &l.max_http_body_bytes,
+            &mut limits.max_http_body_bytes,
+        ),
+        (
+            "max_http_streams",
+            &l.max_http_streams,
+            &mut limits.max_http_streams,
+        ),
+        (
+            "max_detach_ttl_ms",
+            &l.max_detach_ttl_ms,
+            &mut limits.max_detach_ttl_ms,
+        ),
+    ];
+    for (name, value, slot) in table {
+        if let Some(v) = value {
+            let key = format!("{prefix}.{name}");
+            if *v.get_ref() == 0 {
+                return Err(ctx.invalid(Some(v.span()), &key, "must be at least 1".into()));
+            }
+            *slot = *v.get_ref();
+            spans.insert(name, (key, v.span()));
+        }
+    }
+    Ok(())
+}
+
+/// Payloads answered in one frame must fit one frame with room for the
+/// envelope.
+fn check_frame_fit(
+    ctx: &Ctx<'_>,
+    limits: &Limits,
+    spans: &Spans,
+    section: Option<std::ops::Range<usize>>,
+) -> Result<(), ConfigError> {
+    let at = |name: &str| {
+        spans
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| (format!("limits.{name}"), section.clone().unwrap_or(0..0)))
+    };
+    let frame = limits.max_frame_bytes;
+    if frame < 2 * FRAME_MARGIN {
+        let (key, span) = at("max_frame_bytes");
+        return Err(ctx.invalid(
+            Some(span),
+            &key,
+            format!(
+                "{frame} is below the smallest usable frame ({})",
+                2 * FRAME_MARGIN
+            ),
+        ));
+    }
+    for (name, value) in [
+        ("max_block_bytes", limits.max_block_bytes),
+        ("max_read_file_bytes", limits.max_read_file_bytes),
+        ("max_walk_response_bytes", limits.max_walk_response_bytes),
+        ("max_http_body_bytes", limits.max_http_body_bytes),
+        ("max_output_chunk_bytes", limits.max_output_chunk_bytes),
+    ] {
+        if value > frame - FRAME_MARGIN {
+            let message = if spans.contains_key(name) {
+                format!("{value} does not fit one frame (max_frame_bytes {frame} less {FRAME_MARGIN} for the envelope)")
+            } else {
+                format!("{frame} leaves no room for {name} {value} (and {FRAME_MARGIN} for the envelope)")
+            };
+            let (key, span) = if spans.contains_key(name) {
+                at(name)
+            } else {
+                at("max_frame_bytes")
+            };
+            return Err(ctx.invalid(Some(span), &key, message));
+        }
+    }
+    Ok(())
+}
+
+fn parse_http(ctx: &Ctx<'_>, prefix: &str, raw: &RawHttp) -> Result<HttpConfig, ConfigError> {
+    let mut http = HttpConfig::default();
+    for (i, entry) in raw.allow.iter().enumerate() {
+        let parsed = AllowEntry::parse(entry.get_ref()).map_err(|e: ParseAllowError| {
+            ctx.invalid(
+                Some(entry.span()),
+                &format!("{prefix}.allow[{i}]"),
+                e.to_string(),
+            )
+        })?;
+        http.allow.push(parsed);
+    }
+    if let Some(file) = &raw.extra_ca_file {
+        http.extra_roots = load_pem_roots(file.get_ref()).map_err(|message| {
+            ctx.invalid(
+                Some(file.span()),
+                &format!("{prefix}.extra_ca_file"),
+                message,
+            )
+        })?;
+    }
+    if let Some(proxy) = &raw.proxy {
+        let url = url::Url::parse(proxy.get_ref())
+            .map_err(|e| format!("{:?} is not a URL: {e}", proxy.get_ref()))
+            .and_then(|u| {
+                if u.scheme() != "http" || u.host().is_none() {
+                    Err(format!(
+                        "{:?}: only an http://host[:port] proxy is supported",
+                        proxy.get_ref()
+                    ))
+                } else {
+                    Ok(u)
+                }
+            })
+            .map_err(|message| {
+                ctx.invalid(Some(proxy.span()), &format!("{prefix}.proxy"), message)
+            })?;
+        http.proxy = Some(url);
+    }
+    Ok(http)
 }
 
 /// Read a PEM bundle; an empty or unreadable bundle is an error.
@@ -322,7 +623,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(Path::new("/etc/executor/config.toml"), text)
+        Config::parse(Path::new("/etc/executor/config.toml"), text, None)
     }
 
     #[test]
@@ -371,8 +672,64 @@ mod tests {
     }
 
     #[test]
+    fn profiles_select_methods_read_only_and_overrides() {
+        let text = r#"
+[limits]
+max_processes = 50
+
+[profiles.reader]
+methods.allow = ["fs/*", "environment/info", "process/start"]
+methods.deny = ["fs/remove"]
+read_only = true
+allow_root = false
+workspace_roots = ["/srv"]
+sandbox = { filesystem = { write = [":workspace_roots"] }, network = { allow_tcp_connect = [443] } }
+limits.max_open_files = 9
+"#;
+        let path = Path::new("/c.toml");
+        let base = Config::parse(path, text, None).unwrap();
+        assert_eq!(base.profile.name, None);
+        assert!(base.profile.check("fs/remove").is_ok());
+        let c = Config::parse(path, text, Some("reader")).unwrap();
+        assert_eq!((c.limits.max_processes, c.limits.max_open_files), (50, 9));
+        assert!(!c.profile.allow_root);
+        assert_eq!(c.profile.workspace_roots, [PathBuf::from("/srv")]);
+        let intent = c.profile.sandbox.clone().unwrap();
+        assert_eq!(
+            intent.network,
+            executor_protocol::types::sandbox::NetworkIntent::AllowTcpConnect(vec![443])
+        );
+        let p = &c.profile;
+        assert!(p.check("fs/readFile").is_ok());
+        assert!(p.check("environment/info").is_ok());
+        // Named in methods.allow: allowed despite read_only.
+        assert!(p.check("process/start").is_ok());
+        let e = p.check("fs/remove").unwrap_err();
+        assert!(e.contains("methods.deny"), "{e}");
+        let e = p.check("fs/writeFile").unwrap_err();
+        assert!(e.contains("read_only"), "{e}");
+        let e = p.check("http/request").unwrap_err();
+        assert!(e.contains("not in methods.allow"), "{e}");
+        let e = Config::parse(path, text, Some("writer")).unwrap_err();
+        assert!(
+            e.to_string().contains("profiles.writer: no such profile"),
+            "{e}"
+        );
+        let e = Config::parse(
+            path,
+            "[profiles.x]\nmethods.allow = [\"fs/nope\"]\n",
+            Some("x"),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains(":2: profiles.x.methods.allow[0]"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_missing_explicit_file_is_an_error_and_a_missing_default_is_not() {
-        let e = Config::load(Some(Path::new("/nonexistent/executor.toml"))).unwrap_err();
+        let e = Config::load(Some(Path::new("/nonexistent/executor.toml")), None).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("/nonexistent/executor.toml: cannot read"),

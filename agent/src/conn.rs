@@ -13,6 +13,7 @@
 //! - A length prefix of 0 or above `max_frame_bytes` is answered with a
 //!   `$/error` notification (`frame_too_large`) and the connection closes.
 
+use crate::audit::{self, Audit, Event};
 use crate::config::Config;
 use crate::dispatch;
 use crate::session::Session;
@@ -52,6 +53,9 @@ pub struct OutFrame {
     /// Fired once the frame is queued: what is queued after it (a stream's
     /// notifications) is written after it.
     pub on_queued: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The error code when this frame answers with an error (for the
+    /// audit log).
+    pub error: Option<ErrorCode>,
 }
 
 impl OutFrame {
@@ -62,6 +66,7 @@ impl OutFrame {
             tail: None,
             permit: None,
             on_queued: None,
+            error: None,
         }
     }
 
@@ -191,7 +196,19 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let Config { limits, http } = config;
+    let Config {
+        limits,
+        http,
+        profile,
+        audit,
+    } = config;
+    let audit = match Audit::open(&audit, profile.name.as_deref()) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot open the audit log");
+            return Err(std::io::Error::other(e));
+        }
+    };
     let max_frame = limits.max_frame_bytes as usize;
     let max_in_flight = limits.max_requests_in_flight as usize;
     let (resp_tx, resp_rx) = mpsc::channel::<OutFrame>(max_in_flight + RESPONSE_QUEUE_SLACK);
@@ -204,7 +221,7 @@ where
     let writer = tokio::spawn(write_loop(output, resp_rx, note_rx));
 
     let http = Arc::new(crate::http::HttpContext::new(http));
-    let session = Arc::new(Session::new(limits, http, outbound.clone()));
+    let session = Arc::new(Session::new(limits, http, profile, audit, outbound.clone()));
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let in_flight = Arc::new(Mutex::new(InFlight::default()));
     let mut decoder = FrameDecoder::new(max_frame);
@@ -316,21 +333,47 @@ async fn handle_frame(
     };
     match incoming {
         Incoming::Request { id, method, params } => {
+            let started = std::time::Instant::now();
+            let audited = session.audit().enabled();
+            let details = if audited {
+                audit::describe(&method, &params)
+            } else {
+                Default::default()
+            };
+            let record = |outcome: Option<ErrorCode>, details| {
+                session.audit().record(Event {
+                    session_id: session.id(),
+                    method: &method,
+                    id: Some(id),
+                    details,
+                    outcome,
+                    elapsed: started.elapsed(),
+                })
+            };
             if method == methods::INITIALIZE {
                 let frame = dispatch::initialize(session, id, params);
+                record(frame.error, details);
                 outbound.respond(frame).await;
                 return;
             }
-            if !session.is_initialized() {
-                let e = WireError::new(
+            let refusal = if !session.is_initialized() {
+                Some(WireError::new(
                     ErrorCode::NotInitialized,
                     format!("{method:?} before initialize: send initialize first"),
-                );
+                ))
+            } else if let Err(rule) = session.profile().check(&method) {
+                Some(WireError::new(ErrorCode::PolicyDenied, rule).with("method", method.as_str()))
+            } else {
+                None
+            };
+            if let Some(e) = refusal {
+                record(Some(e.code), details);
                 outbound.respond_error(Some(id), &e).await;
                 return;
             }
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 let e = WireError::limit("max_requests_in_flight", max_in_flight as u64, None);
+                record(Some(e.code), details);
                 outbound.respond_error(Some(id), &e).await;
                 return;
             };
@@ -379,6 +422,16 @@ async fn handle_frame(
                     }
                 };
                 in_flight.lock().expect("in-flight lock").tokens.remove(&id);
+                if session.audit().enabled() {
+                    session.audit().record(Event {
+                        session_id: session.id(),
+                        method: &method,
+                        id: Some(id),
+                        details,
+                        outcome: frame.error,
+                        elapsed: started.elapsed(),
+                    });
+                }
                 frame.permit = Some(permit);
                 outbound.respond(frame).await;
             });

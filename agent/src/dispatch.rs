@@ -72,7 +72,10 @@ pub fn error_frame(id: u64, err: &WireError, max_frame: usize) -> OutFrame {
         let short = WireError::new(err.code, "error message too large to send");
         let _ = encode_error(&mut bytes, Some(id), &short, max_frame);
     }
-    OutFrame::new(bytes)
+    OutFrame {
+        error: Some(err.code),
+        ..OutFrame::new(bytes)
+    }
 }
 
 /// `initialize`, run inline by the connection so later requests see it.

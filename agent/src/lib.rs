@@ -10,6 +10,7 @@
 //! Handlers never see bytes or frames.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod config;
 pub mod conn;
 pub mod dispatch;

@@ -18,6 +18,13 @@ struct Cli {
     /// default file means the built-in defaults).
     #[arg(long, value_name = "PATH")]
     config: Option<std::path::PathBuf>,
+    /// The configuration profile this connection runs under (for an
+    /// authorized_keys forced command: `command="executor --profile ci"`).
+    #[arg(long, value_name = "NAME")]
+    profile: Option<String>,
+    /// Print every request method of the protocol, one per line, and exit.
+    #[arg(long)]
+    list_methods: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,15 +56,30 @@ fn main() -> anyhow::Result<()> {
     }
     let cli = Cli::parse();
     init_tracing(cli.log_json);
+    if cli.list_methods {
+        let mut out = std::io::stdout().lock();
+        for m in executor_protocol::methods::ALL_REQUESTS {
+            std::io::Write::write_all(&mut out, format!("{m}\n").as_bytes())?;
+        }
+        return Ok(());
+    }
     // A configuration that cannot be used stops the agent before it serves
     // anything: the message names the file, the line and the key.
-    let config = match executor_agent::config::Config::load(cli.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("executor: invalid configuration: {e}");
-            std::process::exit(78); // EX_CONFIG
-        }
-    };
+    let config =
+        match executor_agent::config::Config::load(cli.config.as_deref(), cli.profile.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("executor: invalid configuration: {e}");
+                std::process::exit(78); // EX_CONFIG
+            }
+        };
+    if !config.profile.allow_root && nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "executor: profile {} does not allow running as root (allow_root = false)",
+            config.profile.name.as_deref().unwrap_or("")
+        );
+        std::process::exit(77); // EX_NOPERM
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -11,6 +11,7 @@
 //!
 //! Never silently weaker.
 
+use crate::config::Profile;
 use executor_protocol::types::sandbox::{NetworkIntent, SandboxIntent};
 use executor_protocol::{ErrorCode, WireError};
 use executor_sandbox::policy::{resolve, Context, Policy, Root};
@@ -32,11 +33,12 @@ fn home() -> Option<PathBuf> {
 pub fn resolve_intent(
     intent: &SandboxIntent,
     cwd: Option<&Path>,
+    workspace_roots: &[PathBuf],
     param: &str,
 ) -> Result<Policy, WireError> {
     let ctx = Context {
         cwd: cwd.map(Path::to_path_buf),
-        workspace_roots: Vec::new(),
+        workspace_roots: workspace_roots.to_vec(),
         home: home(),
     };
     resolve(intent, &ctx).map_err(|e| {
@@ -96,21 +98,107 @@ fn private_tmp() -> Result<PathBuf, WireError> {
     Ok(dir)
 }
 
-/// Decide for a job started with `intent` in `cwd`.
+fn under(path: &Path, roots: &[Root]) -> bool {
+    roots
+        .iter()
+        .any(|r| matches!(r, Root::Path(root) if path.starts_with(root)))
+}
+
+/// A request's policy inside the profile's: read and write roots within
+/// the profile's, ports within its ports; the profile's carve-outs added.
+/// Anything wider is `policy_denied` naming the field.
+fn narrow(mut req: Policy, profile: Policy, param: &str) -> Result<Policy, WireError> {
+    let wider = |field: String, what: String| {
+        WireError::new(
+            ErrorCode::PolicyDenied,
+            format!("{field}: {what} is wider than this profile's sandbox allows"),
+        )
+        .with("field", field)
+    };
+    if let Some(allowed) = &profile.read {
+        match &req.read {
+            None => return Err(wider(format!("{param}.filesystem.read"), "\"all\"".into())),
+            Some(roots) => {
+                for (i, r) in roots.iter().enumerate() {
+                    if let Root::Path(p) = r {
+                        if !under(p, allowed) {
+                            return Err(wider(
+                                format!("{param}.filesystem.read.{i}"),
+                                p.display().to_string(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (i, r) in req.write.iter().enumerate() {
+        if let Root::Path(p) = r {
+            if !under(p, &profile.write) {
+                return Err(wider(
+                    format!("{param}.filesystem.write.{i}"),
+                    p.display().to_string(),
+                ));
+            }
+        }
+    }
+    let ok_net = match (&profile.network, &req.network) {
+        (NetworkIntent::Allow, _) | (_, NetworkIntent::Deny) => true,
+        (NetworkIntent::AllowTcpConnect(allowed), NetworkIntent::AllowTcpConnect(asked)) => {
+            asked.iter().all(|p| allowed.contains(p))
+        }
+        _ => false,
+    };
+    if !ok_net {
+        return Err(wider(
+            format!("{param}.network"),
+            format!("{:?}", req.network),
+        ));
+    }
+    req.deny_read.extend(profile.deny_read);
+    req.deny_write.extend(profile.deny_write);
+    req.required |= profile.required;
+    Ok(req)
+}
+
+/// The policy a request runs under: its own intent, the profile's default
+/// intent, or its own narrowed to the profile's; `None` without either.
+pub fn effective_policy(
+    intent: Option<&SandboxIntent>,
+    cwd: Option<&Path>,
+    param: &str,
+    profile: &Profile,
+) -> Result<Option<Policy>, WireError> {
+    let roots = &profile.workspace_roots;
+    Ok(match (intent, profile.sandbox.as_ref()) {
+        (None, None) => None,
+        (Some(i), None) => Some(resolve_intent(i, cwd, roots, param)?),
+        (None, Some(p)) => Some(resolve_intent(p, cwd, roots, "profile sandbox")?),
+        (Some(i), Some(p)) => Some(narrow(
+            resolve_intent(i, cwd, roots, param)?,
+            resolve_intent(p, cwd, roots, "profile sandbox")?,
+            param,
+        )?),
+    })
+}
+
+/// Decide for a job started with `intent` in `cwd`, under the profile's
+/// default intent and workspace roots.
 pub fn gate(
     caps: &Capabilities,
     intent: Option<&SandboxIntent>,
     cwd: Option<&Path>,
     param: &str,
+    profile: &Profile,
 ) -> Result<Decision, WireError> {
-    let Some(intent) = intent else {
+    let Some(policy) = effective_policy(intent, cwd, param, profile)? else {
         return Ok(Decision::Unconfined);
     };
-    let policy = resolve_intent(intent, cwd, param)?;
+    let required = policy.required;
     let mut degraded = Vec::new();
     if !caps.enforceable() {
         let why = caps.to_wire().reason.unwrap_or_default();
-        if intent.required {
+        if required {
             return Err(unavailable(format!(
                 "this host cannot enforce a sandbox ({why})"
             )));
@@ -126,7 +214,7 @@ pub fn gate(
         NetworkIntent::Allow => executor_sandbox::linux::WireNet::Allow,
         NetworkIntent::AllowTcpConnect(ports) => {
             if abi < executor_sandbox::LANDLOCK_ABI_NET {
-                if intent.required {
+                if required {
                     return Err(unavailable(format!(
                         "a TCP port allow-list needs Landlock ABI 4, this host has {abi}"
                     )));
@@ -190,7 +278,7 @@ pub fn gate(
                         d.display(),
                         ancestor.display()
                     );
-                    if intent.required {
+                    if required {
                         return Err(unavailable(what));
                     }
                     degraded.push(format!("filesystem: {what}; not enforced"));

@@ -47,6 +47,15 @@ impl From<&str> for WirePath {
         WirePath(s.as_bytes().to_vec())
     }
 }
+/// The path's bytes as they are (not necessarily UTF-8).
+#[cfg(unix)]
+impl From<&std::path::Path> for WirePath {
+    fn from(p: &std::path::Path) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        WirePath(p.as_os_str().as_bytes().to_vec())
+    }
+}
+
 impl From<String> for WirePath {
     fn from(s: String) -> Self {
         WirePath(s.into_bytes())

@@ -69,7 +69,13 @@ pub struct RawAgent {
 impl RawAgent {
     /// Spawn the agent and check its preamble.
     pub async fn spawn() -> RawAgent {
+        RawAgent::spawn_with(&[]).await
+    }
+
+    /// Spawn the agent with arguments (`--config PATH`).
+    pub async fn spawn_with(args: &[&std::ffi::OsStr]) -> RawAgent {
         let mut child = tokio::process::Command::new(executor_bin())
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

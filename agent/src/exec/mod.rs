@@ -162,6 +162,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
         intent.as_ref(),
         cwd.as_deref(),
         "sandbox_permissions",
+        s.profile(),
     )?
     .into_parts();
     tracing::info!(

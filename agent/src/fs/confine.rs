@@ -11,7 +11,8 @@
 //! kernel-enforced view and are not affected).
 
 use super::io_error;
-use crate::sandbox_gate::resolve_intent;
+use crate::config::Profile;
+use crate::sandbox_gate::effective_policy;
 use executor_protocol::types::sandbox::SandboxIntent;
 use executor_protocol::{ErrorCode, WireError, WirePath};
 use executor_sandbox::policy::Root;
@@ -59,15 +60,18 @@ impl Confinement {
     pub fn of(
         intent: Option<&SandboxIntent>,
         cwd: Option<&WirePath>,
+        profile: &Profile,
     ) -> Result<Option<Confinement>, WireError> {
-        let Some(intent) = intent else {
+        if intent.is_none() && profile.sandbox.is_none() {
             return Ok(None);
-        };
+        }
         let cwd = match cwd {
             Some(c) => Some(super::req_path(c, "cwd")?),
             None => None,
         };
-        let policy = resolve_intent(intent, cwd.as_deref(), "sandbox")?;
+        let Some(policy) = effective_policy(intent, cwd.as_deref(), "sandbox", profile)? else {
+            return Ok(None);
+        };
         let paths = |roots: &[Root]| -> Vec<PathBuf> {
             roots
                 .iter()
@@ -211,12 +215,13 @@ pub fn confined(
     field: &str,
     intent: Option<&SandboxIntent>,
     cwd: Option<&WirePath>,
+    profile: &Profile,
     access: Access,
     follow: bool,
 ) -> Result<PathBuf, WireError> {
     let path = super::req_path(p, field)?;
     // `..` is resolved by the kernel beneath a root, never here.
-    match Confinement::of(intent, cwd)? {
+    match Confinement::of(intent, cwd, profile)? {
         None => Ok(path),
         Some(c) => c.resolve(&path, access, follow),
     }

@@ -147,6 +147,7 @@ pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireErr
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         Access::Read,
         true,
     )?;
@@ -207,6 +208,7 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         Access::Write,
         false,
     )?;

@@ -113,12 +113,13 @@ pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 }
 
 /// `fs/stat`
-pub async fn stat(_s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireError> {
+pub async fn stat(s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireError> {
     let path = confine::confined(
         &p.path,
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Read,
         p.follow_symlinks,
     )?;
@@ -143,7 +144,7 @@ pub async fn stat(_s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireEr
 
 /// `fs/canonicalize`
 pub async fn canonicalize(
-    _s: &Arc<Session>,
+    s: &Arc<Session>,
     p: CanonicalizeParams,
 ) -> Result<PathResult, WireError> {
     let path = confine::confined(
@@ -151,6 +152,7 @@ pub async fn canonicalize(
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Read,
         true,
     )?;
@@ -189,6 +191,7 @@ pub async fn read_file(s: &Arc<Session>, p: ReadFileParams) -> Result<ReadFileRe
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Read,
         true,
     )?;
@@ -313,12 +316,13 @@ pub fn finish_temp(
 }
 
 /// `fs/writeFile`
-pub async fn write_file(_s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
+pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
     let path = confine::confined(
         &p.path,
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Write,
         false,
     )?;
@@ -361,7 +365,7 @@ pub async fn write_file(_s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, 
 
 /// `fs/createDirectory`
 pub async fn create_directory(
-    _s: &Arc<Session>,
+    s: &Arc<Session>,
     p: CreateDirectoryParams,
 ) -> Result<Empty, WireError> {
     let path = confine::confined(
@@ -369,6 +373,7 @@ pub async fn create_directory(
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Write,
         false,
     )?;
@@ -386,12 +391,13 @@ pub async fn create_directory(
 
 /// `fs/remove`: a symlink is removed itself, never what it points to;
 /// recursive removal never follows symlinks out of the tree.
-pub async fn remove(_s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireError> {
+pub async fn remove(s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireError> {
     let path = confine::confined(
         &p.path,
         "path",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Write,
         false,
     )?;
@@ -416,12 +422,13 @@ pub async fn remove(_s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireErr
 }
 
 /// `fs/rename`
-pub async fn rename(_s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireError> {
+pub async fn rename(s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireError> {
     let from = confine::confined(
         &p.from,
         "from",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Write,
         false,
     )?;
@@ -430,6 +437,7 @@ pub async fn rename(_s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireErr
         "to",
         p.sandbox.as_ref(),
         p.cwd.as_ref(),
+        s.profile(),
         confine::Access::Write,
         false,
     )?;

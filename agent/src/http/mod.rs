@@ -224,9 +224,12 @@ pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Ou
         )
         .with("timeout_ms", ms)
     };
-    let (url, ex) = tokio::time::timeout_at(deadline, follow(s.http(), &req))
-        .await
-        .map_err(|_| timed_out("no response head"))??;
+    let (url, ex) = tokio::time::timeout_at(
+        deadline,
+        follow(s.http(), s.profile().sandbox.as_ref(), &req),
+    )
+    .await
+    .map_err(|_| timed_out("no response head"))??;
     let Exchange { head, body, guard } = ex;
     let status = head.status.as_u16();
     let headers = header_pairs(&head.headers);
@@ -280,7 +283,11 @@ pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Ou
 
 /// Send the request, following redirects as asked; every hop is checked
 /// against the destination policy again (inside `exchange`).
-async fn follow(ctx: &HttpContext, req: &Prepared) -> Result<(Url, Exchange), WireError> {
+async fn follow(
+    ctx: &HttpContext,
+    profile: Option<&SandboxIntent>,
+    req: &Prepared,
+) -> Result<(Url, Exchange), WireError> {
     let mut url = req.url.clone();
     let mut method = req.method.clone();
     let mut headers = req.headers.clone();
@@ -288,6 +295,7 @@ async fn follow(ctx: &HttpContext, req: &Prepared) -> Result<(Url, Exchange), Wi
     let dest = Destinations {
         allow: &ctx.config.allow,
         sandbox: req.sandbox.as_ref(),
+        profile,
     };
     let mut hops = 0;
     loop {

@@ -183,6 +183,9 @@ impl Refusal {
 pub struct Destinations<'a> {
     pub allow: &'a [AllowEntry],
     pub sandbox: Option<&'a SandboxIntent>,
+    /// The configuration profile's default intent (a refusal by it is
+    /// `policy_denied`).
+    pub profile: Option<&'a SandboxIntent>,
 }
 
 impl Destinations<'_> {
@@ -196,22 +199,30 @@ impl Destinations<'_> {
             port,
             rule,
         };
-        if let Some(intent) = self.sandbox {
+        let layers = [
+            (
+                self.sandbox,
+                ErrorCode::SandboxDenied,
+                "the request's sandbox",
+            ),
+            (
+                self.profile,
+                ErrorCode::PolicyDenied,
+                "the profile's sandbox",
+            ),
+        ];
+        for (intent, code, whose) in layers {
+            let Some(intent) = intent else { continue };
             match &intent.network {
                 NetworkIntent::Deny => {
-                    return Err(refuse(
-                        ErrorCode::SandboxDenied,
-                        "the request's sandbox has network \"deny\"".into(),
-                    ))
+                    return Err(refuse(code, format!("{whose} has network \"deny\"")))
                 }
                 NetworkIntent::Allow => {}
                 NetworkIntent::AllowTcpConnect(ports) => {
                     if !ports.contains(&port) {
                         return Err(refuse(
-                            ErrorCode::SandboxDenied,
-                            format!(
-                                "port {port} is not in the request's sandbox allow_tcp_connect {ports:?}"
-                            ),
+                            code,
+                            format!("port {port} is not in {whose} allow_tcp_connect {ports:?}"),
                         ));
                     }
                 }
@@ -304,6 +315,7 @@ mod tests {
         Destinations {
             allow: &[],
             sandbox: None,
+            profile: None,
         }
     }
 
@@ -351,6 +363,7 @@ mod tests {
         let d = Destinations {
             allow: &allow,
             sandbox: None,
+            profile: None,
         };
         d.check_addr("mirror.corp", ip("192.0.2.1"), 443).unwrap();
         d.check_addr("MIRROR.corp.", ip("192.0.2.1"), 443).unwrap();
@@ -383,6 +396,7 @@ mod tests {
         let d = Destinations {
             allow: &[],
             sandbox: Some(&deny),
+            profile: None,
         };
         assert_eq!(
             d.check_name("127.0.0.1", 80).unwrap_err().code,
@@ -395,6 +409,7 @@ mod tests {
         let d = Destinations {
             allow: &[],
             sandbox: Some(&ports),
+            profile: None,
         };
         d.check_name("127.0.0.1", 8080).unwrap();
         assert_eq!(

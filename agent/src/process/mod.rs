@@ -105,7 +105,8 @@ pub struct Proc {
     push_order: tokio::sync::Mutex<()>,
     stdin: tokio::sync::Mutex<Option<StdinSink>>,
     /// The PTY master, kept for `process/resize`.
-    pty: Option<OwnedFd>,
+    /// The PTY master (for resize); released when the job ends.
+    pty: Mutex<Option<OwnedFd>>,
 }
 
 impl std::fmt::Debug for Proc {
@@ -526,7 +527,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         changed,
         push_order: tokio::sync::Mutex::new(()),
         stdin: tokio::sync::Mutex::new(stdin),
-        pty,
+        pty: Mutex::new(pty),
     });
     table
         .map
@@ -651,6 +652,10 @@ async fn wait_job(
         }
     };
     drop(slot);
+    // A finished job's record stays readable for a while; its descriptors
+    // must not (a thousand finished jobs would hold a thousand fds).
+    proc.stdin.lock().await.take();
+    proc.pty.lock().expect("pty lock").take();
     if let Some(t) = tmp {
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(t)).await;
     }
@@ -711,6 +716,7 @@ pub async fn handle_start(
         p.sandbox.as_ref(),
         cwd.as_deref(),
         "sandbox",
+        s.profile(),
     )?
     .into_parts();
     let proc = start(
@@ -823,18 +829,25 @@ pub async fn handle_signal(s: &Arc<Session>, p: ProcessSignalParams) -> Result<E
 /// `process/resize`
 pub async fn handle_resize(s: &Arc<Session>, p: ProcessResizeParams) -> Result<Empty, WireError> {
     let proc = s.processes().get(&p.process_id)?;
-    let Some(fd) = &proc.pty else {
+    if !proc.tty {
         return Err(WireError::invalid_params(
             "process_id",
             format!("process {} has no terminal (started without tty)", proc.id),
         ));
-    };
+    }
     if p.rows == 0 || p.cols == 0 {
         return Err(WireError::invalid_params(
             if p.rows == 0 { "rows" } else { "cols" },
             "rows and cols must be at least 1",
         ));
     }
+    let pty = proc.pty.lock().expect("pty lock");
+    let Some(fd) = pty.as_ref() else {
+        return Err(WireError::invalid_params(
+            "process_id",
+            format!("process {} has exited: its terminal is gone", proc.id),
+        ));
+    };
     use std::os::fd::AsFd;
     executor_sandbox::sys::set_winsize(fd.as_fd(), p.rows, p.cols).map_err(|e| {
         WireError::new(

@@ -1,5 +1,7 @@
 //! Session state: `initialize`, `environment/info`, and the end of a session.
 
+use crate::audit::Audit;
+use crate::config::Profile;
 use crate::conn::Outbound;
 use crate::dispatch::ENABLED;
 use crate::fs::handles::HandleTable;
@@ -35,6 +37,8 @@ pub struct Session {
     handles: HandleTable,
     http: Arc<HttpContext>,
     streams: Streams,
+    profile: Profile,
+    audit: Audit,
 }
 
 impl std::fmt::Debug for Session {
@@ -47,7 +51,13 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// A fresh, uninitialized session.
-    pub fn new(limits: Limits, http: Arc<HttpContext>, outbound: Outbound) -> Self {
+    pub fn new(
+        limits: Limits,
+        http: Arc<HttpContext>,
+        profile: Profile,
+        audit: Audit,
+        outbound: Outbound,
+    ) -> Self {
         Session {
             caps: Capabilities::probe(),
             outbound,
@@ -57,7 +67,19 @@ impl Session {
             http,
             streams: Streams::new(limits.max_http_streams),
             limits,
+            profile,
+            audit,
         }
+    }
+
+    /// The configuration profile this session runs under.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
     }
 
     /// HTTP destination policy, trust and proxy.
@@ -173,7 +195,12 @@ impl Session {
             session_id: identity.session_id.clone(),
             resume_token: identity.resume_token.clone(),
             resumed: false,
-            methods: ENABLED.iter().map(|m| m.to_string()).collect(),
+            // What this profile may call.
+            methods: ENABLED
+                .iter()
+                .filter(|m| self.profile.check(m).is_ok())
+                .map(|m| m.to_string())
+                .collect(),
             limits: self.limits.clone(),
             platform: Platform {
                 os: std::env::consts::OS.into(),
