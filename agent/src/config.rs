@@ -728,6 +728,34 @@ limits.max_open_files = 9
     }
 
     #[test]
+    fn the_packaged_example_parses_as_is_and_with_its_settings_uncommented() {
+        let text = include_str!("../../packaging/config.toml");
+        let c = Config::parse(Path::new("packaging/config.toml"), text, None).unwrap();
+        assert_eq!(
+            c.limits,
+            Limits::default(),
+            "all commented out: the defaults"
+        );
+        // `# key = value` lines are settings, `##` lines prose.
+        let active: Vec<&str> = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(setting) => setting,
+                None => l,
+            })
+            .collect();
+        let active = active.join("\n");
+        for profile in [None, Some("ci"), Some("readonly")] {
+            let c = Config::parse(Path::new("uncommented"), &active, profile)
+                .unwrap_or_else(|e| panic!("{profile:?}: {e}"));
+            assert_eq!(c.limits.max_http_streams, 16);
+        }
+        let ci = Config::parse(Path::new("uncommented"), &active, Some("ci")).unwrap();
+        assert!(ci.profile.sandbox.is_some() && !ci.profile.allow_root);
+        assert_eq!(ci.limits.max_processes, 64);
+    }
+
+    #[test]
     fn a_missing_explicit_file_is_an_error_and_a_missing_default_is_not() {
         let e = Config::load(Some(Path::new("/nonexistent/executor.toml")), None).unwrap_err();
         assert!(

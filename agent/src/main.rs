@@ -25,6 +25,10 @@ struct Cli {
     /// Print every request method of the protocol, one per line, and exit.
     #[arg(long)]
     list_methods: bool,
+    /// Print the man page (`man`) or a shell completion script (`bash`,
+    /// `zsh`, `fish`) and exit (for packaging).
+    #[arg(long, value_name = "KIND", hide = true)]
+    generate: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +60,10 @@ fn main() -> anyhow::Result<()> {
     }
     let cli = Cli::parse();
     init_tracing(cli.log_json);
+    if let Some(kind) = &cli.generate {
+        generate(kind)?;
+        return Ok(());
+    }
     if cli.list_methods {
         let mut out = std::io::stdout().lock();
         for m in executor_protocol::methods::ALL_REQUESTS {
@@ -152,6 +160,23 @@ fn stream_stdio() -> Option<(
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(input).ok()?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(output).ok()?;
     Some((input, output))
+}
+
+/// The man page or a completion script, from the CLI definition.
+fn generate(kind: &str) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let (mut cmd, mut text) = (Cli::command(), Vec::new());
+    match kind {
+        "man" => clap_mangen::Man::new(cmd).render(&mut text)?,
+        shell => {
+            let shell: clap_complete::Shell = shell.parse().map_err(|_| {
+                anyhow::anyhow!("--generate: {shell:?} is not man, bash, zsh or fish")
+            })?;
+            clap_complete::generate(shell, &mut cmd, "executor", &mut text);
+        }
+    }
+    std::io::Write::write_all(&mut std::io::stdout().lock(), &text)?;
+    Ok(())
 }
 
 fn init_tracing(json: bool) {

@@ -5,6 +5,8 @@
 //! `cargo run --release -p executor-bench -- --out bench/RESULTS.md`
 #![forbid(unsafe_code)]
 
+mod agent_cost;
+
 use anyhow::{bail, Context};
 use clap::Parser;
 use executor_client::{Client, ClientOptions};
@@ -25,7 +27,8 @@ struct Args {
     /// Iterations of the latency comparisons.
     #[arg(long, default_value_t = 300)]
     iterations: usize,
-    /// Run only these comparisons (output, spawn, sandbox, read, walk, ssh-exec, ssh-get).
+    /// Run only these comparisons (output, spawn, sandbox, read, walk,
+    /// ssh-exec, ssh-get, cold-start, idle-rss, stream-rss, wire).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -65,7 +68,7 @@ async fn connect() -> anyhow::Result<Client> {
     Ok(Client::spawn(tokio::process::Command::new(bin), ClientOptions::default()).await?)
 }
 
-/// Trials of each throughput comparison (alternating); medians are reported.
+/// Trials of each throughput comparison (alternating); the best of each side is reported.
 const TRIALS: usize = 5;
 
 async fn output_through_agent(c: &Client, cmd: &str, bytes: u64) -> anyhow::Result<Duration> {
@@ -552,6 +555,18 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("ssh-get") {
         rows.push(ssh_get(args.bytes).await?);
+    }
+    if want("cold-start") {
+        rows.push(agent_cost::cold_start(50).await?);
+    }
+    if want("idle-rss") {
+        rows.push(agent_cost::idle_rss().await?);
+    }
+    if want("stream-rss") {
+        rows.push(agent_cost::streaming_peak_rss(10 << 30).await?);
+    }
+    if want("wire") {
+        rows.extend(agent_cost::wire_cost()?);
     }
     let mut md = String::new();
     writeln!(md, "# Benchmark results\n")?;

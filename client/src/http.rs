@@ -1,16 +1,35 @@
 //! `http/request` from the executor's side of the network.
 //!
-//! ```no_run
-//! # async fn demo(client: &executor_client::Client) -> Result<(), executor_client::Error> {
+//! ```
+//! # // The examples run against the workspace's own agent (build it first:
+//! # // `cargo build --workspace --bins`).
+//! # std::env::set_var("EXECUTOR_BIN", concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/executor"));
+//! # // A one-shot HTTP server on loopback stands in for the internal service.
+//! # let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+//! # let url = format!("http://{}/simple/", listener.local_addr().unwrap());
+//! # std::thread::spawn(move || {
+//! #     use std::io::{Read, Write};
+//! #     let (mut s, _) = listener.accept().unwrap();
+//! #     let mut buf = [0u8; 4096];
+//! #     let _ = s.read(&mut buf).unwrap();
+//! #     s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\nhello index").unwrap();
+//! # });
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use executor_client::http::HttpRequest;
+//! use executor_client::{Client, Target};
+//!
+//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
 //! let mut response = client
-//!     .http_request(HttpRequest::get("http://mirror.internal/simple/").stream(true))
+//!     .http_request(HttpRequest::get(url).stream(true))
 //!     .await?;
 //! assert_eq!(response.status, 200);
+//! let mut body = Vec::new();
 //! while let Some(chunk) = response.body.next_chunk().await {
-//!     let _bytes = chunk?;
+//!     body.extend_from_slice(&chunk?);
 //! }
-//! # Ok(()) }
+//! assert_eq!(body, b"hello index");
+//! client.close().await?;
+//! # Ok::<(), executor_client::Error>(()) }).unwrap();
 //! ```
 
 use crate::{Client, Error, Subscription};

@@ -12,14 +12,36 @@
 //! - a login shell's banner before the agent's preamble is skipped (up to
 //!   64 KiB; beyond that, or at EOF, [`Error::Preamble`] quotes what it saw).
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), executor_client::Error> {
+//! ```
+//! # // The examples run against the workspace's own agent (build it first:
+//! # // `cargo build --workspace --bins`).
+//! # std::env::set_var("EXECUTOR_BIN", concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/executor"));
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use executor_client::{Client, Target};
+//! use executor_protocol::types::process::ProcessStartParams;
+//!
 //! let client = Client::connect_target(&Target::Local, Default::default()).await?;
 //! let info = client.environment_info().await?;
 //! assert_eq!(info.path_separator, "/");
+//!
+//! // Run a command and collect its output.
+//! let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())].into();
+//! let argv = vec!["sh".into(), "-c".into(), "echo hello; exit 3".into()];
+//! let mut job = client.start(&ProcessStartParams::new(argv, "/", env)).await?;
+//! let mut out = Vec::new();
+//! while let Some(chunk) = job.next_output().await? {
+//!     out.extend_from_slice(&chunk.data);
+//! }
+//! assert_eq!(out, b"hello\n");
+//! assert_eq!(job.exit_status().unwrap().code, Some(3));
+//!
+//! // Files: write atomically, read back.
+//! let path = std::env::temp_dir().join(format!("executor-doc-{}", std::process::id()));
+//! client.write_file(path.to_str().unwrap(), b"data").await?;
+//! assert_eq!(client.read_file(path.to_str().unwrap()).await?, b"data");
+//! # std::fs::remove_file(&path).unwrap();
 //! client.close().await?;
-//! # Ok(()) }
+//! # Ok::<(), executor_client::Error>(()) }).unwrap();
 //! ```
 #![forbid(unsafe_code)]
 

@@ -90,6 +90,10 @@ enum Cmd {
         timeout_ms: u64,
         url: String,
     },
+    /// Print the man page (`man`) or a shell completion script (`bash`,
+    /// `zsh`, `fish`), for packaging.
+    #[command(hide = true)]
+    Generate { kind: String },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -101,6 +105,21 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Cmd::Generate { kind } = &cli.command {
+        use clap::CommandFactory;
+        let (mut cmd, mut text) = (Cli::command(), Vec::new());
+        match kind.as_str() {
+            "man" => clap_mangen::Man::new(cmd).render(&mut text)?,
+            shell => {
+                let shell: clap_complete::Shell = shell
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("{shell:?} is not man, bash, zsh or fish"))?;
+                clap_complete::generate(shell, &mut cmd, "executor-client", &mut text);
+            }
+        }
+        std::io::stdout().lock().write_all(&text)?;
+        return Ok(());
+    }
     let target = Target::parse(&cli.target).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -320,6 +339,7 @@ async fn run(target: Target, cmd: Cmd) -> anyhow::Result<i32> {
             out.flush()?;
             0
         }
+        Cmd::Generate { .. } => unreachable!("handled before connecting"),
         Cmd::Stat { path } => {
             let st = client.stat(path.as_str()).await?;
             let mut out = std::io::stdout().lock();
