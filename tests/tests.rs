@@ -19,6 +19,8 @@ mod http;
 mod process;
 #[path = "suite/sandbox.rs"]
 mod sandbox;
+#[path = "suite/session.rs"]
+mod session;
 #[path = "suite/ssh.rs"]
 mod ssh;
 #[path = "suite/wire.rs"]

@@ -13,7 +13,7 @@
 //! - A length prefix of 0 or above `max_frame_bytes` is answered with a
 //!   `$/error` notification (`frame_too_large`) and the connection closes.
 
-use crate::audit::{self, Audit, Event};
+use crate::audit::{self, Event};
 use crate::config::Config;
 use crate::dispatch;
 use crate::session::Session;
@@ -75,27 +75,58 @@ impl OutFrame {
     }
 }
 
-/// The sending side of the connection, shared with handlers.
+/// Where a session's notifications go: the connection attached to it, if
+/// any. Shared by everything that pushes (process pumps, HTTP streams);
+/// a detached session's notifications are dropped (the client catches up
+/// with `process/read` after a resume), a resumed one's go to the new
+/// connection.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    responses: mpsc::Sender<OutFrame>,
-    notes: mpsc::Sender<OutFrame>,
+    notes: Arc<std::sync::RwLock<Option<mpsc::Sender<OutFrame>>>>,
     max_frame: usize,
 }
 
-/// Why `try_notify` could not queue a notification.
+/// Why a notification could not be queued.
 #[derive(Debug, PartialEq, Eq)]
 pub enum NotifyError {
     /// The queue is full: the client is not keeping up.
     Full,
-    /// The connection is gone.
+    /// No connection is attached.
     Closed,
 }
 
 impl Outbound {
-    /// Largest frame this connection sends.
+    /// A sink with no connection yet.
+    pub fn new(max_frame: usize) -> Self {
+        Outbound {
+            notes: Arc::new(std::sync::RwLock::new(None)),
+            max_frame,
+        }
+    }
+
+    /// Largest frame this session sends.
     pub fn max_frame(&self) -> usize {
         self.max_frame
+    }
+
+    pub(crate) fn attach(&self, tx: mpsc::Sender<OutFrame>) {
+        *self.notes.write().expect("notes lock") = Some(tx);
+    }
+
+    /// Detach `tx`, unless another connection took its place.
+    pub(crate) fn detach(&self, tx: &mpsc::Sender<OutFrame>) {
+        let mut slot = self.notes.write().expect("notes lock");
+        if slot.as_ref().is_some_and(|cur| cur.same_channel(tx)) {
+            *slot = None;
+        }
+    }
+
+    fn current(&self) -> Result<mpsc::Sender<OutFrame>, NotifyError> {
+        self.notes
+            .read()
+            .expect("notes lock")
+            .clone()
+            .ok_or(NotifyError::Closed)
     }
 
     fn encode_note<P: serde::Serialize>(&self, method: &str, params: &P) -> Option<OutFrame> {
@@ -117,11 +148,12 @@ impl Outbound {
         frame: OutFrame,
         patience: Duration,
     ) -> Result<(), NotifyError> {
-        match self.notes.try_send(frame) {
+        let notes = self.current()?;
+        match notes.try_send(frame) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(NotifyError::Closed),
             Err(mpsc::error::TrySendError::Full(frame)) => {
-                match tokio::time::timeout(patience, self.notes.send(frame)).await {
+                match tokio::time::timeout(patience, notes.send(frame)).await {
                     Ok(Ok(())) => Ok(()),
                     Ok(Err(_)) => Err(NotifyError::Closed),
                     Err(_) => Err(NotifyError::Full),
@@ -133,7 +165,7 @@ impl Outbound {
     /// Queue a prepared notification frame, waiting for room as long as it
     /// takes (the producer is paused meanwhile: backpressure, no loss).
     pub async fn notify_frame(&self, frame: OutFrame) -> Result<(), NotifyError> {
-        self.notes
+        self.current()?
             .send(frame)
             .await
             .map_err(|_| NotifyError::Closed)
@@ -148,16 +180,23 @@ impl Outbound {
         let Some(frame) = self.encode_note(method, params) else {
             return Ok(());
         };
-        self.notes
-            .send(frame)
-            .await
-            .map_err(|_| NotifyError::Closed)
+        self.notify_frame(frame).await
     }
+}
 
+/// One connection's answers: they go back on the connection that asked,
+/// whatever is attached to the session by then.
+#[derive(Debug, Clone)]
+struct Responder {
+    tx: mpsc::Sender<OutFrame>,
+    max_frame: usize,
+}
+
+impl Responder {
     async fn respond(&self, mut frame: OutFrame) {
         let queued = frame.on_queued.take();
         // Fails only when the writer is gone; nothing left to tell then.
-        if self.responses.send(frame).await.is_ok() {
+        if self.tx.send(frame).await.is_ok() {
             if let Some(signal) = queued {
                 let _ = signal.send(());
             }
@@ -167,7 +206,11 @@ impl Outbound {
     async fn respond_error(&self, id: Option<u64>, error: &WireError) {
         let mut bytes = Vec::new();
         if encode_error(&mut bytes, id, error, self.max_frame).is_ok() {
-            self.respond(OutFrame::new(bytes)).await;
+            self.respond(OutFrame {
+                error: Some(error.code),
+                ..OutFrame::new(bytes)
+            })
+            .await;
         }
     }
 }
@@ -191,59 +234,75 @@ struct InFlight {
 }
 
 /// Serve one connection until EOF or lost framing, then end the session.
-pub async fn serve<R, W>(mut input: R, output: W, config: Config) -> std::io::Result<Ending>
+pub async fn serve<R, W>(input: R, output: W, config: Config) -> std::io::Result<Ending>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let Config {
-        limits,
-        http,
-        profile,
-        audit,
-    } = config;
-    let audit = match Audit::open(&audit, profile.name.as_deref()) {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot open the audit log");
-            return Err(std::io::Error::other(e));
-        }
-    };
+    let session = Arc::new(Session::from_config(
+        config,
+        crate::session::Mode::Plain { refusal: None },
+    )?);
+    let ending = serve_on(&session, input, output, true).await;
+    session.shutdown().await;
+    Ok(ending)
+}
+
+/// What one connection's reader knows about itself.
+struct Conn<'a> {
+    session: &'a Arc<Session>,
+    responder: Responder,
+    notes: mpsc::Sender<OutFrame>,
+    slots: Arc<Semaphore>,
+    in_flight: Arc<Mutex<InFlight>>,
+    max_in_flight: usize,
+    /// Set once this connection's `initialize` (or resume) succeeded: the
+    /// session's attachment generation it holds.
+    generation: Option<u64>,
+}
+
+/// Serve one connection of `session` until EOF or lost framing, writing the
+/// preamble first when `preamble` (a relay has written it already). The
+/// session lives on (a session host keeps it for the next connection); the
+/// caller decides whether to end it.
+pub async fn serve_on<R, W>(
+    session: &Arc<Session>,
+    mut input: R,
+    output: W,
+    preamble: bool,
+) -> Ending
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = session.limits().clone();
     let max_frame = limits.max_frame_bytes as usize;
     let max_in_flight = limits.max_requests_in_flight as usize;
     let (resp_tx, resp_rx) = mpsc::channel::<OutFrame>(max_in_flight + RESPONSE_QUEUE_SLACK);
     let (note_tx, note_rx) = mpsc::channel::<OutFrame>(NOTIFICATION_QUEUE);
-    let outbound = Outbound {
-        responses: resp_tx,
+    let writer = tokio::spawn(write_loop(output, resp_rx, note_rx, preamble));
+    let mut conn = Conn {
+        session,
+        responder: Responder {
+            tx: resp_tx,
+            max_frame,
+        },
         notes: note_tx,
-        max_frame,
+        slots: Arc::new(Semaphore::new(max_in_flight)),
+        in_flight: Arc::new(Mutex::new(InFlight::default())),
+        max_in_flight,
+        generation: None,
     };
-    let writer = tokio::spawn(write_loop(output, resp_rx, note_rx));
-
-    let http = Arc::new(crate::http::HttpContext::new(http));
-    let session = Arc::new(Session::new(limits, http, profile, audit, outbound.clone()));
-    let slots = Arc::new(Semaphore::new(max_in_flight));
-    let in_flight = Arc::new(Mutex::new(InFlight::default()));
     let mut decoder = FrameDecoder::new(max_frame);
     let mut buf = BytesMut::with_capacity(256 * 1024);
 
     let ending = 'read: loop {
         loop {
             match decoder.decode(&mut buf) {
-                Ok(Some(frame)) => {
-                    handle_frame(
-                        &frame,
-                        &session,
-                        &outbound,
-                        &slots,
-                        &in_flight,
-                        max_in_flight,
-                    )
-                    .await;
-                }
+                Ok(Some(frame)) => handle_frame(&frame, &mut conn).await,
                 Ok(None) => break,
                 Err(e) => {
-                    report_frame_error(&outbound, &e).await;
+                    report_frame_error(&conn.responder, &e).await;
                     break 'read Ending::BadLength;
                 }
             }
@@ -267,34 +326,42 @@ where
                     break 'read Ending::FramingLost;
                 }
             },
-            _ = outbound.responses.closed() => break 'read Ending::OutputClosed,
+            _ = conn.responder.tx.closed() => break 'read Ending::OutputClosed,
         }
     };
     tracing::debug!(?ending, "connection input ended");
 
     // Let what is in flight finish briefly, then cancel the rest.
+    let (slots, max) = (conn.slots.clone(), conn.max_in_flight);
     let deadline = tokio::time::Instant::now() + EOF_GRACE;
-    while slots.available_permits() < max_in_flight && tokio::time::Instant::now() < deadline {
+    while slots.available_permits() < max && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    for token in in_flight.lock().expect("in-flight lock").tokens.values() {
+    for token in conn
+        .in_flight
+        .lock()
+        .expect("in-flight lock")
+        .tokens
+        .values()
+    {
         token.cancel();
     }
     let _ = tokio::time::timeout(EOF_GRACE, async {
-        while slots.available_permits() < max_in_flight {
+        while slots.available_permits() < max {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
-    session.shutdown().await;
-    drop(session);
-    drop(outbound);
+    if let Some(generation) = conn.generation {
+        session.detach(generation, &conn.notes);
+    }
+    drop(conn);
     // The writer ends once every sender is gone and its queues are drained.
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
-    Ok(ending)
+    ending
 }
 
-async fn report_frame_error(outbound: &Outbound, e: &FrameError) {
+async fn report_frame_error(responder: &Responder, e: &FrameError) {
     let error = match e {
         FrameError::TooLarge { declared, max } => WireError::new(
             ErrorCode::FrameTooLarge,
@@ -310,24 +377,20 @@ async fn report_frame_error(outbound: &Outbound, e: &FrameError) {
     };
     tracing::warn!(error = %error, "framing lost");
     let mut bytes = Vec::new();
-    if encode_notification(&mut bytes, methods::ERROR, &error, outbound.max_frame).is_ok() {
-        outbound.respond(OutFrame::new(bytes)).await;
+    if encode_notification(&mut bytes, methods::ERROR, &error, responder.max_frame).is_ok() {
+        responder.respond(OutFrame::new(bytes)).await;
     }
 }
 
-async fn handle_frame(
-    frame: &[u8],
-    session: &Arc<Session>,
-    outbound: &Outbound,
-    slots: &Arc<Semaphore>,
-    in_flight: &Arc<Mutex<InFlight>>,
-    max_in_flight: usize,
-) {
+async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>) {
+    let session = conn.session;
+    let responder = &conn.responder;
+    let in_flight = &conn.in_flight;
     let incoming = match Incoming::decode(frame) {
         Ok(m) => m,
         Err(DecodeError { id, error }) => {
             tracing::debug!(?id, error = %error, "undecodable message");
-            outbound.respond_error(id, &error).await;
+            responder.respond_error(id, &error).await;
             return;
         }
     };
@@ -350,13 +413,35 @@ async fn handle_frame(
                     elapsed: started.elapsed(),
                 })
             };
-            if method == methods::INITIALIZE {
-                let frame = dispatch::initialize(session, id, params);
+            let taken_over = conn.generation.is_some_and(|g| g != session.generation());
+            if method == methods::INITIALIZE && !taken_over {
+                let frame = if conn.generation.is_some() {
+                    dispatch::error_frame(
+                        id,
+                        &WireError::new(
+                            ErrorCode::InvalidRequest,
+                            "initialize was already done on this connection",
+                        ),
+                        responder.max_frame,
+                    )
+                } else {
+                    dispatch::initialize(session, id, params)
+                };
+                if frame.error.is_none() {
+                    // This connection now holds the session (taking it
+                    // over from any other).
+                    conn.generation = Some(session.attach(conn.notes.clone()));
+                }
                 record(frame.error, details);
-                outbound.respond(frame).await;
+                responder.respond(frame).await;
                 return;
             }
-            let refusal = if !session.is_initialized() {
+            let refusal = if taken_over {
+                Some(WireError::new(
+                    ErrorCode::SessionTakenOver,
+                    "the session was resumed by another connection; this one may only close",
+                ))
+            } else if conn.generation.is_none() {
                 Some(WireError::new(
                     ErrorCode::NotInitialized,
                     format!("{method:?} before initialize: send initialize first"),
@@ -368,13 +453,13 @@ async fn handle_frame(
             };
             if let Some(e) = refusal {
                 record(Some(e.code), details);
-                outbound.respond_error(Some(id), &e).await;
+                responder.respond_error(Some(id), &e).await;
                 return;
             }
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                let e = WireError::limit("max_requests_in_flight", max_in_flight as u64, None);
+            let Ok(permit) = conn.slots.clone().try_acquire_owned() else {
+                let e = WireError::limit("max_requests_in_flight", conn.max_in_flight as u64, None);
                 record(Some(e.code), details);
-                outbound.respond_error(Some(id), &e).await;
+                responder.respond_error(Some(id), &e).await;
                 return;
             };
             let token = CancellationToken::new();
@@ -390,11 +475,11 @@ async fn handle_frame(
                     ErrorCode::InvalidRequest,
                     format!("request id {id} is already in flight"),
                 );
-                outbound.respond_error(Some(id), &e).await;
+                responder.respond_error(Some(id), &e).await;
                 return;
             }
             let session = session.clone();
-            let outbound = outbound.clone();
+            let responder = responder.clone();
             let in_flight = in_flight.clone();
             tokio::spawn(async move {
                 let work = AssertUnwindSafe(dispatch::dispatch(&session, id, &method, params))
@@ -413,12 +498,12 @@ async fn handle_frame(
                                 ErrorCode::Internal,
                                 format!("internal error (a bug) while handling {method:?}: {what}"),
                             );
-                            dispatch::error_frame(id, &e, outbound.max_frame())
+                            dispatch::error_frame(id, &e, responder.max_frame)
                         }
                     },
                     _ = token.cancelled() => {
                         let e = WireError::new(ErrorCode::Cancelled, format!("request {id} ({method}) was cancelled"));
-                        dispatch::error_frame(id, &e, outbound.max_frame())
+                        dispatch::error_frame(id, &e, responder.max_frame)
                     }
                 };
                 in_flight.lock().expect("in-flight lock").tokens.remove(&id);
@@ -433,7 +518,7 @@ async fn handle_frame(
                     });
                 }
                 frame.permit = Some(permit);
-                outbound.respond(frame).await;
+                responder.respond(frame).await;
             });
         }
         Incoming::Notification { method, params } => {
@@ -462,8 +547,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mut out: W,
     mut responses: mpsc::Receiver<OutFrame>,
     mut notes: mpsc::Receiver<OutFrame>,
+    preamble: bool,
 ) {
-    if out.write_all(PREAMBLE).await.is_err() || out.flush().await.is_err() {
+    if preamble && (out.write_all(PREAMBLE).await.is_err() || out.flush().await.is_err()) {
         return;
     }
     let mut batch: Vec<OutFrame> = Vec::with_capacity(MAX_BATCH_FRAMES);

@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod exec;
 pub mod forced;
 pub mod fs;
+pub mod host;
 pub mod http;
 pub mod process;
 pub mod sandbox_gate;

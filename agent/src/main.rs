@@ -58,7 +58,14 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    let cli = Cli::parse();
+    // `executor session-host [--config P] [--profile N]`: started by a stdio
+    // agent for a detached session (see `executor_agent::host`).
+    let host_mode = args.get(1).and_then(|a| a.to_str()) == Some("session-host");
+    let cli = if host_mode {
+        Cli::parse_from(args[..1].iter().chain(&args[2..]))
+    } else {
+        Cli::parse()
+    };
     init_tracing(cli.log_json);
     if let Some(kind) = &cli.generate {
         generate(kind)?;
@@ -92,10 +99,32 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if host_mode {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        let host_args = executor_agent::host::HostArgs::parse(&line).map_err(anyhow::Error::msg)?;
+        runtime.block_on(executor_agent::host::run_host(config, host_args))?;
+        runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+        return Ok(());
+    }
+    let launch = executor_agent::host::Launch {
+        config_path: cli.config.clone(),
+        profile: cli.profile.clone(),
+    };
     let ending = runtime.block_on(async {
         match stream_stdio() {
-            Some((input, output)) => executor_agent::serve(input, output, config).await,
-            None => executor_agent::serve(tokio::io::stdin(), tokio::io::stdout(), config).await,
+            Some((input, output)) => {
+                executor_agent::host::serve_stdio(input, output, config, launch).await
+            }
+            None => {
+                executor_agent::host::serve_stdio(
+                    tokio::io::stdin(),
+                    tokio::io::stdout(),
+                    config,
+                    launch,
+                )
+                .await
+            }
         }
     })?;
     tracing::debug!(?ending, "agent exiting");
@@ -184,6 +213,7 @@ fn init_tracing(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

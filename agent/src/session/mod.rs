@@ -25,10 +25,62 @@ pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 struct Identity {
     session_id: String,
     resume_token: String,
+    /// A random key and the token's tag under it: a presented token is
+    /// checked with `hmac::verify` (constant time).
+    token_key: ring::hmac::Key,
+    token_tag: ring::hmac::Tag,
+}
+
+impl Identity {
+    fn new(session_id: String) -> Result<Identity, WireError> {
+        let resume_token = random_hex()?;
+        let rng = ring::rand::SystemRandom::new();
+        let token_key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).map_err(|_| {
+            WireError::new(ErrorCode::Internal, "the OS random number generator failed")
+        })?;
+        let token_tag = ring::hmac::sign(&token_key, resume_token.as_bytes());
+        Ok(Identity {
+            session_id,
+            resume_token,
+            token_key,
+            token_tag,
+        })
+    }
+
+    fn token_matches(&self, presented: &str) -> bool {
+        ring::hmac::verify(
+            &self.token_key,
+            presented.as_bytes(),
+            self.token_tag.as_ref(),
+        )
+        .is_ok()
+    }
+}
+
+/// How a session lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// In the stdio process: it ends with its one connection. `refusal`
+    /// explains why a resume cannot be served here (no session host).
+    Plain { refusal: Option<String> },
+    /// In a session host: it outlives connections (until its TTL runs out
+    /// while detached) and is resumed by id and token.
+    Host { session_id: String },
+}
+
+/// Which connection holds the session, and since when none does.
+#[derive(Debug)]
+struct Link {
+    generation: u64,
+    attached: bool,
+    since: std::time::Instant,
 }
 
 /// One session: what `initialize` established and what the session owns.
 pub struct Session {
+    mode: Mode,
+    link: std::sync::Mutex<Link>,
+    ttl: std::sync::Mutex<std::time::Duration>,
     limits: Limits,
     caps: Capabilities,
     outbound: Outbound,
@@ -50,6 +102,23 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
+    /// A session from the agent's configuration (opens the audit log).
+    pub fn from_config(config: crate::config::Config, mode: Mode) -> std::io::Result<Session> {
+        let crate::config::Config {
+            limits,
+            http,
+            profile,
+            audit,
+        } = config;
+        let audit = Audit::open(&audit, profile.name.as_deref()).map_err(|e| {
+            tracing::error!(error = %e, "cannot open the audit log");
+            std::io::Error::other(e)
+        })?;
+        let outbound = Outbound::new(limits.max_frame_bytes as usize);
+        let http = Arc::new(HttpContext::new(http));
+        Ok(Session::new(limits, http, profile, audit, outbound, mode))
+    }
+
     /// A fresh, uninitialized session.
     pub fn new(
         limits: Limits,
@@ -57,8 +126,16 @@ impl Session {
         profile: Profile,
         audit: Audit,
         outbound: Outbound,
+        mode: Mode,
     ) -> Self {
         Session {
+            mode,
+            link: std::sync::Mutex::new(Link {
+                generation: 0,
+                attached: false,
+                since: std::time::Instant::now(),
+            }),
+            ttl: std::sync::Mutex::new(std::time::Duration::ZERO),
             caps: Capabilities::probe(),
             outbound,
             identity: OnceLock::new(),
@@ -95,6 +172,49 @@ impl Session {
     /// Whether `initialize` succeeded.
     pub fn is_initialized(&self) -> bool {
         self.identity.get().is_some()
+    }
+
+    /// A connection takes the session (after its `initialize` or resume):
+    /// notifications go to it from now on, and the generation it gets
+    /// tells it when another connection took over.
+    pub fn attach(&self, notes: tokio::sync::mpsc::Sender<crate::conn::OutFrame>) -> u64 {
+        let mut link = self.link.lock().expect("link lock");
+        link.generation += 1;
+        link.attached = true;
+        self.outbound.attach(notes);
+        link.generation
+    }
+
+    /// The connection of `generation` ended.
+    pub fn detach(
+        &self,
+        generation: u64,
+        notes: &tokio::sync::mpsc::Sender<crate::conn::OutFrame>,
+    ) {
+        let mut link = self.link.lock().expect("link lock");
+        if link.generation == generation {
+            link.attached = false;
+            link.since = std::time::Instant::now();
+            self.outbound.detach(notes);
+            // Streamed HTTP responses end with the connection.
+            self.streams.cancel_all();
+        }
+    }
+
+    /// The generation of the connection holding the session.
+    pub fn generation(&self) -> u64 {
+        self.link.lock().expect("link lock").generation
+    }
+
+    /// `None` while attached; how long it has been detached otherwise.
+    pub fn detached_for(&self) -> Option<std::time::Duration> {
+        let link = self.link.lock().expect("link lock");
+        (!link.attached).then(|| link.since.elapsed())
+    }
+
+    /// How long a detached session waits for a resume.
+    pub fn ttl(&self) -> std::time::Duration {
+        *self.ttl.lock().expect("ttl lock")
     }
 
     /// The largest frame this session sends.
@@ -139,12 +259,6 @@ impl Session {
 
     /// `initialize`
     pub fn initialize(&self, p: InitializeParams) -> Result<InitializeResult, WireError> {
-        if self.is_initialized() {
-            return Err(WireError::new(
-                ErrorCode::InvalidRequest,
-                "initialize was already done on this connection",
-            ));
-        }
         if p.protocol_version != PROTOCOL_VERSION {
             return Err(WireError::new(
                 ErrorCode::UnsupportedVersion,
@@ -159,34 +273,106 @@ impl Session {
                 rmpv::Value::Array(vec![PROTOCOL_VERSION.into(), PROTOCOL_VERSION.into()]),
             ));
         }
-        if let Some(session) = &p.session {
-            if let Some(ttl) = session.detach_ttl_ms {
-                if ttl > self.limits.max_detach_ttl_ms {
-                    return Err(WireError::limit(
-                        "max_detach_ttl_ms",
-                        self.limits.max_detach_ttl_ms,
-                        Some(ttl),
-                    ));
-                }
-                if ttl > 0 {
-                    return Err(WireError::invalid_params(
-                        "session.detach_ttl_ms",
-                        format!("detach_ttl_ms {ttl}: detached sessions are not supported by this agent version"),
-                    ));
-                }
-            }
-            if let Some(resume) = &session.resume {
-                return Err(WireError::new(
-                    ErrorCode::SessionExpired,
-                    format!("no resumable session {:?} on this host", resume.session_id),
+        let ttl = p.session.as_ref().and_then(|s| s.detach_ttl_ms);
+        if let Some(ttl) = ttl {
+            if ttl > self.limits.max_detach_ttl_ms {
+                return Err(WireError::limit(
+                    "max_detach_ttl_ms",
+                    self.limits.max_detach_ttl_ms,
+                    Some(ttl),
                 ));
             }
         }
-        let identity = Identity {
-            session_id: random_hex()?,
-            resume_token: random_hex()?,
+        if let Some(resume) = p.session.as_ref().and_then(|s| s.resume.as_ref()) {
+            return self.resume(resume, ttl);
+        }
+        let session_id =
+            match (&self.mode, ttl) {
+                (Mode::Host { session_id }, Some(t)) if t > 0 && !self.is_initialized() => {
+                    *self.ttl.lock().expect("ttl lock") = std::time::Duration::from_millis(t);
+                    session_id.clone()
+                }
+                (Mode::Host { .. }, _) => return Err(WireError::new(
+                    ErrorCode::SessionExpired,
+                    "this session host serves one detached session: resume it with session.resume",
+                )),
+                (Mode::Plain { refusal }, Some(t)) if t > 0 => {
+                    let why = refusal
+                        .as_deref()
+                        .unwrap_or("no session host could be started");
+                    return Err(WireError::new(
+                        ErrorCode::InvalidParams,
+                        format!("detach_ttl_ms {t}: cannot keep this session detached: {why}"),
+                    )
+                    .with("field", "session.detach_ttl_ms"));
+                }
+                (Mode::Plain { .. }, _) => random_hex()?,
+            };
+        if self.is_initialized() {
+            return Err(WireError::new(
+                ErrorCode::InvalidRequest,
+                "initialize was already done on this connection",
+            ));
+        }
+        let identity = Identity::new(session_id)?;
+        let result = self.initialize_result(&identity, false);
+        tracing::info!(
+            session_id = %identity.session_id,
+            client = %p.client.name,
+            client_version = %p.client.version,
+            detached = ttl.is_some_and(|t| t > 0),
+            "session initialized"
+        );
+        if self.identity.set(identity).is_err() {
+            return Err(WireError::new(
+                ErrorCode::InvalidRequest,
+                "initialize was already done on this connection",
+            ));
+        }
+        Ok(result)
+    }
+
+    /// `initialize` with `session.resume`: the id and the token (compared in
+    /// constant time) must match this session's.
+    fn resume(
+        &self,
+        resume: &executor_protocol::types::session::ResumeParams,
+        ttl: Option<u64>,
+    ) -> Result<InitializeResult, WireError> {
+        let expired = |why: String| {
+            WireError::new(
+                ErrorCode::SessionExpired,
+                format!("cannot resume session {:?}: {why}", resume.session_id),
+            )
         };
-        let result = InitializeResult {
+        let identity = match (&self.mode, self.identity.get()) {
+            (Mode::Host { .. }, Some(identity)) => identity,
+            (Mode::Plain { refusal }, _) => {
+                return Err(expired(
+                    refusal
+                        .clone()
+                        .unwrap_or_else(|| "no such session on this host".into()),
+                ))
+            }
+            (Mode::Host { .. }, None) => return Err(expired("it never started".into())),
+        };
+        // The id is not secret (it names the socket); the token is checked
+        // by HMAC verification, in constant time.
+        let id_ok = identity.session_id == resume.session_id;
+        let token_ok = identity.token_matches(&resume.token);
+        if !(id_ok && token_ok) {
+            tracing::warn!(session_id = %identity.session_id, "resume refused: wrong token");
+            return Err(expired("wrong session id or token".into()));
+        }
+        if let Some(t) = ttl.filter(|t| *t > 0) {
+            *self.ttl.lock().expect("ttl lock") = std::time::Duration::from_millis(t);
+        }
+        tracing::info!(session_id = %identity.session_id, "session resumed");
+        Ok(self.initialize_result(identity, true))
+    }
+
+    fn initialize_result(&self, identity: &Identity, resumed: bool) -> InitializeResult {
+        InitializeResult {
             protocol_version: PROTOCOL_VERSION,
             agent: AgentInfo {
                 name: AGENT_NAME.into(),
@@ -194,7 +380,7 @@ impl Session {
             },
             session_id: identity.session_id.clone(),
             resume_token: identity.resume_token.clone(),
-            resumed: false,
+            resumed,
             // What this profile may call.
             methods: ENABLED
                 .iter()
@@ -208,20 +394,7 @@ impl Session {
                 hostname: hostname(),
             },
             sandbox: self.sandbox_capabilities(),
-        };
-        tracing::info!(
-            session_id = %identity.session_id,
-            client = %p.client.name,
-            client_version = %p.client.version,
-            "session initialized"
-        );
-        if self.identity.set(identity).is_err() {
-            return Err(WireError::new(
-                ErrorCode::InvalidRequest,
-                "initialize was already done on this connection",
-            ));
         }
-        Ok(result)
     }
 
     /// End the session: release everything it owns.

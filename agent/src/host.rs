@@ -1,0 +1,512 @@
+//! Detached sessions: the session host and the stdio relay in front of it.
+//!
+//! `initialize` with `session.detach_ttl_ms` > 0 makes the stdio `executor`
+//! (the one sshd started) start a **session host**: the same binary as
+//! `executor session-host`, in a process group of its own, listening on a
+//! Unix socket named by version and session id in a 0700 directory of the
+//! user's (`$XDG_RUNTIME_DIR/executor`, else `/tmp/executor-<uid>`). The
+//! stdio process then only relays bytes. When the SSH connection drops, the
+//! host keeps the session (processes run on, output is retained) until a
+//! new `ssh devbox executor` resumes it with `session.resume`, or until
+//! `detach_ttl_ms` passes without one, when every job is killed and the
+//! host exits.
+//!
+//! Who may attach: the host checks the peer's uid (`SO_PEERCRED`); the
+//! first attach must present a 32-byte secret the relay handed the host on
+//! its stdin (never on disk, never in argv or the environment); later
+//! attaches are resumes, checked by the session's own `initialize`
+//! (session id, and the resume token in constant time) and refused when
+//! they come under another configuration profile.
+
+use crate::config::Config;
+use crate::conn::{serve_on, Ending};
+use crate::session::{Mode, Session};
+use bytes::BytesMut;
+use executor_protocol::codec::FrameDecoder;
+use executor_protocol::message::Incoming;
+use executor_protocol::{methods, PREAMBLE};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+/// First bytes of a relay's handshake.
+const MAGIC: &[u8; 4] = b"EXR1";
+const FIRST_ATTACH: u8 = 0;
+const RESUME: u8 = 1;
+/// Handshake answers.
+const ACCEPTED: u8 = 0;
+const OTHER_PROFILE: u8 = 1;
+const REFUSED: u8 = 2;
+const SECRET_LEN: usize = 32;
+/// A host nobody attached to within this long exits (its relay died).
+const FIRST_ATTACH_WITHIN: Duration = Duration::from_secs(30);
+
+/// The directory of the sockets: created 0700, and refused when it is not
+/// this user's own private directory.
+pub fn socket_dir() -> std::io::Result<PathBuf> {
+    let uid = nix::unistd::getuid().as_raw();
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| std::fs::metadata(d).is_ok_and(|m| m.is_dir() && m.uid() == uid))
+        .map(|d| d.join("executor"))
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("executor-{uid}")));
+    match std::fs::DirBuilder::new().mode(0o700).create(&base) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(&base)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of uid {uid} (mode {:o}, owner {}): refusing to use it",
+            base.display(),
+            meta.permissions().mode() & 0o7777,
+            meta.uid()
+        )));
+    }
+    Ok(base)
+}
+
+/// The socket of `session_id` (an id is 32 hex digits: nothing else can
+/// name a path).
+pub fn socket_path(dir: &Path, session_id: &str) -> Option<PathBuf> {
+    let ok = session_id.len() == 32 && session_id.bytes().all(|b| b.is_ascii_hexdigit());
+    ok.then(|| {
+        dir.join(format!(
+            "{}-{session_id}.sock",
+            crate::session::AGENT_VERSION
+        ))
+    })
+}
+
+/// What the relay hands the host on its stdin: one line.
+pub struct HostArgs {
+    pub session_id: String,
+    pub secret: [u8; SECRET_LEN],
+    pub socket: PathBuf,
+}
+
+impl std::fmt::Debug for HostArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostArgs")
+            .field("session_id", &self.session_id)
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl HostArgs {
+    fn line(&self) -> String {
+        format!(
+            "{} {} {}\n",
+            self.session_id,
+            hex(&self.secret),
+            self.socket.display()
+        )
+    }
+
+    /// Parse the line read from stdin.
+    pub fn parse(line: &str) -> Result<HostArgs, String> {
+        let mut parts = line.trim_end().splitn(3, ' ');
+        let (Some(id), Some(secret), Some(socket)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err("expected `SESSION_ID SECRET SOCKET` on stdin".into());
+        };
+        let raw: Vec<u8> = (0..secret.len())
+            .step_by(2)
+            .filter_map(|i| u8::from_str_radix(secret.get(i..i + 2)?, 16).ok())
+            .collect();
+        let secret: [u8; SECRET_LEN] = raw
+            .try_into()
+            .map_err(|_| "the secret must be 64 hex digits".to_string())?;
+        Ok(HostArgs {
+            session_id: id.to_string(),
+            secret,
+            socket: PathBuf::from(socket),
+        })
+    }
+}
+
+/// `executor session-host`: serve one detached session on its socket until
+/// its TTL passes while detached.
+pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
+    // SIGHUP (the login session ending) must not end the host.
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move { while hangup.recv().await.is_some() {} });
+    let profile = config.profile.name.clone().unwrap_or_default();
+    let session = Arc::new(Session::from_config(
+        config,
+        Mode::Host {
+            session_id: args.session_id.clone(),
+        },
+    )?);
+    let listener = UnixListener::bind(&args.socket)?;
+    std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o600))?;
+    // Ready: the relay waits for this line.
+    {
+        let mut out = std::io::stdout().lock();
+        std::io::Write::write_all(&mut out, b"ready\n")?;
+        std::io::Write::flush(&mut out)?;
+    }
+    let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
+        .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
+    let secret_tag = ring::hmac::sign(&key, &args.secret);
+    let first_attach_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = std::time::Instant::now();
+    tracing::info!(session_id = %args.session_id, socket = %args.socket.display(), "session host up");
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                let session = session.clone();
+                let (key, tag) = (key.clone(), secret_tag.as_ref().to_vec());
+                let first = first_attach_done.clone();
+                let profile = profile.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = attach(stream, session, &key, &tag, &first, &profile).await {
+                        tracing::warn!(error = %e, "attach refused");
+                    }
+                });
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                let never_attached = !first_attach_done.load(std::sync::atomic::Ordering::SeqCst)
+                    && started.elapsed() > FIRST_ATTACH_WITHIN;
+                let expired = session.is_initialized()
+                    && session.detached_for().is_some_and(|d| d >= session.ttl());
+                if never_attached || expired {
+                    tracing::info!(session_id = %args.session_id, never_attached, "session host ending");
+                    break;
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&args.socket);
+    session.shutdown().await;
+    // The log beside the socket goes with it.
+    let _ = std::fs::remove_file(
+        args.socket
+            .with_file_name(format!("{}.log", args.session_id)),
+    );
+    Ok(())
+}
+
+/// One connection to the host: check the peer and the handshake, then
+/// serve it.
+async fn attach(
+    mut stream: UnixStream,
+    session: Arc<Session>,
+    key: &ring::hmac::Key,
+    secret_tag: &[u8],
+    first_attach_done: &std::sync::atomic::AtomicBool,
+    profile: &str,
+) -> std::io::Result<()> {
+    let me = nix::unistd::getuid().as_raw();
+    let peer = stream.peer_cred()?.uid();
+    if peer != me {
+        return Err(std::io::Error::other(format!(
+            "peer uid {peer} is not this session's uid {me}"
+        )));
+    }
+    let mut head = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut head))
+        .await
+        .map_err(|_| std::io::Error::other("handshake timed out"))??;
+    if &head[..4] != MAGIC {
+        return Err(std::io::Error::other("not a relay handshake"));
+    }
+    let (kind, profile_len) = (head[4], head[5] as usize);
+    let mut their_profile = vec![0u8; profile_len];
+    stream.read_exact(&mut their_profile).await?;
+    let verdict = if their_profile != profile.as_bytes() {
+        OTHER_PROFILE
+    } else if kind == FIRST_ATTACH {
+        let mut secret = [0u8; SECRET_LEN];
+        stream.read_exact(&mut secret).await?;
+        let ok = ring::hmac::verify(key, &secret, secret_tag).is_ok()
+            && !first_attach_done.swap(true, std::sync::atomic::Ordering::SeqCst);
+        if ok {
+            ACCEPTED
+        } else {
+            REFUSED
+        }
+    } else if kind == RESUME {
+        // Checked by `initialize` (session id and token).
+        ACCEPTED
+    } else {
+        REFUSED
+    };
+    stream.write_all(&[verdict]).await?;
+    if verdict != ACCEPTED {
+        return Err(std::io::Error::other(format!(
+            "handshake refused ({verdict})"
+        )));
+    }
+    let (reader, writer) = stream.into_split();
+    let ending = serve_on(&session, reader, writer, false).await;
+    tracing::info!(?ending, "a connection to the session host ended");
+    Ok(())
+}
+
+/// The first frame of a connection, if it asks for a detached session.
+enum Wants {
+    Detach,
+    Resume(String),
+    Plain,
+}
+
+fn wants(frame: &[u8]) -> Wants {
+    match Incoming::decode(frame) {
+        Ok(Incoming::Request { method, params, .. }) if method == methods::INITIALIZE => {
+            let p: Result<executor_protocol::types::session::InitializeParams, _> =
+                executor_protocol::message::from_params(params);
+            match p.ok().and_then(|p| p.session) {
+                Some(s) if s.resume.is_some() => {
+                    Wants::Resume(s.resume.map(|r| r.session_id).unwrap_or_default())
+                }
+                Some(s) if s.detach_ttl_ms.is_some_and(|t| t > 0) => Wants::Detach,
+                _ => Wants::Plain,
+            }
+        }
+        _ => Wants::Plain,
+    }
+}
+
+/// Why resumes cannot work on this host, when it says so: systemd-logind
+/// set to kill a user's processes at logout.
+fn logind_kills_processes() -> bool {
+    let mut files = vec![PathBuf::from("/etc/systemd/logind.conf")];
+    if let Ok(dir) = std::fs::read_dir("/etc/systemd/logind.conf.d") {
+        files.extend(dir.filter_map(|e| e.ok()).map(|e| e.path()));
+    }
+    let mut kill = false;
+    for f in files {
+        for line in std::fs::read_to_string(f).unwrap_or_default().lines() {
+            if let Some(v) = line.trim().strip_prefix("KillUserProcesses=") {
+                kill = matches!(v.trim(), "yes" | "true" | "1");
+            }
+        }
+    }
+    kill
+}
+
+/// How the stdio process was started, to start a host the same way.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    pub config_path: Option<PathBuf>,
+    pub profile: Option<String>,
+}
+
+/// The stdio agent: serve in-process, or relay to a session host when the
+/// first request asks for a detached session or a resume.
+pub async fn serve_stdio<R, W>(
+    mut input: R,
+    mut output: W,
+    config: Config,
+    launch: Launch,
+) -> std::io::Result<Ending>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    output.write_all(PREAMBLE).await?;
+    output.flush().await?;
+    // The first frame decides; it (and whatever came with it) is replayed.
+    let mut decoder = FrameDecoder::new(config.limits.max_frame_bytes as usize);
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let first = loop {
+        match decoder.decode(&mut buf) {
+            Ok(Some(frame)) => break Some(frame),
+            Ok(None) => {}
+            Err(_) => break None,
+        }
+        if input.read_buf(&mut buf).await? == 0 {
+            break None;
+        }
+    };
+    let mut replay = Vec::with_capacity(buf.len() + 4 + first.as_ref().map_or(0, |f| f.len()));
+    if let Some(f) = &first {
+        replay.extend_from_slice(&(f.len() as u32).to_be_bytes());
+        replay.extend_from_slice(f);
+    }
+    replay.extend_from_slice(&buf);
+    let wants = first.as_deref().map_or(Wants::Plain, wants);
+    let profile = launch.profile.clone().unwrap_or_default();
+    let refusal = match wants {
+        Wants::Plain => None,
+        Wants::Detach => match start_host(&launch).await {
+            Ok((socket, secret)) => {
+                match connect(&socket, FIRST_ATTACH, &profile, Some(&secret)).await {
+                    Ok(stream) => return relay(stream, replay, input, output).await,
+                    Err(e) => Some(format!("the session host did not take the connection: {e}")),
+                }
+            }
+            Err(e) => Some(format!("cannot start a session host: {e}")),
+        },
+        Wants::Resume(id) => {
+            let socket = socket_dir().ok().and_then(|d| socket_path(&d, &id));
+            match socket {
+                Some(s) if s.exists() => match connect(&s, RESUME, &profile, None).await {
+                    Ok(stream) => return relay(stream, replay, input, output).await,
+                    Err(e) => Some(e.to_string()),
+                },
+                _ => {
+                    let mut why = "no such session on this host (it expired, or it never existed)"
+                        .to_string();
+                    if logind_kills_processes() {
+                        why.push_str(
+                            "; note: this host's systemd-logind kills a user's processes at logout \
+                             (KillUserProcesses=yes), which ends detached sessions: \
+                             `loginctl enable-linger USER` keeps them",
+                        );
+                    }
+                    Some(why)
+                }
+            }
+        }
+    };
+    let session = Arc::new(Session::from_config(config, Mode::Plain { refusal })?);
+    let input = std::io::Cursor::new(replay).chain(input);
+    let ending = serve_on(&session, input, output, false).await;
+    session.shutdown().await;
+    Ok(ending)
+}
+
+/// Start `executor session-host` detached; its socket and secret.
+async fn start_host(launch: &Launch) -> std::io::Result<(PathBuf, [u8; SECRET_LEN])> {
+    use ring::rand::SecureRandom;
+    let rng = ring::rand::SystemRandom::new();
+    let mut secret = [0u8; SECRET_LEN];
+    let mut id = [0u8; 16];
+    rng.fill(&mut secret)
+        .and_then(|()| rng.fill(&mut id))
+        .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
+    let session_id = hex(&id);
+    let dir = socket_dir()?;
+    let socket = socket_path(&dir, &session_id).expect("a fresh id is valid");
+    let args = HostArgs {
+        session_id,
+        secret,
+        socket: socket.clone(),
+    };
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode_0600()
+        .open(dir.join(format!("{}.log", args.session_id)))?;
+    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    cmd.arg("session-host");
+    if let Some(c) = &launch.config_path {
+        cmd.arg("--config").arg(c);
+    }
+    if let Some(p) = &launch.profile {
+        cmd.arg("--profile").arg(p);
+    }
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        // Its own process group: a signal to the stdio agent's group (or
+        // the SSH session's) does not reach it.
+        .process_group(0)
+        .kill_on_drop(false);
+    let mut child = cmd.spawn()?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin.write_all(args.line().as_bytes()).await?;
+    drop(stdin);
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut ready = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(10), stdout.read_exact(&mut ready))
+        .await
+        .map_err(|_| std::io::Error::other("the session host did not start in time"))??;
+    if &ready != b"ready\n" {
+        return Err(std::io::Error::other("the session host did not start"));
+    }
+    // Reaped by whoever adopts it; never waited for here.
+    drop(child);
+    Ok((socket, secret))
+}
+
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for std::fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+    }
+}
+
+async fn connect(
+    socket: &Path,
+    kind: u8,
+    profile: &str,
+    secret: Option<&[u8; SECRET_LEN]>,
+) -> std::io::Result<UnixStream> {
+    let mut stream = UnixStream::connect(socket).await?;
+    let host_uid = stream.peer_cred()?.uid();
+    let me = nix::unistd::getuid().as_raw();
+    if host_uid != me {
+        return Err(std::io::Error::other(format!(
+            "the session host runs as uid {host_uid}, not {me}"
+        )));
+    }
+    let profile = profile.as_bytes();
+    let mut head = Vec::with_capacity(6 + profile.len() + SECRET_LEN);
+    head.extend_from_slice(MAGIC);
+    head.push(kind);
+    head.push(
+        u8::try_from(profile.len()).map_err(|_| std::io::Error::other("profile name too long"))?,
+    );
+    head.extend_from_slice(profile);
+    if let Some(s) = secret {
+        head.extend_from_slice(s);
+    }
+    stream.write_all(&head).await?;
+    let mut verdict = [0u8; 1];
+    stream.read_exact(&mut verdict).await?;
+    match verdict[0] {
+        ACCEPTED => Ok(stream),
+        OTHER_PROFILE => Err(std::io::Error::other(
+            "the session was created under another configuration profile",
+        )),
+        _ => Err(std::io::Error::other(
+            "the session host refused the connection",
+        )),
+    }
+}
+
+/// Bytes both ways between the SSH side and the host, until either ends.
+async fn relay<R, W>(
+    stream: UnixStream,
+    replay: Vec<u8>,
+    mut input: R,
+    mut output: W,
+) -> std::io::Result<Ending>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut from_host, mut to_host) = stream.into_split();
+    let up = tokio::spawn(async move {
+        to_host.write_all(&replay).await?;
+        tokio::io::copy(&mut input, &mut to_host).await?;
+        // Our input ended (the SSH side closed): the host detaches.
+        to_host.shutdown().await
+    });
+    let down = tokio::io::copy(&mut from_host, &mut output).await;
+    let _ = output.flush().await;
+    up.abort();
+    down.map(|_| Ending::Eof)
+}

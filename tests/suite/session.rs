@@ -1,0 +1,270 @@
+//! Detached sessions (PROTOCOL.md §2): a session host keeps the session
+//! when the transport drops; `initialize` with `session.resume` takes it
+//! back with no output lost.
+
+use executor_client::{Client, ClientOptions, Error, ErrorCode, SshOptions};
+use executor_protocol::types::process::{
+    ExitInfo, ProcessReadParams, ProcessReadResult, ProcessStartParams,
+};
+use executor_protocol::types::session::{ResumeParams, SessionParams};
+use executor_tests::sshd::Sshd;
+use executor_tests::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn env() -> BTreeMap<String, String> {
+    BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
+}
+
+fn detach(ttl_ms: u64) -> ClientOptions {
+    ClientOptions {
+        session: Some(SessionParams {
+            resume: None,
+            detach_ttl_ms: Some(ttl_ms),
+        }),
+        ..ClientOptions::default()
+    }
+}
+
+fn resume(c: &Client) -> ClientOptions {
+    resume_with(
+        &c.initialize_result().session_id,
+        &c.initialize_result().resume_token,
+    )
+}
+
+fn resume_with(id: &str, token: &str) -> ClientOptions {
+    ClientOptions {
+        session: Some(SessionParams {
+            resume: Some(ResumeParams {
+                session_id: id.to_string(),
+                token: token.to_string(),
+            }),
+            detach_ttl_ms: None,
+        }),
+        ..ClientOptions::default()
+    }
+}
+
+fn local() -> tokio::process::Command {
+    tokio::process::Command::new(executor_bin())
+}
+
+fn kill9(pid: u32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+fn code(e: Error) -> ErrorCode {
+    e.code()
+        .unwrap_or_else(|| panic!("expected an agent error: {e}"))
+}
+
+/// Everything after `after` until the process exited: (bytes, exit).
+async fn read_rest(c: &Client, id: &str, mut after: Option<u64>) -> (Vec<u8>, ExitInfo) {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "the process did not finish");
+        let r: ProcessReadResult = c
+            .request(
+                "process/read",
+                &ProcessReadParams {
+                    process_id: id.to_string(),
+                    after_seq: after,
+                    max_bytes: None,
+                    wait_ms: Some(2000),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.dropped_before, None, "output was lost");
+        let empty = r.chunks.is_empty();
+        for ch in r.chunks {
+            assert_eq!(Some(ch.seq), after.map_or(Some(0), |a| Some(a + 1)), "gap");
+            after = Some(ch.seq);
+            out.extend_from_slice(&ch.data);
+        }
+        if empty {
+            if let Some(exit) = r.exited {
+                return (out, exit);
+            }
+        }
+    }
+}
+
+const TICKER: &str = "for i in $(seq 1 40); do echo line-$i; sleep 0.1; done; exit 7";
+
+fn expected_lines() -> String {
+    (1..=40).map(|i| format!("line-{i}\n")).collect()
+}
+
+/// Start the ticker and read its first few lines: (process id, bytes read,
+/// last seq seen).
+async fn start_ticker(c: &Client) -> (String, Vec<u8>, u64) {
+    let mut p = c
+        .start(&ProcessStartParams::new(
+            vec!["sh".into(), "-c".into(), TICKER.into()],
+            "/",
+            env(),
+        ))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut last = 0;
+    while seen.iter().filter(|&&b| b == b'\n').count() < 5 {
+        let ch = p.next_output().await.unwrap().expect("output");
+        last = ch.seq;
+        seen.extend_from_slice(&ch.data);
+    }
+    (p.id().to_string(), seen, last)
+}
+
+#[tokio::test]
+async fn a_detached_session_survives_its_transport_and_resumes_with_no_output_lost() {
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    assert!(!a.initialize_result().resumed);
+    let (id, mut seen, last) = start_ticker(&a).await;
+    // The transport dies (as when SSH drops): SIGKILL the stdio agent.
+    kill9(a.transport_pid().unwrap());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let b = Client::spawn(local(), resume(&a)).await.unwrap();
+    assert!(b.initialize_result().resumed);
+    assert_eq!(
+        b.initialize_result().session_id,
+        a.initialize_result().session_id
+    );
+    let (rest, exit) = read_rest(&b, &id, Some(last)).await;
+    seen.extend_from_slice(&rest);
+    assert_eq!(String::from_utf8(seen).unwrap(), expected_lines());
+    assert_eq!(exit.exit_code, Some(7));
+    b.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_refused_and_does_not_end_the_session() {
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let id = a.initialize_result().session_id.clone();
+    let e = Client::spawn(local(), resume_with(&id, &"0".repeat(32)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+    let e = Client::spawn(local(), resume_with(&"f".repeat(32), "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+    // The right token still works, and takes the session over from `a`,
+    // which may then only close.
+    let b = Client::spawn(local(), resume(&a)).await.unwrap();
+    assert!(b.initialize_result().resumed);
+    let e = a.environment_info().await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionTakenOver);
+    b.environment_info().await.unwrap();
+    b.close().await.unwrap();
+    drop(a);
+}
+
+#[tokio::test]
+async fn after_the_ttl_the_jobs_are_killed_and_resume_is_session_expired() {
+    let a = Client::spawn(local(), detach(1500)).await.unwrap();
+    let p = a
+        .start(&ProcessStartParams::new(
+            vec!["sleep".into(), "1000".into()],
+            "/",
+            env(),
+        ))
+        .await
+        .unwrap();
+    let pid = p.pid();
+    kill9(a.transport_pid().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.contains(") Z ") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z "),
+        "job {pid} outlived the TTL"
+    );
+    let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+}
+
+#[tokio::test]
+async fn without_detach_the_transport_ending_ends_the_session() {
+    let a = local_client().await;
+    let id = a.initialize_result().session_id.clone();
+    let token = a.initialize_result().resume_token.clone();
+    a.close().await.unwrap();
+    let e = Client::spawn(local(), resume_with(&id, &token))
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+}
+
+#[tokio::test]
+async fn a_session_resumes_only_under_the_profile_that_created_it() {
+    let dir = unique_tempdir("session-profile");
+    let config = dir.join("config.toml");
+    std::fs::write(&config, "[profiles.a]\n[profiles.b]\n").unwrap();
+    let with = |profile: &str| {
+        let mut c = local();
+        c.arg("--config").arg(&config).args(["--profile", profile]);
+        c
+    };
+    let a = Client::spawn(with("a"), detach(60_000)).await.unwrap();
+    let e = Client::spawn(with("b"), resume(&a)).await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+    assert!(
+        e_message(&Client::spawn(with("b"), resume(&a)).await.unwrap_err()).contains("profile")
+    );
+    let b = Client::spawn(with("a"), resume(&a)).await.unwrap();
+    assert!(b.initialize_result().resumed);
+    b.close().await.unwrap();
+}
+
+fn e_message(e: &Error) -> String {
+    match e {
+        Error::Remote(w) => w.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Over a real sshd: kill the `ssh` client mid-stream, reconnect with
+/// resume through a new `ssh`, and every line arrives exactly once, in
+/// order, then the exit code.
+#[tokio::test]
+async fn over_sshd_killing_ssh_mid_stream_then_resuming_loses_nothing() {
+    let sshd = Sshd::start("", "");
+    let opts: SshOptions = sshd.options(&executor_bin());
+    let a = Client::connect_ssh("127.0.0.1", &opts, detach(60_000))
+        .await
+        .expect("connect over ssh");
+    let (id, mut seen, last) = start_ticker(&a).await;
+    // The ssh client process dies (a network drop, a laptop lid).
+    kill9(a.transport_pid().unwrap());
+    let b = Client::connect_ssh("127.0.0.1", &opts, resume(&a))
+        .await
+        .expect("resume over ssh");
+    assert!(b.initialize_result().resumed);
+    let (rest, exit) = read_rest(&b, &id, Some(last)).await;
+    seen.extend_from_slice(&rest);
+    assert_eq!(String::from_utf8(seen).unwrap(), expected_lines());
+    assert_eq!(exit.exit_code, Some(7));
+    // A wrong token over ssh: refused.
+    let e = Client::connect_ssh(
+        "127.0.0.1",
+        &opts,
+        resume_with(&a.initialize_result().session_id, &"1".repeat(32)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+    b.close().await.unwrap();
+}
