@@ -60,6 +60,13 @@ impl Audit {
             None
         };
         let mut origin = Map::new();
+        if file.is_none() && syslog.is_none() {
+            return Ok(Audit {
+                file,
+                syslog,
+                origin,
+            });
+        }
         for (key, var) in [
             ("ssh_client", "SSH_CLIENT"),
             ("ssh_connection", "SSH_CONNECTION"),

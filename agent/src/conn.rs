@@ -331,27 +331,24 @@ where
     };
     tracing::debug!(?ending, "connection input ended");
 
-    // Let what is in flight finish briefly, then cancel the rest.
-    let (slots, max) = (conn.slots.clone(), conn.max_in_flight);
-    let deadline = tokio::time::Instant::now() + EOF_GRACE;
-    while slots.available_permits() < max && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    for token in conn
-        .in_flight
-        .lock()
-        .expect("in-flight lock")
-        .tokens
-        .values()
+    // Let what is in flight finish briefly, then cancel the rest. (Every
+    // slot back means every answer was written.)
+    let (slots, all) = (conn.slots.clone(), conn.max_in_flight as u32);
+    if tokio::time::timeout(EOF_GRACE, slots.acquire_many(all))
+        .await
+        .is_err()
     {
-        token.cancel();
-    }
-    let _ = tokio::time::timeout(EOF_GRACE, async {
-        while slots.available_permits() < max {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        for token in conn
+            .in_flight
+            .lock()
+            .expect("in-flight lock")
+            .tokens
+            .values()
+        {
+            token.cancel();
         }
-    })
-    .await;
+        let _ = tokio::time::timeout(EOF_GRACE, slots.acquire_many(all)).await;
+    }
     if let Some(generation) = conn.generation {
         session.detach(generation, &conn.notes);
     }

@@ -45,6 +45,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod bootstrap;
 pub mod fs;
 pub mod http;
 mod process;
@@ -184,6 +185,26 @@ impl Notification {
     /// `params.stream_id`, when there is one.
     pub fn stream_id(&self) -> Option<u64> {
         self.stream_id
+    }
+}
+
+/// How [`Client::reconnect`] retries: `attempts` tries in all, waiting
+/// `initial`, then twice as long each time, at most `max`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub attempts: u32,
+    pub initial: std::time::Duration,
+    pub max: std::time::Duration,
+}
+
+impl Default for Backoff {
+    /// 8 attempts over about a minute.
+    fn default() -> Self {
+        Backoff {
+            attempts: 8,
+            initial: std::time::Duration::from_millis(250),
+            max: std::time::Duration::from_secs(15),
+        }
     }
 }
 
@@ -443,6 +464,50 @@ impl Client {
             .expect("child lock")
             .as_ref()
             .and_then(|c| c.id())
+    }
+
+    /// The options that resume this client's session (id and token) on a
+    /// new transport; the session must have been started with
+    /// `detach_ttl_ms`.
+    pub fn resume_options(&self) -> ClientOptions {
+        ClientOptions {
+            session: Some(SessionParams {
+                resume: Some(executor_protocol::types::session::ResumeParams {
+                    session_id: self.conn.init.session_id.clone(),
+                    token: self.conn.init.resume_token.clone(),
+                }),
+                detach_ttl_ms: None,
+            }),
+            ..ClientOptions::default()
+        }
+    }
+
+    /// Resume this client's (detached) session on a new transport that
+    /// `connect` makes from the options it is given (for example
+    /// `|o| Client::connect_ssh(host, &ssh, o)`), retrying failures of the
+    /// transport with exponential backoff. An answer of the agent
+    /// (`session_expired`: unknown, expired, wrong token, other profile) is
+    /// final and returned at once.
+    pub async fn reconnect<F, Fut>(&self, mut connect: F, backoff: Backoff) -> Result<Client, Error>
+    where
+        F: FnMut(ClientOptions) -> Fut,
+        Fut: std::future::Future<Output = Result<Client, Error>>,
+    {
+        let mut delay = backoff.initial;
+        let mut attempt = 1;
+        loop {
+            match connect(self.resume_options()).await {
+                Ok(c) => return Ok(c),
+                Err(e @ Error::Remote(_)) => return Err(e),
+                Err(e) if attempt >= backoff.attempts => return Err(e),
+                Err(e) => {
+                    tracing::info!(attempt, error = %e, ?delay, "reconnect failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(backoff.max);
+                    attempt += 1;
+                }
+            }
+        }
     }
 
     /// What `initialize` answered.

@@ -90,6 +90,18 @@ enum Cmd {
         timeout_ms: u64,
         url: String,
     },
+    /// Install the agent on the `--target` host over SSH (no network needed
+    /// there): picks `FROM/<os>-<arch>/executor` after probing `uname -sm`,
+    /// uploads it, checks its SHA-256 on the host, then renames it into
+    /// `~/.local/lib/executor/<version>/executor`.
+    Bootstrap {
+        /// A folder of release builds: `<os>-<arch>/executor` (e.g. `linux-x86_64/executor`).
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
+        /// The base directory on the host.
+        #[arg(long, value_name = "DIR", default_value = executor_client::bootstrap::DEFAULT_REMOTE_DIR)]
+        remote_dir: String,
+    },
     /// Print the man page (`man`) or a shell completion script (`bash`,
     /// `zsh`, `fish`), for packaging.
     #[command(hide = true)]
@@ -121,6 +133,32 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let target = Target::parse(&cli.target).map_err(anyhow::Error::msg)?;
+    if let Cmd::Bootstrap { from, remote_dir } = &cli.command {
+        let Target::Ssh { user, host, port } = &target else {
+            anyhow::bail!("bootstrap needs an ssh --target (ssh://[user@]host[:port])");
+        };
+        let ssh = executor_client::SshOptions {
+            user: user.clone(),
+            port: *port,
+            ..Default::default()
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let installed = rt.block_on(executor_client::bootstrap::bootstrap(
+            host,
+            &ssh,
+            from,
+            Some(remote_dir),
+        ))?;
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "installed {} ({}, sha256 {}): {}",
+            installed.path, installed.platform, installed.sha256, installed.version_line
+        )?;
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -339,7 +377,7 @@ async fn run(target: Target, cmd: Cmd) -> anyhow::Result<i32> {
             out.flush()?;
             0
         }
-        Cmd::Generate { .. } => unreachable!("handled before connecting"),
+        Cmd::Generate { .. } | Cmd::Bootstrap { .. } => unreachable!("handled before connecting"),
         Cmd::Stat { path } => {
             let st = client.stat(path.as_str()).await?;
             let mut out = std::io::stdout().lock();

@@ -122,6 +122,22 @@ impl SshOptions {
     /// remote side receives one plain word (the remote shell would split or
     /// expand anything else), and nothing can be taken for an ssh option.
     pub fn command(&self, host: &str) -> Result<tokio::process::Command, Error> {
+        let rc = &self.remote_command;
+        if rc.is_empty()
+            || rc.starts_with('-')
+            || !rc
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-~+".contains(c))
+        {
+            return Err(bad("remote command", rc));
+        }
+        let mut cmd = self.base_command(host)?;
+        cmd.arg(rc);
+        Ok(cmd)
+    }
+
+    /// `ssh -T [options] [-s] -- [user@]host`, without the remote command.
+    pub(crate) fn base_command(&self, host: &str) -> Result<tokio::process::Command, Error> {
         let word = |v: &str| {
             !v.is_empty()
                 && !v.starts_with('-')
@@ -135,15 +151,6 @@ impl SshOptions {
             if !word(u) {
                 return Err(bad("user", u));
             }
-        }
-        let rc = &self.remote_command;
-        if rc.is_empty()
-            || rc.starts_with('-')
-            || !rc
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "/._-~+".contains(c))
-        {
-            return Err(bad("remote command", rc));
         }
         let mut cmd = tokio::process::Command::new(&self.ssh_program);
         cmd.arg("-T");
@@ -166,7 +173,7 @@ impl SshOptions {
             Some(u) => format!("{u}@{host}"),
             None => host.to_string(),
         };
-        cmd.arg("--").arg(dest).arg(rc);
+        cmd.arg("--").arg(dest);
         Ok(cmd)
     }
 }

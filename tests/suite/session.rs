@@ -268,3 +268,61 @@ async fn over_sshd_killing_ssh_mid_stream_then_resuming_loses_nothing() {
     assert_eq!(code(e), ErrorCode::SessionExpired);
     b.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn reconnect_retries_the_transport_with_backoff_and_stops_at_a_refusal() {
+    use executor_client::Backoff;
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    kill9(a.transport_pid().unwrap());
+    let attempts = std::sync::atomic::AtomicU32::new(0);
+    let backoff = Backoff {
+        attempts: 5,
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(100),
+    };
+    // The first two transports fail to start (a network still down).
+    let b = a
+        .reconnect(
+            |opts| {
+                let n = attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    let cmd = if n < 2 {
+                        tokio::process::Command::new("/nonexistent/ssh")
+                    } else {
+                        local()
+                    };
+                    Client::spawn(cmd, opts).await
+                }
+            },
+            backoff,
+        )
+        .await
+        .unwrap();
+    assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert!(b.initialize_result().resumed);
+    // A refusal is final: one attempt.
+    let tries = std::sync::atomic::AtomicU32::new(0);
+    let wrong = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let e = wrong
+        .reconnect(
+            |opts| {
+                tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let opts = ClientOptions {
+                    session: opts.session.map(|mut s| {
+                        if let Some(r) = s.resume.as_mut() {
+                            r.token = "0".repeat(32);
+                        }
+                        s
+                    }),
+                    ..opts
+                };
+                Client::spawn(local(), opts)
+            },
+            backoff,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+    assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 1);
+    b.close().await.unwrap();
+}

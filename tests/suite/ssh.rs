@@ -132,3 +132,111 @@ async fn login_shell_noise_before_the_preamble_is_skipped() {
     exercise(&c).await;
     c.close().await.unwrap();
 }
+
+/// A dist folder with this machine's agent as `<os>-<arch>/executor`.
+fn dist_with_agent(tag: &str) -> std::path::PathBuf {
+    let dist = unique_tempdir(tag);
+    let platform = format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH);
+    std::fs::create_dir_all(dist.join(&platform)).unwrap();
+    std::fs::copy(executor_bin(), dist.join(&platform).join("executor")).unwrap();
+    dist
+}
+
+#[tokio::test]
+async fn bootstrap_installs_the_agent_over_ssh_and_it_then_serves() {
+    use executor_client::bootstrap::bootstrap;
+    let sshd = Sshd::start("", "");
+    let dist = dist_with_agent("bootstrap-dist");
+    let remote = unique_tempdir("bootstrap-remote");
+    let opts = sshd.options(std::path::Path::new("executor"));
+    // A host without the agent: connecting fails.
+    let mut missing = opts.clone();
+    missing.remote_command = remote.join("nothing/executor").to_string_lossy().into();
+    assert!(
+        Client::connect_ssh("127.0.0.1", &missing, ClientOptions::default())
+            .await
+            .is_err()
+    );
+    let installed = bootstrap("127.0.0.1", &opts, &dist, Some(remote.to_str().unwrap()))
+        .await
+        .expect("bootstrap");
+    let version = env!("CARGO_PKG_VERSION");
+    let expected = remote.join(version).join("executor");
+    assert_eq!(installed.path, expected.to_str().unwrap());
+    assert!(
+        installed.version_line.starts_with("executor "),
+        "{installed:?}"
+    );
+    assert_eq!(
+        std::fs::read(&expected).unwrap(),
+        std::fs::read(executor_bin()).unwrap()
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&expected).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    // No temporary file left behind.
+    let names: Vec<_> = std::fs::read_dir(remote.join(version))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["executor"]);
+    // And it serves.
+    let mut served = opts.clone();
+    served.remote_command = installed.path.clone();
+    let c = Client::connect_ssh("127.0.0.1", &served, ClientOptions::default())
+        .await
+        .expect("the installed agent serves");
+    exercise(&c).await;
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupted_upload_is_detected_on_the_host_and_not_installed() {
+    use executor_client::bootstrap::{install_with, BootstrapError};
+    let sshd = Sshd::start("", "");
+    let remote = unique_tempdir("bootstrap-corrupt");
+    let opts = sshd.options(std::path::Path::new("executor"));
+    let good = std::fs::read(executor_bin()).unwrap();
+    let e = install_with("127.0.0.1", &opts, Some(remote.to_str().unwrap()), |_| {
+        // The digest of the real binary, and bytes damaged in transit.
+        let digest: String = ring::digest::digest(&ring::digest::SHA256, &good)
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let mut damaged = good.clone();
+        damaged[1000] ^= 0x40;
+        Ok((damaged, digest))
+    })
+    .await
+    .unwrap_err();
+    assert!(matches!(e, BootstrapError::ChecksumMismatch(_)), "{e}");
+    assert!(e.to_string().contains("nothing installed"), "{e}");
+    let dir = remote.join(env!("CARGO_PKG_VERSION"));
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left on the host: {left:?}");
+}
+
+#[tokio::test]
+async fn bootstrap_under_a_forced_command_is_refused_saying_why() {
+    use executor_client::bootstrap::{bootstrap, BootstrapError};
+    let prefix = format!("command=\"{}\",restrict ", executor_bin().display());
+    let sshd = Sshd::start(&prefix, "");
+    let dist = dist_with_agent("bootstrap-forced");
+    let remote = unique_tempdir("bootstrap-forced-remote");
+    let e = bootstrap(
+        "127.0.0.1",
+        &sshd.options(std::path::Path::new("executor")),
+        &dist,
+        Some(remote.to_str().unwrap()),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, BootstrapError::ForcedCommand(_)), "{e}");
+    assert!(e.to_string().contains("forced command"), "{e}");
+    assert!(std::fs::read_dir(&remote).unwrap().next().is_none());
+}

@@ -1,0 +1,275 @@
+//! `bootstrap`: install the agent on a host over SSH, for hosts without the
+//! package and without network access of their own.
+//!
+//! One SSH connection does it all: the remote side prints `uname -sm`, the
+//! client picks the matching binary from a local folder of release builds
+//! (`DIST/<os>-<arch>/executor`, e.g. `dist/linux-x86_64/executor`, so a
+//! macOS or Linux client can install a Linux agent of the right
+//! architecture), sends its SHA-256 (computed here with `ring`) and its
+//! bytes; the host writes them to a temporary file beside the versioned
+//! path (`~/.local/lib/executor/<version>/executor` by default), checks the
+//! digest with `sha256sum` and only then renames it into place. A corrupted
+//! upload is deleted, never installed.
+//!
+//! The remote script is this module's own text; the only values put into
+//! it are the version and a base directory that is checked to be a plain
+//! path (it never carries input as shell code).
+
+use crate::{Error, SshOptions};
+use std::path::{Path, PathBuf};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// The default base directory on the host (`<base>/<version>/executor`).
+pub const DEFAULT_REMOTE_DIR: &str = "$HOME/.local/lib/executor";
+
+/// Why a bootstrap failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    #[error("ssh: {0}")]
+    Transport(#[from] Error),
+    #[error("ssh I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the host answered {0:?} instead of `uname -sm` output")]
+    Probe(String),
+    #[error("no agent build for {platform} in {dist} (expected {expected}; have: {available})")]
+    NoBuild {
+        platform: String,
+        dist: PathBuf,
+        expected: PathBuf,
+        available: String,
+    },
+    #[error("this key is restricted to the executor by a forced command on the host, so bootstrap cannot run its installer there; install the package, or bootstrap with a key that may run commands ({0})")]
+    ForcedCommand(String),
+    #[error("the upload was corrupted in transit: {0}")]
+    ChecksumMismatch(String),
+    #[error("{0:?} is not a plain directory path")]
+    BadRemoteDir(String),
+    #[error("the installer failed (exit {code:?}): {stderr}")]
+    Failed { code: Option<i32>, stderr: String },
+}
+
+/// What was installed where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// `<os>-<arch>` of the host, as the dist folder names it.
+    pub platform: String,
+    /// The installed agent's path on the host (give it to
+    /// `SshOptions::remote_command`).
+    pub path: String,
+    /// Its SHA-256, hex.
+    pub sha256: String,
+    /// What the installed agent printed for `--version`.
+    pub version_line: String,
+}
+
+/// `uname -sm` → `linux-x86_64`, `linux-aarch64`, `darwin-aarch64`, ...
+pub fn platform_of(uname: &str) -> Option<String> {
+    let mut it = uname.split_whitespace();
+    let (os, arch) = (it.next()?, it.next()?);
+    let arch = match arch {
+        "arm64" => "aarch64",
+        "amd64" => "x86_64",
+        a => a,
+    };
+    Some(format!("{}-{arch}", os.to_ascii_lowercase()))
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, data)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn script(remote_dir: &str) -> Result<String, BootstrapError> {
+    let plain = remote_dir
+        .strip_prefix("$HOME/")
+        .map_or(remote_dir, |rest| rest);
+    let ok = !remote_dir.is_empty()
+        && (remote_dir.starts_with('/') || remote_dir.starts_with("$HOME/"))
+        && plain
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c));
+    if !ok {
+        return Err(BootstrapError::BadRemoteDir(remote_dir.into()));
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    Ok(format!(
+        r#"set -e
+uname -sm
+IFS= read -r want
+d="{remote_dir}/{version}"
+mkdir -p "$d"
+t="$d/.executor.upload.$$"
+trap 'rm -f "$t"' EXIT
+cat > "$t"
+got=$(sha256sum "$t" | cut -d' ' -f1)
+if [ "$got" != "$want" ]; then
+  echo "checksum mismatch: expected $want, got $got; nothing installed" >&2
+  exit 3
+fi
+chmod 0755 "$t"
+mv -f "$t" "$d/executor"
+trap - EXIT
+echo "$d/executor"
+"$d/executor" --version
+"#
+    ))
+}
+
+/// Install the agent from `dist` on `host` (see the module docs).
+pub async fn bootstrap(
+    host: &str,
+    ssh: &SshOptions,
+    dist: &Path,
+    remote_dir: Option<&str>,
+) -> Result<Installed, BootstrapError> {
+    install_with(host, ssh, remote_dir, |platform| {
+        let expected = dist.join(platform).join("executor");
+        match std::fs::read(&expected) {
+            Ok(bytes) => {
+                let digest = sha256_hex(&bytes);
+                Ok((bytes, digest))
+            }
+            Err(_) => {
+                let available = std::fs::read_dir(dist)
+                    .map(|d| {
+                        d.filter_map(|e| e.ok())
+                            .filter(|e| e.path().join("executor").is_file())
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    })
+                    .unwrap_or_default();
+                Err(BootstrapError::NoBuild {
+                    platform: platform.into(),
+                    dist: dist.into(),
+                    expected,
+                    available: if available.is_empty() {
+                        "none".into()
+                    } else {
+                        available
+                    },
+                })
+            }
+        }
+    })
+    .await
+}
+
+/// The installer over one SSH connection; `pick` chooses the bytes and the
+/// digest announced for them once the platform is known. (Tests announce a
+/// digest that does not match, as a corrupted transfer would.)
+pub async fn install_with<F>(
+    host: &str,
+    ssh: &SshOptions,
+    remote_dir: Option<&str>,
+    pick: F,
+) -> Result<Installed, BootstrapError>
+where
+    F: FnOnce(&str) -> Result<(Vec<u8>, String), BootstrapError>,
+{
+    let text = script(remote_dir.unwrap_or(DEFAULT_REMOTE_DIR))?;
+    let mut cmd = ssh.base_command(host)?;
+    cmd.arg(text)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+        program: ssh.ssh_program.display().to_string(),
+        source,
+    })?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let err_task = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s).await;
+        s
+    });
+    let mut uname = String::new();
+    stdout.read_line(&mut uname).await?;
+    let platform = platform_of(&uname);
+    let Some(platform) = platform.filter(|_| uname.split_whitespace().count() == 2) else {
+        drop(stdin);
+        let status = child.wait().await?;
+        let stderr = err_task.await.unwrap_or_default();
+        if status.code() == Some(2) && stderr.contains("may only run the executor") {
+            return Err(BootstrapError::ForcedCommand(stderr.trim().to_string()));
+        }
+        if !status.success() {
+            return Err(BootstrapError::Failed {
+                code: status.code(),
+                stderr: stderr.trim().to_string(),
+            });
+        }
+        return Err(BootstrapError::Probe(uname.trim().to_string()));
+    };
+    let (bytes, digest) = match pick(&platform) {
+        Ok(b) => b,
+        Err(e) => {
+            drop(stdin);
+            let _ = child.kill().await;
+            return Err(e);
+        }
+    };
+    stdin.write_all(format!("{digest}\n").as_bytes()).await?;
+    stdin.write_all(&bytes).await?;
+    stdin.shutdown().await?;
+    drop(stdin);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).await?;
+    let status = child.wait().await?;
+    let stderr = err_task.await.unwrap_or_default();
+    match status.code() {
+        Some(0) => {
+            let mut lines = rest.lines();
+            let path = lines.next().unwrap_or_default().to_string();
+            let version_line = lines.next().unwrap_or_default().to_string();
+            Ok(Installed {
+                platform,
+                path,
+                sha256: sha256_hex(&bytes),
+                version_line,
+            })
+        }
+        Some(3) => Err(BootstrapError::ChecksumMismatch(stderr.trim().to_string())),
+        code => Err(BootstrapError::Failed {
+            code,
+            stderr: stderr.trim().to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn platforms_and_remote_dirs() {
+        assert_eq!(
+            platform_of("Linux x86_64\n").as_deref(),
+            Some("linux-x86_64")
+        );
+        assert_eq!(
+            platform_of("Darwin arm64").as_deref(),
+            Some("darwin-aarch64")
+        );
+        assert_eq!(platform_of("").as_deref(), None);
+        assert!(script("$HOME/.local/lib/executor").is_ok());
+        assert!(script("/opt/executor").is_ok());
+        for bad in [
+            "",
+            "relative",
+            "/x; rm -rf /",
+            "$(id)",
+            "/a b",
+            "$HOME/../`x`",
+        ] {
+            assert!(script(bad).is_err(), "{bad:?}");
+        }
+    }
+}
