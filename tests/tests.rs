@@ -23,5 +23,7 @@ mod sandbox;
 mod session;
 #[path = "suite/ssh.rs"]
 mod ssh;
+#[path = "suite/transports.rs"]
+mod transports;
 #[path = "suite/wire.rs"]
 mod wire;

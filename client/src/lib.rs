@@ -48,6 +48,8 @@
 pub mod bootstrap;
 pub mod fs;
 pub mod http;
+#[cfg(feature = "native-ssh")]
+pub mod native_ssh;
 mod process;
 pub mod target;
 
@@ -255,6 +257,9 @@ struct Conn {
     out: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
     init: InitializeResult,
     child: Mutex<Option<tokio::process::Child>>,
+    /// What the transport needs kept (a native SSH session).
+    #[allow(dead_code)]
+    keep: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 /// A connection to an agent, initialized and ready. Cheap to clone: clones
@@ -403,6 +408,7 @@ impl Client {
                 out: Mutex::new(Some(out_tx)),
                 init,
                 child: Mutex::new(None),
+                keep: Mutex::new(None),
             }),
         })
     }
@@ -453,6 +459,12 @@ impl Client {
         options: ClientOptions,
     ) -> Result<Client, Error> {
         Client::spawn(ssh.command(host)?, options).await
+    }
+
+    /// Keep `what` (part of the transport) alive as long as the connection.
+    #[allow(dead_code)]
+    pub(crate) fn keep_alive(&self, what: Box<dyn std::any::Any + Send>) {
+        *self.conn.keep.lock().expect("keep lock") = Some(what);
     }
 
     /// The pid of the transport command this client spawned (the local

@@ -41,6 +41,12 @@ fn sha256(data: &[u8]) -> Vec<u8> {
 #[tokio::test]
 async fn all_256_byte_values_round_trip() {
     let c = local_client().await;
+    all_256_byte_values_round_trip_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn all_256_byte_values_round_trip_on(c: &Client) {
     let d = unique_tempdir("bytes");
     let data: Vec<u8> = (0..=255u8).cycle().take(256 * 17).collect();
     let f = d.join("all");
@@ -131,6 +137,12 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
 #[tokio::test]
 async fn open_write_content_is_invisible_before_commit() {
     let c = local_client().await;
+    open_write_content_is_invisible_before_commit_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
     let d = unique_tempdir("commit");
     let f = d.join("target");
     std::fs::write(&f, "old").unwrap();
@@ -191,6 +203,12 @@ async fn open_write_content_is_invisible_before_commit() {
 #[tokio::test]
 async fn errors_name_the_path() {
     let c = local_client().await;
+    errors_name_the_path_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn errors_name_the_path_on(c: &Client) {
     let d = unique_tempdir("errors");
     let missing = d.join("missing");
     let w = remote(c.read_file(p(&missing)).await.unwrap_err());
@@ -269,6 +287,12 @@ async fn permission_denied_names_the_path() {
 #[tokio::test]
 async fn non_utf8_names_are_walked_and_read_back() {
     let c = local_client().await;
+    non_utf8_names_are_walked_and_read_back_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn non_utf8_names_are_walked_and_read_back_on(c: &Client) {
     let d = unique_tempdir("utf8");
     let name = OsStr::from_bytes(b"caf\xe9-\xff.txt");
     let f = d.join(name);
@@ -324,6 +348,12 @@ fn make_tree(d: &Path) -> usize {
 #[tokio::test]
 async fn walk_limits_truncate_and_cursors_resume_exactly() {
     let c = local_client().await;
+    walk_limits_truncate_and_cursors_resume_exactly_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn walk_limits_truncate_and_cursors_resume_exactly_on(c: &Client) {
     let d = unique_tempdir("walk");
     let total = make_tree(&d);
     // Everything at once.
@@ -448,6 +478,12 @@ async fn unreadable_directories_are_errors_and_the_walk_goes_on() {
 #[tokio::test]
 async fn a_5_mib_file_read_in_blocks_matches_its_sha256() {
     let c = local_client().await;
+    a_5_mib_file_read_in_blocks_matches_its_sha256_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn a_5_mib_file_read_in_blocks_matches_its_sha256_on(c: &Client) {
     let d = unique_tempdir("sha");
     let data: Vec<u8> = (0..5 * 1024 * 1024 + 123)
         .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
@@ -563,6 +599,12 @@ async fn reads_continue_from_the_old_inode_after_a_rename_over_the_path() {
 #[tokio::test]
 async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot() {
     let c = local_client().await;
+    the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &Client) {
     let d = unique_tempdir("handles");
     let f = d.join("f");
     std::fs::write(&f, "x").unwrap();
@@ -660,6 +702,12 @@ async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot() {
 #[tokio::test]
 async fn read_file_is_bounded_and_ranges_within_the_bound_work() {
     let c = local_client().await;
+    read_file_is_bounded_and_ranges_within_the_bound_work_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn read_file_is_bounded_and_ranges_within_the_bound_work_on(c: &Client) {
     let d = unique_tempdir("bound");
     let f = d.join("big");
     let file = std::fs::File::create(&f).unwrap();
@@ -834,4 +882,16 @@ async fn streaming_a_2_gib_sparse_file_keeps_the_agent_rss_flat() {
     );
     c.close().await.unwrap();
     std::fs::remove_file(&f).unwrap();
+}
+
+/// The transport-independent tests, by their test names.
+pub mod on {
+    pub use super::a_5_mib_file_read_in_blocks_matches_its_sha256_on as a_5_mib_file_read_in_blocks_matches_its_sha256;
+    pub use super::all_256_byte_values_round_trip_on as all_256_byte_values_round_trip;
+    pub use super::errors_name_the_path_on as errors_name_the_path;
+    pub use super::non_utf8_names_are_walked_and_read_back_on as non_utf8_names_are_walked_and_read_back;
+    pub use super::open_write_content_is_invisible_before_commit_on as open_write_content_is_invisible_before_commit;
+    pub use super::read_file_is_bounded_and_ranges_within_the_bound_work_on as read_file_is_bounded_and_ranges_within_the_bound_work;
+    pub use super::the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on as the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot;
+    pub use super::walk_limits_truncate_and_cursors_resume_exactly_on as walk_limits_truncate_and_cursors_resume_exactly;
 }

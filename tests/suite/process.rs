@@ -66,11 +66,17 @@ async fn wait_dead(pid: u32, within: Duration) -> bool {
 #[tokio::test]
 async fn echo_exit_codes_and_streams() {
     let c = local_client().await;
-    let (out, err, _, st) = run(&c, &params(&["sh", "-c", "echo out; echo err >&2; exit 3"])).await;
+    echo_exit_codes_and_streams_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn echo_exit_codes_and_streams_on(c: &Client) {
+    let (out, err, _, st) = run(c, &params(&["sh", "-c", "echo out; echo err >&2; exit 3"])).await;
     assert_eq!((out.as_str(), err.as_str()), ("out\n", "err\n"));
     assert_eq!(st.code, Some(3));
     assert_eq!(st.signal, None);
-    let (out, _, _, st) = run(&c, &params(&["echo", "hello", "world"])).await;
+    let (out, _, _, st) = run(c, &params(&["echo", "hello", "world"])).await;
     assert_eq!(out, "hello world\n");
     assert!(st.success());
 }
@@ -78,7 +84,13 @@ async fn echo_exit_codes_and_streams() {
 #[tokio::test]
 async fn death_by_signal_is_reported_as_signal() {
     let c = local_client().await;
-    let (_, _, _, st) = run(&c, &params(&["sh", "-c", "kill -TERM $$"])).await;
+    death_by_signal_is_reported_as_signal_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn death_by_signal_is_reported_as_signal_on(c: &Client) {
+    let (_, _, _, st) = run(c, &params(&["sh", "-c", "kill -TERM $$"])).await;
     assert_eq!(st.code, None);
     assert_eq!(st.signal.as_deref(), Some("SIGTERM"));
     assert_eq!(st.signal_number, Some(15));
@@ -191,6 +203,12 @@ async fn missing_cwd_or_program_is_an_error_and_nothing_runs() {
 #[tokio::test]
 async fn cat_echoes_stdin_until_close() {
     let c = local_client().await;
+    cat_echoes_stdin_until_close_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn cat_echoes_stdin_until_close_on(c: &Client) {
     let mut proc = c.start(&params(&["cat"])).await.unwrap();
     proc.write(b"hello ").await.unwrap();
     proc.write(b"there").await.unwrap();
@@ -204,20 +222,26 @@ async fn cat_echoes_stdin_until_close() {
     // stdin null: cat sees EOF at once.
     let mut p = params(&["cat"]);
     p.stdin = StdinMode::Null;
-    let (out, _, _, st) = run(&c, &p).await;
+    let (out, _, _, st) = run(c, &p).await;
     assert_eq!((out.as_str(), st.code), ("", Some(0)));
 }
 
 #[tokio::test]
 async fn tty_has_a_pts_and_resize_is_seen() {
     let c = local_client().await;
+    tty_has_a_pts_and_resize_is_seen_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn tty_has_a_pts_and_resize_is_seen_on(c: &Client) {
     let mut p = params(&["sh", "-c", "tty; stty size"]);
     p.tty = true;
     p.pty_size = Some(PtySize {
         rows: 33,
         cols: 101,
     });
-    let (out, err, pty, st) = run(&c, &p).await;
+    let (out, err, pty, st) = run(c, &p).await;
     assert!(st.success(), "{pty}");
     assert!(out.is_empty() && err.is_empty());
     assert!(pty.starts_with("/dev/pts/"), "{pty:?}");
@@ -248,6 +272,12 @@ async fn tty_has_a_pts_and_resize_is_seen() {
 #[tokio::test]
 async fn interrupt_reaches_the_trap_and_its_exit_is_reported() {
     let c = local_client().await;
+    interrupt_reaches_the_trap_and_its_exit_is_reported_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn interrupt_reaches_the_trap_and_its_exit_is_reported_on(c: &Client) {
     let mut proc = c
         .start(&params(&[
             "sh",
@@ -274,6 +304,12 @@ async fn interrupt_reaches_the_trap_and_its_exit_is_reported() {
 #[tokio::test]
 async fn every_signal_name_is_delivered_to_the_group() {
     let c = local_client().await;
+    every_signal_name_is_delivered_to_the_group_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn every_signal_name_is_delivered_to_the_group_on(c: &Client) {
     for (name, num) in [
         (SignalName::Terminate, 15),
         (SignalName::Hangup, 1),
@@ -301,16 +337,22 @@ async fn every_signal_name_is_delivered_to_the_group() {
         .unwrap();
     proc.next_output().await.unwrap();
     proc.signal(SignalName::Stop).await.unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", proc.pid())).unwrap();
-    let state = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
-    assert_eq!(state, "T", "stopped");
+    // kill(2) returns before the target is scheduled to stop: poll briefly.
+    let state_of = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while state_of(proc.pid()) != "T" && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state_of(proc.pid()), "T", "stopped");
     proc.signal(SignalName::Continue).await.unwrap();
     proc.write(b"\n").await.unwrap();
     let ch = proc.next_output().await.unwrap().unwrap();
@@ -615,6 +657,12 @@ async fn read_long_polls_and_cancel_answers_cancelled() {
 #[tokio::test]
 async fn two_hundred_concurrent_processes_keep_their_own_output() {
     let c = local_client().await;
+    two_hundred_concurrent_processes_keep_their_own_output_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn two_hundred_concurrent_processes_keep_their_own_output_on(c: &Client) {
     let mut tasks = Vec::new();
     for i in 0..200 {
         let c = c.clone();
@@ -637,6 +685,12 @@ async fn two_hundred_concurrent_processes_keep_their_own_output() {
 #[tokio::test]
 async fn process_ids_are_unique_and_listed_with_tags() {
     let c = local_client().await;
+    process_ids_are_unique_and_listed_with_tags_on(&c).await;
+    c.close().await.unwrap();
+}
+
+/// Run by every transport (tests/suite/transports.rs).
+pub async fn process_ids_are_unique_and_listed_with_tags_on(c: &Client) {
     let mut p = params(&["sleep", "100"]);
     p.tag = Some("my-tag".into());
     let a = c.start(&p).await.unwrap();
@@ -692,4 +746,16 @@ async fn pid_is_the_programs_own() {
         proc.pid().to_string()
     );
     let _ = out;
+}
+
+/// The transport-independent tests, by their test names.
+pub mod on {
+    pub use super::cat_echoes_stdin_until_close_on as cat_echoes_stdin_until_close;
+    pub use super::death_by_signal_is_reported_as_signal_on as death_by_signal_is_reported_as_signal;
+    pub use super::echo_exit_codes_and_streams_on as echo_exit_codes_and_streams;
+    pub use super::every_signal_name_is_delivered_to_the_group_on as every_signal_name_is_delivered_to_the_group;
+    pub use super::interrupt_reaches_the_trap_and_its_exit_is_reported_on as interrupt_reaches_the_trap_and_its_exit_is_reported;
+    pub use super::process_ids_are_unique_and_listed_with_tags_on as process_ids_are_unique_and_listed_with_tags;
+    pub use super::tty_has_a_pts_and_resize_is_seen_on as tty_has_a_pts_and_resize_is_seen;
+    pub use super::two_hundred_concurrent_processes_keep_their_own_output_on as two_hundred_concurrent_processes_keep_their_own_output;
 }

@@ -240,3 +240,53 @@ async fn bootstrap_under_a_forced_command_is_refused_saying_why() {
     assert!(e.to_string().contains("forced command"), "{e}");
     assert!(std::fs::read_dir(&remote).unwrap().next().is_none());
 }
+
+#[tokio::test]
+async fn the_native_russh_transport_verifies_host_keys_against_known_hosts() {
+    use executor_client::native_ssh::NativeSshOptions;
+    let sshd = Sshd::start("", "");
+    let host_pub = std::fs::read_to_string(sshd.dir.join("host_key.pub")).unwrap();
+    let mut fields = host_pub.split_whitespace();
+    let (kind, key) = (fields.next().unwrap(), fields.next().unwrap());
+    let known = sshd.dir.join("native_known_hosts");
+    let opts = NativeSshOptions {
+        user: sshd.user.clone(),
+        port: sshd.port,
+        identity: sshd.client_key.clone(),
+        known_hosts: Some(known.clone()),
+        remote_command: executor_bin().to_string_lossy().into_owned(),
+        subsystem: false,
+    };
+    // Unknown host: refused.
+    std::fs::write(&known, "").unwrap();
+    let e = Client::connect_native_ssh("127.0.0.1", &opts, ClientOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is not in"), "{e}");
+    // A changed key: refused, loudly.
+    let other = sshd.dir.join("other_key");
+    let st = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&other)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let other_pub = std::fs::read_to_string(other.with_extension("pub")).unwrap();
+    let other_key = other_pub.split_whitespace().nth(1).unwrap();
+    std::fs::write(
+        &known,
+        format!("[127.0.0.1]:{} {kind} {other_key}\n", sshd.port),
+    )
+    .unwrap();
+    let e = Client::connect_native_ssh("127.0.0.1", &opts, ClientOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("CHANGED"), "{e}");
+    // The right key: it connects and works like any transport.
+    std::fs::write(&known, format!("[127.0.0.1]:{} {kind} {key}\n", sshd.port)).unwrap();
+    let c = Client::connect_native_ssh("127.0.0.1", &opts, ClientOptions::default())
+        .await
+        .expect("native ssh");
+    exercise(&c).await;
+    c.close().await.unwrap();
+}
