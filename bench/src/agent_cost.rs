@@ -2,10 +2,9 @@
 //! RSS, peak RSS while streaming 10 GiB, and the wire encoding of a 1 MiB
 //! block against JSON with base64 (the reference protocol's encoding).
 
-use crate::{best, connect, env, median, Row};
+use crate::{best, connect, median, Row};
 use anyhow::bail;
 use executor_client::{Client, ClientOptions};
-use executor_protocol::types::process::ProcessStartParams;
 use std::time::{Duration, Instant};
 
 fn status_kib(pid: u32, field: &str) -> u64 {
@@ -69,24 +68,9 @@ pub async fn streaming_peak_rss(bytes: u64) -> anyhow::Result<Row> {
     let c = connect().await?;
     let pid = c.transport_pid().unwrap_or(0);
     let cmd = format!("head -c {bytes} /dev/zero");
-    let t = Instant::now();
-    let mut p = c
-        .start(&ProcessStartParams::new(
-            vec!["sh".into(), "-c".into(), cmd.clone()],
-            "/",
-            env(),
-        ))
-        .await?;
-    let mut got = 0u64;
-    while let Some(ch) = p.next_output().await? {
-        got += ch.data.len() as u64;
-    }
-    let took = t.elapsed();
+    let took = crate::output_through_agent(&c, &cmd, bytes).await?;
     let peak = status_kib(pid, "VmHWM");
     c.close().await?;
-    if got != bytes {
-        bail!("got {got} of {bytes} bytes");
-    }
     let mut sleeper = tokio::process::Command::new("sleep").arg("5").spawn()?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let base = status_kib(sleeper.id().unwrap_or(0), "VmHWM");

@@ -12,7 +12,7 @@ use executor_tests::*;
 use rmpv::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn remote(e: Error) -> executor_protocol::WireError {
     match e {
@@ -335,78 +335,50 @@ async fn the_audit_log_records_methods_and_outcomes_and_no_secrets() {
     }
 }
 
+/// A sparse file of `size` bytes, opened by `a`, with `blocks` 1 MiB
+/// `fs/readBlock` requests sent and not yet read.
+async fn reads_in_flight(a: &mut RawAgent, tag: &str, size: u64, blocks: u64) {
+    let big = unique_tempdir(tag).join("big");
+    std::fs::File::create(&big).unwrap().set_len(size).unwrap();
+    let r = a
+        .request(
+            2,
+            "fs/open",
+            &map(&[("path", big.to_str().unwrap().into())]),
+        )
+        .await;
+    let handle = get(get(&r, "result").unwrap(), "handle").unwrap().clone();
+    for i in 0..blocks {
+        let params = map(&[
+            ("handle", handle.clone()),
+            ("offset", (i << 20).into()),
+            ("length", (1u64 << 20).into()),
+        ]);
+        a.send_request(10 + i, "fs/readBlock", &params).await;
+    }
+}
+
 #[tokio::test]
 async fn sigkill_during_a_job_and_a_streaming_read_leaves_nothing_alive() {
-    let dir = unique_tempdir("fault-kill");
-    let big = dir.join("big");
-    std::fs::File::create(&big)
-        .unwrap()
-        .set_len(256 << 20)
-        .unwrap();
     let mut a = RawAgent::initialized().await;
     let r = a.request(1, "process/start", &sh("sleep 1000")).await;
     let pid = get(get(&r, "result").unwrap(), "pid")
         .unwrap()
         .as_u64()
         .unwrap() as u32;
-    let r = a
-        .request(
-            2,
-            "fs/open",
-            &map(&[("path", big.to_str().unwrap().into())]),
-        )
-        .await;
-    let handle = get(get(&r, "result").unwrap(), "handle").unwrap().clone();
-    for i in 0..8u64 {
-        let params = map(&[
-            ("handle", handle.clone()),
-            ("offset", (i << 20).into()),
-            ("length", (1u64 << 20).into()),
-        ]);
-        a.send_request(10 + i, "fs/readBlock", &params).await;
-    }
+    reads_in_flight(&mut a, "fault-kill", 256 << 20, 8).await;
     a.child.start_kill().unwrap();
     a.wait().await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline && std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if state.contains(") Z ") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(
-        state.is_empty() || state.contains(") Z "),
-        "job {pid} survived the agent's SIGKILL: {state}"
+        wait_dead(pid, Duration::from_secs(5)).await,
+        "job {pid} survived the agent's SIGKILL"
     );
 }
 
 #[tokio::test]
 async fn closing_the_transport_mid_read_block_ends_the_agent_cleanly() {
-    let dir = unique_tempdir("fault-close");
-    let big = dir.join("big");
-    std::fs::File::create(&big)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
     let mut a = RawAgent::initialized().await;
-    let r = a
-        .request(
-            2,
-            "fs/open",
-            &map(&[("path", big.to_str().unwrap().into())]),
-        )
-        .await;
-    let handle = get(get(&r, "result").unwrap(), "handle").unwrap().clone();
-    for i in 0..16u64 {
-        let params = map(&[
-            ("handle", handle.clone()),
-            ("offset", (i << 20).into()),
-            ("length", (1u64 << 20).into()),
-        ]);
-        a.send_request(10 + i, "fs/readBlock", &params).await;
-    }
+    reads_in_flight(&mut a, "fault-close", 64 << 20, 16).await;
     // Gone mid-stream: both of our pipe ends close.
     let pid = a.child.id().unwrap();
     let fds_open = std::fs::read_dir(format!("/proc/{pid}/fd"))

@@ -40,29 +40,6 @@ async fn run(
     (s(out), s(err), s(pty), proc.exit_status().expect("exit"))
 }
 
-pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next());
-            state != Some("Z")
-        }
-        Err(_) => false,
-    }
-}
-
-async fn wait_dead(pid: u32, within: Duration) -> bool {
-    let deadline = std::time::Instant::now() + within;
-    while std::time::Instant::now() < deadline {
-        if !alive(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    !alive(pid)
-}
-
 #[tokio::test]
 async fn echo_exit_codes_and_streams() {
     let c = local_client().await;

@@ -179,17 +179,8 @@ async fn after_the_ttl_the_jobs_are_killed_and_resume_is_session_expired() {
         .unwrap();
     let pid = p.pid();
     kill9(a.transport_pid().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat.contains(") Z ") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(
-        stat.is_empty() || stat.contains(") Z "),
+        wait_dead(pid, Duration::from_secs(10)).await,
         "job {pid} outlived the TTL"
     );
     let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
