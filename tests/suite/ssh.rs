@@ -290,3 +290,37 @@ async fn the_native_russh_transport_verifies_host_keys_against_known_hosts() {
     exercise(&c).await;
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_forced_command_with_a_profile_limits_what_the_key_may_do() {
+    let dir = unique_tempdir("forced-profile");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[profiles.reader]\nmethods.allow = [\"fs/readFile\", \"fs/stat\"]\n",
+    )
+    .unwrap();
+    let prefix = format!(
+        "command=\"{} --config {} --profile reader\",restrict ",
+        executor_bin().display(),
+        config.display()
+    );
+    let sshd = Sshd::start(&prefix, "");
+    let c = Client::connect_ssh(
+        "127.0.0.1",
+        &sshd.options(std::path::Path::new("executor")),
+        ClientOptions::default(),
+    )
+    .await
+    .expect("the forced command serves");
+    assert_eq!(c.initialize_result().methods, ["fs/stat", "fs/readFile"]);
+    let f = dir.join("f");
+    std::fs::write(&f, b"readable").unwrap();
+    assert_eq!(c.read_file(f.to_str().unwrap()).await.unwrap(), b"readable");
+    let e = c
+        .start(&ProcessStartParams::new(vec!["true".into()], "/", env()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(executor_client::ErrorCode::PolicyDenied));
+    c.close().await.unwrap();
+}
