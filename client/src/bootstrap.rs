@@ -159,6 +159,44 @@ pub async fn bootstrap(
     .await
 }
 
+impl crate::Client {
+    /// `connect_ssh`, installing the agent first when the host has none or
+    /// one of another version: a failed start (no such command) or an agent
+    /// whose version differs from this client's leads to [`bootstrap`] from
+    /// `dist` into `remote_dir` (default [`DEFAULT_REMOTE_DIR`]), then to a
+    /// connection to the installed agent. An agent error (a refused resume,
+    /// a profile) is returned as it is, and a forced command refuses the
+    /// install with a message saying why.
+    pub async fn connect_ssh_bootstrapping(
+        host: &str,
+        ssh: &SshOptions,
+        options: crate::ClientOptions,
+        dist: &Path,
+        remote_dir: Option<&str>,
+    ) -> Result<(crate::Client, Option<Installed>), BootstrapError> {
+        let ours = env!("CARGO_PKG_VERSION");
+        match crate::Client::connect_ssh(host, ssh, options.clone()).await {
+            Ok(c) if c.initialize_result().agent.version == ours => return Ok((c, None)),
+            Ok(c) => {
+                tracing::info!(
+                    theirs = %c.initialize_result().agent.version,
+                    ours,
+                    "the host's agent is another version: installing this one"
+                );
+                let _ = c.close().await;
+            }
+            Err(e @ Error::Remote(_)) => return Err(e.into()),
+            Err(e) => tracing::info!(error = %e, "no agent on the host: installing it"),
+        }
+        let installed = bootstrap(host, ssh, dist, remote_dir).await?;
+        let mut at = ssh.clone();
+        at.remote_command = installed.path.clone();
+        at.subsystem = false;
+        let c = crate::Client::connect_ssh(host, &at, options).await?;
+        Ok((c, Some(installed)))
+    }
+}
+
 /// The installer over one SSH connection; `pick` chooses the bytes and the
 /// digest announced for them once the platform is known. (Tests announce a
 /// digest that does not match, as a corrupted transfer would.)

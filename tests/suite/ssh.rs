@@ -324,3 +324,40 @@ async fn a_forced_command_with_a_profile_limits_what_the_key_may_do() {
     assert_eq!(e.code(), Some(executor_client::ErrorCode::PolicyDenied));
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn connect_ssh_bootstrapping_installs_a_missing_agent_then_connects() {
+    let sshd = Sshd::start("", "");
+    let dist = dist_with_agent("autoboot-dist");
+    let remote = unique_tempdir("autoboot-remote");
+    let mut opts = sshd.options(std::path::Path::new("executor"));
+    // Nothing at the remote command: the first connection fails.
+    opts.remote_command = remote.join("missing/executor").to_string_lossy().into();
+    let (c, installed) = Client::connect_ssh_bootstrapping(
+        "127.0.0.1",
+        &opts,
+        ClientOptions::default(),
+        &dist,
+        Some(remote.to_str().unwrap()),
+    )
+    .await
+    .expect("bootstrap and connect");
+    let installed = installed.expect("it had to install");
+    assert!(installed.path.starts_with(remote.to_str().unwrap()));
+    exercise(&c).await;
+    c.close().await.unwrap();
+    // An agent of this version already there: used as it is.
+    let mut present = opts.clone();
+    present.remote_command = installed.path.clone();
+    let (c, again) = Client::connect_ssh_bootstrapping(
+        "127.0.0.1",
+        &present,
+        ClientOptions::default(),
+        &dist,
+        Some(remote.to_str().unwrap()),
+    )
+    .await
+    .unwrap();
+    assert!(again.is_none(), "nothing to install");
+    c.close().await.unwrap();
+}
