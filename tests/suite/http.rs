@@ -85,6 +85,12 @@ async fn https_uses_the_configured_ca_and_negotiates_http2() {
     assert_eq!(r.status, 200);
     assert_eq!(values(&r, "x-version"), ["HTTP/2.0"], "ALPN must pick h2");
     assert_eq!(r.body.bytes().await.unwrap(), b"over tls");
+    // A URL with a fragment works over HTTP/2 too (the fragment stays local).
+    let r = c
+        .http_request(HttpRequest::get(server.url("/echo?q=1#section")))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
     // Streamed over HTTP/2 as well.
     let mut r = c
         .http_request(HttpRequest::get(server.url("/chunks?n=50&size=3000")).stream(true))
