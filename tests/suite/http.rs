@@ -61,11 +61,22 @@ async fn get_and_post_echo_binary_bodies_and_repeated_headers() {
     c.close().await.unwrap();
 }
 
+/// A TLS test server with a certificate from a fresh test CA, and an agent
+/// configured to trust that CA.
+async fn tls_server_and_trusting_agent(tag: &str) -> (TestServer, Client) {
+    let ca = TestCa::new(&unique_tempdir(tag));
+    let server = TestServer::start_tls(&ca).await;
+    let c = client_with_config(&format!(
+        "[http]\nextra_ca_file = {:?}\n",
+        ca.pem_path.to_str().unwrap()
+    ))
+    .await;
+    (server, c)
+}
+
 #[tokio::test]
 async fn https_uses_the_configured_ca_and_negotiates_http2() {
-    let dir = unique_tempdir("http-tls");
-    let ca = TestCa::new(&dir);
-    let server = TestServer::start_tls(&ca).await;
+    let (server, c) = tls_server_and_trusting_agent("http-tls").await;
     // Without the test CA the certificate is not trusted.
     let plain = local_client().await;
     let e = fails(&plain, HttpRequest::get(server.url("/echo"))).await;
@@ -73,11 +84,6 @@ async fn https_uses_the_configured_ca_and_negotiates_http2() {
     assert_eq!(data_str(&e, "kind"), Some("tls"), "{e:?}");
     plain.close().await.unwrap();
 
-    let c = client_with_config(&format!(
-        "[http]\nextra_ca_file = {:?}\n",
-        ca.pem_path.to_str().unwrap()
-    ))
-    .await;
     let r = c
         .http_request(HttpRequest::new("PUT", server.url("/echo")).body(&b"over tls"[..]))
         .await
@@ -290,15 +296,8 @@ async fn credentials_are_dropped_on_a_cross_origin_redirect_only() {
 
 #[tokio::test]
 async fn an_https_to_http_redirect_is_refused() {
-    let dir = unique_tempdir("http-downgrade");
-    let ca = TestCa::new(&dir);
-    let tls = TestServer::start_tls(&ca).await;
+    let (tls, c) = tls_server_and_trusting_agent("http-downgrade").await;
     let plain = TestServer::start().await;
-    let c = client_with_config(&format!(
-        "[http]\nextra_ca_file = {:?}\n",
-        ca.pem_path.to_str().unwrap()
-    ))
-    .await;
     let down = tls.url(&format!("/redirect?code=302&to={}", plain.url("/echo")));
     let e = fails(&c, HttpRequest::get(&down).follow_redirects(3)).await;
     assert_eq!(e.code, ErrorCode::PolicyDenied, "{e:?}");
