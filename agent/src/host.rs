@@ -20,10 +20,11 @@
 
 use crate::config::Config;
 use crate::conn::{serve_on, Ending};
-use crate::session::{Mode, Session};
+use crate::session::{Mode, Refusal, Session};
 use bytes::BytesMut;
 use executor_protocol::codec::FrameDecoder;
 use executor_protocol::message::Incoming;
+use executor_protocol::ErrorCode;
 use executor_protocol::{methods, PREAMBLE};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -40,6 +41,10 @@ const RESUME: u8 = 1;
 const ACCEPTED: u8 = 0;
 const OTHER_PROFILE: u8 = 1;
 const REFUSED: u8 = 2;
+const BUSY: u8 = 3;
+/// How long a resume may take from its handshake to its `initialize`
+/// answer before another resume may start.
+pub const RESUME_SETUP: Duration = Duration::from_secs(10);
 const SECRET_LEN: usize = 32;
 /// A host nobody attached to within this long exits (its relay died).
 const FIRST_ATTACH_WITHIN: Duration = Duration::from_secs(30);
@@ -159,6 +164,8 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
         .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
     let secret_tag = ring::hmac::sign(&key, &args.secret);
     let first_attach_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pending: Arc<std::sync::Mutex<Option<Pending>>> = Arc::default();
+    let mut next_connection = 0u64;
     let started = std::time::Instant::now();
     tracing::info!(session_id = %args.session_id, socket = %args.socket.display(), "session host up");
     loop {
@@ -175,8 +182,12 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
                 let (key, tag) = (key.clone(), secret_tag.as_ref().to_vec());
                 let first = first_attach_done.clone();
                 let profile = profile.clone();
+                let pending = pending.clone();
+                next_connection += 1;
+                let me = next_connection;
                 tokio::spawn(async move {
-                    if let Err(e) = attach(stream, session, &key, &tag, &first, &profile).await {
+                    let checks = Checks { key: &key, secret_tag: &tag, first_attach_done: &first, profile: &profile, pending: &pending, me };
+                    if let Err(e) = attach(stream, session, checks).await {
                         tracing::warn!(error = %e, "attach refused");
                     }
                 });
@@ -203,16 +214,42 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A resume between its handshake and its `initialize` answer.
+#[derive(Debug)]
+struct Pending {
+    connection: u64,
+    since: std::time::Instant,
+    /// The session's attachment generation when it started: a successful
+    /// resume changes it.
+    generation: u64,
+}
+
+/// What a connection to the host is checked against.
+struct Checks<'a> {
+    key: &'a ring::hmac::Key,
+    secret_tag: &'a [u8],
+    first_attach_done: &'a std::sync::atomic::AtomicBool,
+    profile: &'a str,
+    pending: &'a std::sync::Mutex<Option<Pending>>,
+    /// This connection's number.
+    me: u64,
+}
+
 /// One connection to the host: check the peer and the handshake, then
 /// serve it.
 async fn attach(
     mut stream: UnixStream,
     session: Arc<Session>,
-    key: &ring::hmac::Key,
-    secret_tag: &[u8],
-    first_attach_done: &std::sync::atomic::AtomicBool,
-    profile: &str,
+    checks: Checks<'_>,
 ) -> std::io::Result<()> {
+    let Checks {
+        key,
+        secret_tag,
+        first_attach_done,
+        profile,
+        pending,
+        me: this,
+    } = checks;
     let me = nix::unistd::getuid().as_raw();
     let peer = stream.peer_cred()?.uid();
     if peer != me {
@@ -243,8 +280,23 @@ async fn attach(
             REFUSED
         }
     } else if kind == RESUME {
-        // Checked by `initialize` (session id and token).
-        ACCEPTED
+        // The id and token are checked by `initialize`; only one resume
+        // may be in its setup at a time.
+        let mut p = pending.lock().expect("pending lock");
+        let generation = session.generation();
+        let busy = p
+            .as_ref()
+            .is_some_and(|p| p.since.elapsed() < RESUME_SETUP && p.generation == generation);
+        if busy {
+            BUSY
+        } else {
+            *p = Some(Pending {
+                connection: this,
+                since: std::time::Instant::now(),
+                generation,
+            });
+            ACCEPTED
+        }
     } else {
         REFUSED
     };
@@ -256,6 +308,10 @@ async fn attach(
     }
     let (reader, writer) = stream.into_split();
     let ending = serve_on(&session, reader, writer, false).await;
+    let mut p = pending.lock().expect("pending lock");
+    if p.as_ref().is_some_and(|p| p.connection == this) {
+        *p = None;
+    }
     tracing::info!(?ending, "a connection to the session host ended");
     Ok(())
 }
@@ -344,23 +400,30 @@ where
     replay.extend_from_slice(&buf);
     let wants = first.as_deref().map_or(Wants::Plain, wants);
     let profile = launch.profile.clone().unwrap_or_default();
+    let expired = |why: String| Refusal {
+        code: ErrorCode::SessionExpired,
+        why,
+    };
     let refusal = match wants {
         Wants::Plain => None,
         Wants::Detach => match start_host(&launch).await {
             Ok((socket, secret)) => {
                 match connect(&socket, FIRST_ATTACH, &profile, Some(&secret)).await {
                     Ok(stream) => return relay(stream, replay, input, output).await,
-                    Err(e) => Some(format!("the session host did not take the connection: {e}")),
+                    Err(e) => Some(expired(format!(
+                        "the session host did not take the connection: {}",
+                        e.why
+                    ))),
                 }
             }
-            Err(e) => Some(format!("cannot start a session host: {e}")),
+            Err(e) => Some(expired(format!("cannot start a session host: {e}"))),
         },
         Wants::Resume(id) => {
             let socket = socket_dir().ok().and_then(|d| socket_path(&d, &id));
             match socket {
                 Some(s) if s.exists() => match connect(&s, RESUME, &profile, None).await {
                     Ok(stream) => return relay(stream, replay, input, output).await,
-                    Err(e) => Some(e.to_string()),
+                    Err(e) => Some(e),
                 },
                 _ => {
                     let mut why = "no such session on this host (it expired, or it never existed)"
@@ -372,7 +435,7 @@ where
                              `loginctl enable-linger USER` keeps them",
                         );
                     }
-                    Some(why)
+                    Some(expired(why))
                 }
             }
         }
@@ -448,20 +511,60 @@ impl Mode0600 for std::fs::OpenOptions {
     }
 }
 
+/// Connect to a session host and pass its handshake.
 async fn connect(
     socket: &Path,
     kind: u8,
     profile: &str,
     secret: Option<&[u8; SECRET_LEN]>,
-) -> std::io::Result<UnixStream> {
-    let mut stream = UnixStream::connect(socket).await?;
-    let host_uid = stream.peer_cred()?.uid();
+) -> Result<UnixStream, Refusal> {
+    let io = |e: std::io::Error| Refusal {
+        code: ErrorCode::SessionExpired,
+        why: format!("the session host is unreachable: {e}"),
+    };
+    let mut stream = UnixStream::connect(socket).await.map_err(io)?;
+    let host_uid = stream.peer_cred().map_err(io)?.uid();
     let me = nix::unistd::getuid().as_raw();
     if host_uid != me {
-        return Err(std::io::Error::other(format!(
-            "the session host runs as uid {host_uid}, not {me}"
-        )));
+        return Err(Refusal {
+            code: ErrorCode::SessionExpired,
+            why: format!("the session host runs as uid {host_uid}, not {me}"),
+        });
     }
+    stream
+        .write_all(&handshake(kind, profile, secret).map_err(io)?)
+        .await
+        .map_err(io)?;
+    let mut verdict = [0u8; 1];
+    stream.read_exact(&mut verdict).await.map_err(io)?;
+    let refused = |code, why: &str| {
+        Err(Refusal {
+            code,
+            why: why.to_string(),
+        })
+    };
+    match verdict[0] {
+        ACCEPTED => Ok(stream),
+        OTHER_PROFILE => refused(
+            ErrorCode::SessionExpired,
+            "the session was created under another configuration profile",
+        ),
+        BUSY => refused(
+            ErrorCode::SessionBusy,
+            "another resume of this session is being set up; retry",
+        ),
+        _ => refused(
+            ErrorCode::SessionExpired,
+            "the session host refused the connection",
+        ),
+    }
+}
+
+fn handshake(
+    kind: u8,
+    profile: &str,
+    secret: Option<&[u8; SECRET_LEN]>,
+) -> std::io::Result<Vec<u8>> {
     let profile = profile.as_bytes();
     let mut head = Vec::with_capacity(6 + profile.len() + SECRET_LEN);
     head.extend_from_slice(MAGIC);
@@ -473,18 +576,17 @@ async fn connect(
     if let Some(s) = secret {
         head.extend_from_slice(s);
     }
-    stream.write_all(&head).await?;
-    let mut verdict = [0u8; 1];
-    stream.read_exact(&mut verdict).await?;
-    match verdict[0] {
-        ACCEPTED => Ok(stream),
-        OTHER_PROFILE => Err(std::io::Error::other(
-            "the session was created under another configuration profile",
-        )),
-        _ => Err(std::io::Error::other(
-            "the session host refused the connection",
-        )),
-    }
+    Ok(head)
+}
+
+/// Start a resume of the session at `socket` and stop before its
+/// `initialize`: the host counts it as a resume being set up (and answers
+/// others `session_busy`) until this connection sends its `initialize` or
+/// closes, or [`RESUME_SETUP`] passes. For tests and diagnostics.
+pub async fn begin_resume(socket: &Path, profile: &str) -> std::io::Result<UnixStream> {
+    connect(socket, RESUME, profile, None)
+        .await
+        .map_err(|r| std::io::Error::other(r.why))
 }
 
 /// Bytes both ways between the SSH side and the host, until either ends.

@@ -497,9 +497,9 @@ impl Client {
     /// Resume this client's (detached) session on a new transport that
     /// `connect` makes from the options it is given (for example
     /// `|o| Client::connect_ssh(host, &ssh, o)`), retrying failures of the
-    /// transport with exponential backoff. An answer of the agent
-    /// (`session_expired`: unknown, expired, wrong token, other profile) is
-    /// final and returned at once.
+    /// transport (and `session_busy`) with exponential backoff. Any other
+    /// answer of the agent (`session_expired`: unknown, expired, wrong
+    /// token, other profile) is final and returned at once.
     pub async fn reconnect<F, Fut>(&self, mut connect: F, backoff: Backoff) -> Result<Client, Error>
     where
         F: FnMut(ClientOptions) -> Fut,
@@ -510,7 +510,11 @@ impl Client {
         loop {
             match connect(self.resume_options()).await {
                 Ok(c) => return Ok(c),
-                Err(e @ Error::Remote(_)) => return Err(e),
+                // `session_busy` passes (another resume is being set up);
+                // any other answer of the agent is final.
+                Err(e @ Error::Remote(_)) if e.code() != Some(ErrorCode::SessionBusy) => {
+                    return Err(e)
+                }
                 Err(e) if attempt >= backoff.attempts => return Err(e),
                 Err(e) => {
                     tracing::info!(attempt, error = %e, ?delay, "reconnect failed; retrying");

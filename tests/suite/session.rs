@@ -317,3 +317,39 @@ async fn reconnect_retries_the_transport_with_backoff_and_stops_at_a_refusal() {
     assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 1);
     b.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_resume_while_another_is_being_set_up_is_session_busy() {
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let id = a.initialize_result().session_id.clone();
+    let socket =
+        executor_agent::host::socket_path(&executor_agent::host::socket_dir().unwrap(), &id)
+            .expect("a valid id");
+    // One resume has done its handshake and not yet sent `initialize`.
+    let held = executor_agent::host::begin_resume(&socket, "")
+        .await
+        .unwrap();
+    let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionBusy);
+    // It goes away: the next resume takes the session over.
+    drop(held);
+    let mut tries = 0;
+    let b = loop {
+        match Client::spawn(local(), resume(&a)).await {
+            Ok(b) => break b,
+            Err(e) if tries < 40 && e.code() == Some(ErrorCode::SessionBusy) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(b.initialize_result().resumed);
+    // A completed resume never blocks the next one: that one takes over.
+    let c = Client::spawn(local(), resume(&a)).await.unwrap();
+    assert!(c.initialize_result().resumed);
+    let e = b.environment_info().await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionTakenOver);
+    c.close().await.unwrap();
+    drop((a, b));
+}

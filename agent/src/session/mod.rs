@@ -61,11 +61,19 @@ impl Identity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     /// In the stdio process: it ends with its one connection. `refusal`
-    /// explains why a resume cannot be served here (no session host).
-    Plain { refusal: Option<String> },
+    /// explains why a resume (or a detach) cannot be served here.
+    Plain { refusal: Option<Refusal> },
     /// In a session host: it outlives connections (until its TTL runs out
     /// while detached) and is resumed by id and token.
     Host { session_id: String },
+}
+
+/// Why a stdio agent could not hand a resume to a session host: the code
+/// to answer with (`session_expired`, `session_busy`) and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub why: String,
 }
 
 /// Which connection holds the session, and since when none does.
@@ -298,8 +306,8 @@ impl Session {
                 )),
                 (Mode::Plain { refusal }, Some(t)) if t > 0 => {
                     let why = refusal
-                        .as_deref()
-                        .unwrap_or("no session host could be started");
+                        .as_ref()
+                        .map_or("no session host could be started", |r| r.why.as_str());
                     return Err(WireError::new(
                         ErrorCode::InvalidParams,
                         format!("detach_ttl_ms {t}: cannot keep this session detached: {why}"),
@@ -347,11 +355,13 @@ impl Session {
         };
         let identity = match (&self.mode, self.identity.get()) {
             (Mode::Host { .. }, Some(identity)) => identity,
-            (Mode::Plain { refusal }, _) => {
-                return Err(expired(
-                    refusal
-                        .clone()
-                        .unwrap_or_else(|| "no such session on this host".into()),
+            (Mode::Plain { refusal: None }, _) => {
+                return Err(expired("no such session on this host".into()))
+            }
+            (Mode::Plain { refusal: Some(r) }, _) => {
+                return Err(WireError::new(
+                    r.code,
+                    format!("cannot resume session {:?}: {}", resume.session_id, r.why),
                 ))
             }
             (Mode::Host { .. }, None) => return Err(expired("it never started".into())),
