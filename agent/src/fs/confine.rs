@@ -13,7 +13,7 @@
 use super::io_error;
 use crate::config::Profile;
 use crate::sandbox_gate::effective_policy;
-use executor_protocol::types::sandbox::SandboxIntent;
+use executor_protocol::types::fs::Scoped;
 use executor_protocol::{ErrorCode, WireError, WirePath};
 use executor_sandbox::policy::Root;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
@@ -57,11 +57,8 @@ fn real_path(fd: &OwnedFd) -> std::io::Result<PathBuf> {
 
 impl Confinement {
     /// The confinement of a request's intent, or `None` without one.
-    pub fn of(
-        intent: Option<&SandboxIntent>,
-        cwd: Option<&WirePath>,
-        profile: &Profile,
-    ) -> Result<Option<Confinement>, WireError> {
+    pub fn of(profile: &Profile, request: &impl Scoped) -> Result<Option<Confinement>, WireError> {
+        let (intent, cwd) = (request.sandbox(), request.cwd());
         if intent.is_none() && profile.sandbox.is_none() {
             return Ok(None);
         }
@@ -211,17 +208,16 @@ impl Confinement {
 
 /// A request path, absolute, resolved under the request's sandbox (if any).
 pub fn confined(
+    profile: &Profile,
+    request: &impl Scoped,
     p: &WirePath,
     field: &str,
-    intent: Option<&SandboxIntent>,
-    cwd: Option<&WirePath>,
-    profile: &Profile,
     access: Access,
     follow: bool,
 ) -> Result<PathBuf, WireError> {
     let path = super::req_path(p, field)?;
     // `..` is resolved by the kernel beneath a root, never here.
-    match Confinement::of(intent, cwd, profile)? {
+    match Confinement::of(profile, request)? {
         None => Ok(path),
         Some(c) => c.resolve(&path, access, follow),
     }

@@ -142,15 +142,7 @@ fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
 
 /// `fs/open`
 pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireError> {
-    let path = confined(
-        &p.path,
-        "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
-        Access::Read,
-        true,
-    )?;
+    let path = confined(s.profile(), &p, &p.path, "path", Access::Read, true)?;
     let (file, size) = blocking({
         let path = path.clone();
         move || {
@@ -203,15 +195,7 @@ pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, B
 
 /// `fs/openWrite`
 pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleResult, WireError> {
-    let target = confined(
-        &p.path,
-        "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
-        Access::Write,
-        false,
-    )?;
+    let target = confined(s.profile(), &p, &p.path, "path", Access::Write, false)?;
     super::check_mode(p.mode)?;
     // No temp file when no slot is free.
     s.handles().check_room(s.limits().max_open_files)?;

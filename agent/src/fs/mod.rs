@@ -115,11 +115,10 @@ pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 /// `fs/stat`
 pub async fn stat(s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireError> {
     let path = confine::confined(
+        s.profile(),
+        &p,
         &p.path,
         "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
         confine::Access::Read,
         p.follow_symlinks,
     )?;
@@ -148,11 +147,10 @@ pub async fn canonicalize(
     p: CanonicalizeParams,
 ) -> Result<PathResult, WireError> {
     let path = confine::confined(
+        s.profile(),
+        &p,
         &p.path,
         "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
         confine::Access::Read,
         true,
     )?;
@@ -187,11 +185,10 @@ pub fn read_at_most(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Ve
 /// `fs/readFile`
 pub async fn read_file(s: &Arc<Session>, p: ReadFileParams) -> Result<ReadFileResult, WireError> {
     let path = confine::confined(
+        s.profile(),
+        &p,
         &p.path,
         "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
         confine::Access::Read,
         true,
     )?;
@@ -318,11 +315,10 @@ pub fn finish_temp(
 /// `fs/writeFile`
 pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
     let path = confine::confined(
+        s.profile(),
+        &p,
         &p.path,
         "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
         confine::Access::Write,
         false,
     )?;
@@ -369,11 +365,10 @@ pub async fn create_directory(
     p: CreateDirectoryParams,
 ) -> Result<Empty, WireError> {
     let path = confine::confined(
+        s.profile(),
+        &p,
         &p.path,
         "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
         confine::Access::Write,
         false,
     )?;
@@ -393,11 +388,10 @@ pub async fn create_directory(
 /// recursive removal never follows symlinks out of the tree.
 pub async fn remove(s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireError> {
     let path = confine::confined(
+        s.profile(),
+        &p,
         &p.path,
         "path",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
         confine::Access::Write,
         false,
     )?;
@@ -424,23 +418,14 @@ pub async fn remove(s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireErro
 /// `fs/rename`
 pub async fn rename(s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireError> {
     let from = confine::confined(
+        s.profile(),
+        &p,
         &p.from,
         "from",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
         confine::Access::Write,
         false,
     )?;
-    let to = confine::confined(
-        &p.to,
-        "to",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
-        confine::Access::Write,
-        false,
-    )?;
+    let to = confine::confined(s.profile(), &p, &p.to, "to", confine::Access::Write, false)?;
     blocking(move || {
         std::fs::rename(&from, &to).map_err(|e| {
             let mut w = io_error(&e, &from, "cannot rename");

@@ -53,16 +53,8 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// `fs/walk`
 pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireError> {
-    let root = confined(
-        &p.root,
-        "root",
-        p.sandbox.as_ref(),
-        p.cwd.as_ref(),
-        s.profile(),
-        Access::Read,
-        true,
-    )?;
-    let confinement = Confinement::of(p.sandbox.as_ref(), p.cwd.as_ref(), s.profile())?;
+    let root = confined(s.profile(), &p, &p.root, "root", Access::Read, true)?;
+    let confinement = Confinement::of(s.profile(), &p)?;
     let max_entries = p.max_entries.min(s.limits().max_walk_entries);
     let max_bytes = p.max_response_bytes.min(s.limits().max_walk_response_bytes);
     blocking(move || walk_blocking(&root, &p, max_entries, max_bytes, confinement.as_ref())).await

@@ -21,7 +21,23 @@ macro_rules! fs_params {
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub cwd: Option<WirePath>,
         }
+
+        impl Scoped for $name {
+            fn sandbox(&self) -> Option<&SandboxIntent> {
+                self.sandbox.as_ref()
+            }
+            fn cwd(&self) -> Option<&WirePath> {
+                self.cwd.as_ref()
+            }
+        }
     };
+}
+
+/// What every filesystem request carries besides its own fields: the
+/// optional sandbox intent and the cwd that `:cwd` means in it.
+pub trait Scoped {
+    fn sandbox(&self) -> Option<&SandboxIntent>;
+    fn cwd(&self) -> Option<&WirePath>;
 }
 
 fn yes() -> bool {
