@@ -164,6 +164,8 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
         .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
     let secret_tag = ring::hmac::sign(&key, &args.secret);
     let first_attach_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Connections past their handshake and still open.
+    let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let pending: Arc<std::sync::Mutex<Option<Pending>>> = Arc::default();
     let mut next_connection = 0u64;
     let started = std::time::Instant::now();
@@ -183,10 +185,19 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
                 let first = first_attach_done.clone();
                 let profile = profile.clone();
                 let pending = pending.clone();
+                let active = active.clone();
                 next_connection += 1;
                 let me = next_connection;
                 tokio::spawn(async move {
-                    let checks = Checks { key: &key, secret_tag: &tag, first_attach_done: &first, profile: &profile, pending: &pending, me };
+                    let checks = Checks {
+                        key: &key,
+                        secret_tag: &tag,
+                        first_attach_done: &first,
+                        profile: &profile,
+                        pending: &pending,
+                        active: &active,
+                        me,
+                    };
                     if let Err(e) = attach(stream, session, checks).await {
                         tracing::warn!(error = %e, "attach refused");
                     }
@@ -197,8 +208,13 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
                     && started.elapsed() > FIRST_ATTACH_WITHIN;
                 let expired = session.is_initialized()
                     && session.detached_for().is_some_and(|d| d >= session.ttl());
-                if never_attached || expired {
-                    tracing::info!(session_id = %args.session_id, never_attached, "session host ending");
+                // The first connection ended without a session (its
+                // `initialize` failed): nothing will ever resume it.
+                let abandoned = first_attach_done.load(std::sync::atomic::Ordering::SeqCst)
+                    && !session.is_initialized()
+                    && active.load(std::sync::atomic::Ordering::SeqCst) == 0;
+                if never_attached || expired || abandoned {
+                    tracing::info!(session_id = %args.session_id, never_attached, abandoned, "session host ending");
                     break;
                 }
             }
@@ -231,6 +247,8 @@ struct Checks<'a> {
     first_attach_done: &'a std::sync::atomic::AtomicBool,
     profile: &'a str,
     pending: &'a std::sync::Mutex<Option<Pending>>,
+    /// Connections being served.
+    active: &'a std::sync::atomic::AtomicUsize,
     /// This connection's number.
     me: u64,
 }
@@ -248,8 +266,19 @@ async fn attach(
         first_attach_done,
         profile,
         pending,
+        active,
         me: this,
     } = checks;
+    // Counted from before the handshake (the first attach marks itself
+    // done there) until the connection ends.
+    struct Active<'a>(&'a std::sync::atomic::AtomicUsize);
+    impl Drop for Active<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    active.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let _active = Active(active);
     let me = nix::unistd::getuid().as_raw();
     let peer = stream.peer_cred()?.uid();
     if peer != me {

@@ -353,3 +353,50 @@ async fn a_resume_while_another_is_being_set_up_is_session_busy() {
     c.close().await.unwrap();
     drop((a, b));
 }
+
+/// Children of `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(p)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_session_host_whose_first_initialize_failed_exits_with_its_connection() {
+    let mut a = RawAgent::spawn().await;
+    let mut params = init_params();
+    params.protocol_version = 99;
+    params.session = Some(SessionParams {
+        resume: None,
+        detach_ttl_ms: Some(600_000),
+    });
+    let r = a.request(1, "initialize", &params).await;
+    assert_eq!(error_code(&r), Some("unsupported_version"), "{r:?}");
+    let relay = a.child.id().unwrap();
+    let host = children_of(relay)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"session-host"))
+        })
+        .expect("the relay started a session host");
+    // The client gives up: the host has no session to keep and exits
+    // (long before its 10-minute TTL).
+    a.close_and_wait().await;
+    assert!(
+        wait_dead(host, Duration::from_secs(5)).await,
+        "session host {host} outlived its only, failed connection"
+    );
+}
