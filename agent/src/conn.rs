@@ -148,17 +148,23 @@ impl Outbound {
         frame: OutFrame,
         patience: Duration,
     ) -> Result<(), NotifyError> {
-        let notes = self.current()?;
-        match notes.try_send(frame) {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(NotifyError::Closed),
-            Err(mpsc::error::TrySendError::Full(frame)) => {
-                match tokio::time::timeout(patience, notes.send(frame)).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(_)) => Err(NotifyError::Closed),
-                    Err(_) => Err(NotifyError::Full),
-                }
+        // The common case queues under the read lock, without cloning the
+        // sender; only a full queue (waiting) takes a clone.
+        let frame = {
+            let slot = self.notes.read().expect("notes lock");
+            let Some(notes) = slot.as_ref() else {
+                return Err(NotifyError::Closed);
+            };
+            match notes.try_send(frame) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(NotifyError::Closed),
+                Err(mpsc::error::TrySendError::Full(frame)) => frame,
             }
+        };
+        match tokio::time::timeout(patience, self.current()?.send(frame)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(NotifyError::Closed),
+            Err(_) => Err(NotifyError::Full),
         }
     }
 

@@ -46,14 +46,7 @@ async fn exercise(c: &Client) {
 
 #[tokio::test]
 async fn exec_mode() {
-    let sshd = Sshd::start("", "");
-    let c = Client::connect_ssh(
-        "127.0.0.1",
-        &sshd.options(&executor_bin()),
-        ClientOptions::default(),
-    )
-    .await
-    .expect("connect over ssh");
+    let (_sshd, c) = crate::transports::openssh().await;
     exercise(&c).await;
     // SSH_CLIENT shows it really went through sshd.
     let info = c.environment_info().await.unwrap();
