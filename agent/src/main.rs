@@ -139,7 +139,7 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `executor sandbox-exec [--lifeline FD] [--status FD] [--tty] --exec PATH POLICY -- ARGV...`:
+/// `executor sandbox-exec [--lifeline FD] [--status FD] --spec FD`:
 /// the trampoline every job goes through (see `executor_sandbox::trampoline`).
 fn sandbox_exec(args: &[std::ffi::OsString]) -> ! {
     use executor_sandbox::trampoline;

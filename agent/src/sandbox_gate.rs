@@ -14,10 +14,9 @@
 use crate::config::Profile;
 use executor_protocol::types::sandbox::{NetworkIntent, SandboxIntent};
 use executor_protocol::{ErrorCode, WireError};
+use executor_sandbox::plan::{JobDir, Plan, PlanError, WirePlan};
 use executor_sandbox::policy::{resolve, Context, Policy, Root};
 use executor_sandbox::Capabilities;
-use serde_bytes::ByteBuf;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 fn home() -> Option<PathBuf> {
@@ -52,15 +51,9 @@ pub fn resolve_intent(
 pub enum Decision {
     /// No intent: run as is.
     Unconfined,
-    /// Enforce `policy` (the trampoline's argument); `tmp` is the job's
-    /// private directory (its `:tmp` and carve-out file; remove it when the
-    /// job ends); `degraded` lists
-    /// what was not enforced (only with `required: false`).
-    Enforce {
-        policy: String,
-        tmp: Option<PathBuf>,
-        degraded: Option<Vec<String>>,
-    },
+    /// Enforce the plan (it owns the job's private directory until the
+    /// job ends).
+    Enforce(Box<Plan>),
     /// Nothing can be enforced here and the intent allows that.
     Degraded(Vec<String>),
 }
@@ -70,32 +63,6 @@ fn unavailable(what: String) -> WireError {
         ErrorCode::SandboxUnavailable,
         format!("{what}; nothing was run"),
     )
-}
-
-fn bytes(p: &Path) -> ByteBuf {
-    ByteBuf::from(p.as_os_str().as_bytes().to_vec())
-}
-
-/// A private temp dir for one job (0700).
-fn private_tmp() -> Result<PathBuf, WireError> {
-    use ring::rand::{SecureRandom, SystemRandom};
-    use std::os::unix::fs::DirBuilderExt;
-    let mut r = [0u8; 8];
-    SystemRandom::new().fill(&mut r).map_err(|_| {
-        WireError::new(ErrorCode::Internal, "the OS random number generator failed")
-    })?;
-    let name: String = r.iter().map(|b| format!("{b:02x}")).collect();
-    let dir = std::env::temp_dir().join(format!("executor-job-{name}"));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| {
-            WireError::new(
-                ErrorCode::Io,
-                format!("cannot create the job's :tmp {}: {e}", dir.display()),
-            )
-        })?;
-    Ok(dir)
 }
 
 fn under(path: &Path, roots: &[Root]) -> bool {
@@ -195,7 +162,6 @@ pub fn gate(
         return Ok(Decision::Unconfined);
     };
     let required = policy.required;
-    let mut degraded = Vec::new();
     if !caps.enforceable() {
         let why = caps.to_wire().reason.unwrap_or_default();
         if required {
@@ -208,158 +174,29 @@ pub fn gate(
             format!("network: not enforced ({why})"),
         ]));
     }
-    let abi = caps.landlock_abi.unwrap_or(0);
-    let net = match &policy.network {
-        NetworkIntent::Deny => executor_sandbox::linux::WireNet::Deny,
-        NetworkIntent::Allow => executor_sandbox::linux::WireNet::Allow,
-        NetworkIntent::AllowTcpConnect(ports) => {
-            if abi < executor_sandbox::LANDLOCK_ABI_NET {
-                if required {
-                    return Err(unavailable(format!(
-                        "a TCP port allow-list needs Landlock ABI 4, this host has {abi}"
-                    )));
-                }
-                degraded.push(format!("network: port allow-list {ports:?} not enforced (Landlock ABI {abi} < 4); network allowed"));
-                executor_sandbox::linux::WireNet::Allow
-            } else {
-                executor_sandbox::linux::WireNet::Tcp(ports.clone())
-            }
-        }
-    };
-    // Carve-outs. An existing directory is covered by an empty tmpfs, an
-    // existing file by an empty mode-000 file; one that does not exist yet
-    // is kept from being created by making its nearest existing ancestor
-    // read-only (stricter for that ancestor's other entries; refused when
-    // the ancestor is a whole write root, which would void the intent).
-    let write_roots: Vec<&Path> = policy
-        .write
-        .iter()
-        .filter_map(|r| match r {
-            Root::Path(p) => Some(p.as_path()),
-            Root::Tmp => None,
-        })
-        .collect();
-    let mut deny_read = Vec::new();
-    let mut deny_read_files = Vec::new();
-    let mut deny_write = Vec::new();
-    let mut read_only_extra: Vec<ByteBuf> = Vec::new();
-    let carve_outs = policy
-        .deny_read
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (format!("{param}.filesystem.deny_read.{i}"), d, true))
-        .chain(
-            policy
-                .deny_write
-                .iter()
-                .enumerate()
-                .map(|(i, d)| (format!("{param}.filesystem.deny_write.{i}"), d, false)),
-        );
-    for (field, d, is_read) in carve_outs {
-        match std::fs::symlink_metadata(d) {
-            Ok(m) if is_read && m.is_dir() => deny_read.push(bytes(d)),
-            Ok(_) if is_read => deny_read_files.push(bytes(d)),
-            Ok(_) => deny_write.push(bytes(d)),
-            Err(_) => {
-                let ancestor = d
-                    .ancestors()
-                    .skip(1)
-                    .find(|a| a.exists())
-                    .unwrap_or(Path::new("/"));
-                let under_write = write_roots.iter().any(|w| ancestor.starts_with(w));
-                if !under_write {
-                    // Already read-only in the sandbox: it cannot be created.
-                    continue;
-                }
-                if write_roots.contains(&ancestor) {
-                    let what = format!(
-                        "{field}: {} does not exist and its nearest existing parent is the write root {}; \
-                         protecting it would make the whole root read-only",
-                        d.display(),
-                        ancestor.display()
-                    );
-                    if required {
-                        return Err(unavailable(what));
-                    }
-                    degraded.push(format!("filesystem: {what}; not enforced"));
-                    continue;
-                }
-                read_only_extra.push(bytes(ancestor));
-            }
-        }
+    match executor_sandbox::plan::plan(&policy, caps, param) {
+        Ok(plan) => Ok(Decision::Enforce(Box::new(plan))),
+        Err(PlanError::Unavailable(what)) => Err(unavailable(what)),
+        Err(e @ PlanError::Io { .. }) => Err(WireError::new(ErrorCode::Io, e.to_string())),
+        Err(e) => Err(WireError::new(ErrorCode::Internal, e.to_string())),
     }
-    let needs_tmp = policy.write.contains(&Root::Tmp)
-        || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
-    let job_dir = if needs_tmp || !deny_read_files.is_empty() {
-        Some(private_tmp()?)
-    } else {
-        None
-    };
-    let tmp = match (&job_dir, needs_tmp) {
-        (Some(dir), true) => {
-            let t = dir.join("tmp");
-            std::fs::create_dir(&t).map_err(|e| {
-                WireError::new(ErrorCode::Io, format!("cannot create the job's :tmp: {e}"))
-            })?;
-            Some(t)
-        }
-        _ => None,
-    };
-    let hidden_file = match (&job_dir, deny_read_files.is_empty()) {
-        (Some(dir), false) => {
-            use std::os::unix::fs::OpenOptionsExt;
-            let f = dir.join("hidden");
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o000)
-                .open(&f)
-                .map_err(|e| {
-                    WireError::new(
-                        ErrorCode::Io,
-                        format!("cannot create the carve-out file: {e}"),
-                    )
-                })?;
-            Some(bytes(&f))
-        }
-        _ => None,
-    };
-    let root = |r: &Root| -> ByteBuf {
-        match r {
-            Root::Path(p) => bytes(p),
-            Root::Tmp => bytes(tmp.as_deref().unwrap_or(Path::new("/nonexistent"))),
-        }
-    };
-    let wire = executor_sandbox::linux::WirePolicy {
-        v: 1,
-        landlock_abi: abi,
-        read: policy.read.as_ref().map(|r| r.iter().map(root).collect()),
-        write: policy.write.iter().map(root).collect(),
-        deny_read,
-        deny_write,
-        deny_read_files,
-        hidden_file,
-        read_only_extra,
-        net,
-    };
-    Ok(Decision::Enforce {
-        policy: wire.encode(),
-        tmp: job_dir,
-        degraded: (!degraded.is_empty()).then_some(degraded),
-    })
 }
 
 impl Decision {
-    /// (policy argument, private tmp, degraded list) for a spawn.
-    pub fn into_parts(self) -> (String, Option<PathBuf>, Option<Vec<String>>) {
+    /// (the plan for the trampoline, the job's directory, what was not
+    /// enforced) for a spawn.
+    pub fn into_parts(self) -> (Option<WirePlan>, Option<JobDir>, Option<Vec<String>>) {
         match self {
-            Decision::Unconfined => (String::new(), None, None),
-            Decision::Enforce {
-                policy,
-                tmp,
-                degraded,
-            } => (policy, tmp, degraded),
-            Decision::Degraded(d) => (String::new(), None, Some(d)),
+            Decision::Unconfined => (None, None, None),
+            Decision::Enforce(p) => {
+                let p = *p;
+                (
+                    Some(p.wire),
+                    p.job_dir,
+                    (!p.degraded.is_empty()).then_some(p.degraded),
+                )
+            }
+            Decision::Degraded(d) => (None, None, Some(d)),
         }
     }
 }

@@ -6,22 +6,32 @@
 //!   `initialize.sandbox`;
 //! - [`policy`]: an intent resolved for one request (symbols, canonical
 //!   roots; a missing root is an error naming it);
-//! - [`linux`]: the enforcement the trampoline applies to a job before exec
-//!   (user + mount namespace, Landlock, capabilities, seccomp);
+//! - [`plan`]: a policy turned into what the trampoline applies (roots and
+//!   carve-outs by identity, pins, the job's private directory);
+//! - [`spec`]: the job spec the agent hands the trampoline in a sealed memfd;
+//! - [`linux`]: the enforcement the job's init applies before it forks the
+//!   program (user, mount, PID, IPC and network namespaces, a fresh root,
+//!   Landlock, capabilities, seccomp);
 //! - [`seatbelt`]: the macOS profile generator (pure, golden-tested);
 //! - [`trampoline`]: `executor sandbox-exec`, the one path of every job.
 //!
-//! Test hook (documented, test-only): `EXECUTOR_TEST_LANDLOCK_ABI=N` in the
-//! agent's environment makes the probe report Landlock ABI `N` (0: absent),
-//! to prove that what cannot be enforced is refused before anything runs.
+//! Test hook, compiled only with the cargo feature `test-hooks` (which the
+//! test suite enables and release builds never do):
+//! `EXECUTOR_TEST_LANDLOCK_ABI=N` in the agent's environment makes the probe
+//! report Landlock ABI `N` (0: absent), to prove that what cannot be
+//! enforced is refused before anything runs. Without the feature the
+//! variable is ignored.
 //!
-//! All `unsafe` of the workspace lives in this crate, in [`sys`], each block
-//! with a `// SAFETY:` comment.
+//! All `unsafe` of the workspace lives in this crate (in [`sys`], and the
+//! few descriptor hand-overs of [`trampoline`]), each block with a
+//! `// SAFETY:` comment.
 
 #[cfg(target_os = "linux")]
 pub mod linux;
+pub mod plan;
 pub mod policy;
 pub mod seatbelt;
+pub mod spec;
 pub mod sys;
 pub mod trampoline;
 
@@ -29,8 +39,23 @@ use executor_protocol::types::session::SandboxCapabilities;
 
 /// Landlock ABI from which TCP connect/bind rules exist.
 pub const LANDLOCK_ABI_NET: u32 = 4;
-/// Landlock ABI from which signal and abstract-socket scoping exist.
+/// Landlock ABI from which signal and abstract-socket scoping exist (a
+/// third layer: the PID and network namespaces already give both).
 pub const LANDLOCK_ABI_SCOPE: u32 = 6;
+
+/// The Landlock ABI the probe reports: the kernel's, or with the
+/// `test-hooks` feature, at most `EXECUTOR_TEST_LANDLOCK_ABI`.
+fn probed_landlock_abi() -> Option<u32> {
+    let real = sys::landlock_abi().ok();
+    #[cfg(feature = "test-hooks")]
+    if let Some(n) = std::env::var("EXECUTOR_TEST_LANDLOCK_ABI")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        return if n == 0 { None } else { real.map(|r| r.min(n)) };
+    }
+    real
+}
 
 /// What this host offers, as probed from the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,32 +71,26 @@ pub struct Capabilities {
 impl Capabilities {
     /// Probe the running kernel. Cheap: a few syscalls and `/proc` reads.
     pub fn probe() -> Self {
-        let hook = std::env::var("EXECUTOR_TEST_LANDLOCK_ABI")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok());
-        let landlock_abi = match hook {
-            Some(0) => None,
-            Some(n) => sys::landlock_abi().ok().map(|real| real.min(n)),
-            None => sys::landlock_abi().ok(),
-        };
         Capabilities {
-            landlock_abi,
+            landlock_abi: probed_landlock_abi(),
             seccomp_filter: sys::seccomp_filter_available(),
             user_namespaces: user_namespaces_allowed(),
         }
     }
 
-    /// The mechanisms present on this host.
+    /// The mechanisms a sandboxed job gets on this host (the network
+    /// namespace with `network: "deny"`); empty when nothing is enforceable.
     pub fn mechanisms(&self) -> Vec<String> {
         let mut m = Vec::new();
-        if self.user_namespaces {
-            m.push("mount_namespace".to_string());
+        if !self.enforceable() {
+            return m;
         }
-        if self.landlock_abi.is_some() {
-            m.push("landlock".to_string());
-        }
-        if self.seccomp_filter {
-            m.push("seccomp".to_string());
+        #[cfg(target_os = "linux")]
+        m.extend(linux::NAMESPACES.iter().map(|s| s.to_string()));
+        m.push("landlock".to_string());
+        m.push("seccomp".to_string());
+        if cfg!(target_arch = "x86_64") {
+            m.push("seccomp_x32_guard".to_string());
         }
         m
     }
@@ -98,7 +117,7 @@ impl Capabilities {
             missing.push("seccomp filter mode is not available");
         }
         if !self.user_namespaces {
-            missing.push("unprivileged user namespaces are disabled (needed for read-only mounts and carve-outs)");
+            missing.push("unprivileged user namespaces are disabled (needed for the job's own root, PID, IPC and network namespaces)");
         }
         let enforceable = self.enforceable();
         let network_rules = enforceable && self.landlock_abi.is_some_and(|a| a >= LANDLOCK_ABI_NET);

@@ -1,169 +1,308 @@
-//! Linux enforcement, applied by the trampoline to the job in the forked
-//! child, just before `execve`. The agent resolves and checks the policy;
-//! this module only applies it, failing closed at the first step that does
-//! not succeed (the job then never runs).
+//! Linux enforcement: what the job's init applies before it forks the job.
 //!
-//! The layers, in order (each later one also holds if an earlier one has a
-//! gap):
-//! 1. a private user + mount namespace: mounts made private, the whole tree
-//!    read-only, write roots bound writable, `deny_write` bound read-only,
-//!    `deny_read` directories covered by an empty, inaccessible tmpfs
-//!    (read-only mounts also stop `chmod`/`chown`/`utimes`, which Landlock
-//!    does not cover);
-//! 2. a Landlock ruleset built while still privileged in the namespace:
-//!    read (and execute) on the read roots, everything on the write roots,
-//!    the few devices every program needs, TCP connect ports from ABI 4,
-//!    signal and abstract-socket scoping from ABI 6;
-//! 3. every capability dropped for good (securebits locked, bounding and
-//!    ambient sets emptied);
-//! 4. `no_new_privs`, then Landlock `restrict_self` (must be FullyEnforced);
-//! 5. seccomp: the dangerous-syscall deny list, and the network rules.
+//! The trampoline creates the job's init with `clone` into new user, mount,
+//! PID and IPC namespaces (and a network namespace for `network: "deny"`),
+//! so the job cannot see, signal or trace anything outside its PID
+//! namespace, nor touch another SysV/POSIX IPC object, whatever the
+//! Landlock ABI. The init then, failing closed at the first step that does
+//! not succeed (the job never runs then):
+//!
+//! 1. maps its uid/gid and makes every mount private;
+//! 2. opens every root and carve-out of the plan with `openat2`
+//!    (`RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`) and checks the device
+//!    and inode the agent recorded: nothing is looked up by path again;
+//! 3. builds a fresh root (a tmpfs) from what was granted, bubblewrap's
+//!    way: read roots bound read-only (`read: "all"`: every top-level entry
+//!    of the host but `/dev` and `/proc`), write roots writable, `:tmp` at
+//!    `/tmp`, the ancestors of carve-outs pinned (bound onto themselves, so
+//!    renaming them fails with `EBUSY`), `deny_write` read-only, `deny_read`
+//!    covered; a minimal `/dev` and a `/proc` of the new PID namespace; all
+//!    mounts are clones of descriptors (`open_tree`, `move_mount`);
+//! 4. pivots into it;
+//! 5. builds a Landlock ruleset from the same descriptors (the second
+//!    layer), drops every capability, sets `no_new_privs`, enforces
+//!    Landlock, and installs the seccomp filters (other syscall ABIs killed
+//!    or refused, socket types by allow-list).
+//!
+//! The job inherits all of it. Depends on [`crate::plan`] and [`crate::sys`].
 
+use crate::plan::{Node, WireNet, WirePlan};
 use crate::sys;
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstat, Mode};
 use seccompiler::{
     SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
 };
-use serde::{Deserialize, Serialize};
-use serde_bytes::ByteBuf;
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-
-/// Network part of a wire policy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WireNet {
-    Deny,
-    Allow,
-    Tcp(Vec<u16>),
-}
-
-/// The policy as the trampoline receives it (hex of MessagePack in its
-/// POLICY argument): absolute, canonical, existing paths only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WirePolicy {
-    pub v: u8,
-    pub landlock_abi: u32,
-    pub read: Option<Vec<ByteBuf>>,
-    pub write: Vec<ByteBuf>,
-    /// Directories to cover with an empty, inaccessible tmpfs.
-    pub deny_read: Vec<ByteBuf>,
-    pub deny_write: Vec<ByteBuf>,
-    /// Files to cover with `hidden_file` (an empty file, mode 000).
-    #[serde(default)]
-    pub deny_read_files: Vec<ByteBuf>,
-    #[serde(default)]
-    pub hidden_file: Option<ByteBuf>,
-    /// Existing ancestors of carve-outs that do not exist yet, made
-    /// read-only so the carve-out cannot be created.
-    #[serde(default)]
-    pub read_only_extra: Vec<ByteBuf>,
-    pub net: WireNet,
-}
-
-impl WirePolicy {
-    /// Encode for the command line.
-    pub fn encode(&self) -> String {
-        let bytes = rmp_serde::to_vec(self).unwrap_or_default();
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// Decode from the command line.
-    pub fn decode(s: &str) -> Option<WirePolicy> {
-        if s.len() % 2 != 0 {
-            return None;
-        }
-        let bytes: Option<Vec<u8>> = (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-            .collect();
-        rmp_serde::from_slice(&bytes?).ok()
-    }
-}
-
-fn path(b: &ByteBuf) -> PathBuf {
-    PathBuf::from(OsStr::from_bytes(b))
-}
+use std::path::{Component, Path, PathBuf};
 
 /// The step that failed, for the report to the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Step {
-    UserNamespace = 1,
+    Namespaces = 1,
     IdMaps = 2,
     PrivateMounts = 3,
-    ReadOnlyTree = 4,
-    WriteRoots = 5,
-    DenyWrite = 6,
-    DenyRead = 7,
-    Landlock = 8,
-    Capabilities = 9,
-    LandlockRestrict = 10,
-    Seccomp = 11,
+    Identity = 4,
+    NewRoot = 5,
+    Roots = 6,
+    Pins = 7,
+    DenyWrite = 8,
+    DenyRead = 9,
+    Dev = 10,
+    Proc = 11,
+    PivotRoot = 12,
+    Cwd = 13,
+    Landlock = 14,
+    Capabilities = 15,
+    LandlockRestrict = 16,
+    Seccomp = 17,
+    Fork = 18,
 }
 
 impl Step {
     /// Name of a step number.
     pub fn name(n: u8) -> &'static str {
         match n {
-            1 => "creating a user namespace",
+            1 => "creating the job's namespaces",
             2 => "writing uid/gid maps",
             3 => "making mounts private",
-            4 => "making the tree read-only",
-            5 => "binding write roots writable",
-            6 => "binding deny_write paths read-only",
-            7 => "covering deny_read paths",
-            8 => "building the Landlock ruleset",
-            9 => "dropping capabilities",
-            10 => "enforcing Landlock",
-            11 => "installing the seccomp filter",
+            4 => "opening a root or carve-out by identity (it changed since the agent checked it)",
+            5 => "creating the job's root",
+            6 => "binding the roots",
+            7 => "pinning the ancestors of carve-outs",
+            8 => "binding deny_write paths read-only",
+            9 => "covering deny_read paths",
+            10 => "building /dev",
+            11 => "mounting /proc",
+            12 => "entering the job's root",
+            13 => "entering the working directory",
+            14 => "building the Landlock ruleset",
+            15 => "dropping capabilities",
+            16 => "enforcing Landlock",
+            17 => "installing the seccomp filter",
+            18 => "forking the job",
             _ => "an unknown sandbox step",
         }
     }
 }
 
-type StepResult<T> = Result<T, (Step, io::Error)>;
+pub type StepResult<T> = Result<T, (Step, io::Error)>;
 
 fn at<E: Into<io::Error>>(step: Step) -> impl FnOnce(E) -> (Step, io::Error) {
     move |e| (step, e.into())
 }
 
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+/// The namespaces the job's init is created in (`clone` flags).
+pub fn namespace_flags(p: &WirePlan) -> libc::c_int {
+    let mut f = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC;
+    if p.net == WireNet::Deny {
+        f |= libc::CLONE_NEWNET;
+    }
+    f
 }
 
-fn bind(p: &Path) -> io::Result<()> {
-    use nix::mount::{mount, MsFlags};
-    mount(
-        Some(p),
-        p,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(io::Error::from)
+/// The mechanisms a plan puts in force (for `initialize.sandbox`).
+pub const NAMESPACES: [&str; 5] = [
+    "user_namespace",
+    "mount_namespace",
+    "pid_namespace",
+    "ipc_namespace",
+    "network_namespace",
+];
+
+fn no_follow() -> OpenHow {
+    OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS)
 }
 
-/// Step 1: the filesystem view, in a private user + mount namespace.
-fn mount_namespace(p: &WirePolicy) -> StepResult<()> {
+fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, bool)> {
+    let st = fstat(fd)?;
+    let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    Ok((st.st_dev, st.st_ino, is_dir))
+}
+
+/// Open what the agent checked, by identity.
+fn open_node(n: &Node) -> io::Result<OwnedFd> {
+    let fd = openat2(nix::fcntl::AT_FDCWD, n.path(), no_follow())?;
+    let (dev, ino, _) = identity(fd.as_fd())?;
+    if (dev, ino) != (n.dev, n.ino) {
+        return Err(io::Error::other(format!(
+            "{} is not what the agent checked (device {dev} inode {ino}, expected {} {})",
+            n.path().display(),
+            n.dev,
+            n.ino
+        )));
+    }
+    Ok(fd)
+}
+
+fn relative(p: &Path) -> PathBuf {
+    p.components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect()
+}
+
+/// Open `rel` beneath `root`, creating missing directories (and, when
+/// `file`, the last component as an empty file). Returns the descriptor and
+/// whether the last component existed already.
+fn ensure(root: BorrowedFd<'_>, rel: &Path, file: bool) -> io::Result<(OwnedFd, bool)> {
+    let how = || {
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+            .resolve(
+                ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_BENEATH,
+            )
+    };
+    let mut cur = root.try_clone_to_owned()?;
+    let parts: Vec<_> = rel.components().collect();
+    let mut existed = true;
+    for (i, c) in parts.iter().enumerate() {
+        let name = c.as_os_str();
+        let last = i + 1 == parts.len();
+        cur = match openat2(cur.as_fd(), name, how()) {
+            Ok(fd) => {
+                existed = true;
+                fd
+            }
+            Err(nix::errno::Errno::ENOENT) => {
+                existed = false;
+                if last && file {
+                    let f = nix::fcntl::openat(
+                        cur.as_fd(),
+                        name,
+                        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                        Mode::from_bits_truncate(0o644),
+                    )?;
+                    drop(f);
+                } else {
+                    nix::sys::stat::mkdirat(cur.as_fd(), name, Mode::from_bits_truncate(0o755))?;
+                }
+                openat2(cur.as_fd(), name, how())?
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    Ok((cur, existed))
+}
+
+/// Attach `tree` (a detached clone of `src`) at `rel` beneath `root`. An
+/// existing target must be the source itself (a root inside another
+/// root): anything else means the tree changed.
+fn bind_at(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    src: BorrowedFd<'_>,
+    tree: BorrowedFd<'_>,
+) -> io::Result<()> {
+    let (sdev, sino, is_dir) = identity(src)?;
+    let (target, existed) = ensure(root, rel, !is_dir)?;
+    if existed {
+        let (tdev, tino, _) = identity(target.as_fd())?;
+        if (tdev, tino) != (sdev, sino) {
+            return Err(io::Error::other(format!(
+                "/{} in the job's root is not the checked source",
+                rel.display()
+            )));
+        }
+    }
+    sys::attach(tree, target.as_fd())
+}
+
+/// A detached, recursive clone of `src` with mount attributes `set`.
+fn clone_with(src: BorrowedFd<'_>, set: u64) -> io::Result<OwnedFd> {
+    let tree = sys::clone_tree(src, true)?;
+    if set != 0 {
+        sys::set_mount_attr(tree.as_fd(), true, set, 0)?;
+    }
+    Ok(tree)
+}
+
+/// One mount of the fresh root, in the order they are made.
+#[derive(Debug)]
+struct Mount {
+    rel: PathBuf,
+    fd: OwnedFd,
+    kind: Kind,
+    /// The detached clone to attach (none for what is covered).
+    tree: Option<OwnedFd>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Read,
+    Write,
+    Tmp,
+    Pin,
+    DenyWrite,
+    DenyRead,
+}
+
+impl Kind {
+    /// Mount attributes of the clone (`None`: covered, not cloned).
+    fn attrs(self) -> Option<u64> {
+        match self {
+            Kind::Read | Kind::DenyWrite => Some(RO),
+            Kind::Write | Kind::Tmp => Some(RW),
+            Kind::Pin => Some(0),
+            Kind::DenyRead => None,
+        }
+    }
+
+    fn step(self) -> Step {
+        match self {
+            Kind::Read | Kind::Write | Kind::Tmp => Step::Roots,
+            Kind::Pin => Step::Pins,
+            Kind::DenyWrite => Step::DenyWrite,
+            Kind::DenyRead => Step::DenyRead,
+        }
+    }
+}
+
+/// The descriptors the second layer (Landlock) is built from.
+#[derive(Debug)]
+struct Grants {
+    read: Vec<OwnedFd>,
+    write: Vec<OwnedFd>,
+}
+
+/// What the init holds open across the pivot.
+#[derive(Debug)]
+pub struct Prepared {
+    grants: Grants,
+    tty: bool,
+}
+
+const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+const RW: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+
+fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
+    std::fs::write("/proc/self/setgroups", "deny")?;
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
+}
+
+/// The host's device nodes every job gets.
+const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Steps 1-4, in the init (pid 1 of the new PID namespace, still holding
+/// its capabilities in the new user namespace). `uid`/`gid` are the
+/// agent's, read before the clone. On return the process is inside the
+/// job's root, in `cwd`.
+pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> StepResult<Prepared> {
     use nix::mount::{mount, MsFlags};
-    use nix::sched::{unshare, CloneFlags};
-    let uid = nix::unistd::getuid();
-    let gid = nix::unistd::getgid();
-    // Our own user namespace: mount changes need no privilege outside it,
-    // and a root agent's job gains nothing (capabilities are dropped below).
-    unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
-        .map_err(at(Step::UserNamespace))?;
-    // The job keeps its own uid/gid inside.
-    std::fs::write("/proc/self/setgroups", "deny").map_err(at(Step::IdMaps))?;
-    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")).map_err(at(Step::IdMaps))?;
-    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")).map_err(at(Step::IdMaps))?;
-    // Nothing we do propagates back to the host.
+    write_id_maps(uid, gid).map_err(at(Step::IdMaps))?;
     mount(
         None::<&str>,
         "/",
@@ -172,134 +311,381 @@ fn mount_namespace(p: &WirePolicy) -> StepResult<()> {
         None::<&str>,
     )
     .map_err(at(Step::PrivateMounts))?;
-    // Everything read-only...
-    sys::mount_setattr_recursive(c"/", sys::MOUNT_ATTR_RDONLY, 0)
-        .map_err(at(Step::ReadOnlyTree))?;
-    // ...but the write roots (shortest first, so nested roots stay on top).
-    let mut writes: Vec<PathBuf> = p.write.iter().map(path).collect();
-    writes.sort_by_key(|w| w.as_os_str().len());
-    for w in &writes {
-        bind(w).map_err(at(Step::WriteRoots))?;
-        let c = cstr(w).map_err(at(Step::WriteRoots))?;
-        sys::mount_setattr_recursive(&c, 0, sys::MOUNT_ATTR_RDONLY)
-            .map_err(at(Step::WriteRoots))?;
-    }
-    // Carve-outs on top: read-only again.
-    for d in p
-        .deny_write
+
+    // Everything is opened before the first mount changes the tree.
+    let mut mounts: Vec<Mount> = Vec::new();
+    let mut symlinks: Vec<(PathBuf, PathBuf)> = p
+        .symlinks
         .iter()
-        .chain(p.read_only_extra.iter())
-        .map(path)
-    {
-        bind(&d).map_err(at(Step::DenyWrite))?;
-        let c = cstr(&d).map_err(at(Step::DenyWrite))?;
-        sys::mount_setattr_recursive(&c, sys::MOUNT_ATTR_RDONLY, 0).map_err(at(Step::DenyWrite))?;
-    }
-    // Hidden: an empty tmpfs no one may enter (capabilities go below).
-    for d in p.deny_read.iter().map(path) {
-        mount(
-            Some("tmpfs"),
-            &d,
-            Some("tmpfs"),
-            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            Some("mode=000,size=4k"),
-        )
-        .map_err(at(Step::DenyRead))?;
-    }
-    // Hidden files: an empty file no one may open, bound over each.
-    if let Some(hidden) = &p.hidden_file {
-        let hidden = path(hidden);
-        for f in p.deny_read_files.iter().map(path) {
-            mount(
-                Some(&hidden),
-                &f,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
+        .map(|(a, b)| {
+            (
+                PathBuf::from(OsStr::from_bytes(a)),
+                PathBuf::from(OsStr::from_bytes(b)),
             )
-            .map_err(at(Step::DenyRead))?;
-            let c = cstr(&f).map_err(at(Step::DenyRead))?;
-            sys::mount_setattr_recursive(&c, sys::MOUNT_ATTR_RDONLY, 0)
-                .map_err(at(Step::DenyRead))?;
+        })
+        .collect();
+    let mut grants = Grants {
+        read: Vec::new(),
+        write: Vec::new(),
+    };
+    match &p.read {
+        Some(roots) => {
+            for n in roots {
+                let fd = open_node(n).map_err(at(Step::Identity))?;
+                grants
+                    .read
+                    .push(fd.try_clone().map_err(at(Step::Identity))?);
+                mounts.push(Mount {
+                    rel: relative(n.path()),
+                    fd,
+                    kind: Kind::Read,
+                    tree: None,
+                });
+            }
         }
+        None => {
+            // Everything but what the job gets its own of. Top-level
+            // entries are root's; each is opened once, without following.
+            let entries = std::fs::read_dir("/").map_err(at(Step::NewRoot))?;
+            for e in entries {
+                let e = e.map_err(at(Step::NewRoot))?;
+                let name = e.file_name();
+                let skip: &[&str] = if p.tmp.is_some() {
+                    &["dev", "proc", "tmp"]
+                } else {
+                    &["dev", "proc"]
+                };
+                if skip.iter().any(|s| OsStr::new(s) == name) {
+                    continue;
+                }
+                let abs = Path::new("/").join(&name);
+                if let Ok(to) = std::fs::read_link(&abs) {
+                    symlinks.push((abs, to));
+                    continue;
+                }
+                let fd =
+                    openat2(nix::fcntl::AT_FDCWD, &abs, no_follow()).map_err(at(Step::NewRoot))?;
+                mounts.push(Mount {
+                    rel: PathBuf::from(&name),
+                    fd,
+                    kind: Kind::Read,
+                    tree: None,
+                });
+            }
+        }
+    }
+    for n in &p.write {
+        let fd = open_node(n).map_err(at(Step::Identity))?;
+        grants
+            .write
+            .push(fd.try_clone().map_err(at(Step::Identity))?);
+        mounts.push(Mount {
+            rel: relative(n.path()),
+            fd,
+            kind: Kind::Write,
+            tree: None,
+        });
+    }
+    if let Some(n) = &p.tmp {
+        let fd = open_node(n).map_err(at(Step::Identity))?;
+        grants
+            .write
+            .push(fd.try_clone().map_err(at(Step::Identity))?);
+        mounts.push(Mount {
+            rel: PathBuf::from("tmp"),
+            fd,
+            kind: Kind::Tmp,
+            tree: None,
+        });
+    }
+    for (list, kind) in [
+        (&p.pin, Kind::Pin),
+        (&p.deny_write, Kind::DenyWrite),
+        (&p.deny_read, Kind::DenyRead),
+    ] {
+        for n in list {
+            let fd = open_node(n).map_err(at(Step::Identity))?;
+            mounts.push(Mount {
+                rel: relative(n.path()),
+                fd,
+                kind,
+                tree: None,
+            });
+        }
+    }
+    // Parents before children; at one path, roots before what covers them.
+    mounts.sort_by(|a, b| {
+        (a.rel.components().count(), a.kind).cmp(&(b.rel.components().count(), b.kind))
+    });
+    let mut devices = Vec::new();
+    for d in DEVICES {
+        let fd = openat2(
+            nix::fcntl::AT_FDCWD,
+            Path::new("/dev").join(d).as_path(),
+            no_follow(),
+        )
+        .map_err(at(Step::Dev))?;
+        devices.push((d, fd));
+    }
+    // The job's own pts, opened in this mount namespace (fd 0 belongs to
+    // the agent's, which cannot be cloned from here) and checked to be fd 0.
+    let pts = if tty {
+        own_pts().map_err(at(Step::Dev))?
+    } else {
+        None
+    };
+
+    // Every clone is made before the staging mount below exists (a
+    // recursive clone of the host's /tmp would otherwise contain it).
+    for m in &mut mounts {
+        if let Some(set) = m.kind.attrs() {
+            let tree = clone_with(m.fd.as_fd(), set).map_err(|e| {
+                (
+                    m.kind.step(),
+                    io::Error::new(e.kind(), format!("/{}: {e}", m.rel.display())),
+                )
+            })?;
+            m.tree = Some(tree);
+        }
+    }
+
+    // The fresh root: a tmpfs, attached at /tmp of this (private) mount
+    // namespace only long enough to pivot into it.
+    let root_mnt = sys::new_mount(c"tmpfs", &[(c"mode", c"0755"), (c"size", c"1m")], RW)
+        .map_err(at(Step::NewRoot))?;
+    let staging = openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))?;
+    sys::attach(root_mnt.as_fd(), staging.as_fd()).map_err(at(Step::NewRoot))?;
+    drop(staging);
+    let root = openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))?;
+
+    // An empty mode-000 file to bind over `deny_read` files, unlinked from
+    // the root once bound.
+    const HIDDEN: &str = ".executor-hidden";
+    let hidden = nix::fcntl::openat(
+        root.as_fd(),
+        HIDDEN,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .and_then(|f| {
+        drop(f);
+        nix::fcntl::openat(
+            root.as_fd(),
+            HIDDEN,
+            OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+    })
+    .map_err(at(Step::DenyRead))?;
+    for m in &mounts {
+        let step = m.kind.step();
+        match &m.tree {
+            Some(tree) => bind_at(root.as_fd(), &m.rel, m.fd.as_fd(), tree.as_fd()),
+            None => cover(root.as_fd(), &m.rel, m.fd.as_fd(), hidden.as_fd()),
+        }
+        .map_err(|e| {
+            (
+                step,
+                io::Error::new(e.kind(), format!("/{}: {e}", m.rel.display())),
+            )
+        })?;
+    }
+    for (at_, to) in &symlinks {
+        let rel = relative(at_);
+        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+            continue;
+        };
+        let (dir, _) = ensure(root.as_fd(), parent, false).map_err(at(Step::NewRoot))?;
+        match nix::unistd::symlinkat(to.as_path(), dir.as_fd(), name) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) | Err(nix::errno::Errno::EROFS) => {}
+            Err(e) => return Err((Step::NewRoot, e.into())),
+        }
+    }
+    drop(hidden);
+    nix::unistd::unlinkat(
+        root.as_fd(),
+        HIDDEN,
+        nix::unistd::UnlinkatFlags::NoRemoveDir,
+    )
+    .map_err(at(Step::DenyRead))?;
+    make_dev(root.as_fd(), &devices, pts.as_ref()).map_err(at(Step::Dev))?;
+    let (proc_dir, _) = ensure(root.as_fd(), Path::new("proc"), false).map_err(at(Step::Proc))?;
+    let proc_mnt =
+        sys::new_mount(c"proc", &[], RW | sys::MOUNT_ATTR_NOEXEC).map_err(at(Step::Proc))?;
+    sys::attach(proc_mnt.as_fd(), proc_dir.as_fd()).map_err(at(Step::Proc))?;
+    // Nothing more is created in the root itself.
+    sys::set_mount_attr(root.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0)
+        .map_err(at(Step::NewRoot))?;
+
+    nix::unistd::fchdir(&root).map_err(at(Step::PivotRoot))?;
+    sys::pivot_root_here().map_err(at(Step::PivotRoot))?;
+    nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH).map_err(at(Step::PivotRoot))?;
+    std::env::set_current_dir("/").map_err(at(Step::PivotRoot))?;
+    std::env::set_current_dir(cwd).map_err(|e| {
+        (
+            Step::Cwd,
+            io::Error::new(e.kind(), format!("{}: {e}", cwd.display())),
+        )
+    })?;
+    Ok(Prepared { grants, tty })
+}
+
+/// Cover `rel` (the carve-out `src`): a directory with the empty,
+/// inaccessible tmpfs, a file with an empty mode-000 file.
+fn cover(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    src: BorrowedFd<'_>,
+    hidden: BorrowedFd<'_>,
+) -> io::Result<()> {
+    let (sdev, sino, is_dir) = identity(src)?;
+    let (target, _) = ensure(root, rel, !is_dir)?;
+    let (tdev, tino, _) = identity(target.as_fd())?;
+    if (tdev, tino) != (sdev, sino) {
+        return Err(io::Error::other(
+            "the carve-out in the job's root is not the checked one",
+        ));
+    }
+    if is_dir {
+        let m = sys::new_mount(
+            c"tmpfs",
+            &[(c"mode", c"0000"), (c"size", c"4k")],
+            RO | sys::MOUNT_ATTR_NOEXEC,
+        )?;
+        return sys::attach(m.as_fd(), target.as_fd());
+    }
+    let tree = sys::clone_tree(hidden, false)?;
+    sys::set_mount_attr(tree.as_fd(), false, RO | sys::MOUNT_ATTR_NOEXEC, 0)?;
+    sys::attach(tree.as_fd(), target.as_fd())
+}
+
+fn own_pts() -> io::Result<Option<(PathBuf, OwnedFd)>> {
+    let Ok(t) = std::fs::read_link("/proc/self/fd/0") else {
+        return Ok(None);
+    };
+    let Ok(rel) = t.strip_prefix("/dev/pts") else {
+        return Ok(None);
+    };
+    let fd = openat2(nix::fcntl::AT_FDCWD, t.as_path(), no_follow())?;
+    let stdin = std::io::stdin();
+    let (d0, i0, _) = identity(stdin.as_fd())?;
+    let (d1, i1, _) = identity(fd.as_fd())?;
+    if (d0, i0) != (d1, i1) {
+        return Err(io::Error::other(format!(
+            "{} is not the job's terminal",
+            t.display()
+        )));
+    }
+    Ok(Some((rel.to_path_buf(), fd)))
+}
+
+/// `/dev`: the few devices every program needs, bound from the host, the
+/// job's own pts (with a tty), a private `/dev/shm`, and the usual links.
+fn make_dev(
+    root: BorrowedFd<'_>,
+    devices: &[(&str, OwnedFd)],
+    own_pts: Option<&(PathBuf, OwnedFd)>,
+) -> io::Result<()> {
+    let (dev, _) = ensure(root, Path::new("dev"), false)?;
+    for (name, fd) in devices {
+        let (target, _) = ensure(dev.as_fd(), Path::new(name), true)?;
+        let tree = sys::clone_tree(fd.as_fd(), false)?;
+        sys::attach(tree.as_fd(), target.as_fd())?;
+    }
+    let (pts, _) = ensure(dev.as_fd(), Path::new("pts"), false)?;
+    if let Some((n, fd)) = own_pts {
+        let (target, _) = ensure(pts.as_fd(), &relative(n), true)?;
+        let tree = sys::clone_tree(fd.as_fd(), false)?;
+        sys::attach(tree.as_fd(), target.as_fd())?;
+    }
+    let (shm, _) = ensure(dev.as_fd(), Path::new("shm"), false)?;
+    let m = sys::new_mount(
+        c"tmpfs",
+        &[(c"mode", c"1777"), (c"size", c"64m")],
+        RW | sys::MOUNT_ATTR_NOEXEC,
+    )?;
+    sys::attach(m.as_fd(), shm.as_fd())?;
+    for (name, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        nix::unistd::symlinkat(to, dev.as_fd(), name)?;
     }
     Ok(())
 }
 
-/// The pts of fd 0, when it is a terminal.
-fn own_tty() -> Option<PathBuf> {
-    let t = std::fs::read_link("/proc/self/fd/0").ok()?;
-    t.starts_with("/dev/pts/").then_some(t)
+fn open_here(p: &str) -> io::Result<OwnedFd> {
+    Ok(openat2(nix::fcntl::AT_FDCWD, p, no_follow())?)
 }
 
-/// Step 2: the Landlock ruleset (created, not yet enforced).
-fn landlock_ruleset(p: &WirePolicy) -> StepResult<landlock::RulesetCreated> {
+/// Step 5a: the Landlock ruleset (created, not yet enforced), from the
+/// descriptors opened before the pivot and the job root's own devices.
+fn landlock_ruleset(p: &WirePlan, prep: Prepared) -> StepResult<landlock::RulesetCreated> {
     let abi = ABI::from(p.landlock_abi as i32);
     let err = |e: landlock::RulesetError| (Step::Landlock, io::Error::other(e.to_string()));
     let mut rs = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(abi))
         .map_err(err)?;
-    if p.net != WireNet::Allow && p.landlock_abi >= 4 {
+    if p.net != WireNet::Allow && p.landlock_abi >= crate::LANDLOCK_ABI_NET {
         rs = rs.handle_access(AccessNet::from_all(abi)).map_err(err)?;
     }
-    if p.landlock_abi >= 6 {
+    if p.landlock_abi >= crate::LANDLOCK_ABI_SCOPE {
         rs = rs.scope(Scope::from_all(abi)).map_err(err)?;
     }
     let mut created = rs.create().map_err(err)?;
     let add =
-        |created: landlock::RulesetCreated, target: &Path, access: landlock::BitFlags<AccessFs>| {
-            let fd = PathFd::new(target)
-                .map_err(|e| (Step::Landlock, io::Error::other(e.to_string())))?;
-            let is_dir = std::fs::metadata(target)
-                .map(|m| m.is_dir())
-                .unwrap_or(false);
+        |created: landlock::RulesetCreated, fd: OwnedFd, access: landlock::BitFlags<AccessFs>| {
+            let is_dir = identity(fd.as_fd()).map(|(_, _, d)| d).unwrap_or(false);
             let access = if is_dir {
                 access
             } else {
                 access & AccessFs::from_file(abi)
             };
-            created.add_rule(PathBeneath::new(fd, access)).map_err(|e| {
-                (
-                    Step::Landlock,
-                    io::Error::other(format!("{}: {e}", target.display())),
-                )
-            })
+            created
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(|e| (Step::Landlock, io::Error::other(e.to_string())))
         };
+    let open = |path: &str| open_here(path).map_err(at(Step::Landlock));
     let read = AccessFs::from_read(abi);
     match &p.read {
-        None => created = add(created, Path::new("/"), read)?,
-        Some(roots) => {
-            for r in roots {
-                created = add(created, &path(r), read)?;
+        None => created = add(created, open("/")?, read)?,
+        Some(_) => {
+            for fd in prep.grants.read {
+                created = add(created, fd, read)?;
             }
+            created = add(created, open("/proc")?, read)?;
         }
     }
-    for w in &p.write {
-        created = add(created, &path(w), AccessFs::from_all(abi))?;
+    for fd in prep.grants.write {
+        created = add(created, fd, AccessFs::from_all(abi))?;
     }
-    // What every program may use.
     let rw_dev = AccessFs::ReadFile | AccessFs::WriteFile;
-    created = add(created, Path::new("/dev/null"), rw_dev)?;
-    for dev in ["/dev/zero", "/dev/random", "/dev/urandom"] {
-        created = add(created, Path::new(dev), AccessFs::ReadFile.into())?;
+    created = add(created, open("/dev/null")?, rw_dev)?;
+    for dev in ["/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"] {
+        created = add(created, open(dev)?, AccessFs::ReadFile.into())?;
     }
-    if let Some(tty) = own_tty() {
+    created = add(created, open("/dev/shm")?, AccessFs::from_all(abi))?;
+    if prep.tty {
         let tty_access = if p.landlock_abi >= 5 {
             rw_dev | AccessFs::IoctlDev
         } else {
             rw_dev
         };
-        created = add(created, Path::new("/dev/tty"), tty_access)?;
-        created = add(created, &tty, tty_access)?;
+        created = add(created, open("/dev/tty")?, tty_access)?;
+        if let Ok(t) = std::fs::read_link("/proc/self/fd/0") {
+            if let Some(t) = t.to_str().filter(|t| t.starts_with("/dev/pts/")) {
+                created = add(created, open(t)?, tty_access)?;
+            }
+        }
     }
     if let WireNet::Tcp(ports) = &p.net {
-        if p.landlock_abi >= 4 {
-            for port in ports {
-                created = created
-                    .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
-                    .map_err(err)?;
-            }
+        for port in ports {
+            created = created
+                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                .map_err(err)?;
         }
     }
     Ok(created)
@@ -314,65 +700,95 @@ fn cond(arg: u8, op: SeccompCmpOp, v: u64) -> io::Result<SeccompCondition> {
         .map_err(|e| io::Error::other(e.to_string()))
 }
 
-/// Step 5: the seccomp filters (EPERM list, and clone3 → ENOSYS so libc
-/// falls back to clone, whose flags can be inspected).
+fn cond64(arg: u8, op: SeccompCmpOp, v: u64) -> io::Result<SeccompCondition> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, v)
+        .map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// Deny every socket type (`type & SOCK_TYPE_MASK`, all 16 values) but
+/// `allowed` for the call whose type is argument `arg`, when `extra`
+/// conditions hold too: an allow-list, by exhaustion.
+fn types_except(allowed: &[u64], extra: &[SeccompCondition]) -> io::Result<Vec<SeccompRule>> {
+    let mut out = Vec::new();
+    for t in 0..16u64 {
+        if allowed.contains(&t) {
+            continue;
+        }
+        let mut c = extra.to_vec();
+        c.push(cond(1, SeccompCmpOp::MaskedEq(0xf), t)?);
+        out.push(rule(c)?);
+    }
+    Ok(out)
+}
+
+/// The x32 guard (x86_64): a syscall number with `__X32_SYSCALL_BIT` set
+/// is refused with EPERM, and any architecture but x86_64 (i386 through
+/// `int 0x80`) kills the process. seccompiler checks only the architecture.
+#[cfg(target_arch = "x86_64")]
+pub fn x32_guard() -> Vec<seccompiler::sock_filter> {
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const JGE_K: u16 = 0x35;
+    const RET_K: u16 = 0x06;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let ins = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
+    vec![
+        ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        ins(JGE_K, 0, 1, X32_SYSCALL_BIT),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+/// Step 5c: the seccomp filters (EPERM list and socket allow-lists, and
+/// clone3 → ENOSYS so libc falls back to clone, whose flags can be
+/// inspected).
 pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram>> {
     use libc::*;
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let always = [
-        (SYS_ptrace, "reading or steering other processes"),
-        (SYS_process_vm_readv, "reading another process's memory"),
-        (SYS_process_vm_writev, "writing another process's memory"),
-        (
-            SYS_io_uring_setup,
-            "io_uring opens files and sockets without the syscalls filtered here",
-        ),
-        (SYS_io_uring_enter, "io_uring, as above"),
-        (SYS_io_uring_register, "io_uring, as above"),
-        (
-            SYS_mount,
-            "remounting the sandbox's read-only tree writable",
-        ),
-        (
-            SYS_umount2,
-            "unmounting a carve-out to reveal what it covers",
-        ),
-        (
-            SYS_pivot_root,
-            "swapping the root for one outside the policy",
-        ),
-        (SYS_chroot, "chroot escapes"),
-        (SYS_unshare, "new namespaces with fresh capabilities"),
-        (SYS_setns, "joining another namespace"),
-        (
-            SYS_keyctl,
-            "the kernel keyring (credentials of other sessions)",
-        ),
-        (SYS_add_key, "the kernel keyring"),
-        (SYS_request_key, "the kernel keyring"),
-        (SYS_bpf, "loading kernel programs"),
-        (
-            SYS_perf_event_open,
-            "observing other processes and the kernel",
-        ),
-        (SYS_userfaultfd, "a common kernel exploitation primitive"),
-        (SYS_kexec_load, "replacing the kernel"),
-        (SYS_kexec_file_load, "replacing the kernel"),
-        (SYS_init_module, "loading kernel modules"),
-        (SYS_finit_module, "loading kernel modules"),
-        (SYS_delete_module, "unloading kernel modules"),
-        (
-            SYS_open_by_handle_at,
-            "opening files by handle, around path checks",
-        ),
-        (SYS_name_to_handle_at, "file handles, as above"),
-        (SYS_fsopen, "new mount API: mounting"),
-        (SYS_fsmount, "new mount API: mounting"),
-        (SYS_move_mount, "new mount API: moving mounts"),
-        (SYS_open_tree, "new mount API: cloning mounts"),
-        (SYS_mount_setattr, "new mount API: clearing read-only"),
+        SYS_ptrace,
+        SYS_process_vm_readv,
+        SYS_process_vm_writev,
+        // io_uring opens files and sockets without the syscalls filtered here.
+        SYS_io_uring_setup,
+        SYS_io_uring_enter,
+        SYS_io_uring_register,
+        SYS_mount,
+        SYS_umount2,
+        SYS_pivot_root,
+        SYS_chroot,
+        SYS_unshare,
+        SYS_setns,
+        SYS_keyctl,
+        SYS_add_key,
+        SYS_request_key,
+        SYS_bpf,
+        SYS_perf_event_open,
+        SYS_userfaultfd,
+        SYS_kexec_load,
+        SYS_kexec_file_load,
+        SYS_init_module,
+        SYS_finit_module,
+        SYS_delete_module,
+        SYS_open_by_handle_at,
+        SYS_name_to_handle_at,
+        SYS_fsopen,
+        SYS_fsmount,
+        SYS_fsconfig,
+        SYS_fspick,
+        SYS_move_mount,
+        SYS_open_tree,
+        SYS_mount_setattr,
+        // Watching what was granted is fine; fanotify needs privileges the
+        // job does not have, refused outright for clarity.
+        SYS_fanotify_init,
     ];
-    for (nr, _escape) in always {
+    for nr in always {
         deny.insert(nr, vec![]);
     }
     // Faking terminal input into the controlling terminal's other readers.
@@ -381,7 +797,8 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
         vec![rule(vec![cond(1, SeccompCmpOp::Eq, TIOCSTI)?])?],
     );
     // New namespaces through clone flags.
-    let ns_flags = [
+    let mut clone_rules = Vec::new();
+    for f in [
         CLONE_NEWNS,
         CLONE_NEWUSER,
         CLONE_NEWPID,
@@ -389,9 +806,7 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
         CLONE_NEWIPC,
         CLONE_NEWUTS,
         CLONE_NEWCGROUP,
-    ];
-    let mut clone_rules = Vec::new();
-    for f in ns_flags {
+    ] {
         clone_rules.push(rule(vec![cond(
             0,
             SeccompCmpOp::MaskedEq(f as u64),
@@ -399,40 +814,89 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
         )?])?);
     }
     deny.insert(SYS_clone, clone_rules);
+    let unix_types = [SOCK_STREAM as u64, SOCK_SEQPACKET as u64];
     match net {
         WireNet::Allow => {}
         WireNet::Deny => {
-            // No socket but AF_UNIX; no connect/bind/listen/accept for any
-            // family (so no pathname Unix socket either); socketpair works.
-            deny.insert(
-                SYS_socket,
-                vec![rule(vec![cond(0, SeccompCmpOp::Ne, AF_UNIX as u64)?])?],
-            );
+            // AF_UNIX only, stream and seqpacket only: without connect or
+            // bind, such a socket can address nothing (a name on sendto /
+            // sendmsg is refused or ignored for these types); no datagram
+            // socket, which could send to any pathname socket by name.
+            let mut rules = vec![rule(vec![cond(0, SeccompCmpOp::Ne, AF_UNIX as u64)?])?];
+            rules.extend(types_except(&unix_types, &[])?);
+            deny.insert(SYS_socket, rules.clone());
+            deny.insert(SYS_socketpair, rules);
             for nr in [SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4] {
                 deny.insert(nr, vec![]);
             }
+            // A destination address on sendto, whatever the socket.
+            deny.insert(
+                SYS_sendto,
+                vec![rule(vec![cond64(4, SeccompCmpOp::Ne, 0)?])?],
+            );
         }
         WireNet::Tcp(_) => {
-            // Only TCP sockets (Landlock limits their ports): no UDP, so no
-            // DNS; no raw, packet or netlink sockets; no Unix sockets.
+            // TCP stream sockets (Landlock limits their ports), IPv4 and
+            // IPv6, protocol 0 or IPPROTO_TCP (not MPTCP, not SCTP); Unix
+            // sockets only as connected pairs (connect is allowed here and
+            // could reach a pathname socket).
             let mut rules = vec![rule(vec![
                 cond(0, SeccompCmpOp::Ne, AF_INET as u64)?,
                 cond(0, SeccompCmpOp::Ne, AF_INET6 as u64)?,
             ])?];
-            for t in [
-                SOCK_DGRAM,
-                SOCK_RAW,
-                SOCK_RDM,
-                SOCK_SEQPACKET,
-                SOCK_DCCP,
-                10, /* SOCK_PACKET */
-            ] {
-                rules.push(rule(vec![cond(1, SeccompCmpOp::MaskedEq(0xf), t as u64)?])?);
-            }
+            rules.extend(types_except(&[SOCK_STREAM as u64], &[])?);
+            rules.push(rule(vec![
+                cond(2, SeccompCmpOp::Ne, 0)?,
+                cond(2, SeccompCmpOp::Ne, IPPROTO_TCP as u64)?,
+            ])?);
             deny.insert(SYS_socket, rules);
+            let mut pair = vec![rule(vec![cond(0, SeccompCmpOp::Ne, AF_UNIX as u64)?])?];
+            pair.extend(types_except(&unix_types, &[])?);
+            deny.insert(SYS_socketpair, pair);
             for nr in [SYS_listen, SYS_accept, SYS_accept4] {
                 deny.insert(nr, vec![]);
             }
+            // TCP Fast Open connects from a send call, around Landlock's
+            // connect rule.
+            let fastopen = MSG_FASTOPEN as u64;
+            deny.insert(
+                SYS_sendto,
+                vec![rule(vec![cond(
+                    3,
+                    SeccompCmpOp::MaskedEq(fastopen),
+                    fastopen,
+                )?])?],
+            );
+            deny.insert(
+                SYS_sendmsg,
+                vec![rule(vec![cond(
+                    2,
+                    SeccompCmpOp::MaskedEq(fastopen),
+                    fastopen,
+                )?])?],
+            );
+            deny.insert(
+                SYS_sendmmsg,
+                vec![rule(vec![cond(
+                    3,
+                    SeccompCmpOp::MaskedEq(fastopen),
+                    fastopen,
+                )?])?],
+            );
+            const TCP_FASTOPEN_CONNECT: u64 = 30;
+            deny.insert(
+                SYS_setsockopt,
+                vec![
+                    rule(vec![
+                        cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64)?,
+                        cond(2, SeccompCmpOp::Eq, TCP_FASTOPEN_CONNECT)?,
+                    ])?,
+                    rule(vec![
+                        cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64)?,
+                        cond(2, SeccompCmpOp::Eq, TCP_FASTOPEN as u64)?,
+                    ])?,
+                ],
+            );
         }
     }
     let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
@@ -452,6 +916,8 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
     )
     .map_err(|e| io::Error::other(e.to_string()))?;
     let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    out.push(x32_guard());
     for f in [eperm, clone3] {
         out.push(
             f.try_into()
@@ -461,30 +927,35 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
     Ok(out)
 }
 
-/// Apply `p` to the calling (single-threaded, forked) process.
-pub fn apply(p: &WirePolicy) -> StepResult<()> {
-    mount_namespace(p)?;
-    // The working directory still points into the mounts as they were
-    // before (read-only now, carve-outs not on top): walk to it again so
-    // relative paths see the sandbox's view.
-    let cwd = std::env::current_dir().map_err(at(Step::PrivateMounts))?;
-    std::env::set_current_dir(&cwd).map_err(at(Step::PrivateMounts))?;
-    let ruleset = landlock_ruleset(p)?;
+/// Step 5: the second layer, capabilities, no_new_privs and seccomp, on
+/// the calling process (the init; the job inherits it).
+pub fn confine(p: &WirePlan, prep: Prepared) -> StepResult<()> {
+    let ruleset = if p.landlock_abi > 0 {
+        Some(landlock_ruleset(p, prep)?)
+    } else {
+        None
+    };
     let filters = seccomp_programs(&p.net).map_err(at(Step::Seccomp))?;
     sys::drop_all_capabilities().map_err(at(Step::Capabilities))?;
-    // restrict_self sets no_new_privs first.
-    let status = ruleset
-        .restrict_self()
-        .map_err(|e| (Step::LandlockRestrict, io::Error::other(e.to_string())))?;
-    if status.ruleset != RulesetStatus::FullyEnforced || !status.no_new_privs {
-        return Err((
-            Step::LandlockRestrict,
-            io::Error::other(format!("Landlock not fully enforced: {:?}", status.ruleset)),
-        ));
+    nix::sys::prctl::set_no_new_privs().map_err(at(Step::LandlockRestrict))?;
+    if let Some(ruleset) = ruleset {
+        let status = ruleset
+            .restrict_self()
+            .map_err(|e| (Step::LandlockRestrict, io::Error::other(e.to_string())))?;
+        if status.ruleset != RulesetStatus::FullyEnforced || !status.no_new_privs {
+            return Err((
+                Step::LandlockRestrict,
+                io::Error::other(format!("Landlock not fully enforced: {:?}", status.ruleset)),
+            ));
+        }
     }
     for f in &filters {
-        seccompiler::apply_filter(f)
-            .map_err(|e| (Step::Seccomp, io::Error::other(e.to_string())))?;
+        sys::install_bpf(f).map_err(at(Step::Seccomp))?;
     }
     Ok(())
+}
+
+/// A C string of a path, for exec.
+pub fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }

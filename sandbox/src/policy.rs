@@ -34,6 +34,10 @@ pub struct Policy {
     pub deny_write: Vec<PathBuf>,
     pub network: NetworkIntent,
     pub required: bool,
+    /// Symlinks met on the way from a root as given to its canonical path
+    /// (`/lib` -> `usr/lib`): (where, what it points to). A job's fresh root
+    /// recreates them so the names it was given still lead somewhere.
+    pub links: Vec<(PathBuf, PathBuf)>,
 }
 
 /// What the symbols mean for one request.
@@ -60,6 +64,8 @@ pub enum PolicyError {
     NoHome { field: String },
     #[error("{field}: :tmp cannot be a carve-out")]
     TmpCarveOut { field: String },
+    #[error("{field}: {path:?} is a symbolic link; a write root must name the directory itself")]
+    SymlinkRoot { field: String, path: String },
 }
 
 impl PolicyError {
@@ -70,7 +76,8 @@ impl PolicyError {
             | PolicyError::NotAbsolute { field, .. }
             | PolicyError::NoCwd { field }
             | PolicyError::NoHome { field }
-            | PolicyError::TmpCarveOut { field } => field,
+            | PolicyError::TmpCarveOut { field }
+            | PolicyError::SymlinkRoot { field, .. } => field,
         }
     }
 }
@@ -119,8 +126,35 @@ fn expand(p: &WirePath, field: &str, ctx: &Context) -> Result<Expanded, PolicyEr
     }
 }
 
-/// Roots must exist; a broken symlink does not.
-fn roots(list: &[WirePath], name: &str, ctx: &Context) -> Result<Vec<Root>, PolicyError> {
+/// The symlinks met resolving `path` component by component.
+fn links_on(path: &Path, out: &mut Vec<(PathBuf, PathBuf)>) {
+    let mut cur = PathBuf::from("/");
+    for c in path.components() {
+        let std::path::Component::Normal(n) = c else {
+            continue;
+        };
+        let next = cur.join(n);
+        match std::fs::read_link(&next) {
+            Ok(to) => {
+                let entry = (next.clone(), to);
+                if !out.contains(&entry) {
+                    out.push(entry);
+                }
+                cur = std::fs::canonicalize(&next).unwrap_or(next);
+            }
+            Err(_) => cur = next,
+        }
+    }
+}
+
+/// Roots must exist; a broken symlink does not. A write root may not be a
+/// symlink itself (what it points to could change after the check).
+fn roots(
+    list: &[WirePath],
+    name: &str,
+    ctx: &Context,
+    links: &mut Vec<(PathBuf, PathBuf)>,
+) -> Result<Vec<Root>, PolicyError> {
     let mut out = Vec::new();
     for (i, p) in list.iter().enumerate() {
         let field = format!("sandbox.filesystem.{name}.{i}");
@@ -133,6 +167,16 @@ fn roots(list: &[WirePath], name: &str, ctx: &Context) -> Result<Vec<Root>, Poli
                             field: field.clone(),
                             path: path.to_string_lossy().into_owned(),
                         })?;
+                    if name == "write"
+                        && std::fs::symlink_metadata(&path)
+                            .is_ok_and(|m| m.file_type().is_symlink())
+                    {
+                        return Err(PolicyError::SymlinkRoot {
+                            field: field.clone(),
+                            path: path.to_string_lossy().into_owned(),
+                        });
+                    }
+                    links_on(&path, links);
                     if !out.contains(&Root::Path(canon.clone())) {
                         out.push(Root::Path(canon));
                     }
@@ -202,17 +246,19 @@ fn carve_outs(list: &[WirePath], name: &str, ctx: &Context) -> Result<Vec<PathBu
 /// Resolve an intent for one request.
 pub fn resolve(intent: &SandboxIntent, ctx: &Context) -> Result<Policy, PolicyError> {
     let fs = &intent.filesystem;
+    let mut links = Vec::new();
     let read = match &fs.read {
         ReadRoots::All => None,
-        ReadRoots::Paths(p) => Some(roots(p, "read", ctx)?),
+        ReadRoots::Paths(p) => Some(roots(p, "read", ctx, &mut links)?),
     };
     Ok(Policy {
         read,
-        write: roots(&fs.write, "write", ctx)?,
+        write: roots(&fs.write, "write", ctx, &mut links)?,
         deny_read: carve_outs(&fs.deny_read, "deny_read", ctx)?,
         deny_write: carve_outs(&fs.deny_write, "deny_write", ctx)?,
         network: intent.network.clone(),
         required: intent.required,
+        links,
     })
 }
 

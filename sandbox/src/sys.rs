@@ -242,3 +242,213 @@ pub fn drop_all_capabilities() -> io::Result<()> {
         libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) as libc::c_int
     })
 }
+
+// ---- the mount API, on file descriptors (Linux 5.2+; mount_setattr 5.12+)
+
+/// `OPEN_TREE_CLONE`: a detached copy of the mount at the path.
+#[cfg(target_os = "linux")]
+pub const OPEN_TREE_CLONE: libc::c_uint = 1;
+/// `MOUNT_ATTR_NOSUID`.
+pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+/// `MOUNT_ATTR_NODEV`.
+pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+/// `MOUNT_ATTR_NOEXEC`.
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
+
+#[cfg(target_os = "linux")]
+fn fd_result(ret: libc::c_long) -> io::Result<OwnedFd> {
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(ret).map_err(|_| io::Error::other("fd out of range"))?;
+    // SAFETY: the kernel just returned this new descriptor to us; nothing
+    // else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(target_os = "linux")]
+fn unit_result(ret: libc::c_long) -> io::Result<()> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A detached copy of the mount tree at `fd` (the object the fd names,
+/// `AT_EMPTY_PATH`), recursive: `open_tree(fd, "", OPEN_TREE_CLONE |
+/// AT_RECURSIVE)`. Never looks a path up.
+#[cfg(target_os = "linux")]
+pub fn clone_tree(fd: BorrowedFd<'_>, recursive: bool) -> io::Result<OwnedFd> {
+    let mut flags =
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    // SAFETY: the path is a valid empty C string; the fd is borrowed and
+    // open for the call; the kernel returns a new fd or -1.
+    fd_result(unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) })
+}
+
+/// Attach the detached mount `from` onto the object `to` names
+/// (`move_mount` with both `*_EMPTY_PATH` flags: no path lookup).
+#[cfg(target_os = "linux")]
+pub fn attach(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x0000_0040;
+    // SAFETY: both fds are borrowed and open; the paths are valid empty C
+    // strings; no memory is written.
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            c"".as_ptr(),
+            to.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })
+}
+
+/// `mount_setattr` on the mount `fd` names (and below it if `recursive`).
+#[cfg(target_os = "linux")]
+pub fn set_mount_attr(fd: BorrowedFd<'_>, recursive: bool, set: u64, clear: u64) -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    // SAFETY: `attr` is a live, initialised struct of the size passed, the
+    // path a valid empty C string, the fd borrowed; the kernel only reads.
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+}
+
+/// A new, detached mount of `fstype` (`tmpfs`, `proc`) configured with
+/// `options` (`mode=0755`), with mount attributes `attrs`.
+#[cfg(target_os = "linux")]
+pub fn new_mount(
+    fstype: &std::ffi::CStr,
+    options: &[(&std::ffi::CStr, &std::ffi::CStr)],
+    attrs: u64,
+) -> io::Result<OwnedFd> {
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    // SAFETY: a valid C string and flags; returns a new fd or -1.
+    let fs =
+        fd_result(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) })?;
+    for (k, v) in options {
+        // SAFETY: the fs context fd is ours and open; key and value are
+        // valid C strings the kernel only reads.
+        unit_result(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                k.as_ptr(),
+                v.as_ptr(),
+                0,
+            )
+        })?;
+    }
+    // SAFETY: as above, with no key or value (null pointers are what the
+    // CMD_CREATE command takes).
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    })?;
+    // SAFETY: the context fd is open; returns a new mount fd or -1.
+    fd_result(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
+}
+
+/// `pivot_root(".", ".")` (the new root is the cwd; the old one ends up
+/// on top of it, to be detached by the caller).
+#[cfg(target_os = "linux")]
+pub fn pivot_root_here() -> io::Result<()> {
+    // SAFETY: two valid C strings the kernel only reads.
+    unit_result(unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) })
+}
+
+/// `clone(flags | SIGCHLD)` with no new stack: a `fork` that also creates
+/// the namespaces in `flags` for the child.
+///
+/// # Safety
+/// As [`fork_single_threaded`]: the caller must be single-threaded. The
+/// child returns `Ok(None)`.
+#[cfg(target_os = "linux")]
+pub unsafe fn fork_into_namespaces(flags: libc::c_int) -> io::Result<Option<nix::unistd::Pid>> {
+    // SAFETY: with a null stack the child continues on a copy of the
+    // parent's stack, exactly like fork(2); the caller guarantees no other
+    // thread exists, so no lock is held across it.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    match ret {
+        r if r < 0 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        pid => Ok(Some(nix::unistd::Pid::from_raw(pid as libc::pid_t))),
+    }
+}
+
+/// Install a classic BPF seccomp program on the calling thread (after
+/// `no_new_privs`).
+#[cfg(target_os = "linux")]
+pub fn install_bpf(prog: &[seccompiler::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).map_err(|_| io::Error::other("filter too long"))?,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `seccompiler::sock_filter` is `repr(C)` with the layout of
+    // the kernel's `struct sock_filter`; `fprog` points at the live slice
+    // for the duration of the call and the kernel copies it.
+    unit_result(unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &fprog as *const libc::sock_fprog,
+        ) as libc::c_long
+    })
+}
+
+/// Make the calling process non-dumpable: its `/proc/PID` entries become
+/// root's, so a job cannot read its init's memory or fds.
+#[cfg(target_os = "linux")]
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    unit_result(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as libc::c_long)
+}

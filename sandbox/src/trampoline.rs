@@ -2,22 +2,32 @@
 //! its program.
 //!
 //! The agent (multithreaded, async) spawns this trampoline with a plain
-//! `spawn` (no code between its fork and exec). The trampoline is
-//! single-threaded, so it can prepare everything, fork the job and stay as
-//! its **supervisor**:
+//! `spawn` (no code between its fork and exec), an empty environment and a
+//! command line of descriptor numbers only: what to run comes in a sealed
+//! memfd ([`crate::spec::JobSpec`]), so nothing of the request reaches this
+//! process's loader or `/proc/PID/cmdline`. The trampoline is
+//! single-threaded, so it can prepare everything, fork and stay as the
+//! job's **supervisor**:
 //!
-//! - it is a child subreaper, so descendants that double-fork or `setsid`
-//!   are re-parented to it, not to init;
 //! - it watches a *lifeline* pipe whose write end only the agent holds: when
 //!   the agent dies (even by SIGKILL) the pipe hangs up and the supervisor
 //!   kills the whole job. (`PR_SET_PDEATHSIG` is not used: it fires when the
 //!   agent's *thread* that forked exits, and covers only the direct child.)
-//! - when the job's main process exits, whatever it left behind is killed,
-//!   its exit status is reported, and the supervisor exits.
+//! - a sandboxed job runs under an init of its own, created by `clone` in
+//!   new namespaces ([`crate::linux`]): the init confines itself, forks the
+//!   program (pid 2 of the new PID namespace), and exits when the program
+//!   does, which kills everything left in the namespace. Killing the init
+//!   kills the job.
+//! - an unconfined job is forked directly; the supervisor is a child
+//!   subreaper, so descendants that double-fork or `setsid` are re-parented
+//!   to it and killed when the program exits.
 //!
 //! The status pipe carries 5-byte messages to the agent: `P` + pid (the job
-//! runs), `E` + errno (exec failed, nothing ran), `X` + raw wait status.
+//! runs; its pid as the agent sees it), `E` + errno (exec failed, nothing
+//! ran), `S` + step << 16 | errno (the sandbox could not be set up, nothing
+//! ran), `X` + raw wait status.
 
+use crate::spec::JobSpec;
 use crate::sys;
 use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -36,21 +46,15 @@ pub const MSG_EXITED: u8 = b'X';
 /// The sandbox could not be set up; nothing ran. Value: step << 16 | errno.
 pub const MSG_SANDBOX_FAILED: u8 = b'S';
 
-/// What the agent asks of the trampoline (parsed from its command line).
+/// The trampoline's command line: descriptor numbers only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
     /// Read end of the agent's lifeline pipe.
     pub lifeline: Option<RawFd>,
     /// Write end of this job's status pipe.
     pub status: Option<RawFd>,
-    /// Make fd 0 (a PTY slave) the job's controlling terminal.
-    pub tty: bool,
-    /// The program to execute (already resolved by the agent).
-    pub exec: PathBuf,
-    /// The argv the program sees (`argv[0]` may be a custom `arg0`).
-    pub argv: Vec<OsString>,
-    /// The sandbox policy (empty: none).
-    pub policy: String,
+    /// The sealed memfd holding the [`JobSpec`].
+    pub spec: RawFd,
 }
 
 /// Errors of the trampoline's setup, each naming its step.
@@ -61,6 +65,8 @@ pub enum Error {
     Usage(String),
     #[error("closing inherited file descriptors: {0}")]
     CloseFds(io::Error),
+    #[error("reading the job spec: {0}")]
+    BadSpec(io::Error),
     #[error("becoming a session leader: {0}")]
     Setsid(io::Error),
     #[error("becoming a child subreaper: {0}")]
@@ -71,24 +77,18 @@ pub enum Error {
     Pipe(io::Error),
     #[error("forking the job: {0}")]
     Fork(io::Error),
-    #[error("the sandbox policy argument is malformed (refusing to run unconfined)")]
-    BadPolicy,
     #[error("sandbox policies cannot be enforced on this platform; refusing to run unconfined")]
     PolicyUnsupported,
 }
 
 impl Spec {
-    /// Parse `[--lifeline FD] [--status FD] [--tty] --exec PATH POLICY -- ARGV...`.
+    /// Parse `[--lifeline FD] [--status FD] --spec FD`.
     pub fn parse(args: &[OsString]) -> Result<Spec, Error> {
         let mut spec = Spec {
             lifeline: None,
             status: None,
-            tty: false,
-            exec: PathBuf::new(),
-            argv: Vec::new(),
-            policy: String::new(),
+            spec: -1,
         };
-        let mut policy = None;
         let mut it = args.iter();
         let fd = |v: Option<&OsString>, name: &str| -> Result<RawFd, Error> {
             v.and_then(|v| v.to_str())
@@ -102,27 +102,12 @@ impl Spec {
             match a.to_str() {
                 Some("--lifeline") => spec.lifeline = Some(fd(it.next(), "--lifeline")?),
                 Some("--status") => spec.status = Some(fd(it.next(), "--status")?),
-                Some("--tty") => spec.tty = true,
-                Some("--exec") => {
-                    spec.exec = it
-                        .next()
-                        .map(PathBuf::from)
-                        .ok_or_else(|| Error::Usage("--exec needs a path".into()))?
-                }
-                Some("--") => {
-                    spec.argv = it.by_ref().cloned().collect();
-                    break;
-                }
-                _ if policy.is_none() => policy = Some(a.to_string_lossy().into_owned()),
+                Some("--spec") => spec.spec = fd(it.next(), "--spec")?,
                 _ => return Err(Error::Usage(format!("unexpected argument {a:?}"))),
             }
         }
-        spec.policy = policy.unwrap_or_default();
-        if spec.argv.is_empty() {
-            return Err(Error::Usage("no program after --".into()));
-        }
-        if spec.exec.as_os_str().is_empty() {
-            spec.exec = PathBuf::from(&spec.argv[0]);
+        if spec.spec < 0 {
+            return Err(Error::Usage("--spec FD is required".into()));
         }
         Ok(spec)
     }
@@ -138,17 +123,30 @@ fn send(status: &mut Option<std::fs::File>, tag: u8, value: i32) {
     }
 }
 
+fn cstring(b: &[u8], what: &str) -> Result<CString, Error> {
+    CString::new(b).map_err(|_| Error::Usage(format!("{what} contains NUL")))
+}
+
+/// What `execve` needs, prepared before any fork.
+struct Exec {
+    path: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    tty: bool,
+}
+
 /// Run the trampoline: set up, fork the job, supervise it. Returns the
 /// process exit code for the trampoline itself.
 ///
 /// Must be called while the process is single-threaded (before any runtime).
 pub fn run(spec: Spec) -> Result<i32, Error> {
-    // 1. Own our two fds, and close everything else a multithreaded agent
-    //    may have leaked into us (another job's pipes): only 0-2 reach the job.
+    // 1. Own our fds, and close everything else a multithreaded agent may
+    //    have leaked into us (another job's pipes): only 0-2 reach the job.
     let keep: Vec<RawFd> = spec
         .lifeline
         .iter()
         .chain(spec.status.iter())
+        .chain(std::iter::once(&spec.spec))
         .copied()
         .collect();
     sys::close_fds_except(&keep).map_err(Error::CloseFds)?;
@@ -159,6 +157,8 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let mut status: Option<std::fs::File> = spec
         .status
         .map(|fd| unsafe { sys::own_inherited_fd(fd) }.into());
+    // SAFETY: as above.
+    let job_fd = unsafe { sys::own_inherited_fd(spec.spec) };
     for fd in lifeline
         .iter()
         .map(|f| f.as_fd())
@@ -171,15 +171,11 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         );
     }
 
-    // 2. Decode the sandbox policy now, so a bad one fails before any fork
-    //    (never run unconfined what was asked to be confined).
-    #[cfg(target_os = "linux")]
-    let policy = match spec.policy.as_str() {
-        "" => None,
-        s => Some(crate::linux::WirePolicy::decode(s).ok_or(Error::BadPolicy)?),
-    };
+    // 2. What to run, and under which plan: a bad spec fails before any
+    //    fork (never run unconfined what was asked to be confined).
+    let job = JobSpec::read_from(job_fd).map_err(Error::BadSpec)?;
     #[cfg(not(target_os = "linux"))]
-    if !spec.policy.is_empty() {
+    if job.sandbox.is_some() {
         return Err(Error::PolicyUnsupported);
     }
 
@@ -187,7 +183,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     //    aimed at the agent must not reach the supervisor, and vice versa.
     nix::unistd::setsid().map_err(|e| Error::Setsid(e.into()))?;
 
-    // 4. Become the subreaper of everything the job starts.
+    // 4. Become the subreaper of everything an unconfined job starts.
     nix::sys::prctl::set_child_subreaper(true).map_err(|e| Error::Subreaper(e.into()))?;
 
     // 5. Learn about child exits through a signalfd (SIGCHLD blocked here;
@@ -198,26 +194,34 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| Error::SignalFd(e.into()))?;
 
-    // 6. Everything exec needs, prepared before the fork.
-    let path = CString::new(spec.exec.as_os_str().as_bytes())
-        .map_err(|_| Error::Usage("program path contains NUL".into()))?;
-    let argv: Vec<CString> = spec
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<_, _>>()
-        .map_err(|_| Error::Usage("argument contains NUL".into()))?;
-    let envp: Vec<CString> = std::env::vars_os()
-        .filter_map(|(k, v)| {
-            let mut kv = k.as_bytes().to_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            CString::new(kv).ok()
-        })
-        .collect();
+    // 6. Everything exec needs, prepared before the fork. The job's env is
+    //    used here, at the final execve, and nowhere before.
+    let exec = Exec {
+        path: cstring(&job.exec, "the program path")?,
+        argv: job
+            .argv
+            .iter()
+            .map(|a| cstring(a, "an argument"))
+            .collect::<Result<_, _>>()?,
+        envp: job
+            .env
+            .iter()
+            .map(|e| cstring(e, "an environment entry"))
+            .collect::<Result<_, _>>()?,
+        tty: job.tty,
+    };
+    if exec.argv.is_empty() {
+        return Err(Error::Usage("the job spec has an empty argv".into()));
+    }
     let (mut exec_r, exec_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map(|(r, w)| (std::fs::File::from(r), w))
         .map_err(|e| Error::Pipe(e.into()))?;
+
+    #[cfg(target_os = "linux")]
+    if let Some(plan) = &job.sandbox {
+        let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(&job.cwd));
+        return sandboxed(plan, &cwd, &exec, exec_r, exec_w, status, lifeline, sigfd);
+    }
 
     // 7. Fork the job.
     // SAFETY: `run` is documented to be called single-threaded (the
@@ -225,10 +229,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let child = match unsafe { sys::fork_single_threaded() }.map_err(Error::Fork)? {
         ForkResult::Child => {
             drop(exec_r);
-            #[cfg(target_os = "linux")]
-            let failure = exec_job(&spec, policy.as_ref(), &path, &argv, &envp);
-            #[cfg(not(target_os = "linux"))]
-            let failure = exec_job(&spec, &path, &argv, &envp);
+            let failure = exec_job(&exec);
             let mut w = std::fs::File::from(exec_w);
             let _ = w.write_all(&failure);
             // Only async-signal-safe exit: no destructors, no atexit.
@@ -238,28 +239,57 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         ForkResult::Parent { child } => child,
     };
     drop(exec_w);
+    if report_start(&mut exec_r, &mut status, || Some(child)).is_err() {
+        let _ = waitpid(child, None);
+        return Ok(127);
+    }
+    drop(exec_r);
+    release_stdio();
+
+    // 9. Supervise: until the job's main process exits, or the agent dies.
+    let raw_status = supervise(child, lifeline.as_ref(), &sigfd);
+    send(&mut status, MSG_EXITED, raw_status);
+    Ok(0)
+}
+
+/// Read the exec pipe: a failure record (reported, `Err`), or EOF when the
+/// program runs (`P` + the pid `pid()` finds).
+fn report_start(
+    exec_r: &mut std::fs::File,
+    status: &mut Option<std::fs::File>,
+    pid: impl FnOnce() -> Option<Pid>,
+) -> Result<(), ()> {
     let mut failure = [0u8; 8];
     match exec_r.read_exact(&mut failure) {
         Ok(()) => {
             let errno = i32::from_be_bytes([failure[4], failure[5], failure[6], failure[7]]);
             if failure[0] == FAIL_SANDBOX {
                 send(
-                    &mut status,
+                    status,
                     MSG_SANDBOX_FAILED,
                     (i32::from(failure[1]) << 16) | (errno & 0xffff),
                 );
             } else {
-                send(&mut status, MSG_EXEC_FAILED, errno);
+                send(status, MSG_EXEC_FAILED, errno);
             }
-            let _ = waitpid(child, None);
-            return Ok(127);
+            Err(())
         }
-        Err(_) => send(&mut status, MSG_STARTED, child.as_raw()),
+        Err(_) => match pid() {
+            Some(p) => {
+                send(status, MSG_STARTED, p.as_raw());
+                Ok(())
+            }
+            None => {
+                send(status, MSG_EXEC_FAILED, libc::ESRCH);
+                Err(())
+            }
+        },
     }
-    drop(exec_r);
+}
 
-    // 8. The job holds the terminal or pipes now; the supervisor lets go so
-    //    that EOF on them follows the job alone.
+/// The job holds the terminal or pipes now; the supervisor lets go so
+/// that EOF on them follows the job alone.
+fn release_stdio() {
     if let Ok(null) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -269,11 +299,6 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         let _ = nix::unistd::dup2_stdout(&null);
         let _ = nix::unistd::dup2_stderr(&null);
     }
-
-    // 9. Supervise: until the job's main process exits, or the agent dies.
-    let raw_status = supervise(child, lifeline.as_ref(), &sigfd);
-    send(&mut status, MSG_EXITED, raw_status);
-    Ok(0)
 }
 
 const FAIL_EXEC: u8 = 0;
@@ -284,39 +309,211 @@ fn failure(kind: u8, step: u8, errno: i32) -> [u8; 8] {
     [kind, step, 0, 0, e[0], e[1], e[2], e[3]]
 }
 
-/// In the forked child: become the job, confine it, then exec. Returns
-/// what failed (the job never runs then).
-fn exec_job(
-    spec: &Spec,
-    #[cfg(target_os = "linux")] policy: Option<&crate::linux::WirePolicy>,
-    path: &CString,
-    argv: &[CString],
-    envp: &[CString],
-) -> [u8; 8] {
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EPERM)
+}
+
+/// The sandboxed path: an init in new namespaces confines itself and forks
+/// the program; the supervisor reports and waits for the init.
+#[cfg(target_os = "linux")]
+#[allow(clippy::too_many_arguments)]
+fn sandboxed(
+    plan: &crate::plan::WirePlan,
+    cwd: &std::path::Path,
+    exec: &Exec,
+    mut exec_r: std::fs::File,
+    exec_w: OwnedFd,
+    mut status: Option<std::fs::File>,
+    lifeline: Option<OwnedFd>,
+    sigfd: SignalFd,
+) -> Result<i32, Error> {
+    use std::os::unix::net::UnixStream;
+    let (ctl, ctl_init) = UnixStream::pair().map_err(Error::Pipe)?;
+    let (uid, gid) = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    let flags = crate::linux::namespace_flags(plan);
+    // SAFETY: `run` is documented to be called single-threaded.
+    let init = match unsafe { sys::fork_into_namespaces(flags) } {
+        Ok(Some(pid)) => pid,
+        Ok(None) => {
+            drop(exec_r);
+            drop(ctl);
+            let code = job_init(plan, cwd, exec, uid, gid, exec_w, ctl_init);
+            std::process::exit(code);
+        }
+        Err(e) => {
+            send(
+                &mut status,
+                MSG_SANDBOX_FAILED,
+                ((crate::linux::Step::Namespaces as i32) << 16) | (errno_of(&e) & 0xffff),
+            );
+            return Ok(127);
+        }
+    };
+    drop(exec_w);
+    drop(ctl_init);
+    if report_start(&mut exec_r, &mut status, || program_of(init)).is_err() {
+        let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+        let _ = waitpid(init, None);
+        return Ok(127);
+    }
+    drop(exec_r);
+    // The init waits for this before it reaps the program (so the pid
+    // reported above cannot be reused yet).
+    let mut ctl = ctl;
+    let _ = ctl.write_all(b"g");
+    release_stdio();
+    let raw = supervise_init(init, &mut ctl, lifeline.as_ref(), &sigfd);
+    send(&mut status, MSG_EXITED, raw);
+    Ok(0)
+}
+
+/// The program's pid as the agent sees it: the init's child that is pid 2
+/// in the job's PID namespace (the init forks it first).
+#[cfg(target_os = "linux")]
+fn program_of(init: Pid) -> Option<Pid> {
+    let children = children_of(init);
+    children
+        .iter()
+        .copied()
+        .find(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("NSpid:"))
+                        .and_then(|l| l.split_whitespace().last().map(|p| p == "2"))
+                })
+                .unwrap_or(false)
+        })
+        .or_else(|| children.first().copied())
+}
+
+/// The job's init (pid 1 of its PID namespace): build the root, confine,
+/// fork the program, wait for it, report its status, exit (which kills
+/// whatever is left in the namespace). Returns the init's exit code.
+#[cfg(target_os = "linux")]
+fn job_init(
+    plan: &crate::plan::WirePlan,
+    cwd: &std::path::Path,
+    exec: &Exec,
+    uid: u32,
+    gid: u32,
+    exec_w: OwnedFd,
+    mut ctl: std::os::unix::net::UnixStream,
+) -> i32 {
+    let mut w = std::fs::File::from(exec_w);
+    let fail = |w: &mut std::fs::File, step: crate::linux::Step, e: &io::Error| {
+        let _ = w.write_all(&failure(FAIL_SANDBOX, step as u8, errno_of(e)));
+        127
+    };
+    let prep = match crate::linux::build_root(plan, uid, gid, exec.tty, cwd) {
+        Ok(p) => p,
+        Err((step, e)) => return fail(&mut w, step, &e),
+    };
+    // Its /proc entries become root's: the job cannot read its init.
+    if let Err(e) = sys::set_not_dumpable() {
+        return fail(&mut w, crate::linux::Step::Capabilities, &e);
+    }
+    if let Err((step, e)) = crate::linux::confine(plan, prep) {
+        return fail(&mut w, step, &e);
+    }
+    // SAFETY: the init is single-threaded (forked from the single-threaded
+    // supervisor).
+    let program = match unsafe { sys::fork_single_threaded() } {
+        Ok(ForkResult::Child) => {
+            drop(ctl);
+            let failure = exec_job(exec);
+            let _ = w.write_all(&failure);
+            std::process::exit(127);
+        }
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => return fail(&mut w, crate::linux::Step::Fork, &e),
+    };
+    drop(w);
+    release_stdio();
+    let mut go = [0u8; 1];
+    let _ = ctl.read(&mut go);
+    let raw = loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == program => break (code & 0xff) << 8,
+            Ok(WaitStatus::Signaled(pid, sig, core)) if pid == program => {
+                break (sig as i32) | if core { 0x80 } else { 0 }
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break 0,
+        }
+    };
+    let _ = ctl.write_all(&raw.to_be_bytes());
+    0
+}
+
+/// Wait for the init, killing it (and with it the whole job) if the agent
+/// goes away. Returns the program's raw wait status.
+#[cfg(target_os = "linux")]
+fn supervise_init(
+    init: Pid,
+    ctl: &mut std::os::unix::net::UnixStream,
+    lifeline: Option<&OwnedFd>,
+    sigfd: &SignalFd,
+) -> i32 {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let finish = |ctl: &mut std::os::unix::net::UnixStream, st: WaitStatus| {
+        let mut raw = [0u8; 4];
+        match ctl.read_exact(&mut raw) {
+            Ok(()) => i32::from_be_bytes(raw),
+            Err(_) => match st {
+                WaitStatus::Signaled(_, sig, _) => sig as i32,
+                WaitStatus::Exited(_, code) => (code & 0xff) << 8,
+                _ => 0,
+            },
+        }
+    };
+    loop {
+        match waitpid(init, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(st) => return finish(ctl, st),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return 0,
+        }
+        let mut fds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        if let Some(l) = lifeline {
+            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => {
+                let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+            }
+        }
+        let agent_gone = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| {
+            r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLIN)
+        });
+        while let Ok(Some(_)) = sigfd.read_signal() {}
+        if agent_gone {
+            let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+        }
+    }
+}
+
+/// In the forked child: become the job's session and exec. Returns what
+/// failed (the job never runs then).
+fn exec_job(exec: &Exec) -> [u8; 8] {
     // A new session: the job leads its own process group (signals reach the
     // whole job) and, with a tty, gets the PTY as controlling terminal.
     if let Err(e) = nix::unistd::setsid() {
         return failure(FAIL_EXEC, 0, e as i32);
     }
-    if spec.tty {
+    if exec.tty {
         if let Err(e) = sys::set_controlling_tty(std::io::stdin().as_fd()) {
             return failure(FAIL_EXEC, 0, e.raw_os_error().unwrap_or(libc::EIO));
         }
     }
-    // The sandbox, last before exec (see `linux::apply` for the order).
-    #[cfg(target_os = "linux")]
-    if let Some(p) = policy {
-        if let Err((step, e)) = crate::linux::apply(p) {
-            return failure(
-                FAIL_SANDBOX,
-                step as u8,
-                e.raw_os_error().unwrap_or(libc::EPERM),
-            );
-        }
-    }
     // Default dispositions and an empty mask, whatever the agent had.
     sys::reset_signals();
-    match nix::unistd::execve(path, argv, envp) {
+    match nix::unistd::execve(&exec.path, &exec.argv, &exec.envp) {
         Err(e) => failure(FAIL_EXEC, 0, e as i32),
         Ok(never) => match never {},
     }
@@ -476,31 +673,20 @@ mod tests {
 
     #[test]
     fn parses_the_command_line() {
-        let args: Vec<OsString> = [
-            "--lifeline",
-            "5",
-            "--status",
-            "7",
-            "--tty",
-            "--exec",
-            "/bin/echo",
-            "",
-            "--",
-            "hi",
-            "x",
-        ]
-        .iter()
-        .map(OsString::from)
-        .collect();
+        let args: Vec<OsString> = ["--lifeline", "5", "--status", "7", "--spec", "9"]
+            .iter()
+            .map(OsString::from)
+            .collect();
         let s = Spec::parse(&args).unwrap();
         assert_eq!(s.lifeline, Some(5));
         assert_eq!(s.status, Some(7));
-        assert!(s.tty);
-        assert_eq!(s.exec, PathBuf::from("/bin/echo"));
-        assert_eq!(s.argv, vec![OsString::from("hi"), OsString::from("x")]);
-        assert!(s.policy.is_empty());
+        assert_eq!(s.spec, 9);
         assert!(Spec::parse(&[OsString::from("--status"), OsString::from("1")]).is_err());
-        assert!(Spec::parse(&[OsString::from("pol")]).is_err());
+        assert!(
+            Spec::parse(&[OsString::from("pol")]).is_err(),
+            "no policy argument any more"
+        );
+        assert!(Spec::parse(&args[..4]).is_err(), "--spec is required");
     }
 
     #[test]

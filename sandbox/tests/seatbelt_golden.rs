@@ -31,6 +31,7 @@ fn read_only() {
         deny_write: vec![],
         network: NetworkIntent::Deny,
         required: true,
+        links: vec![],
     };
     let sb = profile(&policy, None).unwrap();
     assert!(!sb.contains("(allow file-write*"), "no write rule at all");
@@ -47,6 +48,7 @@ fn workspace_write_with_git_denied() {
         deny_write: vec![PathBuf::from("/Users/dev/project/.git")],
         network: NetworkIntent::Deny,
         required: true,
+        links: vec![],
     };
     let sb = profile(&policy, Some(Path::new("/var/folders/xy/T/job-1"))).unwrap();
     // The carve-out comes after the allow (later rules win in SBPL).
@@ -75,6 +77,7 @@ fn network_allowed_and_port_lists() {
         deny_write: vec![],
         network: NetworkIntent::Allow,
         required: true,
+        links: vec![],
     };
     let sb = profile(&policy, None).unwrap();
     assert!(sb.contains("(allow network-outbound)"));
@@ -99,6 +102,7 @@ fn paths_needing_quoting() {
         deny_write: vec![],
         network: NetworkIntent::Deny,
         required: true,
+        links: vec![],
     };
     let sb = profile(&policy, None).unwrap();
     assert!(sb.contains(r#"(subpath "/Users/dev/My \"quoted\" dir")"#));
@@ -121,6 +125,7 @@ fn paths_needing_quoting() {
         deny_write: vec![],
         network: NetworkIntent::Deny,
         required: true,
+        links: vec![],
     };
     assert!(profile(&tmp, None).is_err());
     let cl = command_line("(version 1)", &["/bin/ls".into(), "-l".into()]);

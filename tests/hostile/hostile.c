@@ -19,6 +19,15 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
+#include <sys/ipc.h>
+#include <sys/shm.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
+#include <sys/inotify.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <linux/fs.h>
 
 static int report(long r) {
     if (r < 0) printf("errno=%d\n", errno); else printf("ok\n");
@@ -33,6 +42,141 @@ static int tcp(int port, int do_bind) {
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     return report(do_bind ? bind(s, (void *)&a, sizeof a) : connect(s, (void *)&a, sizeof a));
+}
+
+
+static int tcp_addr(int fam, int port, struct sockaddr_storage *ss) {
+    memset(ss, 0, sizeof *ss);
+    if (fam == AF_INET6) {
+        struct sockaddr_in6 *a = (void *)ss;
+        a->sin6_family = AF_INET6; a->sin6_port = htons(port); a->sin6_addr = in6addr_loopback;
+        return sizeof *a;
+    }
+    struct sockaddr_in *a = (void *)ss;
+    a->sin_family = AF_INET; a->sin_port = htons(port); a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return sizeof *a;
+}
+
+static struct sockaddr_un unix_addr(const char *path) {
+    struct sockaddr_un a = {0};
+    a.sun_family = AF_UNIX;
+    strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+    return a;
+}
+
+static int more(int argc, char **argv) {
+    const char *c = argv[1];
+    /* A datagram to a pathname socket, three ways. */
+    if (!strcmp(c, "dgram-sendto")) {
+        int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+        if (s < 0) return report(-1);
+        struct sockaddr_un a = unix_addr(argv[2]);
+        return report(sendto(s, "x", 1, 0, (void *)&a, sizeof a));
+    }
+    if (!strcmp(c, "dgram-sendmsg")) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) < 0) return report(-1);
+        struct sockaddr_un a = unix_addr(argv[2]);
+        struct iovec iov = {"x", 1};
+        struct msghdr m = {0};
+        m.msg_name = &a; m.msg_namelen = sizeof a; m.msg_iov = &iov; m.msg_iovlen = 1;
+        return report(sendmsg(sv[0], &m, 0));
+    }
+    if (!strcmp(c, "seqpacket-sendmsg")) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) < 0) return report(-1);
+        struct sockaddr_un a = unix_addr(argv[2]);
+        struct iovec iov = {"x", 1};
+        struct msghdr m = {0};
+        m.msg_name = &a; m.msg_namelen = sizeof a; m.msg_iov = &iov; m.msg_iovlen = 1;
+        /* The name is ignored for a connected seqpacket pair: the byte goes
+           to the peer, which must have it. */
+        if (sendmsg(sv[0], &m, 0) < 0) return report(-1);
+        char b; return report(recv(sv[1], &b, 1, MSG_DONTWAIT));
+    }
+    if (!strcmp(c, "seqpacket-connect")) {
+        int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        if (s < 0) return report(-1);
+        struct sockaddr_un a = unix_addr(argv[2]);
+        return report(connect(s, (void *)&a, sizeof a));
+    }
+    /* SysV IPC by key. */
+    if (!strcmp(c, "shm-write")) {
+        int id = shmget(atoi(argv[2]), 0, 0);
+        if (id < 0) return report(-1);
+        char *p = shmat(id, 0, 0);
+        if (p == (void *)-1) return report(-1);
+        strcpy(p, "written by the job");
+        return report(0);
+    }
+    if (!strcmp(c, "shm-create")) return report(shmget(atoi(argv[2]), 4096, IPC_CREAT | 0600));
+    if (!strcmp(c, "msg-send")) {
+        int id = msgget(atoi(argv[2]), 0);
+        if (id < 0) return report(-1);
+        struct { long t; char b[4]; } m = {1, "hi"};
+        return report(msgsnd(id, &m, sizeof m.b, IPC_NOWAIT));
+    }
+    if (!strcmp(c, "sem-bump")) {
+        int id = semget(atoi(argv[2]), 0, 0);
+        if (id < 0) return report(-1);
+        struct sembuf op = {0, 1, IPC_NOWAIT};
+        return report(semop(id, &op, 1));
+    }
+    /* TCP past a port list. */
+    if (!strcmp(c, "mptcp")) {
+        struct sockaddr_storage ss; int len = tcp_addr(AF_INET, atoi(argv[2]), &ss);
+        int s = socket(AF_INET, SOCK_STREAM, 262 /* IPPROTO_MPTCP */);
+        if (s < 0) return report(-1);
+        return report(connect(s, (void *)&ss, len));
+    }
+    if (!strcmp(c, "fastopen") || !strcmp(c, "fastopen6")) {
+        int fam = c[8] == '6' ? AF_INET6 : AF_INET;
+        struct sockaddr_storage ss; int len = tcp_addr(fam, atoi(argv[2]), &ss);
+        int s = socket(fam, SOCK_STREAM, 0);
+        if (s < 0) return report(-1);
+        return report(sendto(s, "x", 1, MSG_FASTOPEN, (void *)&ss, len));
+    }
+    if (!strcmp(c, "fastopen-sendmsg")) {
+        struct sockaddr_storage ss; int len = tcp_addr(AF_INET, atoi(argv[2]), &ss);
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        if (s < 0) return report(-1);
+        struct iovec iov = {"x", 1};
+        struct msghdr m = {0};
+        m.msg_name = &ss; m.msg_namelen = len; m.msg_iov = &iov; m.msg_iovlen = 1;
+        return report(sendmsg(s, &m, MSG_FASTOPEN));
+    }
+    if (!strcmp(c, "fastopen-connect")) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        if (s < 0) return report(-1);
+        int one = 1;
+        return report(setsockopt(s, IPPROTO_TCP, 30 /* TCP_FASTOPEN_CONNECT */, &one, sizeof one));
+    }
+    if (!strcmp(c, "connect6")) {
+        struct sockaddr_storage ss; int len = tcp_addr(AF_INET6, atoi(argv[2]), &ss);
+        int s = socket(AF_INET6, SOCK_STREAM, 0);
+        if (s < 0) return report(-1);
+        return report(connect(s, (void *)&ss, len));
+    }
+    /* Other syscall ABIs. */
+    if (!strcmp(c, "x32")) return report(syscall(0x40000000 | 272 /* unshare */, CLONE_NEWUSER));
+    if (!strcmp(c, "int80")) {
+        long r;
+        __asm__ volatile("int $0x80" : "=a"(r) : "a"(20L /* i386 getpid */) : "memory");
+        if (r < 0) { errno = -r; return report(-1); }
+        return report(0);
+    }
+    /* Watching and renaming. */
+    if (!strcmp(c, "inotify")) {
+        int fd = inotify_init1(0);
+        if (fd < 0) return report(-1);
+        return report(inotify_add_watch(fd, argv[2], IN_ALL_EVENTS));
+    }
+    if (!strcmp(c, "exchange")) return report(syscall(SYS_renameat2, AT_FDCWD, argv[2], AT_FDCWD, argv[3], RENAME_EXCHANGE));
+    if (!strcmp(c, "rename")) return report(rename(argv[2], argv[3]));
+    if (!strcmp(c, "rmdir")) return report(rmdir(argv[2]));
+    if (!strcmp(c, "mkdir")) return report(mkdir(argv[2], 0755));
+    if (!strcmp(c, "open-read")) return report(open(argv[2], O_RDONLY));
+    return 2;
 }
 
 int main(int argc, char **argv) {
@@ -79,5 +223,5 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "kexec")) return report(syscall(SYS_kexec_load, 0, 0, 0, 0));
     if (!strcmp(c, "init_module")) return report(syscall(SYS_init_module, "", 0, ""));
     if (!strcmp(c, "io_uring")) return report(syscall(SYS_io_uring_setup, 1, calloc(1, 256)));
-    return 2;
+    return more(argc, argv);
 }

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 const EPERM: &str = "errno=1";
 const EACCES: &str = "errno=13";
+const ESRCH: &str = "errno=3";
 
 fn is_root() -> bool {
     current_uid() == 0
@@ -214,18 +215,23 @@ macro_rules! both {
     };
 }
 
-// 1. Reads outside every read root: EACCES (Landlock).
+// 1. Reads outside every read root: not there (the job's root is built
+// from the grants: ENOENT from the mount namespace), for cat and stat alike.
 both!(c01_read_outside_read_roots, |e: Env| async move {
     let mut i = e.ws_write();
     i.filesystem.read = ReadRoots::Paths(vec!["/usr".into(), wp(&e.ws)]);
-    let (out, code) = e
-        .sh(
-            Some(i.clone()),
-            &format!("cat {}/secret", e.outside.display()),
-        )
-        .await;
-    assert_ne!(code, 0);
-    assert!(out.contains("Permission denied"), "{out}");
+    for cmd in ["cat", "stat"] {
+        let (out, code) = e
+            .sh(
+                Some(i.clone()),
+                &format!("{cmd} {}/secret", e.outside.display()),
+            )
+            .await;
+        assert_ne!(code, 0);
+        assert!(out.contains("No such file or directory"), "{cmd}: {out}");
+    }
+    let (out, code) = e.sh(Some(i.clone()), "cat /etc/hostname").await;
+    assert_ne!(code, 0, "/etc was not granted: {out}");
     let (out, code) = e.sh(Some(i), "cat src/main.rs").await;
     assert_eq!(
         (out.as_str(), code),
@@ -488,15 +494,33 @@ both!(c20_allow_tcp_connect, |e: Env| async move {
     );
 });
 
-// 21 + 22. Signals and ptrace out of the sandbox.
+// 21 + 22. Signals and ptrace out of the sandbox: ESRCH, nothing outside
+// the job's PID namespace exists for it; pid 1 is the job's own init.
 both!(c21_c22_signals_and_ptrace, |e: Env| async move {
     let a = e.agent_pid;
+    let mut outside = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     assert_eq!(
-        e.hostile(Some(e.ws_write()), &format!("kill {a}")).await,
-        EPERM,
-        "Landlock signal scope"
+        e.hostile(None, &format!("kill {}", outside.id())).await,
+        if e.uid == current_uid() { "ok" } else { EPERM },
+        "positive control: without a sandbox"
     );
-    assert_eq!(e.hostile(Some(e.ws_write()), "kill 1").await, EPERM);
+    for pid in [a, outside.id()] {
+        assert_eq!(
+            e.hostile(Some(e.ws_write()), &format!("kill {pid}")).await,
+            ESRCH,
+            "PID namespace: {pid}"
+        );
+    }
+    let _ = outside.kill();
+    let _ = outside.wait();
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), "kill 1").await,
+        "ok",
+        "pid 1 is the job's init (same uid, same Landlock domain)"
+    );
     let (out, _) = e
         .sh(
             Some(e.ws_write()),
@@ -681,7 +705,8 @@ async fn exec_outside_read_roots_is_refused_and_reported() {
     i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
     let p = exec_params(vec!["/bin/true".into()], &e.ws, Some(i));
     let err = e.c.exec_command(&p).await.unwrap_err();
-    assert_eq!(err.code(), Some(ErrorCode::PermissionDenied), "{err}");
+    // Not granted, so not there in the job's root.
+    assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
 }
 
 fn fs_err(e: executor_client::Error) -> executor_protocol::WireError {
@@ -979,4 +1004,494 @@ both!(c04_c06_file_and_future_carve_outs, |e: Env| async move {
     let err = e.c.exec_command(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable));
     assert!(!e.ws.join("marker").exists());
+});
+
+// ---- Found by the adversarial pass (SANDBOX_TESTS.md 35-45) -------------
+
+/// Compile a shared library from C source into `dir`, readable by anyone.
+fn shared_object(dir: &Path, name: &str, src: &str) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    let so = dir.join(format!("{name}.so"));
+    std::fs::write(&c, src).unwrap();
+    let st = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc {name}");
+    std::fs::set_permissions(&so, std::fs::Permissions::from_mode(0o755)).unwrap();
+    so
+}
+
+// 35. The request's env runs nothing before confinement: a library planted
+// in the write root and preloaded (LD_PRELOAD, LD_AUDIT) runs in the job,
+// confined, never in the trampoline; the trampoline's environment is empty
+// and its command line holds no policy.
+both!(c35_env_reaches_only_the_job, |e: Env| async move {
+    let outside_marker = e.outside.join("preloaded-outside");
+    let inside_marker = e.ws.join("preloaded-inside");
+    let src = format!(
+        "#include <fcntl.h>\n#include <unistd.h>\n\
+         static void mark(const char *p) {{ int fd = open(p, O_WRONLY|O_CREAT, 0644); if (fd >= 0) close(fd); }}\n\
+         __attribute__((constructor)) static void init(void) {{ mark(\"{}\"); mark(\"{}\"); }}\n\
+         unsigned int la_version(unsigned int v) {{ return v; }}\n",
+        outside_marker.display(),
+        inside_marker.display()
+    );
+    let so = shared_object(&e.ws, "planted", &src);
+    if e.uid != current_uid() {
+        chown_r(&e.ws, e.uid);
+        chown_r(&e.outside, e.uid);
+    }
+    for var in ["LD_PRELOAD", "LD_AUDIT"] {
+        let _ = std::fs::remove_file(&inside_marker);
+        let mut p = exec_params(vec!["/bin/true".into()], &e.ws, Some(e.ws_write()));
+        p.env.insert(var.into(), so.to_str().unwrap().into());
+        for (k, v) in [
+            ("LD_LIBRARY_PATH", e.ws.to_str().unwrap()),
+            ("GCONV_PATH", e.ws.to_str().unwrap()),
+            ("MALLOC_CHECK_", "3"),
+            ("MALLOC_PERTURB_", "85"),
+            ("GLIBC_TUNABLES", "glibc.malloc.check=3"),
+        ] {
+            p.env.insert(k.into(), v.into());
+        }
+        let r = e.c.exec_command(&p).await.expect("exec_command");
+        assert_eq!(r.exit_code, Some(0), "{var}: {}", r.output);
+        assert!(
+            inside_marker.exists(),
+            "positive control: {var} ran in the job (confined)"
+        );
+        assert!(
+            !outside_marker.exists(),
+            "{var} wrote outside every root: it ran before confinement"
+        );
+    }
+    // What other processes of the user can read of the trampoline and the
+    // job's init: no environment, no policy, no paths.
+    let mut p = ProcessStartParams::new(vec!["sleep".into(), "5".into()], wp(&e.ws), path_env());
+    p.env.insert("SECRET_MARKER".into(), "s3cr3t-v4lue".into());
+    p.sandbox = Some(e.ws_write());
+    let job = e.c.start(&p).await.unwrap();
+    let init = ppid(job.pid());
+    let supervisor = ppid(init);
+    for pid in [supervisor, init] {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(!cmdline.contains(e.ws.to_str().unwrap()), "{cmdline}");
+        assert!(!cmdline.contains("s3cr3t"), "{cmdline}");
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            assert!(
+                env.is_empty(),
+                "pid {pid} environ: {:?}",
+                String::from_utf8_lossy(&env)
+            );
+        }
+    }
+    let env = std::fs::read(format!("/proc/{}/environ", job.pid())).unwrap_or_default();
+    assert!(
+        e.uid != current_uid() || String::from_utf8_lossy(&env).contains("s3cr3t-v4lue"),
+        "positive control: the job itself has its env"
+    );
+    job.signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .ok();
+});
+
+// 36. Network deny: no datagram, stream or seqpacket reaches a pathname
+// Unix socket outside the roots (EPERM: seccomp's socket-type allow-list
+// and connect ban); the abstract namespace is the job's own (network
+// namespace).
+both!(c36_unix_sockets_under_deny, |e: Env| async move {
+    let dir = e.base.join("sockets");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dgram = dir.join("log.sock");
+    let rx = std::os::unix::net::UnixDatagram::bind(&dgram).unwrap();
+    std::fs::set_permissions(&dgram, std::fs::Permissions::from_mode(0o777)).unwrap();
+    rx.set_nonblocking(true).unwrap();
+    let d = dgram.display();
+    assert_eq!(
+        e.hostile(None, &format!("dgram-sendto {d}")).await,
+        "ok",
+        "positive control"
+    );
+    let mut buf = [0u8; 4];
+    assert!(rx.recv(&mut buf).is_ok(), "positive control: delivered");
+    for call in ["dgram-sendto", "dgram-sendmsg"] {
+        assert_eq!(
+            e.hostile(Some(e.ws_write()), &format!("{call} {d}")).await,
+            EPERM,
+            "{call}: seccomp (no AF_UNIX datagram socket)"
+        );
+    }
+    assert!(rx.recv(&mut buf).is_err(), "nothing was delivered");
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("seqpacket-sendmsg {d}"))
+            .await,
+        "ok",
+        "a seqpacket pair works, and its send names no one (went to the peer)"
+    );
+    assert!(rx.recv(&mut buf).is_err(), "nothing was delivered");
+    let seq = dir.join("seq.sock");
+    let _l = std::os::unix::net::UnixListener::bind(&seq).unwrap();
+    assert_eq!(
+        e.hostile(
+            Some(e.ws_write()),
+            &format!("seqpacket-connect {}", seq.display())
+        )
+        .await,
+        EPERM,
+        "seccomp: no connect"
+    );
+    // An abstract socket of the host is not in the job's network namespace.
+    let name = format!("executor-test-abstract-{}", std::process::id());
+    let addr =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+            name.as_bytes(),
+        )
+        .unwrap();
+    let _abs = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let (out, _) = e.sh(None, "cat /proc/net/unix").await;
+    assert!(
+        out.contains(&name),
+        "positive control: visible without a sandbox"
+    );
+    let (out, code) = e.sh(Some(e.ws_write()), "cat /proc/net/unix").await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        !out.contains(&name),
+        "network namespace: the host's abstract sockets are not there"
+    );
+});
+
+// 37. SysV IPC of other processes is out of reach (ENOENT: the job's own
+// IPC namespace), and what a job makes does not outlive it.
+both!(c37_ipc_namespace, |e: Env| async move {
+    let key = 0x4500_0000
+        + (std::process::id() as i32 & 0xffff)
+        + if e.uid == current_uid() { 0 } else { 0x10000 };
+    // Objects of an unsandboxed process of the same user.
+    assert_eq!(e.hostile(None, &format!("shm-create {key}")).await, "ok");
+    assert_eq!(
+        e.hostile(None, &format!("shm-write {key}")).await,
+        "ok",
+        "positive control"
+    );
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("shm-write {key}"))
+            .await,
+        "errno=2",
+        "IPC namespace: no such segment"
+    );
+    for call in ["msg-send", "sem-bump"] {
+        assert_eq!(
+            e.hostile(Some(e.ws_write()), &format!("{call} {key}"))
+                .await,
+            "errno=2",
+            "{call}: IPC namespace"
+        );
+    }
+    // A segment the job makes is gone with it.
+    let key2 = key + 1;
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), &format!("shm-create {key2}"))
+            .await,
+        "ok"
+    );
+    assert_eq!(
+        e.hostile(None, &format!("shm-write {key2}")).await,
+        "errno=2"
+    );
+    let _ = std::process::Command::new("ipcrm")
+        .arg("-M")
+        .arg(key.to_string())
+        .status();
+});
+
+// 38. A port allow-list: TCP stream sockets only (no MPTCP), no Fast Open,
+// IPv4 and IPv6; an empty list connects nowhere.
+both!(c38_port_list_is_tcp_only, |e: Env| async move {
+    let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = allowed.local_addr().unwrap().port();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let q = other.local_addr().unwrap().port();
+    let v6 = std::net::TcpListener::bind(("::1", p)).ok();
+    let mut i = e.ws_write();
+    i.network = NetworkIntent::AllowTcpConnect(vec![p]);
+    assert_eq!(
+        e.hostile(Some(i.clone()), &format!("connect {p}")).await,
+        "ok",
+        "positive control"
+    );
+    for call in [
+        "mptcp",
+        "fastopen",
+        "fastopen6",
+        "fastopen-sendmsg",
+        "fastopen-connect",
+    ] {
+        for port in [p, q] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("{call} {port}")).await,
+                EPERM,
+                "{call} {port}: seccomp"
+            );
+        }
+    }
+    if v6.is_some() {
+        assert_eq!(
+            e.hostile(Some(i.clone()), &format!("connect6 {p}")).await,
+            "ok",
+            "IPv6, allowed port"
+        );
+    }
+    assert_eq!(
+        e.hostile(Some(i.clone()), &format!("connect6 {q}")).await,
+        EACCES,
+        "IPv6: Landlock"
+    );
+    let mut none = e.ws_write();
+    none.network = NetworkIntent::AllowTcpConnect(vec![]);
+    for call in ["connect", "mptcp", "fastopen"] {
+        let want = if call == "connect" { EACCES } else { EPERM };
+        assert_eq!(
+            e.hostile(Some(none.clone()), &format!("{call} {p}")).await,
+            want,
+            "empty list: {call}"
+        );
+    }
+    assert_eq!(
+        e.hostile(None, &format!("mptcp {p}")).await,
+        "ok",
+        "positive control: MPTCP works here"
+    );
+});
+
+// 39. Carve-outs survive renames, exchanges and removals of their
+// ancestors inside a write root (EBUSY: each ancestor is pinned), parent
+// and grandparent, in the job and for the next job.
+both!(c39_carve_out_ancestors_are_pinned, |e: Env| async move {
+    std::fs::create_dir_all(e.ws.join("config/sub/secrets")).unwrap();
+    std::fs::write(e.ws.join("config/sub/secrets/k"), "PINNED-SECRET\n").unwrap();
+    std::fs::create_dir_all(e.ws.join("other")).unwrap();
+    if e.uid != current_uid() {
+        chown_r(&e.ws, e.uid);
+    }
+    let mut i = e.ws_write();
+    i.filesystem.deny_write = vec![wp(&e.ws.join(".git/config")), wp(&e.ws.join(".git/hooks"))];
+    i.filesystem.deny_read = vec![wp(&e.ws.join("config/sub/secrets"))];
+    for (call, want) in [
+        ("rename .git .git-old", "errno=16"),
+        ("exchange .git other", "errno=16"),
+        // (an exchange across the pin's mount is EXDEV, as good as EBUSY)
+        ("rename config config.old", "errno=16"),
+        ("rename config/sub config/sub2", "errno=16"),
+        ("exchange config/sub other", "errno=18"),
+        ("rmdir config/sub", "errno=16"),
+        ("rename other other2", "ok"),
+    ] {
+        assert_eq!(e.hostile(Some(i.clone()), call).await, want, "{call}");
+    }
+    let (out, _) = e
+        .sh(Some(i.clone()), "mv .git .git-old; mkdir -p .git/hooks; echo x > .git/hooks/pre-commit; cat config/sub/secrets/k; ls -d .git-old")
+        .await;
+    assert!(!out.contains("PINNED-SECRET"), "{out}");
+    assert!(
+        !e.ws.join(".git-old").exists(),
+        "the job could not move .git away"
+    );
+    assert!(!e.ws.join(".git/hooks/pre-commit").exists());
+    let (out, _) = e.sh(Some(i), "cat config/sub/secrets/k").await;
+    assert!(!out.contains("PINNED-SECRET"), "the next job: {out}");
+});
+
+// 40. A root swapped for a symlink between the request and the spawn is
+// never followed: a race loop from outside while jobs start.
+both!(c40_swapped_root_is_not_followed, |e: Env| async move {
+    let sub = e.ws.join("sub");
+    let parked = e.ws.join("sub-real");
+    std::fs::create_dir_all(&sub).unwrap();
+    if e.uid != current_uid() {
+        chown_r(&e.ws, e.uid);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s2, sub2, parked2, target) = (
+        stop.clone(),
+        sub.clone(),
+        parked.clone(),
+        e.outside.join("sub"),
+    );
+    let swapper = std::thread::spawn(move || {
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            if std::fs::rename(&sub2, &parked2).is_ok() {
+                let _ = std::os::unix::fs::symlink(&target, &sub2);
+                std::thread::yield_now();
+                let _ = std::fs::remove_file(&sub2);
+                let _ = std::fs::rename(&parked2, &sub2);
+            }
+        }
+    });
+    let mut ran = 0;
+    for n in 0..40 {
+        let mut i = e.ws_write();
+        i.filesystem.write = vec![wp(&sub)];
+        let p = exec_params(
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("echo {n} > marker-{n}"),
+            ],
+            &e.ws.join("sub"),
+            Some(i),
+        );
+        let mut p = p;
+        p.cwd = wp(&sub);
+        if let Ok(r) = e.c.exec_command(&p).await {
+            if r.exit_code == Some(0) {
+                ran += 1;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    swapper.join().unwrap();
+    let leaked: Vec<_> = std::fs::read_dir(e.outside.join("sub"))
+        .unwrap()
+        .flatten()
+        .map(|d| d.file_name())
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "written through the swapped link: {leaked:?} ({ran} ran)"
+    );
+    // Positive control, and a write root that is a symlink is refused.
+    let link = e.ws.join("link-root");
+    std::os::unix::fs::symlink(&e.outside, &link).unwrap();
+    let mut i = e.ws_write();
+    i.filesystem.write = vec![wp(&link)];
+    let err =
+        e.c.exec_command(&exec_params(vec!["/bin/true".into()], &e.ws, Some(i)))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidParams), "{err}");
+    assert!(
+        err.to_string()
+            .contains("sandbox_permissions.filesystem.write.0"),
+        "{err}"
+    );
+});
+
+// 41. An older Landlock ABI does not weaken the intent: signals and
+// abstract sockets stay out of reach by the namespaces alone.
+#[tokio::test]
+async fn c41_old_landlock_abi_keeps_isolation() {
+    for abi in [1, 4, 5] {
+        let e = env(false, Some(abi)).await;
+        let a = e.agent_pid;
+        assert_eq!(
+            e.hostile(Some(e.ws_write()), &format!("kill {a}")).await,
+            ESRCH,
+            "ABI {abi}: the PID namespace"
+        );
+        let (out, code) = e.sh(Some(e.ws_write()), "cat /proc/net/unix | wc -l").await;
+        assert_eq!(
+            (out.trim(), code),
+            ("1", 0),
+            "ABI {abi}: only the header, no socket of the host"
+        );
+    }
+}
+
+// 42. Other syscall ABIs: x32 numbers are refused (EPERM from the guard,
+// where the host would say ENOSYS or run them), i386 `int 0x80` kills.
+both!(c42_other_syscall_abis, |e: Env| async move {
+    let free = e.hostile(None, "x32").await;
+    assert_ne!(
+        free, EPERM,
+        "positive control: the host itself does not refuse with EPERM"
+    );
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), "x32").await,
+        EPERM,
+        "x32 guard"
+    );
+    let (out, code) = e
+        .sh(
+            Some(e.ws_write()),
+            &format!("{} int80; echo status=$?", hostile().display()),
+        )
+        .await;
+    assert!(
+        out.contains("status=159"),
+        "killed by SIGSYS: {out} ({code})"
+    );
+});
+
+// 43. Nothing outside the grants can be watched or listed, and another
+// job's terminal is not there.
+both!(c43_nothing_outside_the_grants, |e: Env| async move {
+    let mut i = e.ws_write();
+    i.filesystem.read = ReadRoots::Paths(vec![
+        "/usr".into(),
+        wp(&e.ws),
+        wp(hostile().parent().unwrap()),
+    ]);
+    let o = e.outside.display().to_string();
+    assert_eq!(
+        e.hostile(None, &format!("inotify {o}")).await,
+        "ok",
+        "positive control"
+    );
+    assert_eq!(
+        e.hostile(Some(i.clone()), &format!("inotify {o}")).await,
+        "errno=2",
+        "mount namespace"
+    );
+    assert_eq!(
+        e.hostile(Some(i.clone()), &format!("inotify {}", e.ws.display()))
+            .await,
+        "ok"
+    );
+    let (out, code) = e.sh(Some(i), "cat /proc/self/mountinfo").await;
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains(&o), "{out}");
+    assert!(out.contains(e.ws.to_str().unwrap()), "{out}");
+    // Another job's terminal, with the default read roots ("all").
+    let mut t = ProcessStartParams::new(vec!["sleep".into(), "10".into()], "/", path_env());
+    t.tty = true;
+    let other = e.c.start(&t).await.unwrap();
+    let pts = std::fs::read_link(format!("/proc/{}/fd/0", other.pid())).unwrap();
+    let (out, _) = e
+        .sh(
+            Some(e.ws_write()),
+            &format!("ls /dev/pts/; cat {} ; echo end", pts.display()),
+        )
+        .await;
+    assert!(out.contains("No such file"), "{out}");
+    other
+        .signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .ok();
+});
+
+// 44. A deny_read file with another hard link: refused, naming it (or
+// reported as degraded with required: false).
+both!(c44_hard_linked_secret, |e: Env| async move {
+    std::fs::hard_link(e.ws.join("secrets/key"), e.ws.join("src/key-link")).unwrap();
+    let mut i = e.ws_write();
+    i.filesystem.deny_read = vec![wp(&e.ws.join("secrets/key"))];
+    let p = exec_params(
+        vec!["/bin/cat".into(), "src/key-link".into()],
+        &e.ws,
+        Some(i.clone()),
+    );
+    let err = e.c.exec_command(&p).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable), "{err}");
+    assert!(err.to_string().contains("secrets/key"), "{err}");
+    i.required = false;
+    let p = exec_params(vec!["/bin/true".into()], &e.ws, Some(i));
+    let r = e.c.exec_command(&p).await.unwrap();
+    let d = r.sandbox_degraded.unwrap_or_default().join("; ");
+    assert!(d.contains("hard link"), "{d}");
 });

@@ -157,7 +157,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
         .cwd
         .is_absolute()
         .then(|| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
-    let (policy, tmp, degraded) = crate::sandbox_gate::gate(
+    let (sandbox, job_dir, degraded) = crate::sandbox_gate::gate(
         s.capabilities(),
         intent.as_ref(),
         cwd.as_deref(),
@@ -185,8 +185,8 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
             notify: false,
             output_buffer_bytes: None,
             tag: Some("exec_command".into()),
-            policy,
-            tmp,
+            sandbox,
+            job_dir,
         },
     )
     .await?;

@@ -415,9 +415,10 @@ pub struct StartOptions<'a> {
     pub notify: bool,
     pub output_buffer_bytes: Option<u64>,
     pub tag: Option<String>,
-    /// Encoded sandbox policy (empty: none) and the job's private :tmp.
-    pub policy: String,
-    pub tmp: Option<PathBuf>,
+    /// The sandbox plan (`None`: unconfined) and the job's private
+    /// directory (removed when the job ends, or here if it never starts).
+    pub sandbox: Option<executor_sandbox::plan::WirePlan>,
+    pub job_dir: Option<executor_sandbox::plan::JobDir>,
 }
 
 /// Start a job and its tasks; register it in the session.
@@ -473,17 +474,10 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         arg0: o.arg0,
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
-        policy: &o.policy,
+        sandbox: o.sandbox.as_ref(),
     };
-    let spawned = match spawn::spawn(&req).await {
-        Ok(s) => s,
-        Err(e) => {
-            if let Some(t) = &o.tmp {
-                let _ = std::fs::remove_dir_all(t);
-            }
-            return Err(e);
-        }
-    };
+    // On an error the job's directory is dropped with `o`, and removed.
+    let spawned = spawn::spawn(&req).await?;
     let id = format!("proc-{}", table.next_id.fetch_add(1, Ordering::SeqCst) + 1);
     // The PTY master as three fds: a reader, a writer, and one for resize.
     // (tokio's pipe types drive any non-blocking fd safely; a PTY master
@@ -513,7 +507,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         argv: o.argv.to_vec(),
         tag: o.tag,
         tty: o.tty,
-        sandboxed: !o.policy.is_empty(),
+        sandboxed: o.sandbox.is_some(),
         notify: o.notify,
         state: Mutex::new(State {
             out: OutputBuffer::new(cap as usize),
@@ -581,7 +575,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         outbound,
         Arc::downgrade(s),
         slot,
-        o.tmp,
+        o.job_dir,
     ));
     Ok(proc)
 }
@@ -626,7 +620,7 @@ async fn wait_job(
     outbound: Outbound,
     session: std::sync::Weak<Session>,
     slot: SlotGuard,
-    tmp: Option<PathBuf>,
+    job_dir: Option<executor_sandbox::plan::JobDir>,
 ) {
     let mut msg = [0u8; 5];
     let reported = match status.read_exact(&mut msg).await {
@@ -656,8 +650,8 @@ async fn wait_job(
     // must not (a thousand finished jobs would hold a thousand fds).
     proc.stdin.lock().await.take();
     proc.pty.lock().expect("pty lock").take();
-    if let Some(t) = tmp {
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(t)).await;
+    if let Some(d) = job_dir {
+        let _ = tokio::task::spawn_blocking(move || drop(d)).await;
     }
     // All output first: `process/exited` follows the last `process/output`.
     let mut rx = proc.subscribe();
@@ -711,7 +705,7 @@ pub async fn handle_start(
         .cwd
         .is_absolute()
         .then(|| PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
-    let (policy, tmp, degraded) = crate::sandbox_gate::gate(
+    let (sandbox, job_dir, degraded) = crate::sandbox_gate::gate(
         s.capabilities(),
         p.sandbox.as_ref(),
         cwd.as_deref(),
@@ -732,8 +726,8 @@ pub async fn handle_start(
             notify: p.notify,
             output_buffer_bytes: p.output_buffer_bytes,
             tag: p.tag,
-            policy,
-            tmp,
+            sandbox,
+            job_dir,
         },
     )
     .await?;

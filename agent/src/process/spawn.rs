@@ -5,10 +5,14 @@
 
 use executor_protocol::types::process::PtySize;
 use executor_protocol::{ErrorCode, WireError};
+use executor_sandbox::plan::WirePlan;
+use executor_sandbox::spec::JobSpec;
 use executor_sandbox::trampoline::{MSG_EXEC_FAILED, MSG_SANDBOX_FAILED, MSG_STARTED};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use serde_bytes::ByteBuf;
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -27,8 +31,8 @@ pub struct SpawnRequest<'a> {
     pub arg0: Option<&'a str>,
     pub tty: Option<PtySize>,
     pub stdin_null: bool,
-    /// The encoded sandbox policy for the trampoline (empty: none).
-    pub policy: &'a str,
+    /// The sandbox plan for the trampoline (`None`: unconfined).
+    pub sandbox: Option<&'a WirePlan>,
 }
 
 /// A started job.
@@ -192,25 +196,38 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("status pipe", e))?;
     fcntl(&status_w, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("status pipe", e))?;
 
+    // What to run travels in a sealed memfd; the trampoline gets an empty
+    // environment and descriptor numbers only (nothing of the request may
+    // run code in it, or be read in its /proc/PID/cmdline).
+    let b = |s: &[u8]| ByteBuf::from(s.to_vec());
+    let job = JobSpec {
+        exec: b(program.as_os_str().as_bytes()),
+        argv: std::iter::once(req.arg0.unwrap_or(&req.argv[0]))
+            .chain(req.argv[1..].iter().map(String::as_str))
+            .map(|a| b(a.as_bytes()))
+            .collect(),
+        env: req
+            .env
+            .iter()
+            .map(|(k, v)| b(format!("{k}={v}").as_bytes()))
+            .collect(),
+        cwd: b(req.cwd.as_os_str().as_bytes()),
+        tty: req.tty.is_some(),
+        sandbox: req.sandbox.cloned(),
+    };
+    let spec_fd = job
+        .to_memfd()
+        .map_err(|e| io_err("writing the job spec", e))?;
+    fcntl(&spec_fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("job spec", e))?;
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     cmd.arg("sandbox-exec")
         .arg("--lifeline")
         .arg(lifeline.read.as_raw_fd().to_string())
         .arg("--status")
-        .arg(status_w.as_raw_fd().to_string());
-    if req.tty.is_some() {
-        cmd.arg("--tty");
-    }
-    cmd.arg("--exec")
-        .arg(&program)
-        .arg(req.policy)
-        .arg("--")
-        .arg(req.arg0.unwrap_or(&req.argv[0]))
-        .args(&req.argv[1..]);
-    cmd.env_clear()
-        .envs(req.env)
-        .current_dir(req.cwd)
-        .kill_on_drop(false);
+        .arg(status_w.as_raw_fd().to_string())
+        .arg("--spec")
+        .arg(spec_fd.as_raw_fd().to_string());
+    cmd.env_clear().current_dir(req.cwd).kill_on_drop(false);
 
     let mut pty_master = None;
     if let Some(size) = req.tty {
@@ -250,6 +267,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     let mut supervisor = cmd.spawn().map_err(|e| io_err("starting the job", e))?;
     // Our copies of the job's ends must go, or EOF would never come.
     drop(status_w);
+    drop(spec_fd);
     drop(cmd);
     let mut status =
         pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;

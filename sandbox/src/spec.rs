@@ -1,0 +1,102 @@
+//! The job spec: what the trampoline runs and under which plan.
+//!
+//! The agent writes it into a sealed memfd and passes only the descriptor's
+//! number: nothing of the request (its argv, env, paths, intent) is on the
+//! trampoline's command line (readable by any process in `/proc/PID/cmdline`)
+//! or in its environment (where `LD_PRELOAD` and friends would run code in
+//! the unconfined trampoline). The job's `env` is applied at the final
+//! `execve` alone.
+
+use crate::plan::WirePlan;
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::OwnedFd;
+
+/// Largest spec the trampoline reads (argv and env are bounded far below
+/// this by the agent's frame limit).
+pub const MAX_SPEC_BYTES: u64 = 64 << 20;
+
+/// What the trampoline runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The program to execute (already resolved by the agent).
+    pub exec: ByteBuf,
+    /// The argv the program sees (`argv[0]` may be a custom `arg0`).
+    pub argv: Vec<ByteBuf>,
+    /// `KEY=VALUE` entries: the job's whole environment.
+    pub env: Vec<ByteBuf>,
+    /// The job's working directory (as the job sees it).
+    pub cwd: ByteBuf,
+    /// Make fd 0 (a PTY slave) the job's controlling terminal.
+    pub tty: bool,
+    /// The sandbox; `None`: unconfined.
+    pub sandbox: Option<WirePlan>,
+}
+
+impl JobSpec {
+    /// A sealed memfd holding this spec (close-on-exec: the caller clears
+    /// the flag on the copy it hands to the trampoline).
+    pub fn to_memfd(&self) -> io::Result<OwnedFd> {
+        use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+        use nix::sys::memfd::{memfd_create, MFdFlags};
+        let bytes = rmp_serde::to_vec(self).map_err(io::Error::other)?;
+        let fd = memfd_create(
+            c"executor-job-spec",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )?;
+        let mut f = std::fs::File::from(fd);
+        f.write_all(&bytes)?;
+        f.rewind()?;
+        let fd = OwnedFd::from(f);
+        fcntl(
+            &fd,
+            FcntlArg::F_ADD_SEALS(
+                SealFlag::F_SEAL_WRITE
+                    | SealFlag::F_SEAL_GROW
+                    | SealFlag::F_SEAL_SHRINK
+                    | SealFlag::F_SEAL_SEAL,
+            ),
+        )?;
+        Ok(fd)
+    }
+
+    /// Read a spec from `fd` (bounded by [`MAX_SPEC_BYTES`]).
+    pub fn read_from(fd: OwnedFd) -> io::Result<JobSpec> {
+        let mut f = std::fs::File::from(fd);
+        let len = f.metadata()?.len();
+        if len > MAX_SPEC_BYTES {
+            return Err(io::Error::other(format!(
+                "the job spec is {len} bytes, more than {MAX_SPEC_BYTES}"
+            )));
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        Read::by_ref(&mut f)
+            .take(MAX_SPEC_BYTES)
+            .read_to_end(&mut bytes)?;
+        rmp_serde::from_slice(&bytes).map_err(|e| io::Error::other(format!("bad job spec: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_a_sealed_memfd() {
+        let spec = JobSpec {
+            exec: ByteBuf::from(b"/bin/echo".to_vec()),
+            argv: vec![ByteBuf::from(b"echo".to_vec())],
+            env: vec![ByteBuf::from(b"LD_PRELOAD=/x.so".to_vec())],
+            cwd: ByteBuf::from(b"/".to_vec()),
+            tty: false,
+            sandbox: None,
+        };
+        let fd = spec.to_memfd().unwrap();
+        let copy = fd.try_clone().unwrap();
+        // Sealed: nobody can change it after the agent wrote it.
+        let mut w = std::fs::File::from(copy);
+        assert!(w.write_all(b"x").is_err());
+        assert_eq!(JobSpec::read_from(fd).unwrap(), spec);
+    }
+}
