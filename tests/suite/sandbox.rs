@@ -1146,7 +1146,10 @@ both!(c36_unix_sockets_under_deny, |e: Env| async move {
         "seccomp: no connect"
     );
     // An abstract socket of the host is not in the job's network namespace.
-    let name = format!("executor-test-abstract-{}", std::process::id());
+    let name = format!(
+        "executor-test-abstract-{}",
+        e.base.file_name().unwrap().to_string_lossy()
+    );
     let addr =
         <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
             name.as_bytes(),
