@@ -110,6 +110,8 @@ static int more(int argc, char **argv) {
         return report(0);
     }
     if (!strcmp(c, "shm-create")) return report(shmget(atoi(argv[2]), 4096, IPC_CREAT | 0600));
+    if (!strcmp(c, "msg-create")) return report(msgget(atoi(argv[2]), IPC_CREAT | 0600));
+    if (!strcmp(c, "sem-create")) return report(semget(atoi(argv[2]), 1, IPC_CREAT | 0600));
     if (!strcmp(c, "msg-send")) {
         int id = msgget(atoi(argv[2]), 0);
         if (id < 0) return report(-1);

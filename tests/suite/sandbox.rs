@@ -1176,24 +1176,22 @@ both!(c37_ipc_namespace, |e: Env| async move {
         + (std::process::id() as i32 & 0xffff)
         + if e.uid == current_uid() { 0 } else { 0x10000 };
     // Objects of an unsandboxed process of the same user.
-    assert_eq!(e.hostile(None, &format!("shm-create {key}")).await, "ok");
-    assert_eq!(
-        e.hostile(None, &format!("shm-write {key}")).await,
-        "ok",
-        "positive control"
-    );
-    assert_eq!(
-        e.hostile(Some(e.ws_write()), &format!("shm-write {key}"))
-            .await,
-        "errno=2",
-        "IPC namespace: no such segment"
-    );
-    for call in ["msg-send", "sem-bump"] {
+    for (create, call) in [
+        ("shm-create", "shm-write"),
+        ("msg-create", "msg-send"),
+        ("sem-create", "sem-bump"),
+    ] {
+        assert_eq!(e.hostile(None, &format!("{create} {key}")).await, "ok");
+        assert_eq!(
+            e.hostile(None, &format!("{call} {key}")).await,
+            "ok",
+            "positive control: {call}"
+        );
         assert_eq!(
             e.hostile(Some(e.ws_write()), &format!("{call} {key}"))
                 .await,
             "errno=2",
-            "{call}: IPC namespace"
+            "{call}: IPC namespace (no such object)"
         );
     }
     // A segment the job makes is gone with it.
