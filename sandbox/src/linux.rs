@@ -255,7 +255,7 @@ impl Kind {
         match self {
             Kind::Read | Kind::DenyWrite => Some(RO),
             Kind::Write | Kind::Tmp => Some(RW),
-            Kind::Pin => Some(0),
+            Kind::Pin => Some(RW),
             Kind::DenyRead => None,
         }
     }
@@ -437,8 +437,17 @@ pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> St
 
     // Every clone is made before the staging mount below exists (a
     // recursive clone of the host's /tmp would otherwise contain it).
+    let read_only: Vec<PathBuf> = mounts
+        .iter()
+        .filter(|m| m.kind == Kind::DenyWrite)
+        .map(|m| m.rel.clone())
+        .collect();
     for m in &mut mounts {
-        if let Some(set) = m.kind.attrs() {
+        if let Some(mut set) = m.kind.attrs() {
+            // Never writable inside a read-only carve-out.
+            if read_only.iter().any(|r| m.rel.starts_with(r)) {
+                set |= sys::MOUNT_ATTR_RDONLY;
+            }
             let tree = clone_with(m.fd.as_fd(), set).map_err(|e| {
                 (
                     m.kind.step(),

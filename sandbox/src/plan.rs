@@ -106,7 +106,23 @@ impl JobDir {
                 source,
             })?;
         let name: String = r.iter().map(|b| format!("{b:02x}")).collect();
-        let dir = std::env::temp_dir().join(format!("executor-job-{name}"));
+        let parent = jobs_parent();
+        let io = |what: String| move |source| PlanError::Io { what, source };
+        match std::fs::DirBuilder::new().mode(0o700).create(&parent) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(format!("creating {}", parent.display()))(e)),
+        }
+        // In a shared /tmp the name could have been taken by someone else.
+        let m = std::fs::symlink_metadata(&parent)
+            .map_err(io(format!("checking {}", parent.display())))?;
+        if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o077 != 0 {
+            return Err(PlanError::Unavailable(format!(
+                "{} is not a private directory of this user; refusing to put job directories there",
+                parent.display()
+            )));
+        }
+        let dir = parent.join(format!("job-{name}"));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
@@ -123,8 +139,33 @@ impl JobDir {
     }
 }
 
+/// Where job directories live: one private directory per user, covered in
+/// every job's root.
+pub fn jobs_parent() -> PathBuf {
+    std::env::temp_dir().join(format!("executor-jobs-{}", nix::unistd::geteuid()))
+}
+
+/// Give the owner full access to every directory below `p` (a job may have
+/// taken its own away, to make its directory outlive it).
+fn writable_tree(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(m) = std::fs::symlink_metadata(p) else {
+        return;
+    };
+    if !m.is_dir() {
+        return;
+    }
+    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700));
+    if let Ok(entries) = std::fs::read_dir(p) {
+        for e in entries.flatten() {
+            writable_tree(&e.path());
+        }
+    }
+}
+
 impl Drop for JobDir {
     fn drop(&mut self) {
+        writable_tree(&self.0);
         if let Err(e) = std::fs::remove_dir_all(&self.0) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing_free_warn(&self.0, &e);
@@ -222,23 +263,7 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
 
     let mut deny_write = Vec::new();
     let mut deny_read = Vec::new();
-    let mut pin: Vec<Node> = Vec::new();
-    let mut pin_paths: Vec<PathBuf> = Vec::new();
-    let mut add_pins = |carve: &Path| -> Result<(), PlanError> {
-        let Some(w) = enclosing(carve, &write_paths) else {
-            return Ok(());
-        };
-        for a in carve.ancestors().skip(1) {
-            if a == w.as_path() || !a.starts_with(w) {
-                break;
-            }
-            if !pin_paths.iter().any(|p| p == a) {
-                pin_paths.push(a.to_path_buf());
-                pin.push(node(a, "ancestor of a carve-out")?);
-            }
-        }
-        Ok(())
-    };
+    let mut pinned_below: Vec<PathBuf> = Vec::new();
     let carve_outs = policy
         .deny_read
         .iter()
@@ -265,13 +290,24 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                     }
                     degraded.push(format!("filesystem: {what}"));
                 }
+                if !m.is_dir() && m.nlink() > 1 && !is_read {
+                    let what = format!(
+                        "{field}: {} has {} hard links; it stays writable through the others",
+                        d.display(),
+                        m.nlink()
+                    );
+                    if required {
+                        return Err(PlanError::Unavailable(what));
+                    }
+                    degraded.push(format!("filesystem: {what}"));
+                }
                 let n = node(d, "carve-out")?;
                 if is_read {
                     deny_read.push(n);
                 } else {
                     deny_write.push(n);
                 }
-                add_pins(d)?;
+                pinned_below.push(d.to_path_buf());
             }
             Err(_) => {
                 let ancestor = d
@@ -297,13 +333,53 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                     continue;
                 }
                 deny_write.push(node(ancestor, "parent of a carve-out")?);
-                add_pins(ancestor)?;
+                pinned_below.push(ancestor.to_path_buf());
             }
         }
     }
 
+    // Pins: every ancestor between a carve-out and its write root, except
+    // those inside a read-only (deny_write) tree, which cannot be renamed
+    // anyway and must not be bound writable over it.
+    let read_only: Vec<PathBuf> = deny_write.iter().map(|n| n.path().to_path_buf()).collect();
+    let mut pin: Vec<Node> = Vec::new();
+    let mut pin_paths: Vec<PathBuf> = Vec::new();
+    for carve in &pinned_below {
+        let Some(w) = enclosing(carve, &write_paths) else {
+            continue;
+        };
+        for a in carve.ancestors().skip(1) {
+            if a == w.as_path() || !a.starts_with(w) {
+                break;
+            }
+            if read_only.iter().any(|r| a.starts_with(r)) {
+                continue;
+            }
+            if !pin_paths.iter().any(|p| p == a) {
+                pin_paths.push(a.to_path_buf());
+                pin.push(node(a, "ancestor of a carve-out")?);
+            }
+        }
+    }
+
+    // Other jobs' private directories are never visible to a job.
+    let jobs = jobs_parent();
     let needs_tmp = policy.write.contains(&Root::Tmp)
         || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
+    // With :tmp the job's /tmp is its own directory, over the host's.
+    let under_own_tmp = needs_tmp && jobs.starts_with("/tmp");
+    let jobs_visible = !under_own_tmp
+        && match &policy.read {
+            None => true,
+            Some(roots) => paths(roots)
+                .iter()
+                .chain(write_paths.iter())
+                .any(|r| jobs.starts_with(r)),
+        };
+    if jobs_visible && jobs.is_dir() {
+        deny_read.push(node(&jobs, "the jobs' directory")?);
+    }
+
     let job_dir = if needs_tmp {
         Some(JobDir::create()?)
     } else {

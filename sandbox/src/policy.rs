@@ -201,6 +201,29 @@ fn carve_out_path(path: &Path) -> PathBuf {
             _ => {}
         }
     }
+    // A carve-out that is a symlink names what it points to (even when
+    // that does not exist yet): follow it, lexically, a bounded number of
+    // times.
+    for _ in 0..40 {
+        let Ok(to) = std::fs::read_link(&clean) else {
+            break;
+        };
+        let base = clean
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        let mut next = PathBuf::from("/");
+        for c in base.join(to).components() {
+            match c {
+                std::path::Component::ParentDir => {
+                    next.pop();
+                }
+                std::path::Component::Normal(n) => next.push(n),
+                _ => {}
+            }
+        }
+        clean = next;
+    }
     let mut existing = clean.clone();
     let mut tail = Vec::new();
     loop {

@@ -1496,3 +1496,68 @@ both!(c44_hard_linked_secret, |e: Env| async move {
     let d = r.sandbox_degraded.unwrap_or_default().join("; ");
     assert!(d.contains("hard link"), "{d}");
 });
+
+// Found attacking the namespaced sandbox: a deeper carve-out must not make
+// part of a deny_write tree writable (its pins stay read-only); a
+// deny_write on a dangling symlink protects what it points to (here: its
+// parent is the write root, so it is refused); another job's :tmp is not
+// there, and a job cannot make its own outlive it.
+both!(
+    c39b_carve_outs_hold_against_their_own_pins,
+    |e: Env| async move {
+        std::fs::write(e.ws.join(".git/hooks/token"), "T\n").unwrap();
+        std::os::unix::fs::symlink("later", e.ws.join("dangling")).unwrap();
+        if e.uid != current_uid() {
+            chown_r(&e.ws, e.uid);
+        }
+        let mut i = e.ws_write();
+        i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+        i.filesystem.deny_read = vec![wp(&e.ws.join(".git/hooks/token"))];
+        let (out, code) = e
+            .sh(Some(i.clone()), "echo evil > .git/hooks/post-checkout")
+            .await;
+        assert_ne!(code, 0, "{out}");
+        assert!(!e.ws.join(".git/hooks/post-checkout").exists());
+        let (out, code) = e.sh(Some(i), "touch src/ok && echo fine").await;
+        assert_eq!((out.trim(), code), ("fine", 0), "positive control");
+        let mut j = e.ws_write();
+        j.filesystem.deny_write = vec![wp(&e.ws.join("dangling"))];
+        let p = exec_params(
+            vec!["/bin/sh".into(), "-c".into(), "echo x > dangling".into()],
+            &e.ws,
+            Some(j),
+        );
+        let err = e.c.exec_command(&p).await.unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable), "{err}");
+        assert!(!e.ws.join("later").exists());
+        // :tmp of a running job is not there for another job (read "all").
+        let mut a = e.ws_write();
+        a.filesystem.write = vec![":tmp".into()];
+        let mut pa = ProcessStartParams::new(
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo JOB-A-SECRET > /tmp/s; mkdir -p /tmp/p/k; chmod 0311 /tmp/p; sleep 3".into(),
+            ],
+            "/",
+            path_env(),
+        );
+        pa.sandbox = Some(a);
+        let job_a = e.c.start(&pa).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let (out, _) = e
+            .sh(
+                Some(e.ws_write()),
+                "cat /tmp/executor-job*/s /tmp/executor-jobs-*/*/s; echo end",
+            )
+            .await;
+        assert!(!out.contains("JOB-A-SECRET"), "{out}");
+        job_a.wait().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let parent = std::env::temp_dir().join(format!("executor-jobs-{}", e.uid));
+        let left: Vec<_> = std::fs::read_dir(&parent)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "job directories left behind: {left:?}");
+    }
+);
