@@ -868,30 +868,16 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
             // TCP Fast Open connects from a send call, around Landlock's
             // connect rule.
             let fastopen = MSG_FASTOPEN as u64;
-            deny.insert(
-                SYS_sendto,
-                vec![rule(vec![cond(
-                    3,
-                    SeccompCmpOp::MaskedEq(fastopen),
-                    fastopen,
-                )?])?],
-            );
-            deny.insert(
-                SYS_sendmsg,
-                vec![rule(vec![cond(
-                    2,
-                    SeccompCmpOp::MaskedEq(fastopen),
-                    fastopen,
-                )?])?],
-            );
-            deny.insert(
-                SYS_sendmmsg,
-                vec![rule(vec![cond(
-                    3,
-                    SeccompCmpOp::MaskedEq(fastopen),
-                    fastopen,
-                )?])?],
-            );
+            for (nr, flags_arg) in [(SYS_sendto, 3), (SYS_sendmsg, 2), (SYS_sendmmsg, 3)] {
+                deny.insert(
+                    nr,
+                    vec![rule(vec![cond(
+                        flags_arg,
+                        SeccompCmpOp::MaskedEq(fastopen),
+                        fastopen,
+                    )?])?],
+                );
+            }
             const TCP_FASTOPEN_CONNECT: u64 = 30;
             deny.insert(
                 SYS_setsockopt,

@@ -9,7 +9,7 @@
 //! calls [`plan`] and hands [`Plan::wire`] to the trampoline inside the job
 //! spec ([`crate::spec`]).
 
-use crate::policy::{Policy, Root};
+use crate::policy::{root_paths, Policy, Root};
 use crate::Capabilities;
 use executor_protocol::types::sandbox::NetworkIntent;
 use serde::{Deserialize, Serialize};
@@ -163,23 +163,29 @@ fn writable_tree(p: &Path) {
     }
 }
 
-impl Drop for JobDir {
-    fn drop(&mut self) {
-        writable_tree(&self.0);
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing_free_warn(&self.0, &e);
-            }
-        }
+impl JobDir {
+    /// Remove it now, saying why not (the agent logs that); a drop does the
+    /// same silently.
+    pub fn remove(mut self) -> std::io::Result<()> {
+        // Taken: the drop that follows has nothing left to remove.
+        remove_tree(&std::mem::take(&mut self.0))
     }
 }
 
-fn tracing_free_warn(p: &Path, e: &std::io::Error) {
-    // This crate does not log; stderr of the agent is its log.
-    eprintln!(
-        "executor: cannot remove the job directory {}: {e}",
-        p.display()
-    );
+fn remove_tree(p: &Path) -> std::io::Result<()> {
+    writable_tree(p);
+    match std::fs::remove_dir_all(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl Drop for JobDir {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            let _ = remove_tree(&self.0);
+        }
+    }
 }
 
 /// A plan: what the trampoline applies, what the job owns, what was not
@@ -237,15 +243,7 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             }
         }
     };
-    let paths = |roots: &[Root]| -> Vec<PathBuf> {
-        roots
-            .iter()
-            .filter_map(|r| match r {
-                Root::Path(p) => Some(p.clone()),
-                Root::Tmp => None,
-            })
-            .collect()
-    };
+    let paths = root_paths;
     let write_paths = paths(&policy.write);
     let read = match &policy.read {
         None => None,
@@ -276,25 +274,29 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                 .enumerate()
                 .map(|(i, d)| (format!("{param}.filesystem.deny_write.{i}"), d, false)),
         );
+    // Whether `p` is in the job's root at all (what is not there needs no
+    // carve-out, and covering it would fail: it would not be the checked
+    // inode). With :tmp the job's /tmp is its own directory, over the host's.
+    let needs_tmp = policy.write.contains(&Root::Tmp)
+        || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
+    let read_paths = policy.read.as_deref().map(paths);
+    let visible = |p: &Path| -> bool {
+        write_paths.iter().any(|w| p.starts_with(w))
+            || match &read_paths {
+                None => !(needs_tmp && p.starts_with("/tmp")),
+                Some(r) => r.iter().any(|r| p.starts_with(r)),
+            }
+    };
     for (field, d, is_read) in carve_outs {
         match std::fs::symlink_metadata(d) {
+            Ok(_) if !visible(d) => {}
             Ok(m) => {
-                if is_read && !m.is_dir() && m.nlink() > 1 {
+                if !m.is_dir() && m.nlink() > 1 {
                     let what = format!(
-                        "{field}: {} has {} hard links; its content stays readable through the others",
+                        "{field}: {} has {} hard links; it stays {} through the others",
                         d.display(),
-                        m.nlink()
-                    );
-                    if required {
-                        return Err(PlanError::Unavailable(what));
-                    }
-                    degraded.push(format!("filesystem: {what}"));
-                }
-                if !m.is_dir() && m.nlink() > 1 && !is_read {
-                    let what = format!(
-                        "{field}: {} has {} hard links; it stays writable through the others",
-                        d.display(),
-                        m.nlink()
+                        m.nlink(),
+                        if is_read { "readable" } else { "writable" }
                     );
                     if required {
                         return Err(PlanError::Unavailable(what));
@@ -364,19 +366,7 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
 
     // Other jobs' private directories are never visible to a job.
     let jobs = jobs_parent();
-    let needs_tmp = policy.write.contains(&Root::Tmp)
-        || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
-    // With :tmp the job's /tmp is its own directory, over the host's.
-    let under_own_tmp = needs_tmp && jobs.starts_with("/tmp");
-    let jobs_visible = !under_own_tmp
-        && match &policy.read {
-            None => true,
-            Some(roots) => paths(roots)
-                .iter()
-                .chain(write_paths.iter())
-                .any(|r| jobs.starts_with(r)),
-        };
-    if jobs_visible && jobs.is_dir() {
+    if visible(&jobs) && jobs.is_dir() {
         deny_read.push(node(&jobs, "the jobs' directory")?);
     }
 

@@ -23,6 +23,17 @@ pub enum Root {
     Tmp,
 }
 
+/// The paths of `roots`, without `:tmp` (which belongs to a process).
+pub fn root_paths(roots: &[Root]) -> Vec<PathBuf> {
+    roots
+        .iter()
+        .filter_map(|r| match r {
+            Root::Path(p) => Some(p.clone()),
+            Root::Tmp => None,
+        })
+        .collect()
+}
+
 /// A resolved sandbox policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {

@@ -143,41 +143,6 @@ pub unsafe fn fork_single_threaded() -> io::Result<nix::unistd::ForkResult> {
     unsafe { nix::unistd::fork() }.map_err(io::Error::from)
 }
 
-/// `mount_setattr(2)` on `path` and everything below it: set and clear
-/// mount attributes (`MOUNT_ATTR_RDONLY`).
-pub fn mount_setattr_recursive(path: &std::ffi::CStr, set: u64, clear: u64) -> io::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: clear,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    const AT_RECURSIVE: libc::c_uint = 0x8000;
-    // SAFETY: `path` is a valid NUL-terminated string and `attr` a live,
-    // initialised struct of the size passed; the kernel only reads both.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// `MOUNT_ATTR_RDONLY`.
 pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 

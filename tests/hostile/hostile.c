@@ -64,6 +64,16 @@ static struct sockaddr_un unix_addr(const char *path) {
     return a;
 }
 
+/* sendmsg of one byte on a fresh socketpair of `type`, naming `path`. */
+static int pair_sendmsg(int type, const char *path, int sv[2]) {
+    if (socketpair(AF_UNIX, type, 0, sv) < 0) return -1;
+    struct sockaddr_un a = unix_addr(path);
+    struct iovec iov = {"x", 1};
+    struct msghdr m = {0};
+    m.msg_name = &a; m.msg_namelen = sizeof a; m.msg_iov = &iov; m.msg_iovlen = 1;
+    return sendmsg(sv[0], &m, 0);
+}
+
 static int more(int argc, char **argv) {
     const char *c = argv[1];
     /* A datagram to a pathname socket, three ways. */
@@ -73,25 +83,12 @@ static int more(int argc, char **argv) {
         struct sockaddr_un a = unix_addr(argv[2]);
         return report(sendto(s, "x", 1, 0, (void *)&a, sizeof a));
     }
-    if (!strcmp(c, "dgram-sendmsg")) {
-        int sv[2];
-        if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) < 0) return report(-1);
-        struct sockaddr_un a = unix_addr(argv[2]);
-        struct iovec iov = {"x", 1};
-        struct msghdr m = {0};
-        m.msg_name = &a; m.msg_namelen = sizeof a; m.msg_iov = &iov; m.msg_iovlen = 1;
-        return report(sendmsg(sv[0], &m, 0));
-    }
+    if (!strcmp(c, "dgram-sendmsg")) { int sv[2]; return report(pair_sendmsg(SOCK_DGRAM, argv[2], sv)); }
     if (!strcmp(c, "seqpacket-sendmsg")) {
         int sv[2];
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) < 0) return report(-1);
-        struct sockaddr_un a = unix_addr(argv[2]);
-        struct iovec iov = {"x", 1};
-        struct msghdr m = {0};
-        m.msg_name = &a; m.msg_namelen = sizeof a; m.msg_iov = &iov; m.msg_iovlen = 1;
         /* The name is ignored for a connected seqpacket pair: the byte goes
            to the peer, which must have it. */
-        if (sendmsg(sv[0], &m, 0) < 0) return report(-1);
+        if (pair_sendmsg(SOCK_SEQPACKET, argv[2], sv) < 0) return report(-1);
         char b; return report(recv(sv[1], &b, 1, MSG_DONTWAIT));
     }
     if (!strcmp(c, "seqpacket-connect")) {

@@ -1561,3 +1561,28 @@ both!(
         assert!(left.is_empty(), "job directories left behind: {left:?}");
     }
 );
+
+// A carve-out of something the job was not granted (a profile's deny_read
+// of a path outside a request's narrower read roots, or under the host's
+// /tmp when the job has its own) needs nothing: the job runs, and the path
+// is still not there.
+both!(c43b_carve_outs_outside_the_grants, |e: Env| async move {
+    let secret = e.outside.join("secret");
+    let mut narrow = e.ws_write();
+    narrow.filesystem.read = ReadRoots::Paths(vec!["/usr".into(), wp(&e.ws)]);
+    narrow.filesystem.deny_read = vec![wp(&secret)];
+    let mut own_tmp = e.ws_write();
+    own_tmp.filesystem.write = vec![wp(&e.ws), ":tmp".into()];
+    own_tmp.filesystem.deny_read = vec![wp(&secret)];
+    for i in [narrow, own_tmp] {
+        let (out, code) = e
+            .sh(
+                Some(i),
+                &format!("cat src/main.rs; cat {}", secret.display()),
+            )
+            .await;
+        assert!(out.starts_with("fn main() {}\n"), "positive control: {out}");
+        assert!(!out.contains("OUTSIDE-SECRET"), "{out}");
+        assert_ne!(code, 0, "{out}");
+    }
+});

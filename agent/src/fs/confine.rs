@@ -15,7 +15,7 @@ use crate::config::Profile;
 use crate::sandbox_gate::effective_policy;
 use executor_protocol::types::fs::Scoped;
 use executor_protocol::{ErrorCode, WireError, WirePath};
-use executor_sandbox::policy::Root;
+use executor_sandbox::policy::root_paths;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -69,16 +69,8 @@ impl Confinement {
         let Some(policy) = effective_policy(intent, cwd.as_deref(), "sandbox", profile)? else {
             return Ok(None);
         };
-        let paths = |roots: &[Root]| -> Vec<PathBuf> {
-            roots
-                .iter()
-                .filter_map(|r| match r {
-                    Root::Path(p) => Some(p.clone()),
-                    // :tmp belongs to a process; an fs request has none.
-                    Root::Tmp => None,
-                })
-                .collect()
-        };
+        // :tmp belongs to a process; an fs request has none.
+        let paths = root_paths;
         let write = paths(&policy.write);
         let mut read = match &policy.read {
             None => vec![PathBuf::from("/")],

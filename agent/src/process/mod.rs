@@ -651,7 +651,10 @@ async fn wait_job(
     proc.stdin.lock().await.take();
     proc.pty.lock().expect("pty lock").take();
     if let Some(d) = job_dir {
-        let _ = tokio::task::spawn_blocking(move || drop(d)).await;
+        let path = d.path().to_path_buf();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || d.remove()).await {
+            tracing::warn!(process_id = %proc.id, path = %path.display(), error = %e, "cannot remove the job's directory");
+        }
     }
     // All output first: `process/exited` follows the last `process/output`.
     let mut rx = proc.subscribe();
