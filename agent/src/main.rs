@@ -95,6 +95,15 @@ fn main() -> anyhow::Result<()> {
         );
         std::process::exit(77); // EX_NOPERM
     }
+    // What an agent killed mid-job left (job directories, placeholders of
+    // carve-outs); never what a live agent's job holds.
+    match executor_sandbox::plan::sweep() {
+        Ok(gone) if !gone.is_empty() => {
+            tracing::info!(removed = ?gone, "removed what a killed agent's jobs left")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot remove what a killed agent's jobs left"),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

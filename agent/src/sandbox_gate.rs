@@ -14,7 +14,7 @@
 use crate::config::Profile;
 use executor_protocol::types::sandbox::{NetworkIntent, SandboxIntent};
 use executor_protocol::{ErrorCode, WireError};
-use executor_sandbox::plan::{JobDir, Plan, PlanError, WirePlan};
+use executor_sandbox::plan::{JobFiles, Plan, PlanError, WirePlan};
 use executor_sandbox::policy::{resolve, Context, Policy, Root};
 use executor_sandbox::Capabilities;
 use std::path::{Path, PathBuf};
@@ -51,8 +51,8 @@ pub fn resolve_intent(
 pub enum Decision {
     /// No intent: run as is.
     Unconfined,
-    /// Enforce the plan (it owns the job's private directory until the
-    /// job ends).
+    /// Enforce the plan (it owns the job's private directory and
+    /// placeholders until the job ends).
     Enforce(Box<Plan>),
     /// Nothing can be enforced here and the intent allows that.
     Degraded(Vec<String>),
@@ -183,20 +183,20 @@ pub fn gate(
 }
 
 impl Decision {
-    /// (the plan for the trampoline, the job's directory, what was not
-    /// enforced) for a spawn.
-    pub fn into_parts(self) -> (Option<WirePlan>, Option<JobDir>, Option<Vec<String>>) {
+    /// (the plan for the trampoline, what the job owns on the host, what
+    /// was not enforced) for a spawn.
+    pub fn into_parts(self) -> (Option<WirePlan>, JobFiles, Option<Vec<String>>) {
         match self {
-            Decision::Unconfined => (None, None, None),
+            Decision::Unconfined => (None, JobFiles::default(), None),
             Decision::Enforce(p) => {
                 let p = *p;
                 (
                     Some(p.wire),
-                    p.job_dir,
+                    p.files,
                     (!p.degraded.is_empty()).then_some(p.degraded),
                 )
             }
-            Decision::Degraded(d) => (None, None, Some(d)),
+            Decision::Degraded(d) => (None, JobFiles::default(), Some(d)),
         }
     }
 }

@@ -28,6 +28,7 @@
 
 #[cfg(target_os = "linux")]
 pub mod linux;
+pub mod placeholder;
 pub mod plan;
 pub mod policy;
 pub mod seatbelt;

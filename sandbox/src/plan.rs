@@ -2,13 +2,16 @@
 //! root and carve-out carried by identity (device and inode, checked again
 //! by the trampoline on a descriptor it opens without following symlinks),
 //! the ancestors of carve-outs to pin, the symlinks to recreate in the
-//! job's fresh root, and the job's private directory, owned by a value
-//! that removes it when dropped.
+//! job's fresh root, placeholders for carve-outs that do not exist yet
+//! ([`crate::placeholder`]), and the job's private directory; what the job
+//! owns on the host is a [`JobFiles`] value that removes it when dropped.
 //!
-//! Depends on [`crate::policy`] and [`crate::Capabilities`] only; the agent
+//! Depends on [`crate::policy`], [`crate::placeholder`] and
+//! [`crate::Capabilities`] only; the agent
 //! calls [`plan`] and hands [`Plan::wire`] to the trampoline inside the job
 //! spec ([`crate::spec`]).
 
+use crate::placeholder::{Maker, Placeholders};
 use crate::policy::{root_paths, Policy, Root};
 use crate::Capabilities;
 use executor_protocol::types::sandbox::NetworkIntent;
@@ -91,13 +94,17 @@ pub enum PlanError {
     },
 }
 
-/// The job's private directory; removed when dropped.
+/// The job's private directory, held under a `flock` of its own for the
+/// job's life (so [`sweep`] knows a dead agent's from a live one's);
+/// removed when dropped.
 #[derive(Debug)]
-pub struct JobDir(PathBuf);
+pub struct JobDir {
+    path: PathBuf,
+    _held: nix::fcntl::Flock<std::fs::File>,
+}
 
 impl JobDir {
     fn create() -> Result<JobDir, PlanError> {
-        use std::os::unix::fs::DirBuilderExt;
         let mut r = [0u8; 8];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))
@@ -106,23 +113,14 @@ impl JobDir {
                 source,
             })?;
         let name: String = r.iter().map(|b| format!("{b:02x}")).collect();
-        let parent = jobs_parent();
-        let io = |what: String| move |source| PlanError::Io { what, source };
-        match std::fs::DirBuilder::new().mode(0o700).create(&parent) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io(format!("creating {}", parent.display()))(e)),
-        }
-        // In a shared /tmp the name could have been taken by someone else.
-        let m = std::fs::symlink_metadata(&parent)
-            .map_err(io(format!("checking {}", parent.display())))?;
-        if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o077 != 0 {
-            return Err(PlanError::Unavailable(format!(
-                "{} is not a private directory of this user; refusing to put job directories there",
-                parent.display()
-            )));
-        }
+        let parent = private_jobs_parent()?;
+        // Made and locked under the jobs' lock: a sweep never sees it unheld.
+        let _lock = crate::placeholder::global_lock(&parent).map_err(|source| PlanError::Io {
+            what: format!("locking {}", parent.display()),
+            source,
+        })?;
         let dir = parent.join(format!("job-{name}"));
+        use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
@@ -130,19 +128,84 @@ impl JobDir {
                 what: format!("creating the job's :tmp {}", dir.display()),
                 source,
             })?;
-        Ok(JobDir(dir))
+        let held = std::fs::File::open(&dir)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+            .and_then(|f| {
+                nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+                    .map_err(|(_, e)| e as i32)
+            })
+            .map_err(|e| PlanError::Io {
+                what: format!("locking the job's :tmp {}", dir.display()),
+                source: std::io::Error::from_raw_os_error(e),
+            })?;
+        Ok(JobDir {
+            path: dir,
+            _held: held,
+        })
     }
 
     /// Its path on the host.
     pub fn path(&self) -> &Path {
-        &self.0
+        &self.path
     }
 }
 
-/// Where job directories live: one private directory per user, covered in
-/// every job's root.
+/// Where job directories and placeholder records live: one private
+/// directory per user, covered in every job's root.
 pub fn jobs_parent() -> PathBuf {
     std::env::temp_dir().join(format!("executor-jobs-{}", nix::unistd::geteuid()))
+}
+
+/// Remove what agents killed mid-job left in [`jobs_parent`]: job
+/// directories and placeholders whose lock nobody holds (see
+/// [`crate::placeholder`]). Safe while other agents of the user run jobs.
+/// Returns what was removed, for the log.
+pub fn sweep() -> std::io::Result<Vec<PathBuf>> {
+    let dir = jobs_parent();
+    let mut removed = crate::placeholder::sweep(&dir)?;
+    if !dir.is_dir() {
+        return Ok(removed);
+    }
+    let _lock = crate::placeholder::global_lock(&dir)?;
+    for e in std::fs::read_dir(&dir)?.flatten() {
+        let name = e.file_name();
+        let is_job_dir =
+            name.as_bytes().starts_with(b"job-") && e.file_type().is_ok_and(|t| t.is_dir());
+        if !is_job_dir {
+            continue;
+        }
+        let Ok(f) = std::fs::File::open(e.path()) else {
+            continue;
+        };
+        if let Ok(held) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            remove_tree(&e.path())?;
+            removed.push(e.path());
+            drop(held);
+        }
+    }
+    Ok(removed)
+}
+
+/// [`jobs_parent`], created if needed, and checked to be this user's own
+/// private directory (in a shared /tmp the name could be taken).
+pub fn private_jobs_parent() -> Result<PathBuf, PlanError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let parent = jobs_parent();
+    let io = |what: String| move |source| PlanError::Io { what, source };
+    match std::fs::DirBuilder::new().mode(0o700).create(&parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(format!("creating {}", parent.display()))(e)),
+    }
+    let m =
+        std::fs::symlink_metadata(&parent).map_err(io(format!("checking {}", parent.display())))?;
+    if !m.is_dir() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o077 != 0 {
+        return Err(PlanError::Unavailable(format!(
+            "{} is not a private directory of this user; refusing to put job directories there",
+            parent.display()
+        )));
+    }
+    Ok(parent)
 }
 
 /// Give the owner full access to every directory below `p` (a job may have
@@ -168,7 +231,7 @@ impl JobDir {
     /// same silently.
     pub fn remove(mut self) -> std::io::Result<()> {
         // Taken: the drop that follows has nothing left to remove.
-        remove_tree(&std::mem::take(&mut self.0))
+        remove_tree(&std::mem::take(&mut self.path))
     }
 }
 
@@ -182,9 +245,32 @@ fn remove_tree(p: &Path) -> std::io::Result<()> {
 
 impl Drop for JobDir {
     fn drop(&mut self) {
-        if !self.0.as_os_str().is_empty() {
-            let _ = remove_tree(&self.0);
+        if !self.path.as_os_str().is_empty() {
+            let _ = remove_tree(&self.path);
         }
+    }
+}
+
+/// What a job owns on the host: its private directory and the
+/// placeholders made for it. Removed by [`JobFiles::remove`] when the job
+/// ends, or on drop (a job that never started).
+#[derive(Debug, Default)]
+pub struct JobFiles {
+    pub tmp: Option<JobDir>,
+    pub placeholders: Option<Placeholders>,
+}
+
+impl JobFiles {
+    /// Remove both now; the first error, after trying both.
+    pub fn remove(self) -> std::io::Result<()> {
+        let a = self.tmp.map_or(Ok(()), JobDir::remove);
+        let b = self.placeholders.map_or(Ok(()), Placeholders::remove);
+        a.and(b)
+    }
+
+    /// Whether there is nothing to remove.
+    pub fn is_empty(&self) -> bool {
+        self.tmp.is_none() && self.placeholders.is_none()
     }
 }
 
@@ -193,7 +279,7 @@ impl Drop for JobDir {
 #[derive(Debug)]
 pub struct Plan {
     pub wire: WirePlan,
-    pub job_dir: Option<JobDir>,
+    pub files: JobFiles,
     pub degraded: Vec<String>,
 }
 
@@ -287,6 +373,20 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                 Some(r) => r.iter().any(|r| p.starts_with(r)),
             }
     };
+    // Placeholders for carve-outs not there yet, made under the lock of
+    // the jobs' directory (started at the first carve-out in a write root).
+    let mut maker: Option<Maker> = None;
+    let placeholder_io = |d: &Path| {
+        let what = format!("making a placeholder for the carve-out {}", d.display());
+        move |source| PlanError::Io { what, source }
+    };
+    let maker_for = |maker: &mut Option<Maker>, d: &Path| -> Result<(), PlanError> {
+        if maker.is_none() {
+            let dir = private_jobs_parent()?;
+            *maker = Some(Maker::start(&dir).map_err(placeholder_io(d))?);
+        }
+        Ok(())
+    };
     for (field, d, is_read) in carve_outs {
         match std::fs::symlink_metadata(d) {
             Ok(_) if !visible(d) => {}
@@ -303,6 +403,12 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                     }
                     degraded.push(format!("filesystem: {what}"));
                 }
+                if let Some(w) = enclosing(d, &write_paths) {
+                    // It may be another live job's placeholder: hold it.
+                    maker_for(&mut maker, d)?;
+                    let mk = maker.as_mut().expect("started above");
+                    mk.hold(w, d).map_err(placeholder_io(d))?;
+                }
                 let n = node(d, "carve-out")?;
                 if is_read {
                     deny_read.push(n);
@@ -317,28 +423,28 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                     .skip(1)
                     .find(|a| a.exists())
                     .unwrap_or(Path::new("/"));
-                if enclosing(ancestor, &write_paths).is_none() {
+                let Some(w) = enclosing(ancestor, &write_paths) else {
                     // Read-only in the sandbox: it cannot be created.
                     continue;
+                };
+                maker_for(&mut maker, d)?;
+                let mk = maker.as_mut().expect("started above");
+                let (dev, ino) = mk.make(w, ancestor, d).map_err(placeholder_io(d))?;
+                let n = Node {
+                    path: bytes(d),
+                    dev,
+                    ino,
+                };
+                if is_read {
+                    deny_read.push(n);
+                } else {
+                    deny_write.push(n);
                 }
-                if write_paths.iter().any(|w| w == ancestor) {
-                    let what = format!(
-                        "{field}: {} does not exist and its nearest existing parent is the write root {}; \
-                         protecting it would make the whole root read-only",
-                        d.display(),
-                        ancestor.display()
-                    );
-                    if required {
-                        return Err(PlanError::Unavailable(what));
-                    }
-                    degraded.push(format!("filesystem: {what}; not enforced"));
-                    continue;
-                }
-                deny_write.push(node(ancestor, "parent of a carve-out")?);
-                pinned_below.push(ancestor.to_path_buf());
+                pinned_below.push(d.to_path_buf());
             }
         }
     }
+    let placeholders = maker.and_then(Maker::finish);
 
     // Pins: every ancestor between a carve-out and its write root, except
     // those inside a read-only (deny_write) tree, which cannot be renamed
@@ -424,7 +530,10 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             symlinks,
             net,
         },
-        job_dir,
+        files: JobFiles {
+            tmp: job_dir,
+            placeholders,
+        },
         degraded,
     })
 }

@@ -11,7 +11,6 @@ use executor_protocol::types::exec::*;
 use executor_protocol::types::sandbox::{NetworkIntent, ReadRoots, SandboxIntent};
 use executor_protocol::WireError;
 use nix::sys::signal::Signal;
-use std::os::unix::ffi::OsStrExt as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -148,23 +147,11 @@ async fn collect(
 
 /// `exec_command`
 pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<ExecResult, WireError> {
-    let started = Instant::now();
+    let started_at = Instant::now();
     let intent = widen(
         p.sandbox_permissions.clone(),
         p.additional_permissions.clone(),
     );
-    let cwd = p
-        .cwd
-        .is_absolute()
-        .then(|| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
-    let (sandbox, job_dir, degraded) = crate::sandbox_gate::gate(
-        s.capabilities(),
-        intent.as_ref(),
-        cwd.as_deref(),
-        "sandbox_permissions",
-        s.profile(),
-    )?
-    .into_parts();
     tracing::info!(
         command = ?p.command,
         cwd = %p.cwd.display(),
@@ -172,7 +159,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
         justification = ?p.justification,
         "exec_command"
     );
-    let proc = process::start(
+    let started = process::start(
         s,
         process::StartOptions {
             argv: &p.command,
@@ -185,13 +172,20 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
             notify: false,
             output_buffer_bytes: None,
             tag: Some("exec_command".into()),
-            sandbox,
-            job_dir,
+            intent: intent.as_ref(),
+            intent_param: "sandbox_permissions",
         },
     )
     .await?;
-    let mut r = collect(s, &proc, p.yield_time_ms, p.max_output_tokens, started).await;
-    r.sandbox_degraded = degraded;
+    let mut r = collect(
+        s,
+        &started.proc,
+        p.yield_time_ms,
+        p.max_output_tokens,
+        started_at,
+    )
+    .await;
+    r.sandbox_degraded = started.sandbox_degraded;
     Ok(r)
 }
 

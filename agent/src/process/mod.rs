@@ -25,7 +25,6 @@ use nix::unistd::Pid;
 use output::{Chunk, OutputBuffer};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -415,14 +414,24 @@ pub struct StartOptions<'a> {
     pub notify: bool,
     pub output_buffer_bytes: Option<u64>,
     pub tag: Option<String>,
-    /// The sandbox plan (`None`: unconfined) and the job's private
-    /// directory (removed when the job ends, or here if it never starts).
-    pub sandbox: Option<executor_sandbox::plan::WirePlan>,
-    pub job_dir: Option<executor_sandbox::plan::JobDir>,
+    /// The request's sandbox intent and the field that holds it (for
+    /// messages); the profile's applies too (see [`crate::sandbox_gate`]).
+    pub intent: Option<&'a executor_protocol::types::sandbox::SandboxIntent>,
+    pub intent_param: &'a str,
 }
 
-/// Start a job and its tasks; register it in the session.
-pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, WireError> {
+/// A started job, and what of its sandbox intent was not enforced (only
+/// with `required: false`).
+#[allow(missing_debug_implementations)] // `Proc` holds descriptors and tasks
+pub struct Started {
+    pub proc: Arc<Proc>,
+    pub sandbox_degraded: Option<Vec<String>>,
+}
+
+/// Start a job and its tasks; register it in the session. The request is
+/// checked (argv, cwd, limits, a `max_processes` slot) before its sandbox
+/// is planned, so a refused start leaves nothing on the host.
+pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, WireError> {
     use std::os::unix::ffi::OsStrExt;
     if o.argv.is_empty() {
         return Err(WireError::invalid_params("argv", "argv must not be empty"));
@@ -467,6 +476,14 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
     }
     let slot = SlotGuard(table.running.clone(), true);
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
+    let (sandbox, files, sandbox_degraded) = crate::sandbox_gate::gate(
+        s.capabilities(),
+        o.intent,
+        Some(&cwd),
+        o.intent_param,
+        s.profile(),
+    )?
+    .into_parts();
     let req = spawn::SpawnRequest {
         argv: o.argv,
         cwd: &cwd,
@@ -474,9 +491,9 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         arg0: o.arg0,
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
-        sandbox: o.sandbox.as_ref(),
+        sandbox: sandbox.as_ref(),
     };
-    // On an error the job's directory is dropped with `o`, and removed.
+    // On an error the job's files are dropped here, and removed.
     let spawned = spawn::spawn(&req).await?;
     let id = format!("proc-{}", table.next_id.fetch_add(1, Ordering::SeqCst) + 1);
     // The PTY master as three fds: a reader, a writer, and one for resize.
@@ -507,7 +524,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         argv: o.argv.to_vec(),
         tag: o.tag,
         tty: o.tty,
-        sandboxed: o.sandbox.is_some(),
+        sandboxed: sandbox.is_some(),
         notify: o.notify,
         state: Mutex::new(State {
             out: OutputBuffer::new(cap as usize),
@@ -575,9 +592,12 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Arc<Proc>, W
         outbound,
         Arc::downgrade(s),
         slot,
-        o.job_dir,
+        files,
     ));
-    Ok(proc)
+    Ok(Started {
+        proc,
+        sandbox_degraded,
+    })
 }
 
 /// Releases a `max_processes` slot when the job ends (or never started).
@@ -620,7 +640,7 @@ async fn wait_job(
     outbound: Outbound,
     session: std::sync::Weak<Session>,
     slot: SlotGuard,
-    job_dir: Option<executor_sandbox::plan::JobDir>,
+    files: executor_sandbox::plan::JobFiles,
 ) {
     let mut msg = [0u8; 5];
     let reported = match status.read_exact(&mut msg).await {
@@ -650,10 +670,9 @@ async fn wait_job(
     // must not (a thousand finished jobs would hold a thousand fds).
     proc.stdin.lock().await.take();
     proc.pty.lock().expect("pty lock").take();
-    if let Some(d) = job_dir {
-        let path = d.path().to_path_buf();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || d.remove()).await {
-            tracing::warn!(process_id = %proc.id, path = %path.display(), error = %e, "cannot remove the job's directory");
+    if !files.is_empty() {
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || files.remove()).await {
+            tracing::warn!(process_id = %proc.id, error = %e, "cannot remove the job's directory or placeholders");
         }
     }
     // All output first: `process/exited` follows the last `process/output`.
@@ -704,19 +723,7 @@ pub async fn handle_start(
     s: &Arc<Session>,
     p: ProcessStartParams,
 ) -> Result<ProcessStartResult, WireError> {
-    let cwd = p
-        .cwd
-        .is_absolute()
-        .then(|| PathBuf::from(std::ffi::OsStr::from_bytes(p.cwd.as_bytes())));
-    let (sandbox, job_dir, degraded) = crate::sandbox_gate::gate(
-        s.capabilities(),
-        p.sandbox.as_ref(),
-        cwd.as_deref(),
-        "sandbox",
-        s.profile(),
-    )?
-    .into_parts();
-    let proc = start(
+    let started = start(
         s,
         StartOptions {
             argv: &p.argv,
@@ -729,15 +736,15 @@ pub async fn handle_start(
             notify: p.notify,
             output_buffer_bytes: p.output_buffer_bytes,
             tag: p.tag,
-            sandbox,
-            job_dir,
+            intent: p.sandbox.as_ref(),
+            intent_param: "sandbox",
         },
     )
     .await?;
     Ok(ProcessStartResult {
-        process_id: proc.id.clone(),
-        pid: proc.pid,
-        sandbox_degraded: degraded,
+        process_id: started.proc.id.clone(),
+        pid: started.proc.pid,
+        sandbox_degraded: started.sandbox_degraded,
     })
 }
 
