@@ -31,7 +31,12 @@ pub const FS_OPEN: &str = "fs/open";
 pub const FS_READ_BLOCK: &str = "fs/readBlock";
 pub const FS_OPEN_WRITE: &str = "fs/openWrite";
 pub const FS_WRITE_BLOCK: &str = "fs/writeBlock";
+/// Finishes a write (fsync, rename into place) and releases its temp file.
 pub const FS_COMMIT: &str = "fs/commit";
+/// Releases a handle: an uncommitted write's temp file is removed. Closing
+/// a committed write handle answers `{}` (clients close in a `finally`;
+/// both orders are safe); a second close of the same handle, or of one
+/// never opened, is `unknown_handle`.
 pub const FS_CLOSE: &str = "fs/close";
 
 pub const HTTP_REQUEST: &str = "http/request";

@@ -198,6 +198,25 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
         0o640
     );
     assert_eq!(names(&d), vec!["target"]);
+    // Close after commit (a client's `finally`): `{}` once, then unknown;
+    // the committed file stays.
+    let close = |handle| async move {
+        c.request::<_, Empty>(
+            "fs/close",
+            &HandleParams {
+                handle,
+                sandbox: None,
+                cwd: None,
+            },
+        )
+        .await
+    };
+    close(h.handle).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "new content");
+    let w = remote(close(h.handle).await.unwrap_err());
+    assert_eq!(w.code, ErrorCode::UnknownHandle, "a second close");
+    let w = remote(close(h.handle + 1000).await.unwrap_err());
+    assert_eq!(w.code, ErrorCode::UnknownHandle, "never opened");
 }
 
 #[tokio::test]

@@ -527,3 +527,142 @@ fn list_methods_prints_every_method() {
     let listed: Vec<&str> = text.lines().collect();
     assert_eq!(listed, executor_protocol::methods::ALL_REQUESTS);
 }
+
+/// `process/start` params running `script` under the raw `sandbox` value.
+fn start_raw(script: &str, sandbox: Value) -> Value {
+    map(&[
+        (
+            "argv",
+            Value::Array(vec!["/bin/sh".into(), "-c".into(), script.into()]),
+        ),
+        ("cwd", "/".into()),
+        ("env", map(&[("PATH", "/usr/bin:/bin".into())])),
+        ("sandbox", sandbox),
+    ])
+}
+
+// Issue 14.4: an unknown key anywhere in a sandbox intent is `invalid_params`
+// naming it, and nothing runs; a misspelt carve-out never silently vanishes.
+#[tokio::test]
+async fn misspelt_intent_keys_are_refused_naming_the_key() {
+    let dir = unique_tempdir("strict-intent");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "HUNTER2\n").unwrap();
+    let marker = dir.join("ran");
+    let script = format!("touch {}; cat {}", marker.display(), secret.display());
+    let s = || Value::from(secret.to_str().unwrap());
+    let c = Client::spawn(
+        tokio::process::Command::new(executor_bin()),
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let fs = |entries: &[(&str, Value)]| map(&[("filesystem", map(entries))]);
+    for (intent, key) in [
+        (
+            map(&[("deny_reads", Value::Array(vec![s()]))]),
+            "deny_reads",
+        ),
+        (fs(&[("denyRead", Value::Array(vec![s()]))]), "denyRead"),
+        (
+            map(&[(
+                "network",
+                map(&[
+                    ("allow_tcp_connect", Value::Array(vec![80.into()])),
+                    ("ports", Value::Array(vec![443.into()])),
+                ]),
+            )]),
+            "ports",
+        ),
+    ] {
+        let e = c
+            .call("process/start", &start_raw(&script, intent.clone()))
+            .await
+            .unwrap()
+            .result::<Value>()
+            .await
+            .unwrap_err();
+        let e = remote(e);
+        assert_eq!(e.code, ErrorCode::InvalidParams, "{key}: {e:?}");
+        assert!(e.message.contains(key), "{key}: {}", e.message);
+        assert!(!marker.exists(), "{key}: nothing runs");
+        // The same strictness for exec_command's two intents and fs requests.
+        for field in ["sandbox_permissions", "additional_permissions"] {
+            let p = map(&[
+                ("command", Value::Array(vec!["/bin/true".into()])),
+                ("cwd", "/".into()),
+                (field, intent.clone()),
+            ]);
+            let e = remote(
+                c.call("exec_command", &p)
+                    .await
+                    .unwrap()
+                    .result::<Value>()
+                    .await
+                    .unwrap_err(),
+            );
+            assert_eq!(e.code, ErrorCode::InvalidParams, "{field} {key}: {e:?}");
+            assert!(e.message.contains(key), "{field} {key}: {}", e.message);
+        }
+        let p = map(&[("path", s()), ("sandbox", intent.clone())]);
+        let e = remote(
+            c.call("fs/readFile", &p)
+                .await
+                .unwrap()
+                .result::<Value>()
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(e.code, ErrorCode::InvalidParams, "fs {key}: {e:?}");
+    }
+    // Positive control: the right spelling runs, and the carve-out holds.
+    let good = fs(&[
+        ("write", Value::Array(vec![dir.to_str().unwrap().into()])),
+        ("deny_read", Value::Array(vec![s()])),
+    ]);
+    let r: Value = c
+        .call("process/start", &start_raw(&script, good))
+        .await
+        .unwrap()
+        .result()
+        .await
+        .unwrap();
+    assert!(r.as_map().is_some(), "{r:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !marker.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(marker.exists(), "the well-spelt intent runs");
+    c.close().await.unwrap();
+}
+
+// Issue 14.4: the same for a profile's sandbox in the configuration file:
+// an unknown key stops the agent at start with FILE:LINE.
+#[tokio::test]
+async fn a_misspelt_key_in_a_profile_sandbox_stops_the_agent() {
+    let config = write_config(
+        "strict-profile",
+        "[profiles.p]\n\n[profiles.p.sandbox.filesystem]\nwrite = [\"/tmp\"]\ndenyRead = [\"/etc\"]\n",
+    );
+    let out = std::process::Command::new(executor_bin())
+        .arg("--config")
+        .arg(&config)
+        .args(["--profile", "p"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("denyRead"), "{err}");
+    assert!(
+        err.contains(&format!("{}:5", config.display())),
+        "FILE:LINE of the key: {err}"
+    );
+    // Control: spelt right, the agent starts and serves.
+    let config = write_config(
+        "strict-profile-ok",
+        "[profiles.p]\n\n[profiles.p.sandbox.filesystem]\nwrite = [\"/tmp\"]\ndeny_read = [\"/etc\"]\n",
+    );
+    let c = client_with(&config, Some("p")).await;
+    c.close().await.unwrap();
+}

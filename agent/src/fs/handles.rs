@@ -5,7 +5,8 @@
 //! the same inode after the path is replaced. A write handle writes a temp
 //! file beside its target; `fs/commit` fsyncs and renames it into place (the
 //! handle is then released), and `fs/close` or the end of the session
-//! removes an uncommitted temp file.
+//! removes an uncommitted temp file. A committed handle's id is remembered
+//! (the last [`COMMITTED_KEPT`]) so that its `fs/close` answers `{}` once.
 
 use super::confine::{confined, Access};
 use super::{blocking, create_temp, finish_temp, io_error, read_at_most};
@@ -51,8 +52,14 @@ enum Handle {
 #[derive(Debug, Default)]
 pub struct HandleTable {
     map: Mutex<HashMap<u64, Handle>>,
+    /// Ids of committed write handles not closed yet, oldest first.
+    committed: Mutex<std::collections::VecDeque<u64>>,
     next: AtomicU64,
 }
+
+/// How many committed-but-not-closed handle ids are remembered (ids only;
+/// a client that never closes cannot grow the table past this).
+pub const COMMITTED_KEPT: usize = 4096;
 
 impl HandleTable {
     fn room(map: &HashMap<u64, Handle>, max: u64) -> Result<(), WireError> {
@@ -106,12 +113,28 @@ impl HandleTable {
         }
     }
 
-    fn take(&self, id: u64) -> Result<Handle, WireError> {
-        self.map
-            .lock()
-            .expect("handle table")
-            .remove(&id)
-            .ok_or_else(|| unknown(id))
+    /// Remember `id` as committed (its close answers `{}` once).
+    fn committed(&self, id: u64) {
+        let mut c = self.committed.lock().expect("committed handles");
+        if c.len() >= COMMITTED_KEPT {
+            c.pop_front();
+        }
+        c.push_back(id);
+    }
+
+    /// The handle, released; `None` for a committed one (forgotten now).
+    fn take(&self, id: u64) -> Result<Option<Handle>, WireError> {
+        if let Some(h) = self.map.lock().expect("handle table").remove(&id) {
+            return Ok(Some(h));
+        }
+        let mut c = self.committed.lock().expect("committed handles");
+        match c.iter().position(|&x| x == id) {
+            Some(i) => {
+                c.remove(i);
+                Ok(None)
+            }
+            None => Err(unknown(id)),
+        }
     }
 
     /// Close everything (end of session): temp files of uncommitted writes go.
@@ -232,6 +255,7 @@ pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty,
 /// `fs/commit`: fsync, rename into place, release the handle.
 pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, WireError> {
     let h = s.handles().take_writer(p.handle)?;
+    s.handles().committed(p.handle);
     blocking(move || {
         let size = h
             .file

@@ -5,8 +5,11 @@ use serde::de::{self, Deserializer};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
-/// The orchestrator's intent; the agent enforces it or refuses.
+/// The orchestrator's intent; the agent enforces it or refuses. An
+/// unknown key anywhere in it (`deny_reads`, `denyRead`) is an error naming
+/// the key, never ignored: a misspelt carve-out must not vanish.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SandboxIntent {
     #[serde(default)]
     pub filesystem: FilesystemIntent,
@@ -29,7 +32,7 @@ impl Default for SandboxIntent {
 
 /// Filesystem part of an intent.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct FilesystemIntent {
     pub read: ReadRoots,
     pub write: Vec<WirePath>,
@@ -99,10 +102,18 @@ impl<'de> Deserialize<'de> for NetworkIntent {
                 _ => {}
             },
             rmpv::Value::Map(m) => {
-                if let Some((_, ports)) = m
+                if let Some((k, _)) = m
                     .iter()
-                    .find(|(k, _)| k.as_str() == Some("allow_tcp_connect"))
+                    .find(|(k, _)| k.as_str() != Some("allow_tcp_connect"))
                 {
+                    return Err(de::Error::custom(format!(
+                        "unknown field `{}` in network, expected `allow_tcp_connect`",
+                        k.as_str()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| k.to_string())
+                    )));
+                }
+                if let Some((_, ports)) = m.first() {
                     return rmpv::ext::from_value(ports.clone())
                         .map(NetworkIntent::AllowTcpConnect)
                         .map_err(|e| de::Error::custom(format!("allow_tcp_connect: {e}")));
