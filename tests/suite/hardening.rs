@@ -136,7 +136,7 @@ async fn a_profile_sandbox_applies_by_default_and_requests_may_only_narrow() {
     let enforceable = probe.initialize_result().sandbox.enforceable;
     probe.close().await.unwrap();
     if !enforceable {
-        eprintln!("skipped: no sandbox on this host");
+        prerequisite_missing("no sandbox on this host");
         return;
     }
     let work = unique_tempdir("profile-sandbox");

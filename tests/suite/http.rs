@@ -6,7 +6,8 @@ use executor_client::{Client, Error, ErrorCode};
 use executor_protocol::types::sandbox::{NetworkIntent, SandboxIntent};
 use executor_tests::http::{TestCa, TestServer};
 use executor_tests::{
-    client_with_config, executor_bin, in_private_netns, local_client, status_kib, unique_tempdir,
+    client_with_config, executor_bin, in_private_netns, local_client, prerequisite_missing,
+    status_kib, unique_tempdir,
 };
 use std::time::{Duration, Instant};
 
@@ -610,7 +611,7 @@ fn metadata_and_link_local_destinations_are_refused_quickly() {
         c.close().await.unwrap();
     });
     if !ran {
-        eprintln!("skipped: no network namespace (not root)");
+        prerequisite_missing("no network namespace (not root)");
     }
 }
 
