@@ -196,11 +196,12 @@ fn remove_entry(e: &Entry) -> io::Result<bool> {
     };
     let dir = match open_dir(parent) {
         Ok(d) => d,
-        // Its parent is gone or was swapped for a link: nothing of ours.
+        // Its parent is gone, was swapped for a link, or was closed to us
+        // (by the job that used it): nothing left we could remove.
         Err(err)
             if matches!(
                 err.raw_os_error(),
-                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EACCES | libc::EPERM)
             ) =>
         {
             return Ok(false)

@@ -1735,3 +1735,189 @@ async fn c45_leftovers_of_a_killed_agent_are_removed_at_the_next_start() {
         drop(next);
     }
 }
+
+/// `fs/writeFile` params for `path` under `intent`.
+fn write_params(
+    path: &Path,
+    data: &[u8],
+    atomic: bool,
+    intent: &SandboxIntent,
+) -> executor_protocol::types::fs::WriteFileParams {
+    executor_protocol::types::fs::WriteFileParams {
+        path: wp(path),
+        data: serde_bytes::ByteBuf::from(data.to_vec()),
+        mode: None,
+        atomic,
+        create_parents: false,
+        sandbox: Some(intent.clone()),
+        cwd: None,
+    }
+}
+
+// Issue 14.1: the agent's confined fs requests act on what the resolution
+// opened: a final symlink is never written through (atomic or not, to an
+// existing file, a dangling name, a carve-out), and a directory swapped for
+// a link to outside in a loop never lets a write land outside.
+both!(
+    c46_agent_fs_writes_act_on_descriptors,
+    |e: Env| async move {
+        use executor_protocol::types::Empty;
+        let victim = e.outside.join("victim");
+        std::fs::write(&victim, "untouched\n").unwrap();
+        std::os::unix::fs::symlink(&victim, e.ws.join("src/to-victim")).unwrap();
+        std::os::unix::fs::symlink(e.outside.join("created"), e.ws.join("src/dangling")).unwrap();
+        std::os::unix::fs::symlink("../.git/config", e.ws.join("src/to-config")).unwrap();
+        if e.uid != current_uid() {
+            chown_r(&e.base, e.uid);
+        }
+        let mut i = e.ws_write();
+        i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+        for atomic in [false, true] {
+            for link in ["src/to-victim", "src/dangling", "src/to-config"] {
+                let r =
+                    e.c.request::<_, Empty>(
+                        "fs/writeFile",
+                        &write_params(&e.ws.join(link), b"EVIL\n", atomic, &i),
+                    )
+                    .await;
+                if atomic {
+                    // Atomic: the link itself is replaced by the new file.
+                    r.unwrap_or_else(|err| panic!("atomic {link}: {err}"));
+                    assert_eq!(std::fs::read(e.ws.join(link)).unwrap(), b"EVIL\n");
+                } else {
+                    assert!(r.is_err(), "in place through {link}");
+                }
+                assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched\n");
+                assert!(
+                    !e.outside.join("created").exists(),
+                    "{link} atomic={atomic}"
+                );
+                assert_eq!(
+                    std::fs::read_to_string(e.ws.join(".git/config")).unwrap(),
+                    "[core]\n"
+                );
+            }
+            // Put the links back for the in-place round.
+            for (link, to) in [
+                ("src/to-victim", victim.clone()),
+                ("src/dangling", e.outside.join("created")),
+                ("src/to-config", PathBuf::from("../.git/config")),
+            ] {
+                let _ = std::fs::remove_file(e.ws.join(link));
+                std::os::unix::fs::symlink(to, e.ws.join(link)).unwrap();
+            }
+        }
+        // Positive control: a plain file in the root, both ways.
+        for atomic in [false, true] {
+            e.c.request::<_, Empty>(
+                "fs/writeFile",
+                &write_params(&e.ws.join("src/new"), b"fine\n", atomic, &i),
+            )
+            .await
+            .unwrap();
+            assert_eq!(std::fs::read(e.ws.join("src/new")).unwrap(), b"fine\n");
+        }
+
+        // A race: `ws/sub` flips between a directory and a link to outside
+        // while writes into it (atomic, in place, with parents) keep coming.
+        let sub = e.ws.join("sub");
+        let real = e.ws.join("sub-real");
+        let link = e.ws.join("sub-link");
+        std::fs::create_dir_all(&real).unwrap();
+        std::os::unix::fs::symlink(&e.outside, &link).unwrap();
+        std::fs::rename(&real, &sub).unwrap();
+        if e.uid != current_uid() {
+            chown_r(&sub, e.uid);
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flipper = {
+            let (stop, sub, real, link) = (stop.clone(), sub.clone(), real.clone(), link.clone());
+            std::thread::spawn(move || {
+                let mut flips = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    // sub (dir) -> sub-real, sub-link -> sub, then back.
+                    if std::fs::rename(&sub, &real).is_ok() {
+                        let _ = std::fs::rename(&link, &sub);
+                        let _ = std::fs::rename(&sub, &link);
+                        let _ = std::fs::rename(&real, &sub);
+                        flips += 1;
+                    }
+                }
+                flips
+            })
+        };
+        let mut landed = 0;
+        for n in 0..300 {
+            let mut p = write_params(&sub.join(format!("f{n}")), b"x", n % 2 == 0, &i);
+            p.create_parents = n % 3 == 0;
+            if e.c.request::<_, Empty>("fs/writeFile", &p).await.is_ok() {
+                landed += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let flips = flipper.join().unwrap();
+        let outside: Vec<_> = std::fs::read_dir(&e.outside)
+            .unwrap()
+            .flatten()
+            .map(|x| x.file_name())
+            .filter(|n| {
+                let n = n.to_string_lossy();
+                n.contains("executor")
+                    || n.strip_prefix('f')
+                        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .collect();
+        assert!(outside.is_empty(), "writes landed outside: {outside:?}");
+        assert!(
+            flips > 10 && landed > 0,
+            "the race ran: {flips} flips, {landed} writes inside"
+        );
+    }
+);
+
+// Issue 14.2: the root of a sandbox is itself readable: `fs/stat` and
+// `fs/walk` of a read root (and of `:cwd` with `cwd` = the root) work, and
+// the walk never leaves it (a link out is an entry, not followed).
+both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
+    use executor_protocol::types::fs::*;
+    std::os::unix::fs::symlink(&e.outside, e.ws.join("out")).unwrap();
+    if e.uid != current_uid() {
+        chown_r(&e.base, e.uid);
+    }
+    let mut i = e.ws_write();
+    i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
+    i.filesystem.write = vec![];
+    let st: StatResult =
+        e.c.request(
+            "fs/stat",
+            &StatParams {
+                path: wp(&e.ws),
+                follow_symlinks: true,
+                sandbox: Some(i.clone()),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(st.kind, FileKind::Dir);
+    let mut cwd_intent = i.clone();
+    cwd_intent.filesystem.read = ReadRoots::Paths(vec![":cwd".into()]);
+    for (intent, cwd) in [(i.clone(), None), (cwd_intent, Some(wp(&e.ws)))] {
+        let mut params = executor_client::fs::walk_params(wp(&e.ws));
+        params.sandbox = Some(intent);
+        params.cwd = cwd;
+        let page = e.c.walk_page(&params).await.unwrap();
+        let paths: Vec<String> = page.entries.iter().map(|x| x.path.display()).collect();
+        assert!(paths.contains(&"src/main.rs".to_string()), "{paths:?}");
+        assert!(paths.contains(&"out".to_string()), "{paths:?}");
+        assert!(
+            !paths.iter().any(|p| p.starts_with("out/")),
+            "the walk left its root: {paths:?}"
+        );
+    }
+    // Control: the parent of the root is still outside it.
+    let mut params = executor_client::fs::walk_params(wp(&e.base));
+    params.sandbox = Some(i.clone());
+    let err = e.c.walk_page(&params).await.unwrap_err();
+    assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied);
+});

@@ -5,10 +5,12 @@
 //! `sandbox_denied`, never judged by string prefixes. The resolved path then
 //! has no symlink left in it, and carve-outs are checked on it.
 //!
-//! Known limit: the operation itself runs on the resolved path after the
-//! check, so a process that can write inside the same root could race a
-//! directory swap in between (the jobs of a sandbox have their own,
-//! kernel-enforced view and are not affected).
+//! A path is looked up once: the result ([`Resolved`]) holds the opened
+//! directory that contains it and the object itself, and every operation
+//! acts on those descriptors (`openat`, `mkdirat`, `renameat`, `unlinkat`,
+//! `O_NOFOLLOW` on the last component, temp files made `O_EXCL` in that
+//! directory), so a directory swapped after the check changes nothing. The
+//! root of a sandbox is itself readable (a walk of it stays inside it).
 
 use super::io_error;
 use crate::config::Profile;
@@ -18,6 +20,7 @@ use executor_protocol::{ErrorCode, WireError, WirePath};
 use executor_sandbox::policy::root_paths;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// What a request does with its path.
@@ -85,96 +88,104 @@ impl Confinement {
         }))
     }
 
-    /// Resolve `path` beneath a root allowing `access`; the resolved path
-    /// (or `denied`). `follow` says whether a final symlink is followed.
-    pub fn resolve(&self, path: &Path, access: Access, follow: bool) -> Result<PathBuf, WireError> {
+    /// Resolve `path` beneath a root allowing `access`, once: the opened
+    /// directory that holds it, its name there and the object itself (or
+    /// `denied`). `follow` says whether a final symlink is followed;
+    /// `create_parents` makes missing directories on the way (each checked
+    /// against the carve-outs before it is made).
+    pub fn resolve(
+        &self,
+        path: &Path,
+        access: Access,
+        follow: bool,
+        create_parents: bool,
+    ) -> Result<Resolved, WireError> {
         let roots = match access {
             Access::Read => &self.read,
             Access::Write => &self.write,
         };
-        let (parent, name) = match (path.parent(), path.file_name()) {
-            (Some(p), Some(n)) => (p, Some(n)),
-            _ => (path, None),
-        };
         let mut escaped = None;
         for root in roots {
-            let Ok(rel_parent) = parent.strip_prefix(root) else {
+            let Ok(rel) = path.strip_prefix(root) else {
                 continue;
             };
-            let root_fd: OwnedFd = std::fs::File::open(root)
-                .map_err(|e| io_error(&e, root, "cannot open sandbox root"))?
-                .into();
-            let rel_parent = if rel_parent.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                rel_parent
-            };
-            let parent_fd = match openat2(
-                &root_fd,
-                rel_parent,
-                how().flags(OFlag::O_PATH | OFlag::O_DIRECTORY),
-            ) {
-                Ok(fd) => fd,
-                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
-                    escaped = Some(root.clone());
-                    continue;
+            let root_fd: OwnedFd =
+                open_root(root).map_err(|e| io_error(&e, root, "cannot open sandbox root"))?;
+            if rel.as_os_str().is_empty() {
+                // The root itself: readable as a whole, never replaced.
+                if access == Access::Write {
+                    return Err(denied(
+                        path,
+                        "is a write root itself; only what is inside it may be changed".into(),
+                    ));
                 }
-                Err(e) => return Err(io_error(&std::io::Error::from(e), path, "cannot resolve")),
+                let parent = root_fd
+                    .try_clone()
+                    .map_err(|e| io_error(&e, path, "cannot resolve"))?;
+                return Ok(Resolved {
+                    path: root.clone(),
+                    parent,
+                    name: None,
+                    node: Some(root_fd),
+                    confined: true,
+                });
+            }
+            let (rel_parent, name) = match (rel.parent(), rel.file_name()) {
+                (Some(p), Some(n)) => (p, n.to_os_string()),
+                _ => continue,
             };
+            let parent_fd =
+                match self.open_parent(&root_fd, root, rel_parent, access, create_parents) {
+                    Ok(fd) => fd,
+                    Err(Step::Escaped) => {
+                        escaped = Some(root.clone());
+                        continue;
+                    }
+                    Err(Step::Denied(w) | Step::Failed(w)) => return Err(w),
+                };
             let real_parent =
                 real_path(&parent_fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
-            let real = match name {
-                None => real_parent,
-                Some(n) => {
-                    let flags = if follow {
-                        OFlag::O_PATH
-                    } else {
-                        OFlag::O_PATH | OFlag::O_NOFOLLOW
-                    };
-                    match openat2(&parent_fd, n, how().flags(flags)) {
-                        Ok(fd) if follow => {
-                            real_path(&fd).map_err(|e| io_error(&e, path, "cannot resolve"))?
+            let flags = if follow {
+                OFlag::O_PATH
+            } else {
+                OFlag::O_PATH | OFlag::O_NOFOLLOW
+            };
+            let (node, real) = match openat2(&parent_fd, name.as_os_str(), how().flags(flags)) {
+                Ok(fd) if follow => {
+                    let real = real_path(&fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
+                    (Some(fd), real)
+                }
+                Ok(fd) => (Some(fd), real_parent.join(&name)),
+                Err(nix::errno::Errno::ENOENT) => (None, real_parent.join(&name)),
+                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
+                    // A final symlink out of this directory: follow it
+                    // beneath the root instead.
+                    match openat2(&root_fd, rel, how()) {
+                        Ok(fd) => {
+                            let real =
+                                real_path(&fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
+                            (Some(fd), real)
                         }
-                        Ok(_) => real_parent.join(n),
-                        Err(nix::errno::Errno::ENOENT) => real_parent.join(n),
-                        Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
-                            // A final symlink out of this parent: resolve it
-                            // beneath the root instead.
-                            let rel = path.strip_prefix(root).unwrap_or(path);
-                            match openat2(&root_fd, rel, how()) {
-                                Ok(fd) => real_path(&fd)
-                                    .map_err(|e| io_error(&e, path, "cannot resolve"))?,
-                                Err(_) => {
-                                    escaped = Some(root.clone());
-                                    continue;
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            return Err(io_error(&std::io::Error::from(e), path, "cannot resolve"))
+                        Err(_) => {
+                            escaped = Some(root.clone());
+                            continue;
                         }
                     }
                 }
+                Err(e) => return Err(io_error(&std::io::Error::from(e), path, "cannot resolve")),
             };
             if !real.starts_with(root) {
                 escaped = Some(root.clone());
                 continue;
             }
-            let carve_outs = match access {
-                Access::Read => self.deny_read.iter().collect::<Vec<_>>(),
-                Access::Write => self
-                    .deny_read
-                    .iter()
-                    .chain(self.deny_write.iter())
-                    .collect(),
-            };
-            if let Some(d) = carve_outs.into_iter().find(|d| real.starts_with(d)) {
-                return Err(denied(
-                    path,
-                    format!("inside the carve-out {}", d.display()),
-                ));
-            }
-            return Ok(real);
+            self.check_carve_outs(path, &real, access)?;
+            return Ok(Resolved {
+                path: real,
+                parent: parent_fd,
+                name: Some(name),
+                node,
+                confined: true,
+            });
         }
         let what = match access {
             Access::Read => "read",
@@ -192,13 +203,186 @@ impl Confinement {
         })
     }
 
+    fn check_carve_outs(&self, path: &Path, real: &Path, access: Access) -> Result<(), WireError> {
+        let carve_outs = match access {
+            Access::Read => self.deny_read.iter().collect::<Vec<_>>(),
+            Access::Write => self
+                .deny_read
+                .iter()
+                .chain(self.deny_write.iter())
+                .collect(),
+        };
+        match carve_outs.into_iter().find(|d| real.starts_with(d)) {
+            Some(d) => Err(denied(
+                path,
+                format!("inside the carve-out {}", d.display()),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The directory `rel` (relative, maybe empty) beneath `root_fd`,
+    /// opened; with `create`, missing components are made one at a time
+    /// relative to the last opened one.
+    fn open_parent(
+        &self,
+        root_fd: &OwnedFd,
+        root: &Path,
+        rel: &Path,
+        access: Access,
+        create: bool,
+    ) -> Result<OwnedFd, Step> {
+        let dir_how = || how().flags(OFlag::O_PATH | OFlag::O_DIRECTORY);
+        let target = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        let fail = |e: nix::errno::Errno, at: &Path| {
+            Step::Failed(io_error(
+                &std::io::Error::from(e),
+                &root.join(at),
+                "cannot resolve",
+            ))
+        };
+        match openat2(root_fd, target, dir_how()) {
+            Ok(fd) => return Ok(fd),
+            Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
+                return Err(Step::Escaped)
+            }
+            Err(nix::errno::Errno::ENOENT) if create => {}
+            Err(e) => return Err(fail(e, rel)),
+        }
+        let mut cur = root_fd
+            .try_clone()
+            .map_err(|e| Step::Failed(io_error(&e, root, "cannot resolve")))?;
+        let mut at = PathBuf::new();
+        for c in rel.components() {
+            at.push(c);
+            let name = c.as_os_str();
+            match openat2(&cur, name, dir_how()) {
+                Ok(fd) => {
+                    cur = fd;
+                    continue;
+                }
+                Err(nix::errno::Errno::ENOENT) => {}
+                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
+                    return Err(Step::Escaped)
+                }
+                Err(e) => return Err(fail(e, &at)),
+            }
+            let real = real_path(&cur)
+                .map_err(|e| Step::Failed(io_error(&e, &root.join(&at), "cannot resolve")))?
+                .join(name);
+            if !real.starts_with(root) {
+                return Err(Step::Escaped);
+            }
+            self.check_carve_outs(&root.join(&at), &real, access)
+                .map_err(Step::Denied)?;
+            match nix::sys::stat::mkdirat(
+                &cur,
+                name,
+                nix::sys::stat::Mode::from_bits_truncate(0o777),
+            ) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => {
+                    return Err(Step::Failed(io_error(
+                        &std::io::Error::from(e),
+                        &root.join(&at),
+                        "cannot create directory",
+                    )))
+                }
+            }
+            cur = match openat2(&cur, name, dir_how()) {
+                Ok(fd) => fd,
+                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
+                    return Err(Step::Escaped)
+                }
+                Err(e) => return Err(fail(e, &at)),
+            };
+        }
+        Ok(cur)
+    }
+
     /// Whether a directory met during a walk is hidden by a carve-out.
     pub fn hidden(&self, real: &Path) -> bool {
         self.deny_read.iter().any(|d| real.starts_with(d))
     }
 }
 
-/// A request path, absolute, resolved under the request's sandbox (if any).
+enum Step {
+    Escaped,
+    Denied(WireError),
+    Failed(WireError),
+}
+
+fn open_root(root: &Path) -> std::io::Result<OwnedFd> {
+    Ok(std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(root)?
+        .into())
+}
+
+/// A request path resolved once; every operation acts on these
+/// descriptors, never on the path again.
+#[derive(Debug)]
+pub struct Resolved {
+    /// For messages: the real path under a sandbox, else the request's.
+    pub path: PathBuf,
+    /// The directory holding it (`O_PATH`); the object itself for a root.
+    pub parent: OwnedFd,
+    /// Its name in `parent`; `None` for a root (or `/`).
+    pub name: Option<std::ffi::OsString>,
+    /// The object (`O_PATH`; a final symlink followed when asked), if it exists.
+    pub node: Option<OwnedFd>,
+    /// Under a sandbox: a final symlink is never written through.
+    pub confined: bool,
+}
+
+impl Resolved {
+    /// The object, or `not_found` naming the path.
+    pub fn node(&self) -> Result<&OwnedFd, WireError> {
+        self.node.as_ref().ok_or_else(|| {
+            io_error(
+                &std::io::Error::from_raw_os_error(libc::ENOENT),
+                &self.path,
+                "cannot open",
+            )
+        })
+    }
+
+    /// Its name in `parent` (`invalid_params` for a root).
+    pub fn name(&self) -> Result<&std::ffi::OsStr, WireError> {
+        self.name.as_deref().ok_or_else(|| {
+            WireError::invalid_params(
+                "path",
+                format!("{} has no name in a parent directory", self.path.display()),
+            )
+        })
+    }
+
+    /// The object opened again with `flags` (through its descriptor: no
+    /// path is looked up).
+    pub fn reopen(&self, flags: i32) -> Result<std::fs::File, WireError> {
+        let fd = self.node()?;
+        std::fs::File::options()
+            .read(flags & libc::O_ACCMODE != libc::O_WRONLY)
+            .write(flags & libc::O_ACCMODE != libc::O_RDONLY)
+            .custom_flags(flags & !libc::O_ACCMODE)
+            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| io_error(&e, &self.path, "cannot open"))
+    }
+
+    /// `parent/name` as a path through the parent's descriptor (for the
+    /// few std calls that take a path: the parent is not looked up again).
+    pub fn via_parent(&self) -> Result<PathBuf, WireError> {
+        Ok(Path::new(&format!("/proc/self/fd/{}", self.parent.as_raw_fd())).join(self.name()?))
+    }
+}
+
+/// A request path, absolute, resolved once under the request's sandbox
+/// (if any; without one, from `/` following symlinks as the host does).
 pub fn confined(
     profile: &Profile,
     request: &impl Scoped,
@@ -206,11 +390,71 @@ pub fn confined(
     field: &str,
     access: Access,
     follow: bool,
-) -> Result<PathBuf, WireError> {
+) -> Result<Resolved, WireError> {
+    confined_creating(profile, request, p, field, access, follow, false)
+}
+
+/// [`confined`], making missing parent directories first.
+pub fn confined_creating(
+    profile: &Profile,
+    request: &impl Scoped,
+    p: &WirePath,
+    field: &str,
+    access: Access,
+    follow: bool,
+    create_parents: bool,
+) -> Result<Resolved, WireError> {
     let path = super::req_path(p, field)?;
     // `..` is resolved by the kernel beneath a root, never here.
     match Confinement::of(profile, request)? {
-        None => Ok(path),
-        Some(c) => c.resolve(&path, access, follow),
+        None => unconfined(&path, follow, create_parents),
+        Some(c) => c.resolve(&path, access, follow, create_parents),
     }
+}
+
+/// Without a sandbox: the parent opened as the host resolves it, once.
+fn unconfined(path: &Path, follow: bool, create_parents: bool) -> Result<Resolved, WireError> {
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(p), Some(n)) => (p, n.to_os_string()),
+        _ => {
+            let fd = open_root(path).map_err(|e| io_error(&e, path, "cannot open"))?;
+            let parent = fd
+                .try_clone()
+                .map_err(|e| io_error(&e, path, "cannot open"))?;
+            return Ok(Resolved {
+                path: path.to_path_buf(),
+                parent,
+                name: None,
+                node: Some(fd),
+                confined: false,
+            });
+        }
+    };
+    if create_parents {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| io_error(&e, parent, "cannot create directory"))?;
+    }
+    let parent_fd = open_root(parent).map_err(|e| io_error(&e, path, "cannot resolve"))?;
+    let flags = if follow {
+        OFlag::O_PATH | OFlag::O_CLOEXEC
+    } else {
+        OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW
+    };
+    let node = match nix::fcntl::openat(
+        &parent_fd,
+        name.as_os_str(),
+        flags,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => Some(fd),
+        Err(nix::errno::Errno::ENOENT) => None,
+        Err(e) => return Err(io_error(&std::io::Error::from(e), path, "cannot resolve")),
+    };
+    Ok(Resolved {
+        path: path.to_path_buf(),
+        parent: parent_fd,
+        name: Some(name),
+        node,
+        confined: false,
+    })
 }

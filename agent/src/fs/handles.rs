@@ -8,8 +8,8 @@
 //! removes an uncommitted temp file. A committed handle's id is remembered
 //! (the last [`COMMITTED_KEPT`]) so that its `fs/close` answers `{}` once.
 
-use super::confine::{confined, Access};
-use super::{blocking, create_temp, finish_temp, io_error, read_at_most};
+use super::confine::{confined, confined_creating, Access};
+use super::{blocking, create_temp, io_error, read_at_most, TempFile};
 use crate::session::Session;
 use bytes::Bytes;
 use executor_protocol::types::fs::*;
@@ -21,12 +21,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// An uncommitted write: its temp file goes away with it.
+/// An uncommitted write: its temp file (made in the target's directory,
+/// held open by descriptor) goes away with it.
 #[derive(Debug)]
 pub struct WriteHandle {
-    file: std::fs::File,
-    tmp: PathBuf,
-    target: PathBuf,
+    temp: TempFile,
     mode: Option<u32>,
     done: AtomicBool,
 }
@@ -34,7 +33,7 @@ pub struct WriteHandle {
 impl Drop for WriteHandle {
     fn drop(&mut self) {
         if !self.done.load(Ordering::SeqCst) {
-            let _ = std::fs::remove_file(&self.tmp);
+            self.temp.discard();
         }
     }
 }
@@ -166,10 +165,10 @@ fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
 /// `fs/open`
 pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireError> {
     let path = confined(s.profile(), &p, &p.path, "path", Access::Read, true)?;
-    let (file, size) = blocking({
-        let path = path.clone();
+    let (file, size, path) = blocking({
         move || {
-            let f = std::fs::File::open(&path).map_err(|e| io_error(&e, &path, "cannot open"))?;
+            let f = path.reopen(libc::O_RDONLY | libc::O_CLOEXEC)?;
+            let path = path.path;
             let m = f
                 .metadata()
                 .map_err(|e| io_error(&e, &path, "cannot stat"))?;
@@ -180,7 +179,7 @@ pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireErr
                     "cannot open",
                 ));
             }
-            Ok((f, m.len()))
+            Ok((f, m.len(), path))
         }
     })
     .await?;
@@ -218,16 +217,21 @@ pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, B
 
 /// `fs/openWrite`
 pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleResult, WireError> {
-    let target = confined(s.profile(), &p, &p.path, "path", Access::Write, false)?;
     super::check_mode(p.mode)?;
-    // No temp file when no slot is free.
+    // No temp file (nor parent directory) when no slot is free.
     s.handles().check_room(s.limits().max_open_files)?;
+    let target = confined_creating(
+        s.profile(),
+        &p,
+        &p.path,
+        "path",
+        Access::Write,
+        false,
+        p.create_parents,
+    )?;
     let h = blocking(move || {
-        let (file, tmp) = create_temp(&target, p.create_parents)?;
         Ok(WriteHandle {
-            file,
-            tmp,
-            target,
+            temp: create_temp(target)?,
             mode: p.mode,
             done: AtomicBool::new(false),
         })
@@ -244,9 +248,10 @@ pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty,
     check_block(p.data.len() as u64, s)?;
     let h = s.handles().writer(p.handle)?;
     blocking(move || {
-        h.file
+        h.temp
+            .file
             .write_all_at(&p.data, p.offset)
-            .map_err(|e| io_error(&e, &h.target, "cannot write"))?;
+            .map_err(|e| io_error(&e, &h.temp.target, "cannot write"))?;
         Ok(Empty {})
     })
     .await
@@ -258,11 +263,12 @@ pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, W
     s.handles().committed(p.handle);
     blocking(move || {
         let size = h
+            .temp
             .file
             .metadata()
-            .map_err(|e| io_error(&e, &h.target, "cannot stat"))?
+            .map_err(|e| io_error(&e, &h.temp.target, "cannot stat"))?
             .len();
-        let r = finish_temp(&h.file, &h.tmp, &h.target, h.mode);
+        let r = h.temp.finish(h.mode);
         // Committed or failed (then finish_temp removed the temp): either
         // way the temp file is no longer ours to delete.
         h.done.store(true, Ordering::SeqCst);

@@ -1,5 +1,6 @@
-//! Filesystem (PROTOCOL.md §5), without a sandbox (requests that carry one
-//! are refused with `sandbox_unavailable` until enforcement lands).
+//! Filesystem (PROTOCOL.md §5). A request's path is resolved once (under
+//! its sandbox, if any: see [`confine`]) and every operation acts on the
+//! descriptors that resolution opened.
 //!
 //! Blocking file I/O runs on the runtime's blocking pool, never on its core
 //! threads. Writes are atomic by default: a temp file beside the target,
@@ -16,8 +17,9 @@ use executor_protocol::{ErrorCode, WireError, WirePath};
 use serde_bytes::ByteBuf;
 use std::ffi::OsStr;
 use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -123,12 +125,7 @@ pub async fn stat(s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireErr
         p.follow_symlinks,
     )?;
     blocking(move || {
-        let m = if p.follow_symlinks {
-            std::fs::metadata(&path)
-        } else {
-            std::fs::symlink_metadata(&path)
-        }
-        .map_err(|e| io_error(&e, &path, "cannot stat"))?;
+        let m = node_metadata(&path)?;
         Ok(StatResult {
             kind: kind_of(m.file_type()),
             size: m.len(),
@@ -155,8 +152,9 @@ pub async fn canonicalize(
         true,
     )?;
     blocking(move || {
-        let c =
-            std::fs::canonicalize(&path).map_err(|e| io_error(&e, &path, "cannot canonicalize"))?;
+        let fd = path.node()?;
+        let c = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| io_error(&e, &path.path, "cannot canonicalize"))?;
         Ok(PathResult {
             path: WirePath::from_bytes(c.into_os_string().into_vec()),
         })
@@ -194,7 +192,8 @@ pub async fn read_file(s: &Arc<Session>, p: ReadFileParams) -> Result<ReadFileRe
     )?;
     let max = s.limits().max_read_file_bytes;
     blocking(move || {
-        let f = std::fs::File::open(&path).map_err(|e| io_error(&e, &path, "cannot open"))?;
+        let f = path.reopen(libc::O_RDONLY | libc::O_CLOEXEC)?;
+        let path = path.path;
         let m = f.metadata().map_err(|e| io_error(&e, &path, "cannot stat"))?;
         if m.is_dir() {
             return Err(io_error(&io::Error::from_raw_os_error(libc::EISDIR), &path, "cannot read"));
@@ -227,15 +226,24 @@ pub async fn read_file(s: &Arc<Session>, p: ReadFileParams) -> Result<ReadFileRe
     .await
 }
 
-/// A temp file name beside `target`, unique and hidden.
-pub fn temp_beside(target: &Path) -> Result<PathBuf, WireError> {
+/// The metadata of the resolved object (a final symlink itself unless it
+/// was followed).
+fn node_metadata(r: &confine::Resolved) -> Result<std::fs::Metadata, WireError> {
+    let fd = r
+        .node()?
+        .try_clone()
+        .map_err(|e| io_error(&e, &r.path, "cannot stat"))?;
+    std::fs::File::from(fd)
+        .metadata()
+        .map_err(|e| io_error(&e, &r.path, "cannot stat"))
+}
+
+/// A temp file name beside `name`, unique and hidden.
+pub fn temp_name(name: &OsStr) -> Result<std::ffi::OsString, WireError> {
     use ring::rand::{SecureRandom, SystemRandom};
     let mut r = [0u8; 8];
     SystemRandom::new().fill(&mut r).map_err(|_| {
         WireError::new(ErrorCode::Internal, "the OS random number generator failed")
-    })?;
-    let name = target.file_name().ok_or_else(|| {
-        WireError::invalid_params("path", format!("{} has no file name", target.display()))
     })?;
     let mut tmp = Vec::from(b".".as_slice());
     tmp.extend_from_slice(name.as_bytes());
@@ -244,107 +252,142 @@ pub fn temp_beside(target: &Path) -> Result<PathBuf, WireError> {
         tmp.extend_from_slice(format!("{b:02x}").as_bytes());
     }
     tmp.extend_from_slice(b".tmp");
-    Ok(target.with_file_name(OsStr::from_bytes(&tmp)))
+    Ok(std::ffi::OsString::from_vec(tmp))
 }
 
-/// The mode a new version of `target` gets: `mode` if given, else the
-/// existing file's permission bits, else 0666 less the umask (by `open`).
-fn existing_mode(target: &Path) -> Option<u32> {
-    std::fs::metadata(target)
-        .ok()
-        .filter(|m| m.is_file())
-        .map(|m| m.mode() & 0o7777)
+/// What `name` in `dir` is now, without following a symlink.
+fn stat_at(dir: &OwnedFd, name: &OsStr) -> Option<nix::sys::stat::FileStat> {
+    nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).ok()
 }
 
-/// Create a temp file beside `target` for an atomic replace.
-pub fn create_temp(
-    target: &Path,
-    create_parents: bool,
-) -> Result<(std::fs::File, PathBuf), WireError> {
-    if create_parents {
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| io_error(&e, parent, "cannot create directory"))?;
-        }
-    }
-    if std::fs::metadata(target)
-        .map(|m| m.is_dir())
-        .unwrap_or(false)
-    {
+/// A temp file made for an atomic replace of `target`, in the directory
+/// that holds it (`O_EXCL`, never through a symlink).
+#[derive(Debug)]
+pub struct TempFile {
+    pub file: std::fs::File,
+    pub dir: OwnedFd,
+    pub tmp: std::ffi::OsString,
+    pub name: std::ffi::OsString,
+    /// For messages.
+    pub target: PathBuf,
+}
+
+/// Create a temp file beside the resolved `target`.
+pub fn create_temp(target: confine::Resolved) -> Result<TempFile, WireError> {
+    let name = target.name()?.to_os_string();
+    if stat_at(&target.parent, &name).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
         return Err(io_error(
             &io::Error::from_raw_os_error(libc::EISDIR),
-            target,
+            &target.path,
             "cannot write",
         ));
     }
-    let tmp = temp_beside(target)?;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o666)
-        .open(&tmp)
-        .map_err(|e| io_error(&e, target, "cannot create a temp file beside"))?;
-    Ok((f, tmp))
+    let tmp = temp_name(&name)?;
+    let fd = nix::fcntl::openat(
+        &target.parent,
+        tmp.as_os_str(),
+        nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_EXCL
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+    )
+    .map_err(|e| io_error(&e.into(), &target.path, "cannot create a temp file beside"))?;
+    Ok(TempFile {
+        file: std::fs::File::from(fd),
+        dir: target.parent,
+        tmp,
+        name,
+        target: target.path,
+    })
 }
 
-/// fsync, set the mode, rename over `target`; removes the temp on failure.
-pub fn finish_temp(
-    f: &std::fs::File,
-    tmp: &Path,
-    target: &Path,
-    mode: Option<u32>,
-) -> Result<(), WireError> {
-    let r = (|| {
-        let mode = mode.or_else(|| existing_mode(target));
-        if let Some(mode) = mode {
-            // Exactly this mode: fchmod is not subject to the umask.
-            f.set_permissions(std::fs::Permissions::from_mode(mode))
-                .map_err(|e| io_error(&e, target, "cannot set the mode of"))?;
-        }
-        f.sync_all()
-            .map_err(|e| io_error(&e, target, "cannot fsync"))?;
-        // A symlink at `target` is replaced, not written through.
-        std::fs::rename(tmp, target).map_err(|e| io_error(&e, target, "cannot rename into place"))
-    })();
-    if r.is_err() {
-        let _ = std::fs::remove_file(tmp);
+impl TempFile {
+    /// Remove the temp file (an uncommitted or failed write).
+    pub fn discard(&self) {
+        let _ = nix::unistd::unlinkat(
+            &self.dir,
+            self.tmp.as_os_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
     }
-    r
+
+    /// fsync, set the mode, rename over the target in the same directory;
+    /// removes the temp on failure.
+    pub fn finish(&self, mode: Option<u32>) -> Result<(), WireError> {
+        let target = &self.target;
+        let r = (|| {
+            // The mode a new version gets: `mode` if given, else the
+            // existing file's permission bits, else 0666 less the umask.
+            let mode = mode.or_else(|| {
+                stat_at(&self.dir, &self.name)
+                    .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
+                    .map(|st| st.st_mode & 0o7777)
+            });
+            if let Some(mode) = mode {
+                // Exactly this mode: fchmod is not subject to the umask.
+                self.file
+                    .set_permissions(std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| io_error(&e, target, "cannot set the mode of"))?;
+            }
+            self.file
+                .sync_all()
+                .map_err(|e| io_error(&e, target, "cannot fsync"))?;
+            // A symlink at the target is replaced, not written through.
+            nix::fcntl::renameat(
+                &self.dir,
+                self.tmp.as_os_str(),
+                &self.dir,
+                self.name.as_os_str(),
+            )
+            .map_err(|e| io_error(&e.into(), target, "cannot rename into place"))
+        })();
+        if r.is_err() {
+            self.discard();
+        }
+        r
+    }
 }
 
 /// `fs/writeFile`
 pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
-    let path = confine::confined(
+    check_mode(p.mode)?;
+    let path = confine::confined_creating(
         s.profile(),
         &p,
         &p.path,
         "path",
         confine::Access::Write,
         false,
+        p.create_parents,
     )?;
-    check_mode(p.mode)?;
     blocking(move || {
         if p.atomic {
-            let (mut f, tmp) = create_temp(&path, p.create_parents)?;
-            if let Err(e) = f.write_all(&p.data) {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(io_error(&e, &path, "cannot write"));
+            let mut t = create_temp(path)?;
+            if let Err(e) = t.file.write_all(&p.data) {
+                t.discard();
+                return Err(io_error(&e, &t.target, "cannot write"));
             }
-            finish_temp(&f, &tmp, &path, p.mode)?;
+            t.finish(p.mode)?;
         } else {
-            if p.create_parents {
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)
-                        .map_err(|e| io_error(&e, parent, "cannot create directory"))?;
-                }
+            // In place; under a sandbox never through a final symlink.
+            let mut flags = nix::fcntl::OFlag::O_WRONLY
+                | nix::fcntl::OFlag::O_CREAT
+                | nix::fcntl::OFlag::O_TRUNC
+                | nix::fcntl::OFlag::O_CLOEXEC;
+            if path.confined {
+                flags |= nix::fcntl::OFlag::O_NOFOLLOW;
             }
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(p.mode.unwrap_or(0o666))
-                .open(&path)
-                .map_err(|e| io_error(&e, &path, "cannot open for writing"))?;
+            let fd = nix::fcntl::openat(
+                &path.parent,
+                path.name()?,
+                flags,
+                nix::sys::stat::Mode::from_bits_truncate(p.mode.unwrap_or(0o666)),
+            )
+            .map_err(|e| io_error(&e.into(), &path.path, "cannot open for writing"))?;
+            let mut f = std::fs::File::from(fd);
+            let path = path.path;
             if let Some(mode) = p.mode {
                 f.set_permissions(std::fs::Permissions::from_mode(mode))
                     .map_err(|e| io_error(&e, &path, "cannot set the mode of"))?;
@@ -364,21 +407,29 @@ pub async fn create_directory(
     s: &Arc<Session>,
     p: CreateDirectoryParams,
 ) -> Result<Empty, WireError> {
-    let path = confine::confined(
+    let path = confine::confined_creating(
         s.profile(),
         &p,
         &p.path,
         "path",
         confine::Access::Write,
         false,
+        p.recursive,
     )?;
     blocking(move || {
-        let r = if p.recursive {
-            std::fs::create_dir_all(&path)
-        } else {
-            std::fs::create_dir(&path)
-        };
-        r.map_err(|e| io_error(&e, &path, "cannot create directory"))?;
+        match nix::sys::stat::mkdirat(
+            &path.parent,
+            path.name()?,
+            nix::sys::stat::Mode::from_bits_truncate(0o777),
+        ) {
+            Ok(()) => {}
+            // `recursive` is `mkdir -p`: an existing directory is fine.
+            Err(nix::errno::Errno::EEXIST)
+                if p.recursive
+                    && stat_at(&path.parent, path.name()?)
+                        .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) => {}
+            Err(e) => return Err(io_error(&e.into(), &path.path, "cannot create directory")),
+        }
         Ok(Empty {})
     })
     .await
@@ -396,20 +447,25 @@ pub async fn remove(s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireErro
         false,
     )?;
     blocking(move || {
-        let m =
-            std::fs::symlink_metadata(&path).map_err(|e| io_error(&e, &path, "cannot remove"))?;
-        let r = if m.is_dir() {
+        let name = path.name()?;
+        let st =
+            nix::sys::stat::fstatat(&path.parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| io_error(&e.into(), &path.path, "cannot remove"))?;
+        let r = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             if p.recursive {
                 // std's remove_dir_all does not follow symlinks (openat +
-                // O_NOFOLLOW), so links inside are removed as links.
-                std::fs::remove_dir_all(&path)
+                // O_NOFOLLOW); its path goes through the parent's
+                // descriptor, so the parent is not looked up again.
+                std::fs::remove_dir_all(path.via_parent()?)
             } else {
-                std::fs::remove_dir(&path)
+                nix::unistd::unlinkat(&path.parent, name, nix::unistd::UnlinkatFlags::RemoveDir)
+                    .map_err(io::Error::from)
             }
         } else {
-            std::fs::remove_file(&path)
+            nix::unistd::unlinkat(&path.parent, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+                .map_err(io::Error::from)
         };
-        r.map_err(|e| io_error(&e, &path, "cannot remove"))?;
+        r.map_err(|e| io_error(&e, &path.path, "cannot remove"))?;
         Ok(Empty {})
     })
     .await
@@ -427,9 +483,9 @@ pub async fn rename(s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireErro
     )?;
     let to = confine::confined(s.profile(), &p, &p.to, "to", confine::Access::Write, false)?;
     blocking(move || {
-        std::fs::rename(&from, &to).map_err(|e| {
-            let mut w = io_error(&e, &from, "cannot rename");
-            w = w.with("to", wire_path_value(&to));
+        nix::fcntl::renameat(&from.parent, from.name()?, &to.parent, to.name()?).map_err(|e| {
+            let mut w = io_error(&e.into(), &from.path, "cannot rename");
+            w = w.with("to", wire_path_value(&to.path));
             w
         })?;
         Ok(Empty {})

@@ -6,17 +6,21 @@
 //! last name given from it. Symlinks are entries, never followed. A
 //! directory that cannot be read is an entry (from its parent's listing) and
 //! an error; the walk goes on. One `statx` per entry (relative to the open
-//! directory), nothing else.
+//! directory), nothing else. Directories are opened beneath the walk's
+//! root by descriptor without following any symlink, so a walk never
+//! leaves its root, whatever is renamed while it runs.
 
 use super::confine::{confined, Access, Confinement};
 use super::{blocking, io_error, kind_of, mtime_ns};
 use crate::session::Session;
 use executor_protocol::types::fs::*;
 use executor_protocol::{ErrorCode, WireError, WirePath};
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use std::collections::VecDeque;
 use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
@@ -53,15 +57,49 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// `fs/walk`
 pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireError> {
-    let root = confined(s.profile(), &p, &p.root, "root", Access::Read, true)?;
+    let resolved = confined(s.profile(), &p, &p.root, "root", Access::Read, true)?;
     let confinement = Confinement::of(s.profile(), &p)?;
     let max_entries = p.max_entries.min(s.limits().max_walk_entries);
     let max_bytes = p.max_response_bytes.min(s.limits().max_walk_response_bytes);
-    blocking(move || walk_blocking(&root, &p, max_entries, max_bytes, confinement.as_ref())).await
+    blocking(move || {
+        let root_fd = resolved.node()?;
+        walk_blocking(
+            &resolved.path,
+            root_fd,
+            &p,
+            max_entries,
+            max_bytes,
+            confinement.as_ref(),
+        )
+    })
+    .await
+}
+
+/// Directory `rel` beneath the walk's root, opened without following any
+/// symlink (a directory swapped for a link after it was listed is an
+/// error, never a way out), and listed through its descriptor.
+fn list_dir(root_fd: &OwnedFd, rel: &[u8]) -> std::io::Result<Vec<(Vec<u8>, std::fs::DirEntry)>> {
+    let rel = if rel.is_empty() { b".".as_slice() } else { rel };
+    let dir = openat2(
+        root_fd,
+        OsStr::from_bytes(rel),
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            ),
+    )?;
+    std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).and_then(|rd| {
+        rd.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
+            .collect::<Result<Vec<_>, _>>()
+    })
 }
 
 fn walk_blocking(
     root: &Path,
+    root_fd: &OwnedFd,
     p: &WalkParams,
     max_entries: u64,
     max_bytes: u64,
@@ -107,10 +145,7 @@ fn walk_blocking(
         } else {
             root.join(OsStr::from_bytes(&rel))
         };
-        let read = std::fs::read_dir(&abs).and_then(|rd| {
-            rd.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
-                .collect::<Result<Vec<_>, _>>()
-        });
+        let read = list_dir(root_fd, &rel);
         let mut list = match read {
             Ok(l) => l,
             Err(e) if rel.is_empty() => return Err(io_error(&e, &abs, "cannot walk")),
@@ -182,10 +217,7 @@ fn walk_blocking(
                     queue_est += path.len() as u64 + 16;
                     queue.push_back((path.clone(), child_depth));
                 } else if !depth_cut {
-                    let dir = abs.join(OsStr::from_bytes(name));
-                    depth_cut = std::fs::read_dir(&dir)
-                        .map(|mut d| d.next().is_some())
-                        .unwrap_or(false);
+                    depth_cut = list_dir(root_fd, &path).is_ok_and(|d| !d.is_empty());
                 }
             }
             size_est += est;
