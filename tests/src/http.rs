@@ -94,16 +94,26 @@ impl Drop for TestServer {
 impl TestServer {
     /// Plain HTTP on 127.0.0.1.
     pub async fn start() -> TestServer {
-        TestServer::bind(None).await
+        TestServer::bind("127.0.0.1:0", None).await
+    }
+
+    /// Plain HTTP on `addr` (`[::]:0`: every local address, IPv4 and IPv6,
+    /// on one port); `url` still names 127.0.0.1.
+    pub async fn start_on(addr: &str) -> TestServer {
+        TestServer::bind(addr, None).await
     }
 
     /// HTTPS on 127.0.0.1 with a certificate from `ca` (for `localhost`).
     pub async fn start_tls(ca: &TestCa) -> TestServer {
-        TestServer::bind(Some(tokio_rustls::TlsAcceptor::from(ca.server.clone()))).await
+        TestServer::bind(
+            "127.0.0.1:0",
+            Some(tokio_rustls::TlsAcceptor::from(ca.server.clone())),
+        )
+        .await
     }
 
-    async fn bind(tls: Option<tokio_rustls::TlsAcceptor>) -> TestServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    async fn bind(addr: &str, tls: Option<tokio_rustls::TlsAcceptor>) -> TestServer {
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
             .expect("bind the test server");
         let addr = listener.local_addr().expect("local addr");

@@ -330,6 +330,17 @@ async fn bad_urls_methods_and_headers_are_invalid_params() {
             HttpRequest::get("http://127.0.0.1/").header("x", "a\r\nb"),
             "headers.0",
         ),
+        // Pseudo-headers are not header names: `:authority` comes from the URL.
+        (
+            HttpRequest::get("http://127.0.0.1/").header(":authority", "evil.example"),
+            "headers.0",
+        ),
+        (
+            HttpRequest::get("http://127.0.0.1/")
+                .header("Host", "127.0.0.1")
+                .header("host", "127.0.0.1"),
+            "headers.1",
+        ),
         (
             HttpRequest::get("http://127.0.0.1/").timeout_ms(0),
             "timeout_ms",
@@ -548,19 +559,11 @@ async fn the_configured_allow_list_admits_only_its_destinations() {
 fn metadata_and_link_local_destinations_are_refused_quickly() {
     let ran = in_private_netns(|| async {
         let server = TestServer::start().await;
-        let dir = unique_tempdir("http-hosts");
-        let hosts = dir.join("hosts");
-        std::fs::write(
-            &hosts,
+        let c = agent_with_hosts(
+            "http-hosts",
             "127.0.0.1 localhost\n169.254.169.254 metadata.test\n::ffff:169.254.169.254 mapped.test\n",
         )
-        .unwrap();
-        let mut cmd = tokio::process::Command::new("unshare");
-        cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
-            .arg("mount --bind \"$0\" /etc/hosts && exec \"$1\"")
-            .arg(&hosts)
-            .arg(executor_bin());
-        let c = Client::spawn(cmd, Default::default()).await.unwrap();
+        .await;
         // Positive control: loopback in this namespace works.
         let r = c
             .http_request(HttpRequest::get(server.url("/echo")))
@@ -613,6 +616,203 @@ fn metadata_and_link_local_destinations_are_refused_quickly() {
     if !ran {
         prerequisite_missing("no network namespace (not root)");
     }
+}
+
+/// An agent whose `/etc/hosts` is `hosts` (bound over it in a mount
+/// namespace of the agent's own), in the caller's network namespace.
+async fn agent_with_hosts(tag: &str, hosts: &str) -> Client {
+    let path = unique_tempdir(tag).join("hosts");
+    std::fs::write(&path, hosts).unwrap();
+    let mut cmd = tokio::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$0\" /etc/hosts && exec \"$1\"")
+        .arg(&path)
+        .arg(executor_bin());
+    Client::spawn(cmd, Default::default()).await.unwrap()
+}
+
+/// Issue 14, item 7. Inside a network namespace of its own: every IPv6 form
+/// that carries an IPv4 address is judged as that IPv4 address, whether the
+/// URL writes it, a name resolves to it, or a redirect leads to it. Each
+/// form of 169.254.169.254 is refused, naming the address and the IPv4 it
+/// embeds; the same form of 127.0.0.1 (assigned to `lo` here, so a real
+/// server answers on it) is reached.
+#[test]
+fn embedded_ipv4_forms_are_judged_as_the_ipv4_address_they_carry() {
+    use std::net::IpAddr;
+    let ran = in_private_netns(|| async {
+        // (the form of 169.254.169.254, the same form of 127.0.0.1, data.embedding)
+        let forms = [
+            ("::ffff:169.254.169.254", "::ffff:127.0.0.1", "ipv4-mapped"),
+            ("::ffff:0:a9fe:a9fe", "::ffff:0:7f00:1", "ipv4-translated"),
+            ("::169.254.169.254", "::127.0.0.1", "ipv4-compatible"),
+            ("64:ff9b::a9fe:a9fe", "64:ff9b::7f00:1", "nat64"),
+            ("64:ff9b:1::a9fe:a9fe", "64:ff9b:1::7f00:1", "nat64-local"),
+            ("2002:a9fe:a9fe::", "2002:7f00:1::1", "6to4"),
+            // Teredo: the server is bits 32..64, the client the last 32
+            // bits inverted (127.0.0.1 is 80ff:fffe, 169.254.169.254 is
+            // 5601:5601).
+            (
+                "2001:0:a9fe:a9fe::80ff:fffe",
+                "2001:0:7f00:1::80ff:fffe",
+                "teredo-server",
+            ),
+            (
+                "2001:0:7f00:1::5601:5601",
+                "2001:0:7f00:1::80ff:fffe",
+                "teredo-client",
+            ),
+        ];
+        for (_, lo, _) in forms {
+            // A mapped address is reached over IPv4; the others need `lo`
+            // to hold them.
+            if lo.starts_with("::ffff:127") {
+                continue;
+            }
+            let st = std::process::Command::new("ip")
+                .args(["-6", "addr", "replace", &format!("{lo}/128"), "dev", "lo"])
+                .status()
+                .expect("run ip (iproute2)");
+            assert!(st.success(), "ip -6 addr replace {lo}/128 dev lo");
+        }
+        let server = TestServer::start_on("[::]:0").await;
+        let port = server.addr.port();
+        let mut hosts = String::from("127.0.0.1 localhost\n");
+        for (i, (md, lo, _)) in forms.iter().enumerate() {
+            hosts.push_str(&format!("{md} md{i}.test\n{lo} lo{i}.test\n"));
+        }
+        let c = agent_with_hosts("http-embedded", &hosts).await;
+        for (i, (md, lo, embedding)) in forms.into_iter().enumerate() {
+            let md_ip: IpAddr = md.parse().unwrap();
+            for url in [
+                format!("http://[{md}]:{port}/echo"),
+                format!("http://md{i}.test:{port}/echo"),
+                server.url(&format!(
+                    "/redirect?code=302&to=http://md{i}.test:{port}/echo"
+                )),
+            ] {
+                let e = fails(&c, HttpRequest::get(&url).follow_redirects(1)).await;
+                assert_eq!(e.code, ErrorCode::PolicyDenied, "{url}: {e:?}");
+                assert_eq!(
+                    data_str(&e, "embedded_ipv4"),
+                    Some("169.254.169.254"),
+                    "{url}: {e:?}"
+                );
+                assert_eq!(data_str(&e, "embedding"), Some(embedding), "{url}: {e:?}");
+                let address: IpAddr = data_str(&e, "address").unwrap().parse().unwrap();
+                assert_eq!(address, md_ip, "{url}: {e:?}");
+                assert!(
+                    e.message
+                        .contains(&format!("{md_ip} embeds 169.254.169.254")),
+                    "{url}: {}",
+                    e.message
+                );
+                assert!(
+                    data_str(&e, "rule").unwrap().contains("cloud metadata"),
+                    "{url}: {e:?}"
+                );
+            }
+            // Positive control: the same form of loopback, by address and
+            // by name, connects and is answered.
+            for url in [
+                format!("http://[{lo}]:{port}/echo"),
+                format!("http://lo{i}.test:{port}/echo"),
+            ] {
+                let r = c
+                    .http_request(HttpRequest::get(&url))
+                    .await
+                    .unwrap_or_else(|e| panic!("{url}: {e}"));
+                assert_eq!(r.status, 200, "{url}");
+            }
+        }
+        c.close().await.unwrap();
+    });
+    if !ran {
+        eprintln!("skipped: no network namespace (not root)");
+    }
+}
+
+/// Issue 14, item 7. A `Host` header (any case of the name) must name the
+/// URL's authority, the host's case aside: another host or port is
+/// `invalid_params` before any connection, with an allow list or without,
+/// over HTTP/1.1 and HTTP/2.
+#[tokio::test]
+async fn a_host_header_naming_another_authority_is_refused_before_connecting() {
+    use std::sync::atomic::Ordering;
+    let (trap, trapped) = counting_listener().await;
+    let c = client_with_config(&format!("[http]\nallow = [\"localhost:{trap}\"]\n")).await;
+    let url = format!("http://localhost:{trap}/");
+    for (name, value) in [
+        ("Host", "evil.example".to_string()),
+        ("host", format!("127.0.0.1:{trap}")),
+        ("HOST", "localhost".to_string()),
+        ("hOsT", format!("localhost:{}", trap.wrapping_add(1))),
+    ] {
+        let e = fails(&c, HttpRequest::get(&url).header(name, &value)).await;
+        assert_eq!(e.code, ErrorCode::InvalidParams, "{name}: {value}: {e:?}");
+        assert_eq!(data_str(&e, "field"), Some("headers.0"), "{e:?}");
+        for part in [name, value.as_str(), &format!("localhost:{trap}")] {
+            assert!(
+                e.message.contains(&format!("{part:?}")),
+                "{part}: {}",
+                e.message
+            );
+        }
+    }
+    assert_eq!(trapped.load(Ordering::SeqCst), 0, "a connection was made");
+    c.close().await.unwrap();
+
+    // Positive control: the URL's authority, in another case, is sent as
+    // given.
+    let server = TestServer::start().await;
+    let port = server.addr.port();
+    let c = client_with_config(&format!("[http]\nallow = [\"localhost:{port}\"]\n")).await;
+    let r = c
+        .http_request(
+            HttpRequest::get(format!("http://localhost:{port}/headers"))
+                .header("host", format!("LocalHost:{port}")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.bytes().await.unwrap()).unwrap();
+    assert!(
+        text.contains(&format!("host: LocalHost:{port}\n")),
+        "{text}"
+    );
+    c.close().await.unwrap();
+
+    // Without an allow list the rule holds too.
+    let c = local_client().await;
+    let e = fails(
+        &c,
+        HttpRequest::get(server.url("/headers")).header("Host", "metadata.google.internal"),
+    )
+    .await;
+    assert_eq!(e.code, ErrorCode::InvalidParams, "{e:?}");
+    let r = c
+        .http_request(
+            HttpRequest::get(server.url("/headers")).header("Host", format!("127.0.0.1:{port}")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    c.close().await.unwrap();
+
+    // HTTP/2 (`:authority` from the URL; a `Host` must agree with it).
+    let (tls, c) = tls_server_and_trusting_agent("http-host-h2").await;
+    let url = tls.url("/echo");
+    let e = fails(&c, HttpRequest::get(&url).header("host", "evil.example")).await;
+    assert_eq!(e.code, ErrorCode::InvalidParams, "{e:?}");
+    let r = c
+        .http_request(
+            HttpRequest::get(&url).header("Host", format!("LOCALHOST:{}", tls.addr.port())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(values(&r, "x-version"), ["HTTP/2.0"]);
+    c.close().await.unwrap();
 }
 
 #[tokio::test]

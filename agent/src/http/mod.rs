@@ -129,6 +129,7 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
         ));
     }
     let mut headers = http::HeaderMap::with_capacity(p.headers.len());
+    let mut host_at = None;
     for (i, (name, value)) in p.headers.iter().enumerate() {
         let n = header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
             WireError::invalid_params(
@@ -143,6 +144,16 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
                 format!("the value of header {name:?} is not a valid header value"),
             )
         })?;
+        if n == header::HOST {
+            if let Some(first) = host_at {
+                return Err(WireError::invalid_params(
+                    &format!("headers.{i}"),
+                    format!("a second Host header (the first is headers.{first}): a request names one authority"),
+                ));
+            }
+            check_host_header(&url, i, name, value)?;
+            host_at = Some(i);
+        }
         headers.append(n, v);
     }
     if p.timeout_ms == 0 || p.timeout_ms > MAX_TIMEOUT_MS {
@@ -189,6 +200,55 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
         follow: p.follow_redirects,
         sandbox: p.sandbox,
     })
+}
+
+/// A `Host` header (any case of the name) must name the URL's authority:
+/// the same host, ASCII case aside, written as the URL writes it (a name in
+/// lower-case ASCII, an IPv4 address dotted, an IPv6 address in brackets),
+/// and the same port, which may be left out when the URL uses the scheme's
+/// default. Anything else is `invalid_params` before any connection.
+///
+/// This holds with or without `http.allow`: the destination policy judges
+/// the URL's host, and a server that routes by `Host` (virtual hosts, and
+/// HTTP/2's `:authority`, which the agent always takes from the URL) would
+/// otherwise answer for a host the policy never judged. Reaching a virtual
+/// host means putting its name in the URL.
+fn check_host_header(url: &Url, i: usize, name: &str, value: &str) -> Result<(), WireError> {
+    let host = url.host_str().unwrap_or_default();
+    let port = url.port_or_known_default();
+    let given = value.trim_matches([' ', '\t']);
+    // `host[:port]`, an IPv6 host in brackets.
+    let split = if given.starts_with('[') {
+        given.find(']').map(|end| end + 1)
+    } else {
+        given.find(':')
+    };
+    let (h, p) = given.split_at(split.unwrap_or(given.len()));
+    let port_ok = match p.strip_prefix(':') {
+        // No port: the scheme's default, which the URL must use too.
+        None => p.is_empty() && url.port().is_none(),
+        Some(digits) => {
+            !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && digits.parse::<u16>().ok() == port
+        }
+    };
+    if h.eq_ignore_ascii_case(host) && port_ok {
+        return Ok(());
+    }
+    let authority = match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    };
+    Err(WireError::invalid_params(
+        &format!("headers.{i}"),
+        format!(
+            "header {name:?} is {value:?}, but the URL's authority is {authority:?}: a Host header must name the URL's host and port"
+        ),
+    )
+    .with("header", name)
+    .with("value", value)
+    .with("authority", authority))
 }
 
 /// `http/request`
@@ -509,5 +569,66 @@ pub async fn handle_cancel(s: &Arc<Session>, p: HttpCancelParams) -> Result<Empt
             format!("no open stream {}", p.stream_id),
         )
         .with("stream_id", p.stream_id)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_ok(url: &str, value: &str) -> bool {
+        check_host_header(&Url::parse(url).unwrap(), 0, "Host", value).is_ok()
+    }
+
+    #[test]
+    fn a_host_header_must_name_the_urls_authority() {
+        for (url, value) in [
+            ("http://example.com/", "example.com"),
+            ("http://example.com/", "EXAMPLE.com"),
+            ("http://example.com/", " example.com\t"),
+            ("http://example.com/", "example.com:80"),
+            ("http://example.com:80/", "example.com"),
+            ("https://example.com/", "example.com:443"),
+            ("http://Example.COM:8080/", "example.com:8080"),
+            ("http://127.0.0.1:8080/", "127.0.0.1:8080"),
+            ("http://[::1]:8080/", "[::1]:8080"),
+            ("http://[::1]/", "[::1]"),
+        ] {
+            assert!(host_ok(url, value), "{url} {value:?}");
+        }
+        for (url, value) in [
+            ("http://example.com/", "other.example"),
+            ("http://example.com/", "example.com.evil"),
+            ("http://example.com/", "example.com:8080"),
+            ("http://example.com/", "example.com:"),
+            ("http://example.com/", "example.com:+80"),
+            ("http://example.com/", "example.com:80:80"),
+            ("http://example.com:8080/", "example.com"),
+            ("http://example.com:8080/", "example.com:8081"),
+            ("https://example.com/", "example.com:80"),
+            ("http://127.0.0.1/", "0x7f.1"),
+            ("http://127.0.0.1/", "localhost"),
+            ("http://[::1]/", "::1"),
+            ("http://[::1]/", "[::1"),
+            ("http://[::1]/", "[::1]x"),
+            ("http://example.com/", ""),
+        ] {
+            assert!(!host_ok(url, value), "{url} {value:?}");
+        }
+        let e = check_host_header(
+            &Url::parse("http://localhost:8080/").unwrap(),
+            2,
+            "hOsT",
+            "evil.example",
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidParams);
+        assert_eq!(
+            e.data_get("field").and_then(|v| v.as_str()),
+            Some("headers.2")
+        );
+        for part in ["\"hOsT\"", "\"evil.example\"", "\"localhost:8080\""] {
+            assert!(e.message.contains(part), "{}", e.message);
+        }
     }
 }

@@ -7,7 +7,16 @@
 //!   (link-local, unspecified, cloud metadata addresses): `policy_denied`.
 //!
 //! Names are checked before resolution; addresses after it, on exactly the
-//! addresses the connection will use (IPv4-mapped IPv6 is checked as IPv4).
+//! addresses the connection will use, whether a URL wrote them or DNS
+//! answered them. An IPv6 address that carries an IPv4 address (mapped,
+//! translated, compatible, NAT64, 6to4, Teredo: [`embedded_ipv4`]) is judged
+//! as the IPv4 address it carries, by every rule: such an address reaches,
+//! through a translator or a tunnel, the IPv4 host it names, so
+//! `64:ff9b::a9fe:a9fe` is the metadata endpoint. Teredo carries two (server
+//! and client), and both must pass. A CIDR entry of `http.allow` is matched
+//! against the judged address too: to admit destinations behind NAT64,
+//! write their IPv4 networks, not `[64:ff9b::/96]`.
+//!
 //! A CIDR entry of `http.allow` admits an address even when it is refused by
 //! default (an operator who writes `169.254.169.254/32` means it); a host
 //! name entry never does, since DNS decides what a name points to.
@@ -89,7 +98,22 @@ impl AllowEntry {
         let host = if let Ok(net) = host.parse::<IpNet>() {
             AllowHost::Net(net.trunc())
         } else if let Ok(ip) = host.parse::<IpAddr>() {
-            AllowHost::Net(IpNet::from(normalize(ip)))
+            // An embedded-IPv4 address stands for the IPv4 address it carries,
+            // as destinations do; a Teredo address carries two, which one
+            // entry cannot admit together.
+            let judged = match ip {
+                IpAddr::V6(v6) => match embedded_ipv4(v6).as_slice() {
+                    [] => ip,
+                    [one] => IpAddr::V4(one.ipv4),
+                    _ => {
+                        return Err(fail(
+                            "a Teredo address carries two IPv4 addresses (server and client): list those instead",
+                        ))
+                    }
+                },
+                IpAddr::V4(_) => ip,
+            };
+            AllowHost::Net(IpNet::from(judged))
         } else if host.contains('/') {
             return Err(fail("not a valid CIDR network"));
         } else if let Some(suffix) = host.strip_prefix("*.") {
@@ -135,11 +159,93 @@ fn valid_name(name: &str) -> Option<String> {
     ok.then(|| name.to_ascii_lowercase())
 }
 
-/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is the IPv4 address it carries.
-pub fn normalize(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
+/// How an IPv6 address carries an IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Embedding {
+    /// `::ffff:a.b.c.d` (RFC 4291 §2.5.5.2): a dual-stack socket reaches the
+    /// IPv4 host directly.
+    Mapped,
+    /// `::ffff:0:a.b.c.d` (RFC 2765, SIIT).
+    Translated,
+    /// `::a.b.c.d` (RFC 4291 §2.5.5.1, deprecated), except `::` and `::1`.
+    Compatible,
+    /// `64:ff9b::a.b.c.d`, the NAT64 well-known prefix (RFC 6052).
+    Nat64,
+    /// `64:ff9b:1::/48`, the local-use NAT64 prefix (RFC 8215), read with
+    /// the IPv4 address in the last 32 bits (a /96 translation prefix).
+    Nat64Local,
+    /// `2002:AABB:CCDD::/48` (RFC 3056), the IPv4 address in bits 16..48.
+    SixToFour,
+    /// Teredo `2001:0::/32` (RFC 4380): the server, in bits 32..64.
+    TeredoServer,
+    /// Teredo `2001:0::/32`: the client, the last 32 bits inverted.
+    TeredoClient,
+}
+
+impl Embedding {
+    /// A short name for the wire (`data.embedding`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Embedding::Mapped => "ipv4-mapped",
+            Embedding::Translated => "ipv4-translated",
+            Embedding::Compatible => "ipv4-compatible",
+            Embedding::Nat64 => "nat64",
+            Embedding::Nat64Local => "nat64-local",
+            Embedding::SixToFour => "6to4",
+            Embedding::TeredoServer => "teredo-server",
+            Embedding::TeredoClient => "teredo-client",
+        }
+    }
+
+    /// The form and its prefix, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Embedding::Mapped => "IPv4-mapped, ::ffff:0:0/96",
+            Embedding::Translated => "IPv4-translated, ::ffff:0:0:0/96",
+            Embedding::Compatible => "IPv4-compatible, ::/96",
+            Embedding::Nat64 => "NAT64 well-known prefix 64:ff9b::/96",
+            Embedding::Nat64Local => "NAT64 local-use prefix 64:ff9b:1::/48",
+            Embedding::SixToFour => "6to4, 2002::/16",
+            Embedding::TeredoServer => "Teredo server, 2001::/32",
+            Embedding::TeredoClient => "Teredo client, 2001::/32",
+        }
+    }
+}
+
+/// An IPv4 address carried inside an IPv6 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Embedded {
+    pub ipv4: Ipv4Addr,
+    pub form: Embedding,
+}
+
+/// The IPv4 addresses `v6` carries: none (a native IPv6 address), one, or
+/// two (Teredo: server and client).
+pub fn embedded_ipv4(v6: Ipv6Addr) -> Vec<Embedded> {
+    let s = v6.segments();
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    let one = |form, ipv4| vec![Embedded { ipv4, form }];
+    match s {
+        [0, 0, 0, 0, 0, 0xffff, hi, lo] => one(Embedding::Mapped, v4(hi, lo)),
+        [0, 0, 0, 0, 0xffff, 0, hi, lo] => one(Embedding::Translated, v4(hi, lo)),
+        // `::` is the unspecified address and `::1` loopback: their own rules.
+        [0, 0, 0, 0, 0, 0, 0, 0 | 1] => Vec::new(),
+        [0, 0, 0, 0, 0, 0, hi, lo] => one(Embedding::Compatible, v4(hi, lo)),
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => one(Embedding::Nat64, v4(hi, lo)),
+        [0x64, 0xff9b, 1, _, _, _, hi, lo] => one(Embedding::Nat64Local, v4(hi, lo)),
+        [0x2002, hi, lo, ..] => one(Embedding::SixToFour, v4(hi, lo)),
+        [0x2001, 0, shi, slo, _, _, chi, clo] => vec![
+            Embedded {
+                ipv4: v4(shi, slo),
+                form: Embedding::TeredoServer,
+            },
+            Embedded {
+                ipv4: Ipv4Addr::from(!u32::from(v4(chi, clo))),
+                form: Embedding::TeredoClient,
+            },
+        ],
+        _ => Vec::new(),
     }
 }
 
@@ -148,7 +254,10 @@ pub fn normalize(ip: IpAddr) -> IpAddr {
 pub struct Refusal {
     pub code: ErrorCode,
     pub host: String,
+    /// The address as the connection would use it.
     pub addr: Option<IpAddr>,
+    /// The IPv4 address `addr` carries that the rule refused.
+    pub embedded: Option<Embedded>,
     pub port: u16,
     pub rule: String,
 }
@@ -160,10 +269,14 @@ impl Refusal {
             Some(a) if a.to_string() != self.host => format!(" ({a})"),
             _ => String::new(),
         };
+        let carries = match (self.addr, self.embedded) {
+            (Some(a), Some(e)) => format!("{a} embeds {} ({}): ", e.ipv4, e.form.describe()),
+            _ => String::new(),
+        };
         let mut e = WireError::new(
             self.code,
             format!(
-                "refused to connect to {}{at} port {}: {}",
+                "refused to connect to {}{at} port {}: {carries}{}",
                 self.host, self.port, self.rule
             ),
         )
@@ -172,6 +285,11 @@ impl Refusal {
         .with("rule", self.rule.clone());
         if let Some(a) = self.addr {
             e = e.with("address", a.to_string());
+        }
+        if let Some(emb) = self.embedded {
+            e = e
+                .with("embedded_ipv4", emb.ipv4.to_string())
+                .with("embedding", emb.form.name());
         }
         e
     }
@@ -196,6 +314,7 @@ impl Destinations<'_> {
             code,
             host: host.to_string(),
             addr: None,
+            embedded: None,
             port,
             rule,
         };
@@ -242,38 +361,59 @@ impl Destinations<'_> {
             code: ErrorCode::PolicyDenied,
             host: host.to_string(),
             addr: None,
+            embedded: None,
             port,
             rule: "not in the configuration's http.allow".into(),
         })
     }
 
-    /// After resolving: one address the connection would use.
+    /// After resolving: one address the connection would use (an address
+    /// literal of the URL, or one of a name's DNS answers). An address that
+    /// embeds IPv4 is judged as each IPv4 address it carries.
     pub fn check_addr(&self, host: &str, ip: IpAddr, port: u16) -> Result<(), Refusal> {
-        let ip = normalize(ip);
-        let refuse = |rule: &str| Refusal {
+        let refuse = |embedded, rule: &str| Refusal {
             code: ErrorCode::PolicyDenied,
             host: host.to_string(),
             addr: Some(ip),
+            embedded,
             port,
             rule: rule.to_string(),
         };
-        let by_cidr = self.allow.iter().any(|a| a.admits_addr(ip, port));
-        if !by_cidr {
-            if let Some(rule) = refused_by_default(ip) {
-                return Err(refuse(rule));
-            }
-            let name = host.trim_end_matches('.').to_ascii_lowercase();
-            if !self.allow.is_empty() && !self.allow.iter().any(|a| a.admits_name(&name, port)) {
-                return Err(refuse("not in the configuration's http.allow"));
-            }
+        let embedded = match ip {
+            IpAddr::V6(v6) => embedded_ipv4(v6),
+            IpAddr::V4(_) => Vec::new(),
+        };
+        if embedded.is_empty() {
+            return self.decide(host, ip, port).map_err(|r| refuse(None, r));
+        }
+        for e in embedded {
+            self.decide(host, IpAddr::V4(e.ipv4), port)
+                .map_err(|r| refuse(Some(e), r))?;
+        }
+        Ok(())
+    }
+
+    /// The decision on one judged address (never an embedded-IPv4 form):
+    /// the rule that refuses it, if any.
+    fn decide(&self, host: &str, ip: IpAddr, port: u16) -> Result<(), &'static str> {
+        if self.allow.iter().any(|a| a.admits_addr(ip, port)) {
+            return Ok(());
+        }
+        if let Some(rule) = refused_by_default(ip) {
+            return Err(rule);
+        }
+        let name = host.trim_end_matches('.').to_ascii_lowercase();
+        if !self.allow.is_empty() && !self.allow.iter().any(|a| a.admits_name(&name, port)) {
+            return Err("not in the configuration's http.allow");
         }
         Ok(())
     }
 }
 
-/// The built-in refusal an address falls under, if any.
-pub fn refused_by_default(ip: IpAddr) -> Option<&'static str> {
-    let ip = normalize(ip);
+/// The built-in refusal a judged address falls under, if any (an
+/// embedded-IPv4 form is judged by [`Destinations::check_addr`] as the IPv4
+/// addresses it carries, not here).
+fn refused_by_default(ip: IpAddr) -> Option<&'static str> {
     if METADATA.contains(&ip) {
         return Some("cloud metadata address (refused by default)");
     }
@@ -346,6 +486,193 @@ mod tests {
         ] {
             d.check_addr("h", ip(good), 80).unwrap();
         }
+    }
+
+    fn v6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    const MD: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+    const LO: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+
+    fn one(ipv4: Ipv4Addr, form: Embedding) -> Vec<Embedded> {
+        vec![Embedded { ipv4, form }]
+    }
+
+    fn teredo(server: Ipv4Addr, client: Ipv4Addr) -> Vec<Embedded> {
+        vec![
+            Embedded {
+                ipv4: server,
+                form: Embedding::TeredoServer,
+            },
+            Embedded {
+                ipv4: client,
+                form: Embedding::TeredoClient,
+            },
+        ]
+    }
+
+    /// Each embedded form of 169.254.169.254, then of 127.0.0.1.
+    const FORMS: [(&str, &str, Embedding); 7] = [
+        (
+            "::ffff:169.254.169.254",
+            "::ffff:127.0.0.1",
+            Embedding::Mapped,
+        ),
+        (
+            "::ffff:0:a9fe:a9fe",
+            "::ffff:0:7f00:1",
+            Embedding::Translated,
+        ),
+        ("::169.254.169.254", "::127.0.0.1", Embedding::Compatible),
+        ("64:ff9b::a9fe:a9fe", "64:ff9b::7f00:1", Embedding::Nat64),
+        (
+            "64:ff9b:1:ab:cd::a9fe:a9fe",
+            "64:ff9b:1::7f00:1",
+            Embedding::Nat64Local,
+        ),
+        (
+            "2002:a9fe:a9fe:1:2:3:4:5",
+            "2002:7f00:1::1",
+            Embedding::SixToFour,
+        ),
+        // Teredo, the metadata address as the server (the client is
+        // 127.0.0.1, inverted: 0x80fffffe).
+        (
+            "2001:0:a9fe:a9fe::80ff:fffe",
+            "2001:0:7f00:1::80ff:fffe",
+            Embedding::TeredoServer,
+        ),
+    ];
+
+    #[test]
+    fn embedded_ipv4_finds_the_address_of_every_form() {
+        for (md, lo, form) in FORMS {
+            if form == Embedding::TeredoServer {
+                assert_eq!(embedded_ipv4(v6(md)), teredo(MD, LO), "{md}");
+                assert_eq!(embedded_ipv4(v6(lo)), teredo(LO, LO), "{lo}");
+            } else {
+                assert_eq!(embedded_ipv4(v6(md)), one(MD, form), "{md}");
+                assert_eq!(embedded_ipv4(v6(lo)), one(LO, form), "{lo}");
+            }
+        }
+        // The Teredo client is the last 32 bits inverted.
+        assert_eq!(
+            embedded_ipv4(v6("2001:0:7f00:1::5601:5601")),
+            teredo(LO, MD)
+        );
+        assert_eq!(
+            embedded_ipv4(v6("2001::ffff:ffff")),
+            teredo(Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED)
+        );
+        // Native IPv6 carries nothing, nor do `::` and `::1`; nor do the
+        // neighbours of the embedding prefixes.
+        for native in [
+            "::",
+            "::1",
+            "fe80::1",
+            "fd00:ec2::254",
+            "2001:db8::a9fe:a9fe",
+            "2001:1::a9fe:a9fe",
+            "2003:a9fe:a9fe::",
+            "64:ff9b:0:0:0:1:a9fe:a9fe",
+            "64:ff9b:2::a9fe:a9fe",
+            "::1:0:a9fe:a9fe",
+            "::fffe:a9fe:a9fe",
+            "1::a9fe:a9fe",
+        ] {
+            assert_eq!(embedded_ipv4(v6(native)), vec![], "{native}");
+        }
+    }
+
+    #[test]
+    fn every_embedded_form_is_judged_as_its_ipv4_address() {
+        let d = open();
+        for (md, lo, form) in FORMS {
+            let r = d.check_addr("h", ip(md), 80).unwrap_err();
+            assert_eq!(r.code, ErrorCode::PolicyDenied, "{md}");
+            assert!(r.rule.contains("cloud metadata"), "{md}: {r:?}");
+            assert_eq!(r.addr, Some(ip(md)), "{md}");
+            assert_eq!(r.embedded, Some(Embedded { ipv4: MD, form }), "{md}");
+            let w = r.to_wire();
+            assert!(
+                w.message
+                    .contains(&format!("{} embeds 169.254.169.254", ip(md))),
+                "{}",
+                w.message
+            );
+            assert_eq!(
+                w.data_get("embedded_ipv4").and_then(|v| v.as_str()),
+                Some("169.254.169.254")
+            );
+            assert_eq!(
+                w.data_get("embedding").and_then(|v| v.as_str()),
+                Some(form.name())
+            );
+            // Positive control: the same form carrying loopback.
+            d.check_addr("h", ip(lo), 80).unwrap();
+        }
+        // The other default refusals, through embedded forms.
+        for (bad, rule) in [
+            ("64:ff9b::a9fe:101", "link-local"),
+            ("2002:a9fe:101::", "link-local"),
+            ("::ffff:0:0:0", "unspecified"),
+            ("::0.0.0.2", "unspecified"),
+            ("64:ff9b:1::e000:1", "multicast"),
+            ("64:ff9b::a83f:8110", "cloud metadata"),
+            ("2002:6464:64c8::", "cloud metadata"),
+            // Teredo with the metadata address as the client.
+            ("2001:0:7f00:1::5601:5601", "cloud metadata"),
+            // A Teredo server of 0.0.0.0 refuses whatever the client is.
+            ("2001::80ff:fffe", "unspecified"),
+        ] {
+            let r = d.check_addr("h", ip(bad), 80).unwrap_err();
+            assert!(r.rule.contains(rule), "{bad}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn the_allow_list_judges_embedded_forms_by_their_ipv4_address() {
+        let allow: Vec<AllowEntry> = ["127.0.0.0/8", "[64:ff9b::a9fe:a9fe]", "named.corp"]
+            .iter()
+            .map(|s| AllowEntry::parse(s).unwrap())
+            .collect();
+        let d = Destinations {
+            allow: &allow,
+            sandbox: None,
+            profile: None,
+        };
+        d.check_addr("anything", ip("64:ff9b::7f00:1"), 80).unwrap();
+        d.check_addr("anything", ip("2002:7f00:1::"), 80).unwrap();
+        // The entry written as NAT64 admits the metadata address it names,
+        // in any form.
+        d.check_addr("anything", ip("169.254.169.254"), 80).unwrap();
+        d.check_addr("anything", ip("2002:a9fe:a9fe::"), 80)
+            .unwrap();
+        let r = d
+            .check_addr("anything", ip("64:ff9b::a00:1"), 80)
+            .unwrap_err();
+        assert!(r.rule.contains("http.allow"), "{r:?}");
+        assert_eq!(r.embedded.map(|e| e.ipv4), Some(Ipv4Addr::new(10, 0, 0, 1)));
+        // A name entry never admits a default-refused address, embedded or not.
+        let r = d
+            .check_addr("named.corp", ip("64:ff9b::a9fe:101"), 80)
+            .unwrap_err();
+        assert!(r.rule.contains("link-local"), "{r:?}");
+        d.check_addr("named.corp", ip("64:ff9b::808:808"), 80)
+            .unwrap();
+        // Teredo: both carried addresses must pass.
+        let r = d
+            .check_addr("anything", ip("2001:0:7f00:1::f5f7:f7f7"), 80)
+            .unwrap_err();
+        assert_eq!(
+            r.embedded,
+            Some(Embedded {
+                ipv4: Ipv4Addr::new(10, 8, 8, 8),
+                form: Embedding::TeredoClient
+            })
+        );
+        assert!(AllowEntry::parse("[2001:0:7f00:1::80ff:fffe]").is_err());
     }
 
     #[test]

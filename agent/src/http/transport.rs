@@ -289,7 +289,10 @@ pub async fn exchange(
         Some(q) => format!("{}?{q}", url.path()),
         None => url.path().to_string(),
     };
-    // HTTP/2 carries the authority in the URI; HTTP/1.1 in `Host`.
+    // HTTP/2 carries the authority in the URI (`:authority`, from the URL
+    // only: pseudo-headers are not valid header names, and a `Host` the
+    // caller sent names the same authority, checked in `prepare`);
+    // HTTP/1.1 in `Host`.
     builder = if conn.h2 {
         builder.uri(url.as_str()).version(http::Version::HTTP_2)
     } else {

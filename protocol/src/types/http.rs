@@ -20,6 +20,20 @@
 //!   resolved addresses are the proxy's to judge;
 //! - lets a configuration's CIDR entry (`http.allow = ["169.254.169.254/32"]`)
 //!   admit an address refused by default; a host-name entry never does;
+//! - judges an IPv6 address that carries an IPv4 address as that IPv4
+//!   address, by every rule (refusals and `http.allow`): IPv4-mapped
+//!   `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96`, IPv4-compatible
+//!   `::/96` (not `::` or `::1`), NAT64 `64:ff9b::/96` and `64:ff9b:1::/48`
+//!   (the IPv4 address in the last 32 bits), 6to4 `2002::/16`, and Teredo
+//!   `2001::/32` (server and client, both judged), whether the URL writes
+//!   the address or a name resolves to it. The refusal's `data` adds
+//!   `embedded_ipv4` and `embedding` (`nat64`, `6to4`, `teredo-client`, ...);
+//! - refuses a `Host` header that does not name the URL's authority (host
+//!   ASCII case aside; the port may be left out only when it is the
+//!   scheme's default), and a second `Host` header, as `invalid_params`,
+//!   with or without `http.allow`: a server routing by `Host` would answer
+//!   for a host the policy never judged. Pseudo-headers (`:authority`) are
+//!   not valid header names; HTTP/2's `:authority` is the URL's;
 //! - opens a fresh connection per request and per redirect hop (no pool):
 //!   a connection admitted for one host is never reused for another.
 
