@@ -69,15 +69,30 @@ fn errno(e: Errno) -> io::Error {
 
 /// The global lock of `dir` (the jobs' directory), held while it lives.
 pub(crate) fn global_lock(dir: &Path) -> io::Result<Flock<File>> {
+    let path = dir.join(LOCK);
     let f = File::options()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(dir.join(LOCK))?;
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)?;
+    ours(&f, &path)?;
     Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| errno(e))
+}
+
+/// A regular file of this user (a FIFO or another user's file in the jobs'
+/// directory is never read, locked or trusted).
+fn ours(f: &File, path: &Path) -> io::Result<()> {
+    let m = f.metadata()?;
+    if !m.is_file() || m.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file of this user",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// `path` (absolute) opened as a directory one component at a time, never
@@ -177,10 +192,13 @@ fn records(dir: &Path) -> io::Result<Vec<(PathBuf, File)>> {
         let path = e.path();
         match File::options()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
         {
-            Ok(f) => out.push((path, f)),
+            // Anything else is not a record of ours: skipped.
+            Ok(f) if ours(&f, &path).is_ok() => out.push((path, f)),
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
@@ -321,6 +339,7 @@ impl Drop for Placeholders {
 /// Making placeholders for one plan, under the global lock.
 #[derive(Debug)]
 pub struct Maker {
+    // Dropped first: a `made` dropped after it takes the lock again.
     _lock: Flock<File>,
     live: Vec<Entry>,
     made: Placeholders,
@@ -330,8 +349,10 @@ impl Maker {
     /// Start, with `dir` the jobs' directory (which exists and is private).
     pub fn start(dir: &Path) -> io::Result<Maker> {
         let lock = global_lock(dir)?;
+        // Read before our record exists: nothing after it can fail (a
+        // record dropped here would take the lock this value holds).
+        let live = live_entries(dir, None)?;
         let made = Placeholders::new(dir)?;
-        let live = live_entries(dir, Some(&made.record_path))?;
         Ok(Maker {
             _lock: lock,
             live,
@@ -563,5 +584,27 @@ mod tests {
         assert!(root.join("p/q").is_dir());
         second.remove().unwrap();
         assert!(!root.join("p").exists());
+    }
+
+    #[test]
+    fn planted_non_files_are_skipped_never_waited_on() {
+        let d = scratch("planted");
+        let (jobs, root) = (d.join("jobs"), d.join("root"));
+        std::fs::create_dir(jobs.join("evil.placeholders")).unwrap();
+        nix::unistd::mkfifo(
+            &jobs.join("fifo.placeholders"),
+            Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let mut m = Maker::start(&jobs).unwrap();
+        m.make(&root, &root, &root.join("p")).unwrap();
+        let p = m.finish().unwrap();
+        assert_eq!(sweep(&jobs).unwrap(), Vec::<PathBuf>::new());
+        p.remove().unwrap();
+        assert!(!root.join("p").exists());
+        // A lock file that is not a regular file is refused, not waited on.
+        let d = scratch("planted-lock");
+        nix::unistd::mkfifo(&d.join("jobs").join(LOCK), Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(Maker::start(&d.join("jobs")).is_err());
     }
 }

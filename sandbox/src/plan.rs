@@ -161,7 +161,8 @@ pub fn jobs_parent() -> PathBuf {
 /// [`crate::placeholder`]). Safe while other agents of the user run jobs.
 /// Returns what was removed, for the log.
 pub fn sweep() -> std::io::Result<Vec<PathBuf>> {
-    let dir = jobs_parent();
+    // Made at the agent's start, before any job could make it its own.
+    let dir = private_jobs_parent().map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut removed = crate::placeholder::sweep(&dir)?;
     if !dir.is_dir() {
         return Ok(removed);
@@ -209,19 +210,42 @@ pub fn private_jobs_parent() -> Result<PathBuf, PlanError> {
 }
 
 /// Give the owner full access to every directory below `p` (a job may have
-/// taken its own away, to make its directory outlive it).
+/// taken its own away, to make its directory outlive it). Directories are
+/// opened one level at a time with `O_NOFOLLOW` and changed through their
+/// descriptor: a directory swapped for a link is never followed.
 fn writable_tree(p: &Path) {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    if let Ok(fd) = nix::fcntl::open(p, flags, nix::sys::stat::Mode::empty()) {
+        writable_at(fd, 0);
+    }
+}
+
+fn writable_at(dir: std::os::fd::OwnedFd, depth: u32) {
+    use nix::fcntl::OFlag;
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::PermissionsExt;
-    let Ok(m) = std::fs::symlink_metadata(p) else {
-        return;
-    };
-    if !m.is_dir() {
+    if depth > 256 {
         return;
     }
-    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700));
-    if let Ok(entries) = std::fs::read_dir(p) {
-        for e in entries.flatten() {
-            writable_tree(&e.path());
+    // chmod through the descriptor (an O_PATH descriptor cannot fchmod):
+    // the magic link names this inode, whatever its path is now.
+    let me = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    let _ = std::fs::set_permissions(&me, std::fs::Permissions::from_mode(0o700));
+    let Ok(entries) = std::fs::read_dir(&me) else {
+        return;
+    };
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            if let Ok(child) = nix::fcntl::openat(
+                &dir,
+                e.file_name().as_os_str(),
+                flags,
+                nix::sys::stat::Mode::empty(),
+            ) {
+                writable_at(child, depth + 1);
+            }
         }
     }
 }
@@ -418,15 +442,36 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                 pinned_below.push(d.to_path_buf());
             }
             Err(_) => {
-                let ancestor = d
+                let (ancestor, kind) = d
                     .ancestors()
                     .skip(1)
-                    .find(|a| a.exists())
-                    .unwrap_or(Path::new("/"));
+                    .find_map(|a| {
+                        std::fs::symlink_metadata(a)
+                            .ok()
+                            .map(|m| (a, m.file_type()))
+                    })
+                    .unwrap_or((
+                        Path::new("/"),
+                        std::fs::metadata("/")
+                            .map_err(|source| PlanError::Io {
+                                what: "stat /".into(),
+                                source,
+                            })?
+                            .file_type(),
+                    ));
                 let Some(w) = enclosing(ancestor, &write_paths) else {
                     // Read-only in the sandbox: it cannot be created.
                     continue;
                 };
+                if !kind.is_dir() {
+                    // A file or a link where a directory would have to be
+                    // (a git worktree's `.git` file): it is covered
+                    // read-only, so it cannot be replaced by a directory
+                    // holding the carve-out.
+                    deny_write.push(node(ancestor, "the nearest existing part of a carve-out")?);
+                    pinned_below.push(ancestor.to_path_buf());
+                    continue;
+                }
                 maker_for(&mut maker, d)?;
                 let mk = maker.as_mut().expect("started above");
                 let (dev, ino) = mk.make(w, ancestor, d).map_err(placeholder_io(d))?;
@@ -445,6 +490,19 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
         }
     }
     let placeholders = maker.and_then(Maker::finish);
+    // Symlinks on the way to carve-outs, inside write roots: covered
+    // read-only, so the names cannot be swapped (`rm .env` of a `.env`
+    // link to the protected file is `EBUSY`).
+    for link in &policy.carve_out_links {
+        let is_link = std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink());
+        if is_link && visible(link) && enclosing(link, &write_paths).is_some() {
+            let covered = deny_write.iter().any(|n| n.path() == link.as_path());
+            if !covered {
+                deny_write.push(node(link, "a symlink on the way to a carve-out")?);
+                pinned_below.push(link.clone());
+            }
+        }
+    }
 
     // Pins: every ancestor between a carve-out and its write root, except
     // those inside a read-only (deny_write) tree, which cannot be renamed
@@ -471,8 +529,9 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
     }
 
     // Other jobs' private directories are never visible to a job.
-    let jobs = jobs_parent();
-    if visible(&jobs) && jobs.is_dir() {
+    // (Made now if it is missing: a job must never be the one to make it.)
+    if visible(&jobs_parent()) {
+        let jobs = private_jobs_parent()?;
         deny_read.push(node(&jobs, "the jobs' directory")?);
     }
 

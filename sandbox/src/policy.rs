@@ -49,6 +49,11 @@ pub struct Policy {
     /// (`/lib` -> `usr/lib`): (where, what it points to). A job's fresh root
     /// recreates them so the names it was given still lead somewhere.
     pub links: Vec<(PathBuf, PathBuf)>,
+    /// Symlinks met on the way to a carve-out (the carve-out itself when
+    /// it is one, and its symlinked ancestors): inside a write root they
+    /// are pinned, so the name the intent gave cannot be swapped for
+    /// something the carve-out does not cover.
+    pub carve_out_links: Vec<PathBuf>,
 }
 
 /// What the symbols mean for one request.
@@ -258,7 +263,12 @@ fn carve_out_path(path: &Path) -> PathBuf {
     }
 }
 
-fn carve_outs(list: &[WirePath], name: &str, ctx: &Context) -> Result<Vec<PathBuf>, PolicyError> {
+fn carve_outs(
+    list: &[WirePath],
+    name: &str,
+    ctx: &Context,
+    links: &mut Vec<PathBuf>,
+) -> Result<Vec<PathBuf>, PolicyError> {
     let mut out = Vec::new();
     for (i, p) in list.iter().enumerate() {
         let field = format!("sandbox.filesystem.{name}.{i}");
@@ -266,6 +276,13 @@ fn carve_outs(list: &[WirePath], name: &str, ctx: &Context) -> Result<Vec<PathBu
             Expanded::Tmp => return Err(PolicyError::TmpCarveOut { field }),
             Expanded::Paths(paths) => {
                 for path in paths {
+                    let mut met = Vec::new();
+                    links_on(&path, &mut met);
+                    for (at, _) in met {
+                        if !links.contains(&at) {
+                            links.push(at);
+                        }
+                    }
                     let c = carve_out_path(&path);
                     if !out.contains(&c) {
                         out.push(c);
@@ -281,6 +298,7 @@ fn carve_outs(list: &[WirePath], name: &str, ctx: &Context) -> Result<Vec<PathBu
 pub fn resolve(intent: &SandboxIntent, ctx: &Context) -> Result<Policy, PolicyError> {
     let fs = &intent.filesystem;
     let mut links = Vec::new();
+    let mut carve_out_links = Vec::new();
     let read = match &fs.read {
         ReadRoots::All => None,
         ReadRoots::Paths(p) => Some(roots(p, "read", ctx, &mut links)?),
@@ -288,11 +306,12 @@ pub fn resolve(intent: &SandboxIntent, ctx: &Context) -> Result<Policy, PolicyEr
     Ok(Policy {
         read,
         write: roots(&fs.write, "write", ctx, &mut links)?,
-        deny_read: carve_outs(&fs.deny_read, "deny_read", ctx)?,
-        deny_write: carve_outs(&fs.deny_write, "deny_write", ctx)?,
+        deny_read: carve_outs(&fs.deny_read, "deny_read", ctx, &mut carve_out_links)?,
+        deny_write: carve_outs(&fs.deny_write, "deny_write", ctx, &mut carve_out_links)?,
         network: intent.network.clone(),
         required: intent.required,
         links,
+        carve_out_links,
     })
 }
 

@@ -32,6 +32,7 @@ fn read_only() {
         network: NetworkIntent::Deny,
         required: true,
         links: vec![],
+        carve_out_links: vec![],
     };
     let sb = profile(&policy, None).unwrap();
     assert!(!sb.contains("(allow file-write*"), "no write rule at all");
@@ -49,6 +50,7 @@ fn workspace_write_with_git_denied() {
         network: NetworkIntent::Deny,
         required: true,
         links: vec![],
+        carve_out_links: vec![],
     };
     let sb = profile(&policy, Some(Path::new("/var/folders/xy/T/job-1"))).unwrap();
     // The carve-out comes after the allow (later rules win in SBPL).
@@ -78,6 +80,7 @@ fn network_allowed_and_port_lists() {
         network: NetworkIntent::Allow,
         required: true,
         links: vec![],
+        carve_out_links: vec![],
     };
     let sb = profile(&policy, None).unwrap();
     assert!(sb.contains("(allow network-outbound)"));
@@ -103,6 +106,7 @@ fn paths_needing_quoting() {
         network: NetworkIntent::Deny,
         required: true,
         links: vec![],
+        carve_out_links: vec![],
     };
     let sb = profile(&policy, None).unwrap();
     assert!(sb.contains(r#"(subpath "/Users/dev/My \"quoted\" dir")"#));
@@ -126,6 +130,7 @@ fn paths_needing_quoting() {
         network: NetworkIntent::Deny,
         required: true,
         links: vec![],
+        carve_out_links: vec![],
     };
     assert!(profile(&tmp, None).is_err());
     let cl = command_line("(version 1)", &["/bin/ls".into(), "-l".into()]);

@@ -1921,3 +1921,57 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
     let err = e.c.walk_page(&params).await.unwrap_err();
     assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied);
 });
+
+// 45, found by an attack on the placeholders: a carve-out named through a
+// symlink (the carve-out itself, or a parent) keeps its name: the link
+// cannot be removed or replaced; a file where a parent directory would
+// have to be is covered, not a reason to refuse.
+both!(
+    c45b_carve_outs_named_through_links_keep_their_names,
+    |e: Env| async move {
+        std::os::unix::fs::symlink("nowhere", e.ws.join(".env")).unwrap();
+        std::fs::create_dir_all(e.ws.join("realrepo/.git")).unwrap();
+        std::os::unix::fs::symlink("realrepo", e.ws.join("repo")).unwrap();
+        std::fs::write(e.ws.join("build"), "gitdir: /x\n").unwrap();
+        if e.uid != current_uid() {
+            chown_r(&e.ws, e.uid);
+        }
+        let mut i = e.ws_write();
+        i.filesystem.deny_write = vec![
+            wp(&e.ws.join(".env")),
+            wp(&e.ws.join("repo/.git/hooks")),
+            wp(&e.ws.join("build/.git/hooks")),
+        ];
+        for op in [
+            "rm .env",
+            "echo PWN > .env",
+            "rm repo",
+            "mv repo repo-old",
+            "mkdir -p repo/.git/hooks && echo x > repo/.git/hooks/pre-commit",
+            "rm build",
+            "mkdir -p build/.git/hooks",
+        ] {
+            let (out, code) = e.sh(Some(i.clone()), op).await;
+            assert_ne!(code, 0, "{op}: {out}");
+        }
+        assert!(std::fs::symlink_metadata(e.ws.join(".env"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(!e.ws.join("nowhere").exists(), "its placeholder is gone");
+        assert!(std::fs::symlink_metadata(e.ws.join("repo"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(!e.ws.join("realrepo/.git/hooks").exists());
+        assert_eq!(
+            std::fs::read_to_string(e.ws.join("build")).unwrap(),
+            "gitdir: /x\n"
+        );
+        // Positive control: the rest of the root stays writable.
+        let (out, code) = e
+            .sh(Some(i), "touch realrepo/.git/HEAD src/fine && echo ok")
+            .await;
+        assert_eq!((out.as_str(), code), ("ok\n", 0), "positive control");
+    }
+);
