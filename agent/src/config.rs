@@ -231,6 +231,7 @@ fn yes() -> bool {
 struct RawLimits {
     max_frame_bytes: Option<toml::Spanned<u64>>,
     max_requests_in_flight: Option<toml::Spanned<u64>>,
+    max_inflight_request_bytes: Option<toml::Spanned<u64>>,
     max_processes: Option<toml::Spanned<u64>>,
     output_buffer_bytes: Option<toml::Spanned<u64>>,
     max_output_chunk_bytes: Option<toml::Spanned<u64>>,
@@ -422,7 +423,7 @@ fn apply_limits(
     spans: &mut Spans,
 ) -> Result<(), ConfigError> {
     let l = raw.get_ref();
-    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 13] = [
+    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 14] = [
         (
             "max_frame_bytes",
             &l.max_frame_bytes,
@@ -432,6 +433,11 @@ fn apply_limits(
             "max_requests_in_flight",
             &l.max_requests_in_flight,
             &mut limits.max_requests_in_flight,
+        ),
+        (
+            "max_inflight_request_bytes",
+            &l.max_inflight_request_bytes,
+            &mut limits.max_inflight_request_bytes,
         ),
         ("max_processes", &l.max_processes, &mut limits.max_processes),
         (

@@ -254,12 +254,23 @@ where
     Ok(ending)
 }
 
+/// `max_inflight_request_bytes` in KiB (at least 1).
+fn budget_kib(limits: &executor_protocol::limits::Limits) -> u32 {
+    u32::try_from(limits.max_inflight_request_bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize) as u32)
+}
+
 /// What one connection's reader knows about itself.
 struct Conn<'a> {
     session: &'a Arc<Session>,
     responder: Responder,
     notes: mpsc::Sender<OutFrame>,
     slots: Arc<Semaphore>,
+    /// `max_inflight_request_bytes`, in KiB permits (a request holds its
+    /// frame's share until its handler is done).
+    bytes: Arc<Semaphore>,
+    bytes_total: u32,
     in_flight: Arc<Mutex<InFlight>>,
     max_in_flight: usize,
     /// Set once this connection's `initialize` (or resume) succeeded: the
@@ -295,6 +306,8 @@ where
         },
         notes: note_tx,
         slots: Arc::new(Semaphore::new(max_in_flight)),
+        bytes: Arc::new(Semaphore::new(budget_kib(&limits) as usize)),
+        bytes_total: budget_kib(&limits),
         in_flight: Arc::new(Mutex::new(InFlight::default())),
         max_in_flight,
         generation: None,
@@ -305,7 +318,18 @@ where
     let ending = 'read: loop {
         loop {
             match decoder.decode(&mut buf) {
-                Ok(Some(frame)) => handle_frame(&frame, &mut conn).await,
+                Ok(Some(frame)) => {
+                    // Back-pressure: no more input is read until the
+                    // requests being handled leave room for this one (a
+                    // frame larger than the whole budget waits for all).
+                    let kib = u32::try_from(frame.len().div_ceil(1024))
+                        .unwrap_or(u32::MAX)
+                        .clamp(1, conn.bytes_total);
+                    let Ok(held) = conn.bytes.clone().acquire_many_owned(kib).await else {
+                        break 'read Ending::OutputClosed;
+                    };
+                    handle_frame(&frame, &mut conn, held).await
+                }
                 Ok(None) => break,
                 Err(e) => {
                     report_frame_error(&conn.responder, &e).await;
@@ -385,7 +409,7 @@ async fn report_frame_error(responder: &Responder, e: &FrameError) {
     }
 }
 
-async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>) {
+async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePermit) {
     let session = conn.session;
     let responder = &conn.responder;
     let in_flight = &conn.in_flight;
@@ -485,6 +509,8 @@ async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>) {
             let responder = responder.clone();
             let in_flight = in_flight.clone();
             tokio::spawn(async move {
+                // The request's share of the byte budget, until it is done.
+                let _bytes = bytes;
                 let work = AssertUnwindSafe(dispatch::dispatch(&session, id, &method, params))
                     .catch_unwind();
                 let mut frame = tokio::select! {

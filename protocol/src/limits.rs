@@ -12,6 +12,11 @@ pub const MAX_FRAME_BYTES: u64 = 16 * MIB;
 /// Far more concurrency than an orchestrator needs; bounds the per-request
 /// task memory of a client that pipelines without reading answers.
 pub const MAX_REQUESTS_IN_FLIGHT: u64 = 4096;
+/// Payload bytes of requests being handled at once, per connection (their
+/// frames as received): past it the agent stops reading the transport until
+/// handlers finish (back-pressure; answers and notifications keep flowing).
+/// Without it the bound would be `max_requests_in_flight` × `max_frame_bytes`.
+pub const MAX_INFLIGHT_REQUEST_BYTES: u64 = 64 * MIB;
 /// Per session: a runaway orchestrator cannot fork-bomb the host through us.
 pub const MAX_PROCESSES: u64 = 1024;
 /// Retained output per process by default: enough for a long build log tail.
@@ -51,6 +56,7 @@ pub const MAX_NESTING: usize = 64;
 pub struct Limits {
     pub max_frame_bytes: u64,
     pub max_requests_in_flight: u64,
+    pub max_inflight_request_bytes: u64,
     pub max_processes: u64,
     pub output_buffer_bytes: u64,
     pub max_output_chunk_bytes: u64,
@@ -69,6 +75,7 @@ impl Default for Limits {
         Limits {
             max_frame_bytes: MAX_FRAME_BYTES,
             max_requests_in_flight: MAX_REQUESTS_IN_FLIGHT,
+            max_inflight_request_bytes: MAX_INFLIGHT_REQUEST_BYTES,
             max_processes: MAX_PROCESSES,
             output_buffer_bytes: OUTPUT_BUFFER_BYTES,
             max_output_chunk_bytes: MAX_OUTPUT_CHUNK_BYTES,

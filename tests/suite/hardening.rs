@@ -666,3 +666,57 @@ async fn a_misspelt_key_in_a_profile_sandbox_stops_the_agent() {
     let c = client_with(&config, Some("p")).await;
     c.close().await.unwrap();
 }
+
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+// Issue 14.6: in-flight request payloads have a byte budget. 24 concurrent
+// 4 MiB `process/write`s to a job that does not read yet: the agent stops
+// reading its input past the budget instead of holding them all, and every
+// write completes once the job drains its stdin.
+#[tokio::test]
+async fn in_flight_request_bytes_are_bounded_by_back_pressure() {
+    const MIB: usize = 1 << 20;
+    let c = client_with_config("[limits]\nmax_inflight_request_bytes = 4194304\n").await;
+    assert_eq!(
+        c.initialize_result().limits.max_inflight_request_bytes,
+        4 * MIB as u64
+    );
+    let job = c.start(&sh("sleep 3; cat > /dev/null")).await.unwrap();
+    let agent = parent_of(parent_of(job.pid()));
+    let before = status_kib(agent, "VmRSS");
+    let data = vec![b'x'; 4 * MIB];
+    let writes = (0..24).map(|_| job.write(&data));
+    let all = futures_util::future::join_all(writes);
+    let results = tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("the writes complete once the job reads");
+    for r in &results {
+        r.as_ref().unwrap();
+    }
+    let peak = status_kib(agent, "VmHWM");
+    assert!(
+        peak < before + 48 * 1024,
+        "agent peak RSS {peak} KiB (at start {before} KiB) for 96 MiB of writes"
+    );
+    // Control: the default budget (64 MiB) is reported.
+    let d = local_client().await;
+    assert_eq!(
+        d.initialize_result().limits.max_inflight_request_bytes,
+        64 * MIB as u64
+    );
+    d.close().await.unwrap();
+    job.signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .unwrap();
+    c.close().await.unwrap();
+}
