@@ -45,12 +45,14 @@
 //! - Responses to notifications are never sent; an unknown notification is
 //!   ignored (logged at debug level).
 //! - Sessions: a resume that arrives while another resume of the same
-//!   session is still being set up (connected, `initialize` not yet
-//!   answered, at most 10 s) is answered with the extra code
-//!   `session_busy` (retry); a resume after a completed one takes over as
-//!   §2 says. A fresh `initialize` (without `session.resume`) sent to a
-//!   session host is `session_expired`. An `initialize` on a connection
-//!   that was taken over is `session_taken_over` like any request.
+//!   session, with the right id and token, is still being set up
+//!   (connected, `initialize` not yet answered, at most 10 s) is answered
+//!   with the extra code `session_busy` (retry); a resume after a completed
+//!   one takes over as §2 says. A resume with a wrong token is
+//!   `session_expired` at once and never makes another one busy. A fresh
+//!   `initialize` (without `session.resume`) sent to a session host is
+//!   `session_expired`. An `initialize` on a connection that was taken
+//!   over is `session_taken_over` like any request.
 //! - HTTP: see [`types::http`] for redirects, proxies, header encoding and
 //!   limits of streamed bodies.
 #![forbid(unsafe_code)]

@@ -2,6 +2,7 @@
 //! when the transport drops; `initialize` with `session.resume` takes it
 //! back with no output lost.
 
+use executor_agent::host;
 use executor_client::{Client, ClientOptions, Error, ErrorCode, SshOptions};
 use executor_protocol::types::process::{
     ExitInfo, ProcessReadParams, ProcessReadResult, ProcessStartParams,
@@ -322,13 +323,11 @@ async fn reconnect_retries_the_transport_with_backoff_and_stops_at_a_refusal() {
 async fn a_resume_while_another_is_being_set_up_is_session_busy() {
     let a = Client::spawn(local(), detach(60_000)).await.unwrap();
     let id = a.initialize_result().session_id.clone();
-    let socket =
-        executor_agent::host::socket_path(&executor_agent::host::socket_dir().unwrap(), &id)
-            .expect("a valid id");
-    // One resume has done its handshake and not yet sent `initialize`.
-    let held = executor_agent::host::begin_resume(&socket, "")
-        .await
-        .unwrap();
+    let token = a.initialize_result().resume_token.clone();
+    let socket = host::socket_path(&host::socket_dir().unwrap(), &id).expect("a valid id");
+    // One resume has done its handshake (with the right token) and not yet
+    // sent `initialize`.
+    let held = host::begin_resume(&socket, "", &id, &token).await.unwrap();
     let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
     assert_eq!(code(e), ErrorCode::SessionBusy);
     // It goes away: the next resume takes the session over.
@@ -399,4 +398,81 @@ async fn a_session_host_whose_first_initialize_failed_exits_with_its_connection(
         wait_dead(host, Duration::from_secs(5)).await,
         "session host {host} outlived its only, failed connection"
     );
+}
+
+/// Issue 14, item 5: a resume refused for its token never holds the slot
+/// of a resume being set up, so the right token right after it succeeds,
+/// even while the refused connection stays open.
+#[tokio::test]
+async fn a_wrong_token_does_not_delay_the_right_one() {
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let id = a.initialize_result().session_id.clone();
+    let mut wrong_ones = Vec::new();
+    for round in 0..3 {
+        // Refused, and left open (a client that does not hang up).
+        let mut wrong = RawAgent::spawn().await;
+        let mut params = init_params();
+        params.session = resume_with(&id, &"0".repeat(32)).session;
+        let r = wrong.request(1, "initialize", &params).await;
+        assert_eq!(
+            error_code(&r),
+            Some("session_expired"),
+            "round {round}: {r:?}"
+        );
+        wrong_ones.push(wrong);
+        let b = Client::spawn(local(), resume(&a))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the right token was refused: {e}"));
+        assert!(b.initialize_result().resumed);
+        b.environment_info().await.unwrap();
+        b.close().await.unwrap();
+    }
+    // Negative control: a wrong token through the client is still refused.
+    let e = Client::spawn(local(), resume_with(&id, &"1".repeat(32)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+    drop(wrong_ones);
+}
+
+/// Issue 14, item 5: connections to the host's socket that never finish
+/// their handshake (nothing sent, a handshake cut short) or present a
+/// wrong token do not block a right resume, while they stay open.
+#[tokio::test]
+async fn stalled_or_unverified_handshakes_do_not_block_a_right_resume() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let id = a.initialize_result().session_id.clone();
+    let token = a.initialize_result().resume_token.clone();
+    let socket = host::socket_path(&host::socket_dir().unwrap(), &id).expect("a valid id");
+    let silent = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let right = host::resume_handshake("", &id, &token).unwrap();
+    let mut cut = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    cut.write_all(&right[..right.len() - 5]).await.unwrap();
+    // A whole handshake with a wrong token, then part of a frame: refused
+    // at once, with the host's answer on the socket.
+    let wrong = host::resume_handshake("", &id, &"0".repeat(32)).unwrap();
+    let mut unverified = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    unverified.write_all(&wrong).await.unwrap();
+    let _ = unverified.write_all(&[0, 0, 0, 100, 0x80]).await;
+    let mut verdict = [0u8; 1];
+    tokio::time::timeout(WAIT, unverified.read_exact(&mut verdict))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_ne!(verdict[0], 0, "a wrong token was accepted");
+    let e = host::begin_resume(&socket, "", &id, &"0".repeat(32))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("wrong session id or token"), "{e}");
+    // The right resume, at once, while all of them are open.
+    let b = Client::spawn(local(), resume(&a)).await.unwrap();
+    assert!(b.initialize_result().resumed);
+    b.environment_info().await.unwrap();
+    // Positive control: a verified handshake does hold the slot.
+    let held = host::begin_resume(&socket, "", &id, &token).await.unwrap();
+    let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionBusy);
+    drop((held, silent, cut, unverified));
+    b.close().await.unwrap();
 }

@@ -76,6 +76,18 @@ pub struct Refusal {
     pub why: String,
 }
 
+impl Refusal {
+    /// A refusal answered with `code`.
+    pub fn new(code: ErrorCode, why: String) -> Refusal {
+        Refusal { code, why }
+    }
+
+    /// The reason, for a person.
+    pub fn why(&self) -> &str {
+        &self.why
+    }
+}
+
 /// Which connection holds the session, and since when none does.
 #[derive(Debug)]
 struct Link {
@@ -366,11 +378,7 @@ impl Session {
             }
             (Mode::Host { .. }, None) => return Err(expired("it never started".into())),
         };
-        // The id is not secret (it names the socket); the token is checked
-        // by HMAC verification, in constant time.
-        let id_ok = identity.session_id == resume.session_id;
-        let token_ok = identity.token_matches(&resume.token);
-        if !(id_ok && token_ok) {
+        if !self.resume_verifies(&resume.session_id, &resume.token) {
             tracing::warn!(session_id = %identity.session_id, "resume refused: wrong token");
             return Err(expired("wrong session id or token".into()));
         }
@@ -379,6 +387,15 @@ impl Session {
         }
         tracing::info!(session_id = %identity.session_id, "session resumed");
         Ok(self.initialize_result(identity, true))
+    }
+
+    /// Whether `session_id` and `token` are this session's: the id is not
+    /// secret (it names the socket); the token is checked by HMAC
+    /// verification, in constant time. False before `initialize`.
+    pub fn resume_verifies(&self, session_id: &str, token: &str) -> bool {
+        self.identity
+            .get()
+            .is_some_and(|i| i.session_id == session_id && i.token_matches(token))
     }
 
     fn initialize_result(&self, identity: &Identity, resumed: bool) -> InitializeResult {
