@@ -53,6 +53,10 @@
 //!   `initialize` (without `session.resume`) sent to a session host is
 //!   `session_expired`. An `initialize` on a connection that was taken
 //!   over is `session_taken_over` like any request.
+//! - A `detach_ttl_ms` the agent cannot keep (no session host could be
+//!   started, for example no private directory for its socket: the message
+//!   names each directory refused and why) is `invalid_params` naming
+//!   `session.detach_ttl_ms`; nothing was started.
 //! - HTTP: see [`types::http`] for redirects, proxies, header encoding and
 //!   limits of streamed bodies.
 #![forbid(unsafe_code)]

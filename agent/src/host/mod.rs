@@ -4,7 +4,8 @@
 //! (the one sshd started) start a **session host**: the same binary as
 //! `executor session-host`, in a process group of its own, listening on a
 //! Unix socket named by version and session id in a 0700 directory of the
-//! user's (`$XDG_RUNTIME_DIR/executor`, else `/tmp/executor-<uid>`). The
+//! user's (the first of `$XDG_RUNTIME_DIR/executor`, `/tmp/executor-<uid>`
+//! and `~/.cache/executor/run` that is the user's own: see [`dirs`]). The
 //! stdio process then only relays bytes. When the SSH connection drops, the
 //! host keeps the session (processes run on, output is retained) until a
 //! new `ssh devbox executor` resumes it with `session.resume`, or until
@@ -27,16 +28,19 @@ use crate::config::Config;
 use crate::conn::{serve_on, Ending};
 use crate::session::{Mode, Refusal, Session};
 use bytes::BytesMut;
+pub use dirs::{NoSocketDir, RuntimeEnv};
 use executor_protocol::codec::FrameDecoder;
 use executor_protocol::message::Incoming;
 use executor_protocol::ErrorCode;
 use executor_protocol::{methods, PREAMBLE};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
+
+pub mod dirs;
 
 /// First bytes of a relay's handshake (its layout: [`handshake`]).
 const MAGIC: &[u8; 4] = b"EXR2";
@@ -59,32 +63,6 @@ const SECRET_LEN: usize = 32;
 const MAX_TOKEN_LEN: usize = 256;
 /// A host nobody attached to within this long exits (its relay died).
 const FIRST_ATTACH_WITHIN: Duration = Duration::from_secs(30);
-
-/// The directory of the sockets: created 0700, and refused when it is not
-/// this user's own private directory.
-pub fn socket_dir() -> std::io::Result<PathBuf> {
-    let uid = nix::unistd::getuid().as_raw();
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|d| std::fs::metadata(d).is_ok_and(|m| m.is_dir() && m.uid() == uid))
-        .map(|d| d.join("executor"))
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("executor-{uid}")));
-    match std::fs::DirBuilder::new().mode(0o700).create(&base) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let meta = std::fs::symlink_metadata(&base)?;
-    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} is not a private directory of uid {uid} (mode {:o}, owner {}): refusing to use it",
-            base.display(),
-            meta.permissions().mode() & 0o7777,
-            meta.uid()
-        )));
-    }
-    Ok(base)
-}
 
 /// The socket of `session_id` (an id is 32 hex digits: nothing else can
 /// name a path).
@@ -512,9 +490,10 @@ where
     let wants = first.as_deref().map_or(Wants::Plain, wants);
     let profile = launch.profile.clone().unwrap_or_default();
     let expired = |why: String| Refusal::new(ErrorCode::SessionExpired, why);
+    let env = RuntimeEnv::current();
     let refusal = match wants {
         Wants::Plain => None,
-        Wants::Detach => match start_host(&launch).await {
+        Wants::Detach => match start_host(&launch, &env).await {
             Ok((socket, secret)) => {
                 match connect(&socket, Attach::First(&secret), &profile).await {
                     Ok(stream) => return relay(stream, replay, input, output).await,
@@ -531,13 +510,12 @@ where
                 session_id: &session_id,
                 token: &token,
             };
-            let socket = socket_dir().ok().and_then(|d| socket_path(&d, &session_id));
-            match socket {
-                Some(s) if s.exists() => match connect(&s, attach, &profile).await {
+            match env.find_socket(&session_id) {
+                Some(s) => match connect(&s, attach, &profile).await {
                     Ok(stream) => return relay(stream, replay, input, output).await,
                     Err(e) => Some(e),
                 },
-                _ => {
+                None => {
                     let mut why = "no such session on this host (it expired, or it never existed)"
                         .to_string();
                     if logind_kills_processes() {
@@ -559,8 +537,20 @@ where
     Ok(ending)
 }
 
+/// Why no session host was started.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error(transparent)]
+    NoDir(#[from] NoSocketDir),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
 /// Start `executor session-host` detached; its socket and secret.
-async fn start_host(launch: &Launch) -> std::io::Result<(PathBuf, [u8; SECRET_LEN])> {
+async fn start_host(
+    launch: &Launch,
+    env: &RuntimeEnv,
+) -> Result<(PathBuf, [u8; SECRET_LEN]), StartError> {
     use ring::rand::SecureRandom;
     let rng = ring::rand::SystemRandom::new();
     let mut secret = [0u8; SECRET_LEN];
@@ -569,18 +559,19 @@ async fn start_host(launch: &Launch) -> std::io::Result<(PathBuf, [u8; SECRET_LE
         .and_then(|()| rng.fill(&mut id))
         .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
     let session_id = hex(&id);
-    let dir = socket_dir()?;
+    let dir = env.socket_dir()?;
     let socket = socket_path(&dir, &session_id).expect("a fresh id is valid");
     let args = HostArgs {
         session_id,
         secret,
         socket: socket.clone(),
     };
+    let log_path = dir.join(format!("{}.log", args.session_id));
     let log = std::fs::OpenOptions::new()
-        .create(true)
+        .create_new(true)
         .append(true)
         .mode_0600()
-        .open(dir.join(format!("{}.log", args.session_id)))?;
+        .open(&log_path)?;
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     cmd.arg("session-host");
     if let Some(c) = &launch.config_path {
@@ -602,11 +593,14 @@ async fn start_host(launch: &Launch) -> std::io::Result<(PathBuf, [u8; SECRET_LE
     drop(stdin);
     let mut stdout = child.stdout.take().expect("piped stdout");
     let mut ready = [0u8; 6];
+    let not_started =
+        |why: String| std::io::Error::other(format!("{why} (its log: {})", log_path.display()));
     tokio::time::timeout(Duration::from_secs(10), stdout.read_exact(&mut ready))
         .await
-        .map_err(|_| std::io::Error::other("the session host did not start in time"))??;
+        .map_err(|_| not_started("the session host did not start in time".into()))?
+        .map_err(|e| not_started(format!("the session host did not start: {e}")))?;
     if &ready != b"ready\n" {
-        return Err(std::io::Error::other("the session host did not start"));
+        return Err(not_started("the session host did not start".into()).into());
     }
     // Reaped by whoever adopts it; never waited for here.
     drop(child);
