@@ -57,6 +57,11 @@
 //!   started, for example no private directory for its socket: the message
 //!   names each directory refused and why) is `invalid_params` naming
 //!   `session.detach_ttl_ms`; nothing was started.
+//! - `max_detached_sessions` counts the session hosts of the agent's user
+//!   that are alive when an `initialize` asks for `detach_ttl_ms` (past
+//!   it: `limit_exceeded`, and no host is started); hosts that ended do
+//!   not count, and resumes and sessions without detach are not bounded
+//!   by it.
 //! - HTTP: see [`types::http`] for redirects, proxies, header encoding and
 //!   limits of streamed bodies.
 #![forbid(unsafe_code)]

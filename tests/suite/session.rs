@@ -51,8 +51,8 @@ fn resume_with(id: &str, token: &str) -> ClientOptions {
 
 /// The directories where agents look for a place for session host sockets
 /// (`$XDG_RUNTIME_DIR`, `$TMPDIR`, `$HOME`), all private to a test: its
-/// hosts are the only ones found there (other test runs share
-/// `/tmp/executor-<uid>`).
+/// hosts are the only ones found and counted against
+/// `max_detached_sessions` (other test runs share `/tmp/executor-<uid>`).
 #[derive(Debug)]
 struct Places {
     xdg: PathBuf,
@@ -654,4 +654,61 @@ async fn when_every_socket_directory_is_refused_the_error_names_each() {
         .unwrap();
     c.environment_info().await.unwrap();
     c.close().await.unwrap();
+}
+
+/// Issue 14, item 9: `max_detached_sessions` bounds the live session hosts
+/// of the user; hosts that ended (at their TTL, or killed) do not count.
+#[tokio::test]
+async fn max_detached_sessions_bounds_live_session_hosts() {
+    let places = Places::new();
+    let config = places.home.join("config.toml");
+    std::fs::write(&config, "[limits]\nmax_detached_sessions = 2\n").unwrap();
+    let agent = || {
+        let mut c = places.agent();
+        c.arg("--config").arg(&config);
+        c
+    };
+    let a = Client::spawn(agent(), detach(60_000)).await.unwrap();
+    assert_eq!(a.initialize_result().limits.max_detached_sessions, 2);
+    let b = Client::spawn(agent(), detach(1_500)).await.unwrap();
+    let b_host = session_host_of(b.transport_pid().unwrap());
+    let third = || async {
+        let e = Client::spawn(agent(), detach(60_000)).await.unwrap_err();
+        match e {
+            Error::Remote(w) => w,
+            other => panic!("expected an agent error: {other}"),
+        }
+    };
+    let e = third().await;
+    assert_eq!(e.code, ErrorCode::LimitExceeded, "{e:?}");
+    assert_eq!(
+        e.data_get("limit").and_then(|v| v.as_str()),
+        Some("max_detached_sessions")
+    );
+    assert_eq!(e.data_get("max").and_then(|v| v.as_u64()), Some(2));
+    assert!(e.message.contains("2 session hosts"), "{}", e.message);
+    // Sessions without detach are not bounded by it.
+    let plain = Client::spawn(agent(), ClientOptions::default())
+        .await
+        .unwrap();
+    plain.close().await.unwrap();
+    // Resumes neither.
+    let a2 = Client::spawn(agent(), resume(&a)).await.unwrap();
+    assert!(a2.initialize_result().resumed);
+    // b detaches and its TTL passes: its host ends, and there is room.
+    b.close().await.unwrap();
+    assert!(
+        wait_dead(b_host, Duration::from_secs(10)).await,
+        "b's host outlived its TTL"
+    );
+    let c = Client::spawn(agent(), detach(60_000)).await.unwrap();
+    assert_eq!(third().await.code, ErrorCode::LimitExceeded);
+    // A host killed outright leaves its files; it does not count either.
+    kill9(session_host_of(c.transport_pid().unwrap()));
+    let d = Client::spawn(agent(), detach(60_000)).await.unwrap();
+    assert!(!d.initialize_result().resumed);
+    assert_eq!(third().await.code, ErrorCode::LimitExceeded);
+    d.close().await.unwrap();
+    a2.close().await.unwrap();
+    drop((a, c));
 }

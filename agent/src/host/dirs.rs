@@ -15,10 +15,24 @@
 //! `/tmp`: that directory is refused and the next one tried. When all are
 //! refused, the error names each and why. A resume looks for the socket in
 //! the same directories, in the same order, and never creates one.
+//!
+//! A live host holds an exclusive `flock` on `<socket>.lock` beside its
+//! socket. The file is made under another name, locked and then renamed,
+//! so a `.sock.lock` file that nobody holds belongs to a host that is gone:
+//! counting held ones counts live hosts ([`RuntimeEnv::live_hosts`], the
+//! bound `max_detached_sessions`), and unheld ones are removed with their
+//! socket when counted.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use nix::fcntl::{Flock, FlockArg};
+use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+/// A host's lock file is named by its socket's (`V-ID.sock`) and `.lock`.
+const LOCK_SUFFIX: &str = ".sock.lock";
+/// Held while a relay counts the live hosts and starts one.
+const STARTING_LOCK: &str = "starting.lock";
 /// The longest socket path: `sun_path` holds 108 bytes with the NUL.
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -194,6 +208,13 @@ impl RuntimeEnv {
             .filter_map(|d| super::socket_path(d, session_id))
             .find(|s| std::fs::symlink_metadata(s).is_ok())
     }
+
+    /// How many session hosts of this user are alive (hold their lock),
+    /// in every directory they may be in. Lock files nobody holds are
+    /// removed, with their sockets.
+    pub fn live_hosts(&self) -> usize {
+        self.existing_dirs().iter().map(|d| live_hosts_in(d)).sum()
+    }
 }
 
 /// Whether a socket of this agent fits in `dir`.
@@ -272,6 +293,116 @@ fn make_private(dir: &Path, parents: bool, uid: u32) -> Result<(), DirRefusal> {
         }
     }
     check_private(dir, uid)
+}
+
+/// Held hosts' locks in `dir`; unheld ones (and their sockets) removed.
+fn live_hosts_in(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut live = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(LOCK_SUFFIX)) else {
+            continue;
+        };
+        let socket_name = format!("{stem}.sock");
+        let Ok(f) = File::open(e.path()) else {
+            continue; // gone meanwhile: its host ended
+        };
+        match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+            Ok(stale) => {
+                // Born locked and held for the host's life: its host is
+                // gone. Removed while held, so a second counter finds
+                // nothing to do.
+                let _ = std::fs::remove_file(dir.join(&socket_name));
+                let _ = std::fs::remove_file(e.path());
+                drop(stale);
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => live += 1,
+            Err((_, e)) => {
+                tracing::warn!(file = %name.to_string_lossy(), error = %e, "cannot check a session host's lock")
+            }
+        }
+    }
+    live
+}
+
+/// A session host's lock, held for its life and removed when dropped.
+#[derive(Debug)]
+pub struct HostLock {
+    path: PathBuf,
+    _held: Flock<File>,
+}
+
+impl HostLock {
+    /// Take the lock of the host serving `socket`: made under a temporary
+    /// name, locked, then renamed, so that under its own name it is never
+    /// unheld while its host lives.
+    pub fn take(socket: &Path) -> std::io::Result<HostLock> {
+        let mut name = socket.file_name().unwrap_or_default().to_os_string();
+        name.push(".lock");
+        let path = socket.with_file_name(&name);
+        name.push(".new");
+        let new = socket.with_file_name(name);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&new)?;
+        let held = Flock::lock(f, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| std::io::Error::from(e))?;
+        std::fs::rename(&new, &path)?;
+        Ok(HostLock { path, _held: held })
+    }
+}
+
+impl Drop for HostLock {
+    fn drop(&mut self) {
+        // Removed before the lock is released (the field drops after).
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Held while a relay counts the live hosts and starts one: two relays
+/// starting hosts in one directory cannot both count room for one.
+#[derive(Debug)]
+pub struct StartingLock {
+    _held: Flock<File>,
+}
+
+/// How long a relay waits for another to finish starting its host (a
+/// start takes at most the host's ready timeout of 10 s).
+const STARTING_WAIT: Duration = Duration::from_secs(15);
+
+impl StartingLock {
+    /// Take the starting lock of `dir`, waiting for another relay's start.
+    pub async fn take(dir: &Path) -> std::io::Result<StartingLock> {
+        let path = dir.join(STARTING_LOCK);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)?;
+        let deadline = Instant::now() + STARTING_WAIT;
+        loop {
+            match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+                Ok(held) => return Ok(StartingLock { _held: held }),
+                Err((back, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                    f = back;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err((_, e)) => {
+                    return Err(std::io::Error::other(format!(
+                        "{}: another session host start holds it: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -376,6 +507,31 @@ mod tests {
             "{err}"
         );
         assert!(!e.tmp.join(format!("executor-{}", e.uid)).exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn live_hosts_counts_held_locks_and_removes_unheld_ones_with_their_socket() {
+        let root = scratch("count");
+        let e = env(&root);
+        let dir = e.socket_dir().unwrap();
+        let a = HostLock::take(&dir.join("v-a.sock")).unwrap();
+        let b = HostLock::take(&dir.join("v-b.sock")).unwrap();
+        std::fs::write(dir.join("v-b.sock"), "").unwrap();
+        assert_eq!(e.live_hosts(), 2);
+        // A host killed without its drop: its lock file stays, unheld.
+        let stale = dir.join("v-c.sock.lock");
+        std::fs::write(&stale, "").unwrap();
+        std::fs::write(dir.join("v-c.sock"), "").unwrap();
+        assert_eq!(e.live_hosts(), 2);
+        assert!(!stale.exists() && !dir.join("v-c.sock").exists());
+        // Held ones are left alone.
+        assert!(dir.join("v-b.sock").exists());
+        drop(a);
+        assert!(!dir.join("v-a.sock.lock").exists());
+        assert_eq!(e.live_hosts(), 1);
+        drop(b);
+        assert_eq!(e.live_hosts(), 0);
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

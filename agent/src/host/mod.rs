@@ -23,12 +23,15 @@
 //! being set up (others get `session_busy` meanwhile); a wrong token, or a
 //! handshake that stalls (it must be complete within [`HANDSHAKE_WITHIN`]),
 //! never delays a right one.
+//!
+//! At most `max_detached_sessions` hosts of a user live at once: the relay
+//! counts the live ones ([`RuntimeEnv::live_hosts`]) before it starts one.
 
 use crate::config::Config;
 use crate::conn::{serve_on, Ending};
 use crate::session::{Mode, Refusal, Session};
 use bytes::BytesMut;
-pub use dirs::{NoSocketDir, RuntimeEnv};
+pub use dirs::{HostLock, NoSocketDir, RuntimeEnv};
 use executor_protocol::codec::FrameDecoder;
 use executor_protocol::message::Incoming;
 use executor_protocol::ErrorCode;
@@ -141,6 +144,9 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
             session_id: args.session_id.clone(),
         },
     )?);
+    // Held from before "ready" (the relay counts it from then on, under its
+    // starting lock) until this host is done.
+    let lock = HostLock::take(&args.socket)?;
     let listener = UnixListener::bind(&args.socket)?;
     std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o600))?;
     // Ready: the relay waits for this line.
@@ -216,6 +222,8 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
         args.socket
             .with_file_name(format!("{}.log", args.session_id)),
     );
+    // Last: until now this host counts against `max_detached_sessions`.
+    drop(lock);
     Ok(())
 }
 
@@ -493,7 +501,8 @@ where
     let env = RuntimeEnv::current();
     let refusal = match wants {
         Wants::Plain => None,
-        Wants::Detach => match start_host(&launch, &env).await {
+        Wants::Detach => match start_host(&launch, &env, config.limits.max_detached_sessions).await
+        {
             Ok((socket, secret)) => {
                 match connect(&socket, Attach::First(&secret), &profile).await {
                     Ok(stream) => return relay(stream, replay, input, output).await,
@@ -503,6 +512,11 @@ where
                     ))),
                 }
             }
+            Err(StartError::Limit { live, max }) => Some(Refusal::Limit {
+                name: "max_detached_sessions",
+                max,
+                why: format!("{live} session hosts of this user are alive"),
+            }),
             Err(e) => Some(expired(format!("cannot start a session host: {e}"))),
         },
         Wants::Resume { session_id, token } => {
@@ -540,16 +554,20 @@ where
 /// Why no session host was started.
 #[derive(Debug, thiserror::Error)]
 enum StartError {
+    #[error("{live} session hosts of this user are alive (max_detached_sessions {max})")]
+    Limit { live: usize, max: u64 },
     #[error(transparent)]
     NoDir(#[from] NoSocketDir),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 
-/// Start `executor session-host` detached; its socket and secret.
+/// Start `executor session-host` detached, unless `max_hosts` of the
+/// user's are alive; its socket and secret.
 async fn start_host(
     launch: &Launch,
     env: &RuntimeEnv,
+    max_hosts: u64,
 ) -> Result<(PathBuf, [u8; SECRET_LEN]), StartError> {
     use ring::rand::SecureRandom;
     let rng = ring::rand::SystemRandom::new();
@@ -560,6 +578,16 @@ async fn start_host(
         .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
     let session_id = hex(&id);
     let dir = env.socket_dir()?;
+    // Counted and started under one lock: the host takes its own lock
+    // before it says it is ready, so the next relay counts it.
+    let _starting = dirs::StartingLock::take(&dir).await?;
+    let live = env.live_hosts();
+    if live as u64 >= max_hosts {
+        return Err(StartError::Limit {
+            live,
+            max: max_hosts,
+        });
+    }
     let socket = socket_path(&dir, &session_id).expect("a fresh id is valid");
     let args = HostArgs {
         session_id,
