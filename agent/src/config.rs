@@ -243,6 +243,7 @@ struct RawLimits {
     max_http_body_bytes: Option<toml::Spanned<u64>>,
     max_http_streams: Option<toml::Spanned<u64>>,
     max_detach_ttl_ms: Option<toml::Spanned<u64>>,
+    max_detached_sessions: Option<toml::Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -490,6 +491,11 @@ fn apply_limits(
             &l.max_detach_ttl_ms,
             &mut limits.max_detach_ttl_ms,
         ),
+        (
+            "max_detached_sessions",
+            &l.max_detached_sessions,
+            &mut limits.max_detached_sessions,
+        ),
     ];
     for (name, value, slot) in table {
         if let Some(v) = value {
@@ -641,8 +647,10 @@ mod tests {
 
     #[test]
     fn limits_override_and_are_checked_against_the_frame() {
-        let c = parse("[limits]\nmax_processes = 7\n").unwrap();
+        let c = parse("[limits]\nmax_processes = 7\nmax_detached_sessions = 2\n").unwrap();
         assert_eq!(c.limits.max_processes, 7);
+        assert_eq!(c.limits.max_detached_sessions, 2);
+        assert_eq!(Limits::default().max_detached_sessions, 16);
         let e = parse("[limits]\n\nmax_http_body_bytes = 999999999\n").unwrap_err();
         let shown = e.to_string();
         assert!(
@@ -673,6 +681,12 @@ mod tests {
         );
         let e = parse("[http]\nproxy = \"socks5://p:1080\"\n").unwrap_err();
         assert!(e.to_string().contains(":2: http.proxy: "), "{e}");
+        let e = parse("[limits]\nmax_detached_session = 2\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/etc/executor/config.toml:2: max_detached_session: unknown field"),
+            "{e}"
+        );
         let e = parse("[limits]\nmax_processes = \"many\"\n").unwrap_err();
         assert!(e.to_string().contains(":2: "), "{e}");
     }
@@ -755,6 +769,7 @@ limits.max_open_files = 9
             let c = Config::parse(Path::new("uncommented"), &active, profile)
                 .unwrap_or_else(|e| panic!("{profile:?}: {e}"));
             assert_eq!(c.limits.max_http_streams, 16);
+            assert_eq!(c.limits.max_detached_sessions, 8);
         }
         let ci = Config::parse(Path::new("uncommented"), &active, Some("ci")).unwrap();
         assert!(ci.profile.sandbox.is_some() && !ci.profile.allow_root);

@@ -34,9 +34,10 @@ crate::wire_enum! {
         SessionExpired = "session_expired",
         SessionTakenOver = "session_taken_over",
         /// Not in PROTOCOL.md's table (an extension of this implementation):
-        /// a resume arrived while another resume of the same session was
-        /// still being set up (between its connection and its `initialize`
-        /// answer); retry. Once a resume is done, a new one takes over.
+        /// a resume arrived while another resume of the same session, with
+        /// the right token, was still being set up (between its connection
+        /// and its `initialize` answer); retry. Once a resume is done, a
+        /// new one takes over.
         SessionBusy = "session_busy",
         Internal = "internal",
     }

@@ -45,12 +45,23 @@
 //! - Responses to notifications are never sent; an unknown notification is
 //!   ignored (logged at debug level).
 //! - Sessions: a resume that arrives while another resume of the same
-//!   session is still being set up (connected, `initialize` not yet
-//!   answered, at most 10 s) is answered with the extra code
-//!   `session_busy` (retry); a resume after a completed one takes over as
-//!   §2 says. A fresh `initialize` (without `session.resume`) sent to a
-//!   session host is `session_expired`. An `initialize` on a connection
-//!   that was taken over is `session_taken_over` like any request.
+//!   session, with the right id and token, is still being set up
+//!   (connected, `initialize` not yet answered, at most 10 s) is answered
+//!   with the extra code `session_busy` (retry); a resume after a completed
+//!   one takes over as §2 says. A resume with a wrong token is
+//!   `session_expired` at once and never makes another one busy. A fresh
+//!   `initialize` (without `session.resume`) sent to a session host is
+//!   `session_expired`. An `initialize` on a connection that was taken
+//!   over is `session_taken_over` like any request.
+//! - A `detach_ttl_ms` the agent cannot keep (no session host could be
+//!   started, for example no private directory for its socket: the message
+//!   names each directory refused and why) is `invalid_params` naming
+//!   `session.detach_ttl_ms`; nothing was started.
+//! - `max_detached_sessions` counts the session hosts of the agent's user
+//!   that are alive when an `initialize` asks for `detach_ttl_ms` (past
+//!   it: `limit_exceeded`, and no host is started); hosts that ended do
+//!   not count, and resumes and sessions without detach are not bounded
+//!   by it.
 //! - HTTP: see [`types::http`] for redirects, proxies, header encoding and
 //!   limits of streamed bodies.
 #![forbid(unsafe_code)]

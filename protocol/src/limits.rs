@@ -44,6 +44,10 @@ pub const MAX_HTTP_BODY_BYTES: u64 = 8 * MIB;
 pub const MAX_HTTP_STREAMS: u64 = 64;
 /// A detached session lives at most a day.
 pub const MAX_DETACH_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// Session hosts of one user alive at once: each keeps its jobs and their
+/// output for up to a day, so a client that detaches in a loop must not
+/// pile them up; a person or an orchestrator rarely needs more than a few.
+pub const MAX_DETACHED_SESSIONS: u64 = 16;
 /// MessagePack values in one incoming message: a decoded value costs up to
 /// 32 bytes, so this caps one message's decoded form near 32 MiB.
 pub const MAX_VALUES_PER_MESSAGE: u64 = 1 << 20;
@@ -68,6 +72,9 @@ pub struct Limits {
     pub max_http_body_bytes: u64,
     pub max_http_streams: u64,
     pub max_detach_ttl_ms: u64,
+    /// Per user, not per session: the live session hosts of the agent's
+    /// user, counted when a new `initialize` asks for `detach_ttl_ms`.
+    pub max_detached_sessions: u64,
 }
 
 impl Default for Limits {
@@ -87,6 +94,7 @@ impl Default for Limits {
             max_http_body_bytes: MAX_HTTP_BODY_BYTES,
             max_http_streams: MAX_HTTP_STREAMS,
             max_detach_ttl_ms: MAX_DETACH_TTL_MS,
+            max_detached_sessions: MAX_DETACHED_SESSIONS,
         }
     }
 }

@@ -74,8 +74,14 @@ impl RawAgent {
 
     /// Spawn the agent with arguments (`--config PATH`).
     pub async fn spawn_with(args: &[&std::ffi::OsStr]) -> RawAgent {
-        let mut child = tokio::process::Command::new(executor_bin())
-            .args(args)
+        let mut cmd = tokio::process::Command::new(executor_bin());
+        cmd.args(args);
+        RawAgent::spawn_command(cmd).await
+    }
+
+    /// Spawn the agent as `cmd` says (its arguments and environment).
+    pub async fn spawn_command(mut cmd: tokio::process::Command) -> RawAgent {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

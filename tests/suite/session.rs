@@ -2,6 +2,7 @@
 //! when the transport drops; `initialize` with `session.resume` takes it
 //! back with no output lost.
 
+use executor_agent::host::{self, RuntimeEnv};
 use executor_client::{Client, ClientOptions, Error, ErrorCode, SshOptions};
 use executor_protocol::types::process::{
     ExitInfo, ProcessReadParams, ProcessReadResult, ProcessStartParams,
@@ -10,6 +11,8 @@ use executor_protocol::types::session::{ResumeParams, SessionParams};
 use executor_tests::sshd::Sshd;
 use executor_tests::*;
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn env() -> BTreeMap<String, String> {
@@ -46,8 +49,65 @@ fn resume_with(id: &str, token: &str) -> ClientOptions {
     }
 }
 
+/// The directories where agents look for a place for session host sockets
+/// (`$XDG_RUNTIME_DIR`, `$TMPDIR`, `$HOME`), all private to a test: its
+/// hosts are the only ones found and counted against
+/// `max_detached_sessions` (other test runs share `/tmp/executor-<uid>`).
+#[derive(Debug)]
+struct Places {
+    xdg: PathBuf,
+    tmp: PathBuf,
+    home: PathBuf,
+}
+
+impl Places {
+    /// Under a short root: a socket's path must fit `sun_path` (108 bytes).
+    fn new() -> Places {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let root = std::env::temp_dir().join(format!("exs-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir(&root).unwrap();
+        let places = Places {
+            xdg: root.join("xdg"),
+            tmp: root.join("tmp"),
+            home: root.join("home"),
+        };
+        for d in [&places.xdg, &places.tmp, &places.home] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        places
+    }
+
+    /// The agent, with these places in its environment.
+    fn agent(&self) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(executor_bin());
+        c.env("XDG_RUNTIME_DIR", &self.xdg)
+            .env("TMPDIR", &self.tmp)
+            .env("HOME", &self.home);
+        c
+    }
+
+    /// What the agent derives its socket directories from.
+    fn runtime_env(&self) -> RuntimeEnv {
+        RuntimeEnv {
+            uid: current_uid(),
+            xdg_runtime_dir: Some(self.xdg.clone()),
+            tmp: self.tmp.clone(),
+            home: Some(self.home.clone()),
+        }
+    }
+}
+
+/// The places of this test process's agents started by [`local`].
+fn places() -> &'static Places {
+    static PLACES: std::sync::OnceLock<Places> = std::sync::OnceLock::new();
+    PLACES.get_or_init(Places::new)
+}
+
 fn local() -> tokio::process::Command {
-    tokio::process::Command::new(executor_bin())
+    places().agent()
 }
 
 fn kill9(pid: u32) {
@@ -322,13 +382,11 @@ async fn reconnect_retries_the_transport_with_backoff_and_stops_at_a_refusal() {
 async fn a_resume_while_another_is_being_set_up_is_session_busy() {
     let a = Client::spawn(local(), detach(60_000)).await.unwrap();
     let id = a.initialize_result().session_id.clone();
-    let socket =
-        executor_agent::host::socket_path(&executor_agent::host::socket_dir().unwrap(), &id)
-            .expect("a valid id");
-    // One resume has done its handshake and not yet sent `initialize`.
-    let held = executor_agent::host::begin_resume(&socket, "")
-        .await
-        .unwrap();
+    let token = a.initialize_result().resume_token.clone();
+    let socket = places().runtime_env().find_socket(&id).expect("its socket");
+    // One resume has done its handshake (with the right token) and not yet
+    // sent `initialize`.
+    let held = host::begin_resume(&socket, "", &id, &token).await.unwrap();
     let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
     assert_eq!(code(e), ErrorCode::SessionBusy);
     // It goes away: the next resume takes the session over.
@@ -373,9 +431,20 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The session host a relay (a stdio agent) started.
+fn session_host_of(relay: u32) -> u32 {
+    children_of(relay)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"session-host"))
+        })
+        .expect("the relay started a session host")
+}
+
 #[tokio::test]
 async fn a_session_host_whose_first_initialize_failed_exits_with_its_connection() {
-    let mut a = RawAgent::spawn().await;
+    let mut a = RawAgent::spawn_command(local()).await;
     let mut params = init_params();
     params.protocol_version = 99;
     params.session = Some(SessionParams {
@@ -384,14 +453,7 @@ async fn a_session_host_whose_first_initialize_failed_exits_with_its_connection(
     });
     let r = a.request(1, "initialize", &params).await;
     assert_eq!(error_code(&r), Some("unsupported_version"), "{r:?}");
-    let relay = a.child.id().unwrap();
-    let host = children_of(relay)
-        .into_iter()
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"session-host"))
-        })
-        .expect("the relay started a session host");
+    let host = session_host_of(a.child.id().unwrap());
     // The client gives up: the host has no session to keep and exits
     // (long before its 10-minute TTL).
     a.close_and_wait().await;
@@ -399,4 +461,254 @@ async fn a_session_host_whose_first_initialize_failed_exits_with_its_connection(
         wait_dead(host, Duration::from_secs(5)).await,
         "session host {host} outlived its only, failed connection"
     );
+}
+
+/// Issue 14, item 5: a resume refused for its token never holds the slot
+/// of a resume being set up, so the right token right after it succeeds,
+/// even while the refused connection stays open.
+#[tokio::test]
+async fn a_wrong_token_does_not_delay_the_right_one() {
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let id = a.initialize_result().session_id.clone();
+    let mut wrong_ones = Vec::new();
+    for round in 0..3 {
+        // Refused, and left open (a client that does not hang up).
+        let mut wrong = RawAgent::spawn_command(local()).await;
+        let mut params = init_params();
+        params.session = resume_with(&id, &"0".repeat(32)).session;
+        let r = wrong.request(1, "initialize", &params).await;
+        assert_eq!(
+            error_code(&r),
+            Some("session_expired"),
+            "round {round}: {r:?}"
+        );
+        wrong_ones.push(wrong);
+        let b = Client::spawn(local(), resume(&a))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the right token was refused: {e}"));
+        assert!(b.initialize_result().resumed);
+        b.environment_info().await.unwrap();
+        b.close().await.unwrap();
+    }
+    // Negative control: a wrong token through the client is still refused.
+    let e = Client::spawn(local(), resume_with(&id, &"1".repeat(32)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionExpired);
+    drop(wrong_ones);
+}
+
+/// Issue 14, item 5: connections to the host's socket that never finish
+/// their handshake (nothing sent, a handshake cut short) or present a
+/// wrong token do not block a right resume, while they stay open.
+#[tokio::test]
+async fn stalled_or_unverified_handshakes_do_not_block_a_right_resume() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let id = a.initialize_result().session_id.clone();
+    let token = a.initialize_result().resume_token.clone();
+    let socket = places().runtime_env().find_socket(&id).expect("its socket");
+    let silent = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let right = host::resume_handshake("", &id, &token).unwrap();
+    let mut cut = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    cut.write_all(&right[..right.len() - 5]).await.unwrap();
+    // A whole handshake with a wrong token, then part of a frame: refused
+    // at once, with the host's answer on the socket.
+    let wrong = host::resume_handshake("", &id, &"0".repeat(32)).unwrap();
+    let mut unverified = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    unverified.write_all(&wrong).await.unwrap();
+    let _ = unverified.write_all(&[0, 0, 0, 100, 0x80]).await;
+    let mut verdict = [0u8; 1];
+    tokio::time::timeout(WAIT, unverified.read_exact(&mut verdict))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_ne!(verdict[0], 0, "a wrong token was accepted");
+    let e = host::begin_resume(&socket, "", &id, &"0".repeat(32))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("wrong session id or token"), "{e}");
+    // The right resume, at once, while all of them are open.
+    let b = Client::spawn(local(), resume(&a)).await.unwrap();
+    assert!(b.initialize_result().resumed);
+    b.environment_info().await.unwrap();
+    // Positive control: a verified handshake does hold the slot.
+    let held = host::begin_resume(&socket, "", &id, &token).await.unwrap();
+    let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
+    assert_eq!(code(e), ErrorCode::SessionBusy);
+    drop((held, silent, cut, unverified));
+    b.close().await.unwrap();
+}
+
+/// A session host's socket directory, from the socket.
+fn socket_dir_of(socket: &Path) -> PathBuf {
+    socket.parent().unwrap().to_path_buf()
+}
+
+/// Issue 14, item 8: `/tmp/executor-<uid>` taken by another user (or with
+/// a mode that lets others in, or a symlink) does not disable detached
+/// sessions: the host goes to `~/.cache/executor/run`, and resume finds it
+/// there.
+#[tokio::test]
+async fn a_taken_tmp_directory_falls_back_to_the_cache_and_resume_finds_it() {
+    let mut variants = vec!["mode 0777", "symlink"];
+    if current_uid() == 0 {
+        variants.push("owned by 65534");
+    }
+    for variant in variants {
+        let places = Places::new();
+        let taken = places.tmp.join(format!("executor-{}", current_uid()));
+        match variant {
+            "symlink" => {
+                let target = places.tmp.join("elsewhere");
+                std::fs::create_dir(&target).unwrap();
+                std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+                std::os::unix::fs::symlink(&target, &taken).unwrap();
+            }
+            "mode 0777" => {
+                std::fs::create_dir(&taken).unwrap();
+                std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o777)).unwrap();
+            }
+            _ => {
+                std::fs::create_dir(&taken).unwrap();
+                std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o700)).unwrap();
+                nix::unistd::chown(
+                    &taken,
+                    Some(nix::unistd::Uid::from_raw(65534)),
+                    Some(nix::unistd::Gid::from_raw(65534)),
+                )
+                .unwrap();
+            }
+        }
+        let agent = || {
+            let mut c = places.agent();
+            c.env_remove("XDG_RUNTIME_DIR");
+            c
+        };
+        let a = Client::spawn(agent(), detach(60_000))
+            .await
+            .unwrap_or_else(|e| panic!("{variant}: no detached session: {e}"));
+        let id = a.initialize_result().session_id.clone();
+        let mut env = places.runtime_env();
+        env.xdg_runtime_dir = None;
+        let socket = env.find_socket(&id).expect("its socket");
+        let cache = places.home.join(".cache/executor/run");
+        assert_eq!(socket_dir_of(&socket), cache, "{variant}");
+        let m = std::fs::symlink_metadata(&cache).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+        // Nothing was put in the taken directory.
+        assert!(
+            std::fs::read_dir(&taken).unwrap().next().is_none(),
+            "{variant}"
+        );
+        kill9(a.transport_pid().unwrap());
+        let b = Client::spawn(agent(), resume(&a))
+            .await
+            .unwrap_or_else(|e| panic!("{variant}: resume did not find it: {e}"));
+        assert!(b.initialize_result().resumed);
+        b.environment_info().await.unwrap();
+        b.close().await.unwrap();
+    }
+}
+
+/// Issue 14, item 8: with `$XDG_RUNTIME_DIR`, `/tmp/executor-<uid>` and
+/// `~/.cache/executor/run` all refused, `detach_ttl_ms` is refused with
+/// every path and why; a session without detach still works.
+#[tokio::test]
+async fn when_every_socket_directory_is_refused_the_error_names_each() {
+    let places = Places::new();
+    // $XDG_RUNTIME_DIR writable by the group.
+    std::fs::set_permissions(&places.xdg, std::fs::Permissions::from_mode(0o770)).unwrap();
+    let tmp = places.tmp.join(format!("executor-{}", current_uid()));
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // ~/.cache/executor/run is a symlink to a private directory.
+    let target = places.home.join("target");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let cache = places.home.join(".cache/executor/run");
+    std::fs::create_dir_all(cache.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&target, &cache).unwrap();
+    let e = Client::spawn(places.agent(), detach(60_000))
+        .await
+        .unwrap_err();
+    let message = e_message(&e);
+    assert_eq!(code(e), ErrorCode::InvalidParams);
+    for (path, why) in [
+        (
+            format!("$XDG_RUNTIME_DIR {}", places.xdg.display()),
+            "has mode 0770: group or others may write to it",
+        ),
+        (
+            tmp.display().to_string(),
+            "has mode 0755: group or others have access",
+        ),
+        (cache.display().to_string(), "is a symbolic link"),
+    ] {
+        assert!(message.contains(&format!("{path}: {why}")), "{message}");
+    }
+    assert!(std::fs::read_dir(&target).unwrap().next().is_none());
+    // Positive control: without detach the agent serves.
+    let c = Client::spawn(places.agent(), ClientOptions::default())
+        .await
+        .unwrap();
+    c.environment_info().await.unwrap();
+    c.close().await.unwrap();
+}
+
+/// Issue 14, item 9: `max_detached_sessions` bounds the live session hosts
+/// of the user; hosts that ended (at their TTL, or killed) do not count.
+#[tokio::test]
+async fn max_detached_sessions_bounds_live_session_hosts() {
+    let places = Places::new();
+    let config = places.home.join("config.toml");
+    std::fs::write(&config, "[limits]\nmax_detached_sessions = 2\n").unwrap();
+    let agent = || {
+        let mut c = places.agent();
+        c.arg("--config").arg(&config);
+        c
+    };
+    let a = Client::spawn(agent(), detach(60_000)).await.unwrap();
+    assert_eq!(a.initialize_result().limits.max_detached_sessions, 2);
+    let b = Client::spawn(agent(), detach(1_500)).await.unwrap();
+    let b_host = session_host_of(b.transport_pid().unwrap());
+    let third = || async {
+        let e = Client::spawn(agent(), detach(60_000)).await.unwrap_err();
+        match e {
+            Error::Remote(w) => w,
+            other => panic!("expected an agent error: {other}"),
+        }
+    };
+    let e = third().await;
+    assert_eq!(e.code, ErrorCode::LimitExceeded, "{e:?}");
+    assert_eq!(
+        e.data_get("limit").and_then(|v| v.as_str()),
+        Some("max_detached_sessions")
+    );
+    assert_eq!(e.data_get("max").and_then(|v| v.as_u64()), Some(2));
+    assert!(e.message.contains("2 session hosts"), "{}", e.message);
+    // Sessions without detach are not bounded by it.
+    let plain = Client::spawn(agent(), ClientOptions::default())
+        .await
+        .unwrap();
+    plain.close().await.unwrap();
+    // Resumes neither.
+    let a2 = Client::spawn(agent(), resume(&a)).await.unwrap();
+    assert!(a2.initialize_result().resumed);
+    // b detaches and its TTL passes: its host ends, and there is room.
+    b.close().await.unwrap();
+    assert!(
+        wait_dead(b_host, Duration::from_secs(10)).await,
+        "b's host outlived its TTL"
+    );
+    let c = Client::spawn(agent(), detach(60_000)).await.unwrap();
+    assert_eq!(third().await.code, ErrorCode::LimitExceeded);
+    // A host killed outright leaves its files; it does not count either.
+    kill9(session_host_of(c.transport_pid().unwrap()));
+    let d = Client::spawn(agent(), detach(60_000)).await.unwrap();
+    assert!(!d.initialize_result().resumed);
+    assert_eq!(third().await.code, ErrorCode::LimitExceeded);
+    d.close().await.unwrap();
+    a2.close().await.unwrap();
+    drop((a, c));
 }

@@ -68,12 +68,45 @@ pub enum Mode {
     Host { session_id: String },
 }
 
-/// Why a stdio agent could not hand a resume to a session host: the code
-/// to answer with (`session_expired`, `session_busy`) and the reason.
+/// Why a stdio agent could not hand a resume (or a detach) to a session
+/// host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub code: ErrorCode,
-    pub why: String,
+pub enum Refusal {
+    /// Answered with `code` (`session_expired`, `session_busy`).
+    Code { code: ErrorCode, why: String },
+    /// A bound was reached: `limit_exceeded` naming it.
+    Limit {
+        name: &'static str,
+        max: u64,
+        why: String,
+    },
+}
+
+impl Refusal {
+    /// A refusal answered with `code`.
+    pub fn new(code: ErrorCode, why: String) -> Refusal {
+        Refusal::Code { code, why }
+    }
+
+    /// The reason, for a person.
+    pub fn why(&self) -> &str {
+        match self {
+            Refusal::Code { why, .. } | Refusal::Limit { why, .. } => why,
+        }
+    }
+
+    /// The answer to a request that needed what was refused; `context`
+    /// says which request.
+    fn to_wire(&self, context: &str) -> WireError {
+        match self {
+            Refusal::Code { code, why } => WireError::new(*code, format!("{context}: {why}")),
+            Refusal::Limit { name, max, why } => {
+                let mut e = WireError::limit(name, *max, None);
+                e.message = format!("{context}: {why}: {}", e.message);
+                e
+            }
+        }
+    }
 }
 
 /// Which connection holds the session, and since when none does.
@@ -294,28 +327,32 @@ impl Session {
         if let Some(resume) = p.session.as_ref().and_then(|s| s.resume.as_ref()) {
             return self.resume(resume, ttl);
         }
-        let session_id =
-            match (&self.mode, ttl) {
-                (Mode::Host { session_id }, Some(t)) if t > 0 && !self.is_initialized() => {
-                    *self.ttl.lock().expect("ttl lock") = std::time::Duration::from_millis(t);
-                    session_id.clone()
-                }
-                (Mode::Host { .. }, _) => return Err(WireError::new(
+        let session_id = match (&self.mode, ttl) {
+            (Mode::Host { session_id }, Some(t)) if t > 0 && !self.is_initialized() => {
+                *self.ttl.lock().expect("ttl lock") = std::time::Duration::from_millis(t);
+                session_id.clone()
+            }
+            (Mode::Host { .. }, _) => {
+                return Err(WireError::new(
                     ErrorCode::SessionExpired,
                     "this session host serves one detached session: resume it with session.resume",
-                )),
-                (Mode::Plain { refusal }, Some(t)) if t > 0 => {
-                    let why = refusal
-                        .as_ref()
-                        .map_or("no session host could be started", |r| r.why.as_str());
-                    return Err(WireError::new(
-                        ErrorCode::InvalidParams,
-                        format!("detach_ttl_ms {t}: cannot keep this session detached: {why}"),
-                    )
-                    .with("field", "session.detach_ttl_ms"));
+                ))
+            }
+            (Mode::Plain { refusal }, Some(t)) if t > 0 => {
+                let context = format!("detach_ttl_ms {t}: cannot keep this session detached");
+                if let Some(r @ Refusal::Limit { .. }) = refusal {
+                    return Err(r.to_wire(&context));
                 }
-                (Mode::Plain { .. }, _) => random_hex()?,
-            };
+                let why = refusal
+                    .as_ref()
+                    .map_or("no session host could be started", |r| r.why());
+                return Err(
+                    WireError::new(ErrorCode::InvalidParams, format!("{context}: {why}"))
+                        .with("field", "session.detach_ttl_ms"),
+                );
+            }
+            (Mode::Plain { .. }, _) => random_hex()?,
+        };
         if self.is_initialized() {
             return Err(WireError::new(
                 ErrorCode::InvalidRequest,
@@ -359,18 +396,11 @@ impl Session {
                 return Err(expired("no such session on this host".into()))
             }
             (Mode::Plain { refusal: Some(r) }, _) => {
-                return Err(WireError::new(
-                    r.code,
-                    format!("cannot resume session {:?}: {}", resume.session_id, r.why),
-                ))
+                return Err(r.to_wire(&format!("cannot resume session {:?}", resume.session_id)))
             }
             (Mode::Host { .. }, None) => return Err(expired("it never started".into())),
         };
-        // The id is not secret (it names the socket); the token is checked
-        // by HMAC verification, in constant time.
-        let id_ok = identity.session_id == resume.session_id;
-        let token_ok = identity.token_matches(&resume.token);
-        if !(id_ok && token_ok) {
+        if !self.resume_verifies(&resume.session_id, &resume.token) {
             tracing::warn!(session_id = %identity.session_id, "resume refused: wrong token");
             return Err(expired("wrong session id or token".into()));
         }
@@ -379,6 +409,15 @@ impl Session {
         }
         tracing::info!(session_id = %identity.session_id, "session resumed");
         Ok(self.initialize_result(identity, true))
+    }
+
+    /// Whether `session_id` and `token` are this session's: the id is not
+    /// secret (it names the socket); the token is checked by HMAC
+    /// verification, in constant time. False before `initialize`.
+    pub fn resume_verifies(&self, session_id: &str, token: &str) -> bool {
+        self.identity
+            .get()
+            .is_some_and(|i| i.session_id == session_id && i.token_matches(token))
     }
 
     fn initialize_result(&self, identity: &Identity, resumed: bool) -> InitializeResult {

@@ -4,7 +4,8 @@
 //! (the one sshd started) start a **session host**: the same binary as
 //! `executor session-host`, in a process group of its own, listening on a
 //! Unix socket named by version and session id in a 0700 directory of the
-//! user's (`$XDG_RUNTIME_DIR/executor`, else `/tmp/executor-<uid>`). The
+//! user's (the first of `$XDG_RUNTIME_DIR/executor`, `/tmp/executor-<uid>`
+//! and `~/.cache/executor/run` that is the user's own: see [`dirs`]). The
 //! stdio process then only relays bytes. When the SSH connection drops, the
 //! host keeps the session (processes run on, output is retained) until a
 //! new `ssh devbox executor` resumes it with `session.resume`, or until
@@ -14,27 +15,38 @@
 //! Who may attach: the host checks the peer's uid (`SO_PEERCRED`); the
 //! first attach must present a 32-byte secret the relay handed the host on
 //! its stdin (never on disk, never in argv or the environment); later
-//! attaches are resumes, checked by the session's own `initialize`
-//! (session id, and the resume token in constant time) and refused when
-//! they come under another configuration profile.
+//! attaches are resumes, whose handshake carries the session id and resume
+//! token of their `initialize`: the host verifies them (the token in
+//! constant time) before anything else, refuses a resume under another
+//! configuration profile, and checks them again in `initialize`. Only a
+//! resume whose credentials verified can hold the one slot of a resume
+//! being set up (others get `session_busy` meanwhile); a wrong token, or a
+//! handshake that stalls (it must be complete within [`HANDSHAKE_WITHIN`]),
+//! never delays a right one.
+//!
+//! At most `max_detached_sessions` hosts of a user live at once: the relay
+//! counts the live ones ([`RuntimeEnv::live_hosts`]) before it starts one.
 
 use crate::config::Config;
 use crate::conn::{serve_on, Ending};
 use crate::session::{Mode, Refusal, Session};
 use bytes::BytesMut;
+pub use dirs::{HostLock, NoSocketDir, RuntimeEnv};
 use executor_protocol::codec::FrameDecoder;
 use executor_protocol::message::Incoming;
 use executor_protocol::ErrorCode;
 use executor_protocol::{methods, PREAMBLE};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
-/// First bytes of a relay's handshake.
-const MAGIC: &[u8; 4] = b"EXR1";
+pub mod dirs;
+
+/// First bytes of a relay's handshake (its layout: [`handshake`]).
+const MAGIC: &[u8; 4] = b"EXR2";
 const FIRST_ATTACH: u8 = 0;
 const RESUME: u8 = 1;
 /// Handshake answers.
@@ -42,38 +54,18 @@ const ACCEPTED: u8 = 0;
 const OTHER_PROFILE: u8 = 1;
 const REFUSED: u8 = 2;
 const BUSY: u8 = 3;
-/// How long a resume may take from its handshake to its `initialize`
-/// answer before another resume may start.
+const WRONG_CREDENTIALS: u8 = 4;
+/// How long a verified resume may take from its handshake to its
+/// `initialize` answer before another resume may start.
 pub const RESUME_SETUP: Duration = Duration::from_secs(10);
+/// A connection's whole handshake must arrive within this long.
+pub const HANDSHAKE_WITHIN: Duration = Duration::from_secs(5);
 const SECRET_LEN: usize = 32;
+/// The longest resume token a handshake carries (the agent's are 32 hex
+/// digits; a longer one cannot be right).
+const MAX_TOKEN_LEN: usize = 256;
 /// A host nobody attached to within this long exits (its relay died).
 const FIRST_ATTACH_WITHIN: Duration = Duration::from_secs(30);
-
-/// The directory of the sockets: created 0700, and refused when it is not
-/// this user's own private directory.
-pub fn socket_dir() -> std::io::Result<PathBuf> {
-    let uid = nix::unistd::getuid().as_raw();
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|d| std::fs::metadata(d).is_ok_and(|m| m.is_dir() && m.uid() == uid))
-        .map(|d| d.join("executor"))
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("executor-{uid}")));
-    match std::fs::DirBuilder::new().mode(0o700).create(&base) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let meta = std::fs::symlink_metadata(&base)?;
-    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} is not a private directory of uid {uid} (mode {:o}, owner {}): refusing to use it",
-            base.display(),
-            meta.permissions().mode() & 0o7777,
-            meta.uid()
-        )));
-    }
-    Ok(base)
-}
 
 /// The socket of `session_id` (an id is 32 hex digits: nothing else can
 /// name a path).
@@ -152,6 +144,9 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
             session_id: args.session_id.clone(),
         },
     )?);
+    // Held from before "ready" (the relay counts it from then on, under its
+    // starting lock) until this host is done.
+    let lock = HostLock::take(&args.socket)?;
     let listener = UnixListener::bind(&args.socket)?;
     std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o600))?;
     // Ready: the relay waits for this line.
@@ -227,6 +222,8 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
         args.socket
             .with_file_name(format!("{}.log", args.session_id)),
     );
+    // Last: until now this host counts against `max_detached_sessions`.
+    drop(lock);
     Ok(())
 }
 
@@ -286,48 +283,54 @@ async fn attach(
             "peer uid {peer} is not this session's uid {me}"
         )));
     }
-    let mut head = [0u8; 6];
-    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut head))
-        .await
-        .map_err(|_| std::io::Error::other("handshake timed out"))??;
-    if &head[..4] != MAGIC {
-        return Err(std::io::Error::other("not a relay handshake"));
-    }
-    let (kind, profile_len) = (head[4], head[5] as usize);
-    let mut their_profile = vec![0u8; profile_len];
-    stream.read_exact(&mut their_profile).await?;
-    let verdict = if their_profile != profile.as_bytes() {
-        OTHER_PROFILE
-    } else if kind == FIRST_ATTACH {
-        let mut secret = [0u8; SECRET_LEN];
-        stream.read_exact(&mut secret).await?;
-        let ok = ring::hmac::verify(key, &secret, secret_tag).is_ok()
-            && !first_attach_done.swap(true, std::sync::atomic::Ordering::SeqCst);
-        if ok {
-            ACCEPTED
-        } else {
-            REFUSED
+    // The whole handshake within a bound: a stalled one holds nothing.
+    let hello = match tokio::time::timeout(HANDSHAKE_WITHIN, read_hello(&mut stream)).await {
+        Ok(Ok(hello)) => hello,
+        Ok(Err(e)) => {
+            let _ = stream.write_all(&[REFUSED]).await;
+            return Err(e);
         }
-    } else if kind == RESUME {
-        // The id and token are checked by `initialize`; only one resume
-        // may be in its setup at a time.
-        let mut p = pending.lock().expect("pending lock");
-        let generation = session.generation();
-        let busy = p
-            .as_ref()
-            .is_some_and(|p| p.since.elapsed() < RESUME_SETUP && p.generation == generation);
-        if busy {
-            BUSY
-        } else {
-            *p = Some(Pending {
-                connection: this,
-                since: std::time::Instant::now(),
-                generation,
-            });
-            ACCEPTED
+        Err(_) => return Err(std::io::Error::other("handshake timed out")),
+    };
+    let verdict = match hello {
+        // Verified first, before it may hold the slot of a resume being
+        // set up: a wrong token is answered at once and delays nobody.
+        Hello::Resume {
+            session_id, token, ..
+        } if !session.resume_verifies(&session_id, &token) => WRONG_CREDENTIALS,
+        Hello::FirstAttach {
+            profile: theirs, ..
         }
-    } else {
-        REFUSED
+        | Hello::Resume {
+            profile: theirs, ..
+        } if theirs != profile.as_bytes() => OTHER_PROFILE,
+        Hello::FirstAttach { secret, .. } => {
+            let ok = ring::hmac::verify(key, &secret, secret_tag).is_ok()
+                && !first_attach_done.swap(true, std::sync::atomic::Ordering::SeqCst);
+            if ok {
+                ACCEPTED
+            } else {
+                REFUSED
+            }
+        }
+        Hello::Resume { .. } => {
+            // Only one verified resume may be in its setup at a time.
+            let mut p = pending.lock().expect("pending lock");
+            let generation = session.generation();
+            let busy = p
+                .as_ref()
+                .is_some_and(|p| p.since.elapsed() < RESUME_SETUP && p.generation == generation);
+            if busy {
+                BUSY
+            } else {
+                *p = Some(Pending {
+                    connection: this,
+                    since: std::time::Instant::now(),
+                    generation,
+                });
+                ACCEPTED
+            }
+        }
     };
     stream.write_all(&[verdict]).await?;
     if verdict != ACCEPTED {
@@ -345,10 +348,71 @@ async fn attach(
     Ok(())
 }
 
+/// A relay's handshake, as the host read it. No `Debug`: a resume's
+/// token is secret.
+enum Hello {
+    FirstAttach {
+        profile: Vec<u8>,
+        secret: [u8; SECRET_LEN],
+    },
+    Resume {
+        profile: Vec<u8>,
+        session_id: String,
+        token: String,
+    },
+}
+
+/// Read one handshake (its layout: [`handshake`]).
+async fn read_hello(stream: &mut UnixStream) -> std::io::Result<Hello> {
+    let bad = |what: &str| std::io::Error::other(format!("bad handshake: {what}"));
+    let mut head = [0u8; 6];
+    stream.read_exact(&mut head).await?;
+    if &head[..4] != MAGIC {
+        return Err(bad("not a relay's"));
+    }
+    let (kind, profile_len) = (head[4], head[5] as usize);
+    let mut profile = vec![0u8; profile_len];
+    stream.read_exact(&mut profile).await?;
+    match kind {
+        FIRST_ATTACH => {
+            let mut secret = [0u8; SECRET_LEN];
+            stream.read_exact(&mut secret).await?;
+            Ok(Hello::FirstAttach { profile, secret })
+        }
+        RESUME => {
+            let id_len = stream.read_u8().await? as usize;
+            let mut id = vec![0u8; id_len];
+            stream.read_exact(&mut id).await?;
+            let token_len = stream.read_u16().await? as usize;
+            if token_len > MAX_TOKEN_LEN {
+                return Err(bad("token too long"));
+            }
+            let mut token = vec![0u8; token_len];
+            stream.read_exact(&mut token).await?;
+            Ok(Hello::Resume {
+                profile,
+                session_id: String::from_utf8(id).map_err(|_| bad("session id not UTF-8"))?,
+                token: String::from_utf8(token).map_err(|_| bad("token not UTF-8"))?,
+            })
+        }
+        _ => Err(bad("unknown kind")),
+    }
+}
+
+/// What a relay attaches as.
+#[derive(Clone, Copy)]
+enum Attach<'a> {
+    /// The relay that started the host, with the secret it handed it.
+    First(&'a [u8; SECRET_LEN]),
+    /// A resume, with the credentials of its `initialize`.
+    Resume { session_id: &'a str, token: &'a str },
+}
+
 /// The first frame of a connection, if it asks for a detached session.
+/// No `Debug`: a resume's token is secret.
 enum Wants {
     Detach,
-    Resume(String),
+    Resume { session_id: String, token: String },
     Plain,
 }
 
@@ -359,7 +423,11 @@ fn wants(frame: &[u8]) -> Wants {
                 executor_protocol::message::from_params(params);
             match p.ok().and_then(|p| p.session) {
                 Some(s) if s.resume.is_some() => {
-                    Wants::Resume(s.resume.map(|r| r.session_id).unwrap_or_default())
+                    let r = s.resume.expect("checked");
+                    Wants::Resume {
+                        session_id: r.session_id,
+                        token: r.token,
+                    }
                 }
                 Some(s) if s.detach_ttl_ms.is_some_and(|t| t > 0) => Wants::Detach,
                 _ => Wants::Plain,
@@ -429,32 +497,39 @@ where
     replay.extend_from_slice(&buf);
     let wants = first.as_deref().map_or(Wants::Plain, wants);
     let profile = launch.profile.clone().unwrap_or_default();
-    let expired = |why: String| Refusal {
-        code: ErrorCode::SessionExpired,
-        why,
-    };
+    let expired = |why: String| Refusal::new(ErrorCode::SessionExpired, why);
+    let env = RuntimeEnv::current();
     let refusal = match wants {
         Wants::Plain => None,
-        Wants::Detach => match start_host(&launch).await {
+        Wants::Detach => match start_host(&launch, &env, config.limits.max_detached_sessions).await
+        {
             Ok((socket, secret)) => {
-                match connect(&socket, FIRST_ATTACH, &profile, Some(&secret)).await {
+                match connect(&socket, Attach::First(&secret), &profile).await {
                     Ok(stream) => return relay(stream, replay, input, output).await,
                     Err(e) => Some(expired(format!(
                         "the session host did not take the connection: {}",
-                        e.why
+                        e.why()
                     ))),
                 }
             }
+            Err(StartError::Limit { live, max }) => Some(Refusal::Limit {
+                name: "max_detached_sessions",
+                max,
+                why: format!("{live} session hosts of this user are alive"),
+            }),
             Err(e) => Some(expired(format!("cannot start a session host: {e}"))),
         },
-        Wants::Resume(id) => {
-            let socket = socket_dir().ok().and_then(|d| socket_path(&d, &id));
-            match socket {
-                Some(s) if s.exists() => match connect(&s, RESUME, &profile, None).await {
+        Wants::Resume { session_id, token } => {
+            let attach = Attach::Resume {
+                session_id: &session_id,
+                token: &token,
+            };
+            match env.find_socket(&session_id) {
+                Some(s) => match connect(&s, attach, &profile).await {
                     Ok(stream) => return relay(stream, replay, input, output).await,
                     Err(e) => Some(e),
                 },
-                _ => {
+                None => {
                     let mut why = "no such session on this host (it expired, or it never existed)"
                         .to_string();
                     if logind_kills_processes() {
@@ -476,8 +551,24 @@ where
     Ok(ending)
 }
 
-/// Start `executor session-host` detached; its socket and secret.
-async fn start_host(launch: &Launch) -> std::io::Result<(PathBuf, [u8; SECRET_LEN])> {
+/// Why no session host was started.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("{live} session hosts of this user are alive (max_detached_sessions {max})")]
+    Limit { live: usize, max: u64 },
+    #[error(transparent)]
+    NoDir(#[from] NoSocketDir),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Start `executor session-host` detached, unless `max_hosts` of the
+/// user's are alive; its socket and secret.
+async fn start_host(
+    launch: &Launch,
+    env: &RuntimeEnv,
+    max_hosts: u64,
+) -> Result<(PathBuf, [u8; SECRET_LEN]), StartError> {
     use ring::rand::SecureRandom;
     let rng = ring::rand::SystemRandom::new();
     let mut secret = [0u8; SECRET_LEN];
@@ -486,18 +577,29 @@ async fn start_host(launch: &Launch) -> std::io::Result<(PathBuf, [u8; SECRET_LE
         .and_then(|()| rng.fill(&mut id))
         .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
     let session_id = hex(&id);
-    let dir = socket_dir()?;
+    let dir = env.socket_dir()?;
+    // Counted and started under one lock: the host takes its own lock
+    // before it says it is ready, so the next relay counts it.
+    let _starting = dirs::StartingLock::take(&dir).await?;
+    let live = env.live_hosts();
+    if live as u64 >= max_hosts {
+        return Err(StartError::Limit {
+            live,
+            max: max_hosts,
+        });
+    }
     let socket = socket_path(&dir, &session_id).expect("a fresh id is valid");
     let args = HostArgs {
         session_id,
         secret,
         socket: socket.clone(),
     };
+    let log_path = dir.join(format!("{}.log", args.session_id));
     let log = std::fs::OpenOptions::new()
-        .create(true)
+        .create_new(true)
         .append(true)
         .mode_0600()
-        .open(dir.join(format!("{}.log", args.session_id)))?;
+        .open(&log_path)?;
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     cmd.arg("session-host");
     if let Some(c) = &launch.config_path {
@@ -519,11 +621,14 @@ async fn start_host(launch: &Launch) -> std::io::Result<(PathBuf, [u8; SECRET_LE
     drop(stdin);
     let mut stdout = child.stdout.take().expect("piped stdout");
     let mut ready = [0u8; 6];
+    let not_started =
+        |why: String| std::io::Error::other(format!("{why} (its log: {})", log_path.display()));
     tokio::time::timeout(Duration::from_secs(10), stdout.read_exact(&mut ready))
         .await
-        .map_err(|_| std::io::Error::other("the session host did not start in time"))??;
+        .map_err(|_| not_started("the session host did not start in time".into()))?
+        .map_err(|e| not_started(format!("the session host did not start: {e}")))?;
     if &ready != b"ready\n" {
-        return Err(std::io::Error::other("the session host did not start"));
+        return Err(not_started("the session host did not start".into()).into());
     }
     // Reaped by whoever adopts it; never waited for here.
     drop(child);
@@ -541,39 +646,34 @@ impl Mode0600 for std::fs::OpenOptions {
 }
 
 /// Connect to a session host and pass its handshake.
-async fn connect(
-    socket: &Path,
-    kind: u8,
-    profile: &str,
-    secret: Option<&[u8; SECRET_LEN]>,
-) -> Result<UnixStream, Refusal> {
-    let io = |e: std::io::Error| Refusal {
-        code: ErrorCode::SessionExpired,
-        why: format!("the session host is unreachable: {e}"),
+async fn connect(socket: &Path, attach: Attach<'_>, profile: &str) -> Result<UnixStream, Refusal> {
+    let io = |e: std::io::Error| {
+        Refusal::new(
+            ErrorCode::SessionExpired,
+            format!("the session host is unreachable: {e}"),
+        )
     };
+    let refused = |code, why: &str| Err(Refusal::new(code, why.to_string()));
+    let wrong = "wrong session id or token";
+    if matches!(attach, Attach::Resume { token, .. } if token.len() > MAX_TOKEN_LEN) {
+        return refused(ErrorCode::SessionExpired, wrong);
+    }
+    let hello = handshake(attach, profile).map_err(io)?;
     let mut stream = UnixStream::connect(socket).await.map_err(io)?;
     let host_uid = stream.peer_cred().map_err(io)?.uid();
     let me = nix::unistd::getuid().as_raw();
     if host_uid != me {
-        return Err(Refusal {
-            code: ErrorCode::SessionExpired,
-            why: format!("the session host runs as uid {host_uid}, not {me}"),
-        });
+        return Err(Refusal::new(
+            ErrorCode::SessionExpired,
+            format!("the session host runs as uid {host_uid}, not {me}"),
+        ));
     }
-    stream
-        .write_all(&handshake(kind, profile, secret).map_err(io)?)
-        .await
-        .map_err(io)?;
+    stream.write_all(&hello).await.map_err(io)?;
     let mut verdict = [0u8; 1];
     stream.read_exact(&mut verdict).await.map_err(io)?;
-    let refused = |code, why: &str| {
-        Err(Refusal {
-            code,
-            why: why.to_string(),
-        })
-    };
     match verdict[0] {
         ACCEPTED => Ok(stream),
+        WRONG_CREDENTIALS => refused(ErrorCode::SessionExpired, wrong),
         OTHER_PROFILE => refused(
             ErrorCode::SessionExpired,
             "the session was created under another configuration profile",
@@ -589,33 +689,57 @@ async fn connect(
     }
 }
 
-fn handshake(
-    kind: u8,
-    profile: &str,
-    secret: Option<&[u8; SECRET_LEN]>,
-) -> std::io::Result<Vec<u8>> {
+/// A relay's handshake: [`MAGIC`], the kind, the profile name's length
+/// (one byte) and the name; then for a first attach the 32-byte secret,
+/// for a resume the session id (one-byte length, then the id) and the
+/// token (two-byte big-endian length, then the token).
+fn handshake(attach: Attach<'_>, profile: &str) -> std::io::Result<Vec<u8>> {
+    let too_long = |what: &str| std::io::Error::other(format!("{what} too long"));
     let profile = profile.as_bytes();
     let mut head = Vec::with_capacity(6 + profile.len() + SECRET_LEN);
     head.extend_from_slice(MAGIC);
-    head.push(kind);
-    head.push(
-        u8::try_from(profile.len()).map_err(|_| std::io::Error::other("profile name too long"))?,
-    );
+    head.push(match attach {
+        Attach::First(_) => FIRST_ATTACH,
+        Attach::Resume { .. } => RESUME,
+    });
+    head.push(u8::try_from(profile.len()).map_err(|_| too_long("profile name"))?);
     head.extend_from_slice(profile);
-    if let Some(s) = secret {
-        head.extend_from_slice(s);
+    match attach {
+        Attach::First(secret) => head.extend_from_slice(secret),
+        Attach::Resume { session_id, token } => {
+            head.push(u8::try_from(session_id.len()).map_err(|_| too_long("session id"))?);
+            head.extend_from_slice(session_id.as_bytes());
+            if token.len() > MAX_TOKEN_LEN {
+                return Err(too_long("token"));
+            }
+            head.extend_from_slice(&(token.len() as u16).to_be_bytes());
+            head.extend_from_slice(token.as_bytes());
+        }
     }
     Ok(head)
 }
 
+/// The handshake a resume of `session_id` with `token` sends under
+/// `profile`. For tests (a handshake cut short) and diagnostics.
+pub fn resume_handshake(profile: &str, session_id: &str, token: &str) -> std::io::Result<Vec<u8>> {
+    handshake(Attach::Resume { session_id, token }, profile)
+}
+
 /// Start a resume of the session at `socket` and stop before its
-/// `initialize`: the host counts it as a resume being set up (and answers
-/// others `session_busy`) until this connection sends its `initialize` or
-/// closes, or [`RESUME_SETUP`] passes. For tests and diagnostics.
-pub async fn begin_resume(socket: &Path, profile: &str) -> std::io::Result<UnixStream> {
-    connect(socket, RESUME, profile, None)
+/// `initialize`. When the id and token verify, the host counts it as a
+/// resume being set up (and answers other resumes `session_busy`) until
+/// this connection's `initialize` succeeds or it closes, or
+/// [`RESUME_SETUP`] passes; otherwise it is refused at once. For tests and
+/// diagnostics.
+pub async fn begin_resume(
+    socket: &Path,
+    profile: &str,
+    session_id: &str,
+    token: &str,
+) -> std::io::Result<UnixStream> {
+    connect(socket, Attach::Resume { session_id, token }, profile)
         .await
-        .map_err(|r| std::io::Error::other(r.why))
+        .map_err(|r| std::io::Error::other(r.why().to_string()))
 }
 
 /// Bytes both ways between the SSH side and the host, until either ends.
