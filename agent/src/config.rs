@@ -424,7 +424,7 @@ fn apply_limits(
     spans: &mut Spans,
 ) -> Result<(), ConfigError> {
     let l = raw.get_ref();
-    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 14] = [
+    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 15] = [
         (
             "max_frame_bytes",
             &l.max_frame_bytes,
