@@ -1915,6 +1915,45 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
             "the walk left its root: {paths:?}"
         );
     }
+    // A forged cursor cannot name a carve-out or a way out of the root.
+    let mut hid = i.clone();
+    hid.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+    let forged = |dirs: &[&str]| {
+        let queue = dirs
+            .iter()
+            .map(|d| rmpv::Value::Array(vec![rmpv::Value::Binary(d.as_bytes().to_vec()), 0.into()]))
+            .collect();
+        let c = rmpv::Value::Array(vec![
+            1.into(),
+            rmpv::Value::Binary(e.ws.to_str().unwrap().as_bytes().to_vec()),
+            rmpv::Value::Array(queue),
+            rmpv::Value::Nil,
+        ]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &c).unwrap();
+        let mut params = executor_client::fs::walk_params(wp(&e.ws));
+        params.sandbox = Some(hid.clone());
+        params.cursor = Some(serde_bytes::ByteBuf::from(bytes));
+        params
+    };
+    let page = e.c.walk_page(&forged(&["secrets", "src"])).await.unwrap();
+    let paths: Vec<String> = page.entries.iter().map(|x| x.path.display()).collect();
+    assert!(
+        !paths.iter().any(|p| p.starts_with("secrets/")),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&"src/main.rs".to_string()),
+        "positive control: {paths:?}"
+    );
+    assert!(page
+        .errors
+        .iter()
+        .any(|x| x.code == ErrorCode::SandboxDenied));
+    for bad in ["../outside", "/etc", "src/../secrets", "./secrets"] {
+        let err = e.c.walk_page(&forged(&[bad])).await.unwrap_err();
+        assert_eq!(fs_err(err).code, ErrorCode::InvalidParams, "{bad}");
+    }
     // Control: the parent of the root is still outside it.
     let mut params = executor_client::fs::walk_params(wp(&e.base));
     params.sandbox = Some(i.clone());

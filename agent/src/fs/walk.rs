@@ -117,6 +117,22 @@ fn walk_blocking(
                     "the cursor belongs to another walk (pass it back with the same root)",
                 ));
             }
+            // A cursor comes from the client: every directory in it must
+            // be a plain relative path (no `.`, `..` or `/` at the start).
+            for (r, _) in &c.queue {
+                let plain = Path::new(OsStr::from_bytes(r))
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+                if !plain {
+                    return Err(WireError::invalid_params(
+                        "cursor",
+                        format!(
+                            "the cursor names {:?}, not a directory below the walk's root",
+                            String::from_utf8_lossy(r)
+                        ),
+                    ));
+                }
+            }
             (
                 c.queue
                     .into_iter()
@@ -145,6 +161,24 @@ fn walk_blocking(
         } else {
             root.join(OsStr::from_bytes(&rel))
         };
+        // (A cursor may name any directory: carve-outs are checked here
+        // too, not only when a directory is queued.)
+        if !rel.is_empty() && confinement.is_some_and(|c| c.hidden(&abs)) {
+            let message = format!(
+                "{}: hidden by a deny_read carve-out",
+                String::from_utf8_lossy(&rel)
+            );
+            size_est += rel.len() as u64 + ENTRY_OVERHEAD + message.len() as u64;
+            errors.push(WalkErrorEntry {
+                path: WirePath::from_bytes(rel.clone()),
+                code: ErrorCode::SandboxDenied,
+                message,
+            });
+            queue.pop_front();
+            queue_est -= rel.len() as u64 + 16;
+            after = None;
+            continue;
+        }
         let read = list_dir(root_fd, &rel);
         let mut list = match read {
             Ok(l) => l,
