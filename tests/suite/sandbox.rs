@@ -2014,3 +2014,148 @@ both!(
         assert_eq!((out.as_str(), code), ("ok\n", 0), "positive control");
     }
 );
+
+// Found by an attack on the fs descriptors (issue 14.1): under an intent,
+// the agent's own fs requests cannot move or remove what holds a carve-out,
+// swap a carve-out's link, read its /proc or /dev, hang on a FIFO, or make
+// setuid files; absolute links resolve as the host's with `read: "all"`.
+both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
+    use executor_protocol::types::fs::*;
+    use executor_protocol::types::Empty;
+    std::os::unix::fs::symlink("nowhere", e.ws.join(".env")).unwrap();
+    std::fs::create_dir_all(e.ws.join("realrepo/.git")).unwrap();
+    std::os::unix::fs::symlink("realrepo", e.ws.join("repo")).unwrap();
+    std::fs::create_dir_all(e.ws.join("other")).unwrap();
+    std::os::unix::fs::symlink(e.ws.join("src/main.rs"), e.ws.join("src/abs")).unwrap();
+    nix::unistd::mkfifo(
+        &e.ws.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    if e.uid != current_uid() {
+        chown_r(&e.ws, e.uid);
+    }
+    let mut i = e.ws_write();
+    i.filesystem.deny_read = vec![wp(&e.ws.join("secrets/key"))];
+    i.filesystem.deny_write = vec![
+        wp(&e.ws.join(".git/config")),
+        wp(&e.ws.join(".env")),
+        wp(&e.ws.join("repo/.git/hooks")),
+    ];
+    let rename = |from: &str, to: &str| RenameParams {
+        from: wp(&e.ws.join(from)),
+        to: wp(&e.ws.join(to)),
+        sandbox: Some(i.clone()),
+        cwd: None,
+    };
+    for (from, to) in [
+        ("secrets", "pub"),
+        (".git", "old-git"),
+        ("other", ".git"),
+        ("repo", "repo-old"),
+    ] {
+        let err =
+            e.c.request::<_, Empty>("fs/rename", &rename(from, to))
+                .await
+                .unwrap_err();
+        assert_eq!(
+            fs_err(err).code,
+            ErrorCode::SandboxDenied,
+            "rename {from} {to}"
+        );
+    }
+    let err =
+        e.c.request::<_, Empty>(
+            "fs/remove",
+            &RemoveParams {
+                path: wp(&e.ws.join(".git")),
+                recursive: true,
+                sandbox: Some(i.clone()),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "remove .git");
+    assert!(e.ws.join(".git/config").exists());
+    let err =
+        e.c.request::<_, Empty>(
+            "fs/writeFile",
+            &write_params(&e.ws.join(".env"), b"PWN", true, &i),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        fs_err(err).code,
+        ErrorCode::SandboxDenied,
+        "atomic over the .env link"
+    );
+    assert!(std::fs::symlink_metadata(e.ws.join(".env"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // Positive control: what holds no carve-out moves.
+    e.c.request::<_, Empty>("fs/rename", &rename("other", "other2"))
+        .await
+        .unwrap();
+    let read = |path: &str| ReadFileParams {
+        path: path.into(),
+        offset: None,
+        length: Some(64),
+        sandbox: Some(i.clone()),
+        cwd: None,
+    };
+    for path in ["/proc/self/environ", "/dev/zero"] {
+        let err =
+            e.c.request::<_, ReadFileResult>("fs/readFile", &read(path))
+                .await
+                .unwrap_err();
+        assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "{path}");
+    }
+    let fifo = e.ws.join("fifo");
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        e.c.request::<_, ReadFileResult>("fs/readFile", &read(fifo.to_str().unwrap())),
+    )
+    .await
+    .expect("a FIFO does not hang the request");
+    assert_eq!(fs_err(r.unwrap_err()).code, ErrorCode::Io);
+    let abs = e.ws.join("src/abs");
+    let ok: ReadFileResult =
+        e.c.request("fs/readFile", &read(abs.to_str().unwrap()))
+            .await
+            .unwrap();
+    assert_eq!(
+        &ok.data[..],
+        b"fn main() {}\n",
+        "an absolute link, read: all"
+    );
+    let mut p = write_params(&e.ws.join("src/suid"), b"x", true, &i);
+    p.mode = Some(0o4755);
+    let err =
+        e.c.request::<_, Empty>("fs/writeFile", &p)
+            .await
+            .unwrap_err();
+    assert_eq!(fs_err(err).code, ErrorCode::InvalidParams);
+    // A root inside a carve-out is not a way around it.
+    let mut inner = e.ws_write();
+    inner.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws.join("secrets"))]);
+    inner.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+    let err =
+        e.c.request::<_, StatResult>(
+            "fs/stat",
+            &StatParams {
+                path: wp(&e.ws.join("secrets")),
+                follow_symlinks: true,
+                sandbox: Some(inner),
+                cwd: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        fs_err(err).code,
+        ErrorCode::SandboxDenied,
+        "root inside a carve-out"
+    );
+});

@@ -28,6 +28,9 @@ use std::path::{Path, PathBuf};
 pub enum Access {
     Read,
     Write,
+    /// Renamed or removed: also refused when a carve-out lies below it
+    /// (moving `.git` away would take `.git/config`'s protection with it).
+    Move,
 }
 
 /// The roots and carve-outs an fs request is confined to.
@@ -48,9 +51,25 @@ fn denied(path: &Path, rule: String) -> WireError {
     .with("rule", rule)
 }
 
-fn how() -> OpenHow {
+/// Beneath a root with `flags` (always close-on-exec). For the root `/`
+/// (`read: "all"`) absolute symlinks resolve as the host resolves them
+/// (`RESOLVE_IN_ROOT` of `/`); below any other root they are refused.
+fn how_in(root: &Path, flags: OFlag) -> OpenHow {
+    let scope = if root == Path::new("/") {
+        ResolveFlag::RESOLVE_IN_ROOT
+    } else {
+        ResolveFlag::RESOLVE_BENEATH
+    };
     OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .flags(flags | OFlag::O_CLOEXEC)
+        .resolve(scope | ResolveFlag::RESOLVE_NO_MAGICLINKS)
+}
+
+/// Beneath the directory opened (a last component, or one step of
+/// `create_parents`).
+fn how_beneath(flags: OFlag) -> OpenHow {
+    OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
         .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS)
 }
 
@@ -80,11 +99,20 @@ impl Confinement {
             Some(r) => paths(r),
         };
         read.extend(write.iter().cloned());
+        // The agent's /proc and /dev are not the job's (a job gets its own
+        // /proc and a minimal /dev): under an intent they are never read
+        // through the agent (its environment, its memory, raw disks).
+        let mut deny_read = policy.deny_read;
+        deny_read.extend([PathBuf::from("/proc"), PathBuf::from("/dev")]);
+        // A carve-out named through a symlink keeps its name: the link
+        // itself is protected too.
+        let mut deny_write = policy.deny_write;
+        deny_write.extend(policy.carve_out_links);
         Ok(Some(Confinement {
             read,
             write,
-            deny_read: policy.deny_read,
-            deny_write: policy.deny_write,
+            deny_read,
+            deny_write,
         }))
     }
 
@@ -102,7 +130,7 @@ impl Confinement {
     ) -> Result<Resolved, WireError> {
         let roots = match access {
             Access::Read => &self.read,
-            Access::Write => &self.write,
+            Access::Write | Access::Move => &self.write,
         };
         let mut escaped = None;
         for root in roots {
@@ -113,12 +141,13 @@ impl Confinement {
                 open_root(root).map_err(|e| io_error(&e, root, "cannot open sandbox root"))?;
             if rel.as_os_str().is_empty() {
                 // The root itself: readable as a whole, never replaced.
-                if access == Access::Write {
+                if access != Access::Read {
                     return Err(denied(
                         path,
                         "is a write root itself; only what is inside it may be changed".into(),
                     ));
                 }
+                self.check_carve_outs(path, root, access)?;
                 let parent = root_fd
                     .try_clone()
                     .map_err(|e| io_error(&e, path, "cannot resolve"))?;
@@ -150,7 +179,7 @@ impl Confinement {
             } else {
                 OFlag::O_PATH | OFlag::O_NOFOLLOW
             };
-            let (node, real) = match openat2(&parent_fd, name.as_os_str(), how().flags(flags)) {
+            let (node, real) = match openat2(&parent_fd, name.as_os_str(), how_beneath(flags)) {
                 Ok(fd) if follow => {
                     let real = real_path(&fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
                     (Some(fd), real)
@@ -160,7 +189,7 @@ impl Confinement {
                 Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
                     // A final symlink out of this directory: follow it
                     // beneath the root instead.
-                    match openat2(&root_fd, rel, how()) {
+                    match openat2(&root_fd, rel, how_in(root, OFlag::O_PATH)) {
                         Ok(fd) => {
                             let real =
                                 real_path(&fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
@@ -189,7 +218,7 @@ impl Confinement {
         }
         let what = match access {
             Access::Read => "read",
-            Access::Write => "write",
+            Access::Write | Access::Move => "write",
         };
         Err(match escaped {
             Some(root) => denied(
@@ -206,19 +235,30 @@ impl Confinement {
     fn check_carve_outs(&self, path: &Path, real: &Path, access: Access) -> Result<(), WireError> {
         let carve_outs = match access {
             Access::Read => self.deny_read.iter().collect::<Vec<_>>(),
-            Access::Write => self
+            Access::Write | Access::Move => self
                 .deny_read
                 .iter()
                 .chain(self.deny_write.iter())
                 .collect(),
         };
-        match carve_outs.into_iter().find(|d| real.starts_with(d)) {
-            Some(d) => Err(denied(
+        if let Some(d) = carve_outs.iter().find(|d| real.starts_with(d)) {
+            return Err(denied(
                 path,
                 format!("inside the carve-out {}", d.display()),
-            )),
-            None => Ok(()),
+            ));
         }
+        if access == Access::Move {
+            if let Some(d) = carve_outs.iter().find(|d| d.starts_with(real)) {
+                return Err(denied(
+                    path,
+                    format!(
+                        "holds the carve-out {}; it cannot be renamed or removed",
+                        d.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The directory `rel` (relative, maybe empty) beneath `root_fd`,
@@ -232,7 +272,7 @@ impl Confinement {
         access: Access,
         create: bool,
     ) -> Result<OwnedFd, Step> {
-        let dir_how = || how().flags(OFlag::O_PATH | OFlag::O_DIRECTORY);
+        let dir_how = || how_beneath(OFlag::O_PATH | OFlag::O_DIRECTORY);
         let target = if rel.as_os_str().is_empty() {
             Path::new(".")
         } else {
@@ -245,7 +285,11 @@ impl Confinement {
                 "cannot resolve",
             ))
         };
-        match openat2(root_fd, target, dir_how()) {
+        match openat2(
+            root_fd,
+            target,
+            how_in(root, OFlag::O_PATH | OFlag::O_DIRECTORY),
+        ) {
             Ok(fd) => return Ok(fd),
             Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
                 return Err(Step::Escaped)
@@ -366,6 +410,17 @@ impl Resolved {
     /// path is looked up).
     pub fn reopen(&self, flags: i32) -> Result<std::fs::File, WireError> {
         let fd = self.node()?;
+        // A FIFO or socket would block the open (and a blocking-pool
+        // thread) until a peer appears: refused.
+        let st = nix::sys::stat::fstat(fd)
+            .map_err(|e| io_error(&e.into(), &self.path, "cannot stat"))?;
+        if matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFSOCK) {
+            return Err(WireError::new(
+                ErrorCode::Io,
+                format!("{} is a FIFO or socket, not a file", self.path.display()),
+            )
+            .with("path", super::wire_path_value(&self.path)));
+        }
         std::fs::File::options()
             .read(flags & libc::O_ACCMODE != libc::O_WRONLY)
             .write(flags & libc::O_ACCMODE != libc::O_RDONLY)

@@ -229,6 +229,7 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
         false,
         p.create_parents,
     )?;
+    super::check_confined_mode(p.mode, &target)?;
     let h = blocking(move || {
         Ok(WriteHandle {
             temp: create_temp(target)?,

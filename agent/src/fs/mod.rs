@@ -85,6 +85,17 @@ pub fn check_mode(mode: Option<u32>) -> Result<(), WireError> {
     }
 }
 
+/// Under a sandbox, no setuid or setgid file is made.
+pub fn check_confined_mode(mode: Option<u32>, r: &confine::Resolved) -> Result<(), WireError> {
+    match mode {
+        Some(m) if r.confined && m & 0o6000 != 0 => Err(WireError::invalid_params(
+            "mode",
+            format!("mode {m:o} sets setuid or setgid, which a sandboxed request may not"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Run blocking filesystem work off the runtime's core threads.
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, WireError> + Send + 'static,
@@ -362,6 +373,7 @@ pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, W
         false,
         p.create_parents,
     )?;
+    check_confined_mode(p.mode, &path)?;
     blocking(move || {
         if p.atomic {
             let mut t = create_temp(path)?;
@@ -379,6 +391,8 @@ pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, W
             if path.confined {
                 flags |= nix::fcntl::OFlag::O_NOFOLLOW;
             }
+            // A FIFO without a reader fails (ENXIO) instead of blocking.
+            flags |= nix::fcntl::OFlag::O_NONBLOCK;
             let fd = nix::fcntl::openat(
                 &path.parent,
                 path.name()?,
@@ -443,7 +457,7 @@ pub async fn remove(s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireErro
         &p,
         &p.path,
         "path",
-        confine::Access::Write,
+        confine::Access::Move,
         false,
     )?;
     blocking(move || {
@@ -478,10 +492,10 @@ pub async fn rename(s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireErro
         &p,
         &p.from,
         "from",
-        confine::Access::Write,
+        confine::Access::Move,
         false,
     )?;
-    let to = confine::confined(s.profile(), &p, &p.to, "to", confine::Access::Write, false)?;
+    let to = confine::confined(s.profile(), &p, &p.to, "to", confine::Access::Move, false)?;
     blocking(move || {
         nix::fcntl::renameat(&from.parent, from.name()?, &to.parent, to.name()?).map_err(|e| {
             let mut w = io_error(&e.into(), &from.path, "cannot rename");

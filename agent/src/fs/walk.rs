@@ -232,8 +232,10 @@ fn walk_blocking(
                     continue;
                 }
             };
-            let hidden = kind == FileKind::Dir
-                && confinement.is_some_and(|c| c.hidden(&abs.join(OsStr::from_bytes(name))));
+            // A carve-out is listed by name only (no size, no time) and
+            // never entered.
+            let hidden = confinement.is_some_and(|c| c.hidden(&abs.join(OsStr::from_bytes(name))));
+            let (size, mtime) = if hidden { (0, 0) } else { (size, mtime) };
             if hidden {
                 let message = format!(
                     "{}: hidden by a deny_read carve-out",
