@@ -1,8 +1,7 @@
-//! The only place where a method name maps to a handler.
-//!
-//! [`ENABLED`] lists the request methods this build handles; `initialize`
-//! reports exactly that list, and every other method of the protocol answers
-//! `method_not_found` until its handler lands here.
+//! The only place where a method name maps to a handler. Every request
+//! method of the protocol's table (`executor_protocol::methods::ALL_REQUESTS`)
+//! has its arm here, and `initialize` reports that table; a name outside it
+//! answers `method_not_found`.
 
 use crate::conn::OutFrame;
 use crate::session::{self, Session};
@@ -15,36 +14,6 @@ use executor_protocol::{methods as m, ErrorCode, WireError};
 use rmpv::Value;
 use serde::Serialize;
 use std::sync::Arc;
-
-/// Request methods handled by this build (besides `initialize`).
-pub const ENABLED: &[&str] = &[
-    m::ENVIRONMENT_INFO,
-    m::TOOLS_LIST,
-    m::PROCESS_START,
-    m::PROCESS_READ,
-    m::PROCESS_WRITE,
-    m::PROCESS_SIGNAL,
-    m::PROCESS_RESIZE,
-    m::PROCESS_LIST,
-    m::EXEC_COMMAND,
-    m::WRITE_STDIN,
-    m::FS_STAT,
-    m::FS_CANONICALIZE,
-    m::FS_READ_FILE,
-    m::FS_WRITE_FILE,
-    m::FS_CREATE_DIRECTORY,
-    m::FS_REMOVE,
-    m::FS_RENAME,
-    m::FS_WALK,
-    m::FS_OPEN,
-    m::FS_READ_BLOCK,
-    m::FS_OPEN_WRITE,
-    m::FS_WRITE_BLOCK,
-    m::FS_COMMIT,
-    m::FS_CLOSE,
-    m::HTTP_REQUEST,
-    m::HTTP_CANCEL,
-];
 
 /// Encode a handler's outcome as a response frame.
 pub fn reply<R: Serialize>(id: u64, outcome: Result<R, WireError>, max_frame: usize) -> OutFrame {

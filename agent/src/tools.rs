@@ -1,7 +1,6 @@
-//! `tools/list`: the tool contracts this agent owns, MCP-style. Only tools
-//! whose methods are enabled in this build are advertised.
+//! `tools/list`: the tool contracts this agent owns, MCP-style (one per
+//! tool method of the protocol's table).
 
-use crate::dispatch::ENABLED;
 use crate::session::Session;
 use executor_protocol::methods as m;
 use executor_protocol::types::exec::{DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_YIELD_TIME_MS};
@@ -63,7 +62,7 @@ pub fn specs() -> Vec<ToolSpec> {
         },
     ];
     all.into_iter()
-        .filter(|t| ENABLED.contains(&t.name.as_str()))
+        .filter(|t| m::ALL_REQUESTS.contains(&t.name.as_str()))
         .collect()
 }
 

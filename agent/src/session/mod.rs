@@ -3,7 +3,6 @@
 use crate::audit::Audit;
 use crate::config::Profile;
 use crate::conn::Outbound;
-use crate::dispatch::ENABLED;
 use crate::fs::handles::HandleTable;
 use crate::http::{HttpContext, Streams};
 use crate::process::ProcessTable;
@@ -431,7 +430,7 @@ impl Session {
             resume_token: identity.resume_token.clone(),
             resumed,
             // What this profile may call.
-            methods: ENABLED
+            methods: executor_protocol::methods::ALL_REQUESTS
                 .iter()
                 .filter(|m| self.profile.check(m).is_ok())
                 .map(|m| m.to_string())
