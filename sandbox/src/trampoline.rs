@@ -39,12 +39,56 @@ use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-/// Status message tags.
-pub const MSG_STARTED: u8 = b'P';
-pub const MSG_EXEC_FAILED: u8 = b'E';
-pub const MSG_EXITED: u8 = b'X';
-/// The sandbox could not be set up; nothing ran. Value: step << 16 | errno.
-pub const MSG_SANDBOX_FAILED: u8 = b'S';
+/// What the supervisor tells the agent on the status pipe: first one of
+/// `Started`, `ExecFailed`, `SandboxFailed`; after `Started`, `Exited`.
+/// Each is [`Status::LEN`] bytes: a tag and a big-endian `i32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// The program runs, with this host pid.
+    Started { pid: u32 },
+    /// The program could not be executed (`errno` of `execve` or of a step
+    /// before it); nothing ran.
+    ExecFailed { errno: i32 },
+    /// The sandbox could not be set up at `step` ([`crate::linux::Step`]);
+    /// nothing ran.
+    SandboxFailed { step: u8, errno: i32 },
+    /// The program ended: its raw wait status ([`decode_wait_status`]).
+    Exited { raw: i32 },
+}
+
+impl Status {
+    pub const LEN: usize = 5;
+
+    pub fn encode(self) -> [u8; Status::LEN] {
+        let (tag, value) = match self {
+            Status::Started { pid } => (b'P', pid as i32),
+            Status::ExecFailed { errno } => (b'E', errno),
+            Status::SandboxFailed { step, errno } => {
+                (b'S', (i32::from(step) << 16) | (errno & 0xffff))
+            }
+            Status::Exited { raw } => (b'X', raw),
+        };
+        let mut msg = [0u8; Status::LEN];
+        msg[0] = tag;
+        msg[1..].copy_from_slice(&value.to_be_bytes());
+        msg
+    }
+
+    /// `None` for bytes no supervisor sends.
+    pub fn decode(msg: [u8; Status::LEN]) -> Option<Status> {
+        let v = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);
+        Some(match msg[0] {
+            b'P' => Status::Started { pid: v as u32 },
+            b'E' => Status::ExecFailed { errno: v },
+            b'S' => Status::SandboxFailed {
+                step: (v >> 16) as u8,
+                errno: v & 0xffff,
+            },
+            b'X' => Status::Exited { raw: v },
+            _ => return None,
+        })
+    }
+}
 
 /// The trampoline's command line: descriptor numbers only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,13 +157,10 @@ impl Spec {
     }
 }
 
-fn send(status: &mut Option<std::fs::File>, tag: u8, value: i32) {
+fn send(status: &mut Option<std::fs::File>, s: Status) {
     if let Some(f) = status {
-        let mut msg = [0u8; 5];
-        msg[0] = tag;
-        msg[1..].copy_from_slice(&value.to_be_bytes());
         // The agent may be gone: then nobody is left to tell.
-        let _ = f.write_all(&msg);
+        let _ = f.write_all(&s.encode());
     }
 }
 
@@ -248,7 +289,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
 
     // 9. Supervise: until the job's main process exits, or the agent dies.
     let raw_status = supervise(child, lifeline.as_ref(), &sigfd);
-    send(&mut status, MSG_EXITED, raw_status);
+    send(&mut status, Status::Exited { raw: raw_status });
     Ok(0)
 }
 
@@ -266,21 +307,28 @@ fn report_start(
             if failure[0] == FAIL_SANDBOX {
                 send(
                     status,
-                    MSG_SANDBOX_FAILED,
-                    (i32::from(failure[1]) << 16) | (errno & 0xffff),
+                    Status::SandboxFailed {
+                        step: failure[1],
+                        errno,
+                    },
                 );
             } else {
-                send(status, MSG_EXEC_FAILED, errno);
+                send(status, Status::ExecFailed { errno });
             }
             Err(())
         }
         Err(_) => match pid() {
             Some(p) => {
-                send(status, MSG_STARTED, p.as_raw());
+                send(
+                    status,
+                    Status::Started {
+                        pid: p.as_raw() as u32,
+                    },
+                );
                 Ok(())
             }
             None => {
-                send(status, MSG_EXEC_FAILED, libc::ESRCH);
+                send(status, Status::ExecFailed { errno: libc::ESRCH });
                 Err(())
             }
         },
@@ -346,8 +394,10 @@ fn sandboxed(
         Err(e) => {
             send(
                 &mut status,
-                MSG_SANDBOX_FAILED,
-                ((crate::linux::Step::Namespaces as i32) << 16) | (errno_of(&e) & 0xffff),
+                Status::SandboxFailed {
+                    step: crate::linux::Step::Namespaces as u8,
+                    errno: errno_of(&e),
+                },
             );
             return Ok(127);
         }
@@ -366,7 +416,7 @@ fn sandboxed(
     let _ = ctl.write_all(b"g");
     release_stdio();
     let raw = supervise_init(init, &mut ctl, lifeline.as_ref(), &sigfd);
-    send(&mut status, MSG_EXITED, raw);
+    send(&mut status, Status::Exited { raw });
     Ok(0)
 }
 
@@ -687,6 +737,24 @@ mod tests {
             "no policy argument any more"
         );
         assert!(Spec::parse(&args[..4]).is_err(), "--spec is required");
+    }
+
+    #[test]
+    fn status_messages_round_trip() {
+        for st in [
+            Status::Started { pid: 4_194_303 },
+            Status::ExecFailed {
+                errno: libc::ENOENT,
+            },
+            Status::SandboxFailed {
+                step: 18,
+                errno: libc::EPERM,
+            },
+            Status::Exited { raw: 9 | 0x80 },
+        ] {
+            assert_eq!(Status::decode(st.encode()), Some(st));
+        }
+        assert_eq!(Status::decode(*b"Z\0\0\0\0"), None);
     }
 
     #[test]

@@ -642,11 +642,12 @@ async fn wait_job(
     slot: SlotGuard,
     files: executor_sandbox::plan::JobFiles,
 ) {
-    let mut msg = [0u8; 5];
+    let mut msg = [0u8; executor_sandbox::trampoline::Status::LEN];
     let reported = match status.read_exact(&mut msg).await {
-        Ok(_) if msg[0] == executor_sandbox::trampoline::MSG_EXITED => {
-            Some(i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]))
-        }
+        Ok(_) => match executor_sandbox::trampoline::Status::decode(msg) {
+            Some(executor_sandbox::trampoline::Status::Exited { raw }) => Some(raw),
+            _ => None,
+        },
         _ => None,
     };
     let sup = supervisor.wait().await;

@@ -7,7 +7,7 @@ use executor_protocol::types::process::PtySize;
 use executor_protocol::{ErrorCode, WireError};
 use executor_sandbox::plan::WirePlan;
 use executor_sandbox::spec::JobSpec;
-use executor_sandbox::trampoline::{MSG_EXEC_FAILED, MSG_SANDBOX_FAILED, MSG_STARTED};
+use executor_sandbox::trampoline::Status;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use serde_bytes::ByteBuf;
 use std::collections::BTreeMap;
@@ -271,24 +271,21 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     drop(cmd);
     let mut status =
         pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;
-    let mut msg = [0u8; 5];
-    let first = tokio::time::timeout(Duration::from_secs(30), status.read_exact(&mut msg)).await;
+    let mut msg = [0u8; Status::LEN];
+    let first = tokio::time::timeout(Duration::from_secs(30), status.read_exact(&mut msg))
+        .await
+        .map(|r| r.map(|_| Status::decode(msg)));
     match first {
-        Ok(Ok(_)) if msg[0] == MSG_STARTED => {
-            let pid = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);
-            Ok(Spawned {
-                pid: pid as u32,
-                status,
-                stdin: supervisor.stdin.take(),
-                stdout: supervisor.stdout.take(),
-                stderr: supervisor.stderr.take(),
-                supervisor,
-                pty_master,
-            })
-        }
-        Ok(Ok(_)) if msg[0] == MSG_SANDBOX_FAILED => {
-            let v = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);
-            let (step, errno) = ((v >> 16) as u8, v & 0xffff);
+        Ok(Ok(Some(Status::Started { pid }))) => Ok(Spawned {
+            pid,
+            status,
+            stdin: supervisor.stdin.take(),
+            stdout: supervisor.stdout.take(),
+            stderr: supervisor.stderr.take(),
+            supervisor,
+            pty_master,
+        }),
+        Ok(Ok(Some(Status::SandboxFailed { step, errno }))) => {
             let _ = supervisor.wait().await;
             Err(WireError::new(
                 ErrorCode::SandboxUnavailable,
@@ -300,8 +297,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             )
             .with("errno", errno))
         }
-        Ok(Ok(_)) if msg[0] == MSG_EXEC_FAILED => {
-            let errno = i32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]);
+        Ok(Ok(Some(Status::ExecFailed { errno }))) => {
             let _ = supervisor.wait().await;
             Err(errno_error(
                 exec_errno_code(errno),
