@@ -384,6 +384,34 @@ fn missing(what: &str, required: bool) {
     eprintln!("skipped: {what}");
 }
 
+/// The agent's error inside a client error (panics on any other error).
+pub fn remote(e: executor_client::Error) -> executor_protocol::WireError {
+    match e {
+        executor_client::Error::Remote(w) => w,
+        other => panic!("expected an agent error, got {other:?}"),
+    }
+}
+
+/// The environment most test jobs get: `PATH` only.
+pub fn path_env() -> std::collections::BTreeMap<String, String> {
+    std::collections::BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
+}
+
+/// A local path as a wire path (any bytes).
+pub fn wire_path(p: &std::path::Path) -> executor_protocol::WirePath {
+    use std::os::unix::ffi::OsStrExt;
+    executor_protocol::WirePath::from_bytes(p.as_os_str().as_bytes().to_vec())
+}
+
+/// The parent of process `pid` (from `/proc/PID/stat`).
+pub fn parent_pid(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .expect("a ppid in /proc/PID/stat")
+}
+
 #[cfg(test)]
 mod prerequisite_tests {
     #[test]

@@ -1,10 +1,9 @@
 //! Filesystem (PROTOCOL.md §5) against the real binary.
 
 use executor_client::fs::walk_params;
-use executor_client::{Client, ClientOptions, Error, ErrorCode};
+use executor_client::{Client, ClientOptions, ErrorCode};
 use executor_protocol::types::fs::*;
 use executor_protocol::types::Empty;
-use executor_protocol::WirePath;
 use executor_tests::*;
 use futures_util::StreamExt;
 use serde_bytes::ByteBuf;
@@ -12,16 +11,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-fn p(path: &Path) -> WirePath {
-    WirePath::from_bytes(path.as_os_str().as_bytes().to_vec())
-}
-
-fn remote(e: Error) -> executor_protocol::WireError {
-    match e {
-        Error::Remote(w) => w,
-        other => panic!("expected an agent error, got {other:?}"),
-    }
-}
+use executor_tests::wire_path as p;
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)

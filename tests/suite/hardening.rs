@@ -3,7 +3,7 @@
 //! faults and load.
 
 use executor_client::http::HttpRequest;
-use executor_client::{Client, ClientOptions, Error, ErrorCode};
+use executor_client::{Client, ClientOptions, ErrorCode};
 use executor_protocol::types::process::ProcessStartParams;
 use executor_protocol::types::sandbox::{FilesystemIntent, NetworkIntent, SandboxIntent};
 use executor_protocol::WirePath;
@@ -13,13 +13,6 @@ use rmpv::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn remote(e: Error) -> executor_protocol::WireError {
-    match e {
-        Error::Remote(w) => w,
-        other => panic!("expected an agent error, got {other}"),
-    }
-}
 
 fn write_config(tag: &str, text: &str) -> PathBuf {
     let path = unique_tempdir(tag).join("config.toml");
@@ -667,17 +660,7 @@ async fn a_misspelt_key_in_a_profile_sandbox_stops_the_agent() {
     c.close().await.unwrap();
 }
 
-fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat.rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap()
-}
+use executor_tests::parent_pid as parent_of;
 
 // Issue 14.6: in-flight request payloads have a byte budget. 24 concurrent
 // 4 MiB `process/write`s to a job that does not read yet: the agent stops

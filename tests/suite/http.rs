@@ -2,21 +2,14 @@
 //! through the real agent.
 
 use executor_client::http::{HttpRequest, HttpResponse};
-use executor_client::{Client, Error, ErrorCode};
+use executor_client::{Client, ErrorCode};
 use executor_protocol::types::sandbox::{NetworkIntent, SandboxIntent};
 use executor_tests::http::{TestCa, TestServer};
 use executor_tests::{
-    client_with_config, executor_bin, in_private_netns, local_client, prerequisite_missing,
+    client_with_config, executor_bin, in_private_netns, local_client, prerequisite_missing, remote,
     status_kib, unique_tempdir,
 };
 use std::time::{Duration, Instant};
-
-fn remote(e: Error) -> executor_protocol::WireError {
-    match e {
-        Error::Remote(w) => w,
-        other => panic!("expected an agent error, got {other}"),
-    }
-}
 
 fn data_str<'a>(e: &'a executor_protocol::WireError, key: &str) -> Option<&'a str> {
     e.data_get(key).and_then(|v| v.as_str())

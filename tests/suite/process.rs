@@ -7,9 +7,7 @@ use executor_tests::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-fn env() -> BTreeMap<String, String> {
-    BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
-}
+use executor_tests::path_env as env;
 
 fn params(argv: &[&str]) -> ProcessStartParams {
     ProcessStartParams::new(argv.iter().map(|s| s.to_string()).collect(), "/", env())

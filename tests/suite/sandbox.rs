@@ -13,9 +13,7 @@ use executor_protocol::types::process::ProcessStartParams;
 use executor_protocol::types::sandbox::{
     FilesystemIntent, NetworkIntent, ReadRoots, SandboxIntent,
 };
-use executor_protocol::WirePath;
 use executor_tests::*;
-use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -123,21 +121,7 @@ async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     }
 }
 
-fn ppid(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat.rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-fn path_env() -> BTreeMap<String, String> {
-    BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
-}
+use executor_tests::parent_pid as ppid;
 
 /// `exec_command` params for `command` in `cwd` under `intent`.
 fn exec_params(
@@ -160,9 +144,7 @@ fn exec_params(
     }
 }
 
-fn wp(p: &Path) -> WirePath {
-    p.to_str().unwrap().into()
-}
+use executor_tests::wire_path as wp;
 
 impl Env {
     /// Read everything, write the workspace, no network.
@@ -709,12 +691,7 @@ async fn exec_outside_read_roots_is_refused_and_reported() {
     assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
 }
 
-fn fs_err(e: executor_client::Error) -> executor_protocol::WireError {
-    match e {
-        executor_client::Error::Remote(w) => w,
-        other => panic!("expected an agent error, got {other:?}"),
-    }
-}
+use executor_tests::remote as fs_err;
 
 // 13. The agent's own fs requests resolve beneath the roots.
 #[tokio::test]

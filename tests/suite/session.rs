@@ -10,14 +10,11 @@ use executor_protocol::types::process::{
 use executor_protocol::types::session::{ResumeParams, SessionParams};
 use executor_tests::sshd::Sshd;
 use executor_tests::*;
-use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-fn env() -> BTreeMap<String, String> {
-    BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
-}
+use executor_tests::path_env as env;
 
 fn detach(ttl_ms: u64) -> ClientOptions {
     ClientOptions {

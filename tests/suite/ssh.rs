@@ -4,11 +4,8 @@ use executor_client::{Client, ClientOptions};
 use executor_protocol::types::process::ProcessStartParams;
 use executor_tests::sshd::Sshd;
 use executor_tests::*;
-use std::collections::BTreeMap;
 
-fn env() -> BTreeMap<String, String> {
-    BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())])
-}
+use executor_tests::path_env as env;
 
 /// What every transport must do: initialize, run, stream a file.
 async fn exercise(c: &Client) {
