@@ -277,9 +277,7 @@ impl Placeholders {
     /// A new, empty record in `dir` (the jobs' directory, which exists),
     /// locked for as long as the value lives.
     fn new(dir: &Path) -> io::Result<Placeholders> {
-        let mut r = [0u8; 8];
-        File::open("/dev/urandom")?.read_exact(&mut r)?;
-        let name: String = r.iter().map(|b| format!("{b:02x}")).collect();
+        let name = crate::plan::random_name()?;
         let record_path = dir.join(format!("job-{name}{SUFFIX}"));
         let f = File::options()
             .write(true)

@@ -103,16 +103,20 @@ pub struct JobDir {
     _held: nix::fcntl::Flock<std::fs::File>,
 }
 
+/// 64 random bits from the kernel, as 16 hex digits (unique names in the
+/// jobs' directory).
+pub(crate) fn random_name() -> std::io::Result<String> {
+    let mut r = [0u8; 8];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut r)?;
+    Ok(r.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 impl JobDir {
     fn create() -> Result<JobDir, PlanError> {
-        let mut r = [0u8; 8];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))
-            .map_err(|source| PlanError::Io {
-                what: "reading /dev/urandom for the job's directory name".into(),
-                source,
-            })?;
-        let name: String = r.iter().map(|b| format!("{b:02x}")).collect();
+        let name = random_name().map_err(|source| PlanError::Io {
+            what: "reading /dev/urandom for the job's directory name".into(),
+            source,
+        })?;
         let parent = private_jobs_parent()?;
         // Made and locked under the jobs' lock: a sweep never sees it unheld.
         let _lock = crate::placeholder::global_lock(&parent).map_err(|source| PlanError::Io {

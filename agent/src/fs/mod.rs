@@ -251,17 +251,10 @@ fn node_metadata(r: &confine::Resolved) -> Result<std::fs::Metadata, WireError> 
 
 /// A temp file name beside `name`, unique and hidden.
 pub fn temp_name(name: &OsStr) -> Result<std::ffi::OsString, WireError> {
-    use ring::rand::{SecureRandom, SystemRandom};
-    let mut r = [0u8; 8];
-    SystemRandom::new().fill(&mut r).map_err(|_| {
-        WireError::new(ErrorCode::Internal, "the OS random number generator failed")
-    })?;
     let mut tmp = Vec::from(b".".as_slice());
     tmp.extend_from_slice(name.as_bytes());
     tmp.extend_from_slice(b".executor-");
-    for b in r {
-        tmp.extend_from_slice(format!("{b:02x}").as_bytes());
-    }
+    tmp.extend_from_slice(crate::session::random_hex::<8>()?.as_bytes());
     tmp.extend_from_slice(b".tmp");
     Ok(std::ffi::OsString::from_vec(tmp))
 }

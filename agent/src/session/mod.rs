@@ -32,7 +32,7 @@ struct Identity {
 
 impl Identity {
     fn new(session_id: String) -> Result<Identity, WireError> {
-        let resume_token = random_hex()?;
+        let resume_token = random_hex::<16>()?;
         let rng = ring::rand::SystemRandom::new();
         let token_key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).map_err(|_| {
             WireError::new(ErrorCode::Internal, "the OS random number generator failed")
@@ -350,7 +350,7 @@ impl Session {
                         .with("field", "session.detach_ttl_ms"),
                 );
             }
-            (Mode::Plain { .. }, _) => random_hex()?,
+            (Mode::Plain { .. }, _) => random_hex::<16>()?,
         };
         if self.is_initialized() {
             return Err(WireError::new(
@@ -457,10 +457,11 @@ impl Session {
     }
 }
 
-/// 128 bits from the OS RNG, as 32 hex digits.
-fn random_hex() -> Result<String, WireError> {
+/// `N` bytes from the OS RNG, as `2N` hex digits: the agent's one way to
+/// make ids, tokens and unique names.
+pub fn random_hex<const N: usize>() -> Result<String, WireError> {
     use ring::rand::{SecureRandom, SystemRandom};
-    let mut bytes = [0u8; 16];
+    let mut bytes = [0u8; N];
     SystemRandom::new().fill(&mut bytes).map_err(|_| {
         WireError::new(ErrorCode::Internal, "the OS random number generator failed")
     })?;
