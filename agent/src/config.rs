@@ -7,7 +7,7 @@
 //! the key.
 //!
 //! ```toml
-//! [limits]                 # any limit of PROTOCOL.md §2, lowered or raised
+//! [limits]                 # any limit of docs/PROTOCOL.md §2, lowered or raised
 //! max_processes = 64
 //! max_http_body_bytes = 4194304
 //!

@@ -4,7 +4,7 @@ use rmpv::Value;
 use serde::{Deserialize, Serialize};
 
 crate::wire_enum! {
-    /// Every error code of PROTOCOL.md §1. Codes this crate does not know
+    /// Every error code of docs/PROTOCOL.md §1. Codes this crate does not know
     /// (from a newer agent) decode as [`ErrorCode::Unknown`].
     #[non_exhaustive]
     pub enum ErrorCode {

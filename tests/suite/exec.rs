@@ -1,4 +1,4 @@
-//! The unified-exec tool contract (PROTOCOL.md §4).
+//! The unified-exec tool contract (docs/PROTOCOL.md §4).
 
 use executor_protocol::types::exec::*;
 use executor_tests::*;

@@ -1,4 +1,4 @@
-//! Filesystem (PROTOCOL.md §5) against the real binary.
+//! Filesystem (docs/PROTOCOL.md §5) against the real binary.
 
 use executor_client::fs::walk_params;
 use executor_client::{Client, ClientOptions, ErrorCode};

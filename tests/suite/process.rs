@@ -1,4 +1,4 @@
-//! Processes (PROTOCOL.md §3) against the real binary.
+//! Processes (docs/PROTOCOL.md §3) against the real binary.
 
 use executor_client::{Client, ClientOptions, ErrorCode};
 use executor_protocol::types::process::*;

@@ -1,4 +1,4 @@
-//! Detached sessions (PROTOCOL.md §2): a session host keeps the session
+//! Detached sessions (docs/PROTOCOL.md §2): a session host keeps the session
 //! when the transport drops; `initialize` with `session.resume` takes it
 //! back with no output lost.
 

@@ -1,4 +1,4 @@
-//! The unified-exec tool contract (PROTOCOL.md §4): `exec_command` and
+//! The unified-exec tool contract (docs/PROTOCOL.md §4): `exec_command` and
 //! `write_stdin`, on top of the same jobs as `process/start`.
 //!
 //! Output is collected until the job exits or `yield_time_ms` passes. Beyond

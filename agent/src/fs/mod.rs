@@ -1,4 +1,4 @@
-//! Filesystem (PROTOCOL.md §5). A request's path is resolved once (under
+//! Filesystem (docs/PROTOCOL.md §5). A request's path is resolved once (under
 //! its sandbox, if any: see [`confine`]) and every operation acts on the
 //! descriptors that resolution opened.
 //!

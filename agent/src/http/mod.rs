@@ -1,4 +1,4 @@
-//! `http/request` and `http/cancel` (PROTOCOL.md §6): HTTP from the
+//! `http/request` and `http/cancel` (docs/PROTOCOL.md §6): HTTP from the
 //! executor's side of the network.
 //!
 //! Where PROTOCOL.md is silent, the choices are documented in

@@ -1,4 +1,4 @@
-//! The HTTP destination policy (PROTOCOL.md §6), as pure functions.
+//! The HTTP destination policy (docs/PROTOCOL.md §6), as pure functions.
 //!
 //! Two layers decide, and both name the host and the rule when they refuse:
 //! - the request's sandbox intent (`network: "deny"` refuses everything,

@@ -1,4 +1,4 @@
-//! Processes (PROTOCOL.md §3): start, output, read, write, signal, resize,
+//! Processes (docs/PROTOCOL.md §3): start, output, read, write, signal, resize,
 //! list, and the end of every job when the session ends.
 //!
 //! Each job has its own tasks: one per output stream draining it into the

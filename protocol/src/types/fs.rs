@@ -1,4 +1,4 @@
-//! Filesystem (PROTOCOL.md §5). Every request takes an optional `sandbox`
+//! Filesystem (docs/PROTOCOL.md §5). Every request takes an optional `sandbox`
 //! and an optional absolute `cwd` (what `:cwd` means in that intent).
 
 use super::sandbox::SandboxIntent;

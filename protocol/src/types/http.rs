@@ -1,4 +1,4 @@
-//! HTTP from the executor host (PROTOCOL.md §6).
+//! HTTP from the executor host (docs/PROTOCOL.md §6).
 //!
 //! Where PROTOCOL.md is silent, this agent:
 //! - refuses `CONNECT`, URLs with credentials (`user:pass@`; send an

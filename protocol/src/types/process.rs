@@ -1,4 +1,4 @@
-//! Processes (PROTOCOL.md §3).
+//! Processes (docs/PROTOCOL.md §3).
 
 use super::sandbox::SandboxIntent;
 use crate::path::WirePath;

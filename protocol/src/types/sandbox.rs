@@ -1,4 +1,4 @@
-//! `SandboxIntent` (PROTOCOL.md §7): what the orchestrator wants enforced.
+//! `SandboxIntent` (docs/PROTOCOL.md §7): what the orchestrator wants enforced.
 
 use crate::path::WirePath;
 use serde::de::{self, Deserializer};

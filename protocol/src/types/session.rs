@@ -1,4 +1,4 @@
-//! `initialize`, `environment/info`, `tools/list`, `$/cancel` (PROTOCOL.md §2).
+//! `initialize`, `environment/info`, `tools/list`, `$/cancel` (docs/PROTOCOL.md §2).
 
 use crate::limits::Limits;
 use serde::{Deserialize, Serialize};
