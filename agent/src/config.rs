@@ -524,6 +524,20 @@ fn check_frame_fit(
             .cloned()
             .unwrap_or_else(|| (format!("limits.{name}"), section.clone().unwrap_or(0..0)))
     };
+    // The default buffer of every job: past the most a request may ask
+    // for, every process/start would be refused.
+    let max_buffer = executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;
+    if limits.output_buffer_bytes > max_buffer {
+        let (key, span) = at("output_buffer_bytes");
+        return Err(ctx.invalid(
+            Some(span),
+            &key,
+            format!(
+                "{} is above the most a process may buffer ({max_buffer})",
+                limits.output_buffer_bytes
+            ),
+        ));
+    }
     let frame = limits.max_frame_bytes;
     if frame < 2 * FRAME_MARGIN {
         let (key, span) = at("max_frame_bytes");
@@ -656,6 +670,12 @@ mod tests {
         assert!(
             shown.starts_with("/etc/executor/config.toml:3: limits.max_http_body_bytes: 999999999"),
             "{shown}"
+        );
+        let e = parse("[limits]\noutput_buffer_bytes = 67108865\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(":2: limits.output_buffer_bytes: 67108865 is above"),
+            "{e}"
         );
         let e = parse("[limits]\nmax_open_files = 0\n").unwrap_err();
         assert!(

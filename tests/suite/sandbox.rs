@@ -1654,6 +1654,10 @@ both!(c45_carve_outs_that_do_not_exist_yet, |e: Env| async move {
     let mut p = exec_params(vec![], &e.ws, Some(i.clone()));
     let err = e.c.exec_command(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidParams), "{err}");
+    assert!(
+        err.to_string().contains("command must not be empty"),
+        "{err}"
+    );
     p.command = vec!["true".into()];
     p.cwd = "ws".into();
     let err = e.c.exec_command(&p).await.unwrap_err();

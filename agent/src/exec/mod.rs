@@ -174,6 +174,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
             tag: Some("exec_command".into()),
             intent: intent.as_ref(),
             intent_param: "sandbox_permissions",
+            argv_param: "command",
         },
     )
     .await?;

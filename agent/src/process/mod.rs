@@ -418,6 +418,8 @@ pub struct StartOptions<'a> {
     /// messages); the profile's applies too (see [`crate::sandbox_gate`]).
     pub intent: Option<&'a executor_protocol::types::sandbox::SandboxIntent>,
     pub intent_param: &'a str,
+    /// The request field holding `argv` (`argv`, `command`), for messages.
+    pub argv_param: &'a str,
 }
 
 /// A started job, and what of its sandbox intent was not enforced (only
@@ -434,7 +436,10 @@ pub struct Started {
 pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, WireError> {
     use std::os::unix::ffi::OsStrExt;
     if o.argv.is_empty() {
-        return Err(WireError::invalid_params("argv", "argv must not be empty"));
+        return Err(WireError::invalid_params(
+            o.argv_param,
+            format!("{} must not be empty", o.argv_param),
+        ));
     }
     if !o.cwd.is_absolute() {
         return Err(WireError::invalid_params(
@@ -739,6 +744,7 @@ pub async fn handle_start(
             tag: p.tag,
             intent: p.sandbox.as_ref(),
             intent_param: "sandbox",
+            argv_param: "argv",
         },
     )
     .await?;
