@@ -39,7 +39,7 @@
 //! sandbox = { filesystem = { write = [":workspace_roots"] }, network = "deny" }
 //! ```
 
-use crate::http::policy::{AllowEntry, ParseAllowError};
+use crate::destinations::{AllowEntry, ParseAllowError};
 use executor_protocol::limits::Limits;
 use executor_protocol::methods;
 use executor_protocol::types::sandbox::SandboxIntent;

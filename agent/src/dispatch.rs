@@ -3,7 +3,7 @@
 //! has its arm here, and `initialize` reports that table; a name outside it
 //! answers `method_not_found`.
 
-use crate::conn::OutFrame;
+use crate::outbound::OutFrame;
 use crate::session::{self, Session};
 use crate::tools;
 use crate::{exec, fs, http, process};

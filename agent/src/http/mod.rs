@@ -4,10 +4,10 @@
 //! Where PROTOCOL.md is silent, the choices are documented in
 //! `executor_protocol::types::http`; the destination policy is in [`policy`].
 
-pub mod policy;
+pub use crate::destinations as policy;
 pub mod transport;
 
-use crate::conn::{OutFrame, Outbound};
+use crate::outbound::{OutFrame, Outbound};
 use crate::session::Session;
 use bytes::Bytes;
 use executor_protocol::message::encode_body_delta_head;

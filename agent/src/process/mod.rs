@@ -11,7 +11,7 @@
 pub mod output;
 pub mod spawn;
 
-use crate::conn::{NotifyError, OutFrame, Outbound};
+use crate::outbound::{NotifyError, OutFrame, Outbound};
 use crate::session::Session;
 use bytes::{Bytes, BytesMut};
 use executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;

@@ -2,9 +2,9 @@
 
 use crate::audit::Audit;
 use crate::config::Profile;
-use crate::conn::Outbound;
 use crate::fs::handles::HandleTable;
 use crate::http::{HttpContext, Streams};
+use crate::outbound::Outbound;
 use crate::process::ProcessTable;
 use executor_protocol::limits::Limits;
 use executor_protocol::types::session::{
@@ -217,7 +217,7 @@ impl Session {
     /// A connection takes the session (after its `initialize` or resume):
     /// notifications go to it from now on, and the generation it gets
     /// tells it when another connection took over.
-    pub fn attach(&self, notes: tokio::sync::mpsc::Sender<crate::conn::OutFrame>) -> u64 {
+    pub fn attach(&self, notes: tokio::sync::mpsc::Sender<crate::outbound::OutFrame>) -> u64 {
         let mut link = self.link.lock().expect("link lock");
         link.generation += 1;
         link.attached = true;
@@ -229,7 +229,7 @@ impl Session {
     pub fn detach(
         &self,
         generation: u64,
-        notes: &tokio::sync::mpsc::Sender<crate::conn::OutFrame>,
+        notes: &tokio::sync::mpsc::Sender<crate::outbound::OutFrame>,
     ) {
         let mut link = self.link.lock().expect("link lock");
         if link.generation == generation {

@@ -1,4 +1,5 @@
-//! The HTTP destination policy (docs/PROTOCOL.md §6), as pure functions.
+//! The HTTP destination policy (docs/PROTOCOL.md §6), as pure functions
+//! (used by the configuration to parse `http.allow`, and by `http`).
 //!
 //! Two layers decide, and both name the host and the rule when they refuse:
 //! - the request's sandbox intent (`network: "deny"` refuses everything,
