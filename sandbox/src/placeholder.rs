@@ -339,8 +339,10 @@ impl Drop for Placeholders {
 pub struct Maker {
     // Dropped first: a `made` dropped after it takes the lock again.
     _lock: Flock<File>,
+    dir: PathBuf,
     live: Vec<Entry>,
-    made: Placeholders,
+    /// The record, made at the first entry (most plans need none).
+    made: Option<Placeholders>,
 }
 
 impl Maker {
@@ -350,12 +352,25 @@ impl Maker {
         // Read before our record exists: nothing after it can fail (a
         // record dropped here would take the lock this value holds).
         let live = live_entries(dir, None)?;
-        let made = Placeholders::new(dir)?;
         Ok(Maker {
             _lock: lock,
+            dir: dir.to_path_buf(),
             live,
-            made,
+            made: None,
         })
+    }
+
+    fn push(&mut self, e: Entry) -> io::Result<()> {
+        if self.made.is_none() {
+            self.made = Some(Placeholders::new(&self.dir)?);
+        }
+        self.made.as_mut().expect("made above").push(e)
+    }
+
+    fn is_ours(&self, id: (u64, u64)) -> bool {
+        self.made
+            .as_ref()
+            .is_some_and(|m| m.entries.iter().any(|l| (l.dev, l.ino) == id))
     }
 
     /// Hold `path` and its ancestors below `within` (a write root) that a
@@ -373,9 +388,9 @@ impl Maker {
             };
             let id = (m.dev(), m.ino());
             let live = self.live.iter().any(|l| (l.dev, l.ino) == id);
-            let ours = self.made.entries.iter().any(|l| (l.dev, l.ino) == id);
+            let ours = self.is_ours(id);
             if live && !ours {
-                self.made.push(Entry {
+                self.push(Entry {
                     path: a.to_path_buf(),
                     dev: id.0,
                     ino: id.1,
@@ -422,7 +437,7 @@ impl Maker {
             let next = nix::fcntl::openat(&dir, name, flags, Mode::empty()).map_err(errno)?;
             id = identity(&next)?;
             if made {
-                self.made.push(Entry {
+                self.push(Entry {
                     path: at.clone(),
                     dev: id.0,
                     ino: id.1,
@@ -435,19 +450,10 @@ impl Maker {
         Ok(id)
     }
 
-    /// Done: the placeholders (`None` if none were needed; the empty
-    /// record is removed).
+    /// Done: the placeholders (`None` if none were needed).
     pub fn finish(self) -> Option<Placeholders> {
         let Maker { _lock, made, .. } = self;
-        if made.entries.is_empty() {
-            let mut made = made;
-            if let Some(r) = made.record.take() {
-                let _ = std::fs::remove_file(&made.record_path);
-                drop(r);
-            }
-            return None;
-        }
-        Some(made)
+        made
     }
 }
 

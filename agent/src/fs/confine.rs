@@ -148,16 +148,7 @@ impl Confinement {
                     ));
                 }
                 self.check_carve_outs(path, root, access)?;
-                let parent = root_fd
-                    .try_clone()
-                    .map_err(|e| io_error(&e, path, "cannot resolve"))?;
-                return Ok(Resolved {
-                    path: root.clone(),
-                    parent,
-                    name: None,
-                    node: Some(root_fd),
-                    confined: true,
-                });
+                return Resolved::whole(root, root_fd, true);
             }
             let (rel_parent, name) = match (rel.parent(), rel.file_name()) {
                 (Some(p), Some(n)) => (p, n.to_os_string()),
@@ -385,6 +376,20 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// A directory with no name in a parent (a root, or `/`): it is both.
+    fn whole(path: &Path, fd: OwnedFd, confined: bool) -> Result<Resolved, WireError> {
+        let parent = fd
+            .try_clone()
+            .map_err(|e| io_error(&e, path, "cannot open"))?;
+        Ok(Resolved {
+            path: path.to_path_buf(),
+            parent,
+            name: None,
+            node: Some(fd),
+            confined,
+        })
+    }
+
     /// The object, or `not_found` naming the path.
     pub fn node(&self) -> Result<&OwnedFd, WireError> {
         self.node.as_ref().ok_or_else(|| {
@@ -473,16 +478,7 @@ fn unconfined(path: &Path, follow: bool, create_parents: bool) -> Result<Resolve
         (Some(p), Some(n)) => (p, n.to_os_string()),
         _ => {
             let fd = open_root(path).map_err(|e| io_error(&e, path, "cannot open"))?;
-            let parent = fd
-                .try_clone()
-                .map_err(|e| io_error(&e, path, "cannot open"))?;
-            return Ok(Resolved {
-                path: path.to_path_buf(),
-                parent,
-                name: None,
-                node: Some(fd),
-                confined: false,
-            });
+            return Resolved::whole(path, fd, false);
         }
     };
     if create_parents {
