@@ -16,11 +16,12 @@
 use crate::audit::{self, Event};
 use crate::config::Config;
 use crate::dispatch;
+use crate::outbound::{error_frame, notification_frame, reply_frame};
 pub use crate::outbound::{NotifyError, OutFrame, Outbound};
 use crate::session::Session;
 use bytes::BytesMut;
 use executor_protocol::codec::{FrameDecoder, FrameError};
-use executor_protocol::message::{encode_error, encode_notification, DecodeError, Incoming};
+use executor_protocol::message::{DecodeError, Incoming};
 use executor_protocol::types::session::CancelParams;
 use executor_protocol::{methods, ErrorCode, WireError, PREAMBLE};
 use futures_util::FutureExt;
@@ -63,14 +64,7 @@ impl Responder {
     }
 
     async fn respond_error(&self, id: Option<u64>, error: &WireError) {
-        let mut bytes = Vec::new();
-        if encode_error(&mut bytes, id, error, self.max_frame).is_ok() {
-            self.respond(OutFrame {
-                error: Some(error.code),
-                ..OutFrame::new(bytes)
-            })
-            .await;
-        }
+        self.respond(error_frame(id, error, self.max_frame)).await;
     }
 }
 
@@ -256,172 +250,264 @@ async fn report_frame_error(responder: &Responder, e: &FrameError) {
         other => WireError::new(ErrorCode::ParseError, other.to_string()),
     };
     tracing::warn!(error = %error, "framing lost");
-    let mut bytes = Vec::new();
-    if encode_notification(&mut bytes, methods::ERROR, &error, responder.max_frame).is_ok() {
-        responder.respond(OutFrame::new(bytes)).await;
+    if let Some(frame) = notification_frame(methods::ERROR, &error, responder.max_frame) {
+        responder.respond(frame).await;
     }
 }
 
 async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePermit) {
-    let session = conn.session;
-    let responder = &conn.responder;
-    let in_flight = &conn.in_flight;
-    let incoming = match Incoming::decode(frame) {
-        Ok(m) => m,
+    match Incoming::decode(frame) {
+        Ok(Incoming::Request { id, method, params }) => {
+            handle_request(conn, id, method, params, bytes).await
+        }
+        Ok(Incoming::Notification { method, params }) => handle_notification(conn, &method, params),
+        Ok(Incoming::Response { id, .. }) => {
+            tracing::debug!(?id, "ignoring a response: the agent sends no requests");
+        }
         Err(DecodeError { id, error }) => {
             tracing::debug!(?id, error = %error, "undecodable message");
-            responder.respond_error(id, &error).await;
+            conn.responder.respond_error(id, &error).await;
+        }
+    }
+}
+
+/// One request's audit record: what it asked (described when it
+/// arrived) and how long it took; [`RequestAudit::audit_event`] writes it.
+struct RequestAudit {
+    id: u64,
+    method: String,
+    details: serde_json::Map<String, serde_json::Value>,
+    started: std::time::Instant,
+}
+
+impl RequestAudit {
+    fn begin(session: &Session, id: u64, method: &str, params: &rmpv::Value) -> RequestAudit {
+        RequestAudit {
+            id,
+            method: method.to_string(),
+            details: if session.audit().enabled() {
+                audit::describe(method, params)
+            } else {
+                Default::default()
+            },
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Record the request's outcome (`None`: it succeeded).
+    fn audit_event(self, session: &Session, outcome: Option<ErrorCode>) {
+        if !session.audit().enabled() {
+            return;
+        }
+        session.audit().record(Event {
+            session_id: session.id(),
+            method: &self.method,
+            id: Some(self.id),
+            details: self.details,
+            outcome,
+            elapsed: self.started.elapsed(),
+        });
+    }
+}
+
+async fn handle_request(
+    conn: &mut Conn<'_>,
+    id: u64,
+    method: String,
+    params: rmpv::Value,
+    bytes: OwnedSemaphorePermit,
+) {
+    let session = conn.session;
+    let audit = RequestAudit::begin(session, id, &method, &params);
+    let taken_over = conn.generation.is_some_and(|g| g != session.generation());
+    if method == methods::INITIALIZE && !taken_over {
+        let frame = initialize(conn, id, params);
+        audit.audit_event(session, frame.error);
+        conn.responder.respond(frame).await;
+        return;
+    }
+    let admitted = admit(conn, &method).and_then(|()| reserve(conn, id));
+    let (permit, token) = match admitted {
+        Ok(reserved) => reserved,
+        Err(Refused { error, audited }) => {
+            if audited {
+                audit.audit_event(session, Some(error.code));
+            }
+            conn.responder.respond_error(Some(id), &error).await;
             return;
         }
     };
-    match incoming {
-        Incoming::Request { id, method, params } => {
-            let started = std::time::Instant::now();
-            let audited = session.audit().enabled();
-            let details = if audited {
-                audit::describe(&method, &params)
-            } else {
-                Default::default()
-            };
-            let record = |outcome: Option<ErrorCode>, details| {
-                session.audit().record(Event {
-                    session_id: session.id(),
-                    method: &method,
-                    id: Some(id),
-                    details,
-                    outcome,
-                    elapsed: started.elapsed(),
-                })
-            };
-            let taken_over = conn.generation.is_some_and(|g| g != session.generation());
-            if method == methods::INITIALIZE && !taken_over {
-                let frame = if conn.generation.is_some() {
-                    dispatch::error_frame(
-                        id,
-                        &WireError::new(
-                            ErrorCode::InvalidRequest,
-                            "initialize was already done on this connection",
-                        ),
-                        responder.max_frame,
-                    )
-                } else {
-                    dispatch::initialize(session, id, params)
-                };
-                if frame.error.is_none() {
-                    // This connection now holds the session (taking it
-                    // over from any other).
-                    conn.generation = Some(session.attach(conn.notes.clone()));
-                }
-                record(frame.error, details);
-                responder.respond(frame).await;
-                return;
-            }
-            let refusal = if taken_over {
-                Some(WireError::new(
-                    ErrorCode::SessionTakenOver,
-                    "the session was resumed by another connection; this one may only close",
-                ))
-            } else if conn.generation.is_none() {
-                Some(WireError::new(
-                    ErrorCode::NotInitialized,
-                    format!("{method:?} before initialize: send initialize first"),
-                ))
-            } else if let Err(rule) = session.profile().check(&method) {
-                Some(WireError::new(ErrorCode::PolicyDenied, rule).with("method", method.as_str()))
-            } else {
-                None
-            };
-            if let Some(e) = refusal {
-                record(Some(e.code), details);
-                responder.respond_error(Some(id), &e).await;
-                return;
-            }
-            let Ok(permit) = conn.slots.clone().try_acquire_owned() else {
-                let e = WireError::limit("max_requests_in_flight", conn.max_in_flight as u64, None);
-                record(Some(e.code), details);
-                responder.respond_error(Some(id), &e).await;
-                return;
-            };
-            let token = CancellationToken::new();
-            let duplicate = match in_flight.lock().expect("in-flight lock").tokens.entry(id) {
-                std::collections::hash_map::Entry::Occupied(_) => true,
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    slot.insert(token.clone());
-                    false
-                }
-            };
-            if duplicate {
-                let e = WireError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("request id {id} is already in flight"),
-                );
-                responder.respond_error(Some(id), &e).await;
-                return;
-            }
-            let session = session.clone();
-            let responder = responder.clone();
-            let in_flight = in_flight.clone();
-            tokio::spawn(async move {
-                // The request's share of the byte budget, until it is done.
-                let _bytes = bytes;
-                let work = AssertUnwindSafe(dispatch::dispatch(&session, id, &method, params))
-                    .catch_unwind();
-                let mut frame = tokio::select! {
-                    r = work => match r {
-                        Ok(frame) => frame,
-                        Err(panic) => {
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_default();
-                            tracing::error!(method, panic = %what, "handler panicked");
-                            let e = WireError::new(
-                                ErrorCode::Internal,
-                                format!("internal error (a bug) while handling {method:?}: {what}"),
-                            );
-                            dispatch::error_frame(id, &e, responder.max_frame)
-                        }
-                    },
-                    _ = token.cancelled() => {
-                        let e = WireError::new(ErrorCode::Cancelled, format!("request {id} ({method}) was cancelled"));
-                        dispatch::error_frame(id, &e, responder.max_frame)
-                    }
-                };
-                in_flight.lock().expect("in-flight lock").tokens.remove(&id);
-                if session.audit().enabled() {
-                    session.audit().record(Event {
-                        session_id: session.id(),
-                        method: &method,
-                        id: Some(id),
-                        details,
-                        outcome: frame.error,
-                        elapsed: started.elapsed(),
-                    });
-                }
-                frame.permit = Some(permit);
-                responder.respond(frame).await;
-            });
+    let request = Request {
+        session: session.clone(),
+        responder: conn.responder.clone(),
+        in_flight: conn.in_flight.clone(),
+        id,
+        method,
+        params,
+        audit,
+    };
+    tokio::spawn(async move {
+        // The request's share of the byte budget, until it is done.
+        let _bytes = bytes;
+        run_request(request, permit, token).await
+    });
+}
+
+/// `initialize` on this connection: the session is attached to it when
+/// it succeeds (taking the session over from any other connection).
+fn initialize(conn: &mut Conn<'_>, id: u64, params: rmpv::Value) -> OutFrame {
+    let session = conn.session;
+    let max = conn.responder.max_frame;
+    if conn.generation.is_some() {
+        return error_frame(id, &dispatch::initialize_again(), max);
+    }
+    let frame = reply_frame(id, dispatch::initialize(session, params), max);
+    if frame.error.is_none() {
+        conn.generation = Some(session.attach(conn.notes.clone()));
+    }
+    frame
+}
+
+/// A request refused before it ran; `audited` unless it never had an id
+/// of its own (a duplicate).
+struct Refused {
+    error: WireError,
+    audited: bool,
+}
+
+impl From<WireError> for Refused {
+    fn from(error: WireError) -> Refused {
+        Refused {
+            error,
+            audited: true,
         }
-        Incoming::Notification { method, params } => {
-            if method == methods::CANCEL {
-                match executor_protocol::message::from_params::<CancelParams>(params) {
-                    Ok(CancelParams { id }) => {
-                        if let Some(t) = in_flight.lock().expect("in-flight lock").tokens.get(&id) {
-                            t.cancel();
-                        } else {
-                            tracing::debug!(id, "$/cancel for a request not in flight");
-                        }
-                    }
-                    Err(e) => tracing::debug!(error = %e, "malformed $/cancel"),
-                }
-            } else {
-                tracing::debug!(method, "ignoring unknown notification");
+    }
+}
+
+/// Whether this connection may send `method` now: it holds the session
+/// (initialized, not taken over) and the profile allows the method.
+fn admit(conn: &Conn<'_>, method: &str) -> Result<(), Refused> {
+    let session = conn.session;
+    if conn.generation.is_some_and(|g| g != session.generation()) {
+        return Err(WireError::new(
+            ErrorCode::SessionTakenOver,
+            "the session was resumed by another connection; this one may only close",
+        )
+        .into());
+    }
+    if conn.generation.is_none() {
+        return Err(WireError::new(
+            ErrorCode::NotInitialized,
+            format!("{method:?} before initialize: send initialize first"),
+        )
+        .into());
+    }
+    if let Err(rule) = session.profile().check(method) {
+        return Err(WireError::new(ErrorCode::PolicyDenied, rule)
+            .with("method", method)
+            .into());
+    }
+    Ok(())
+}
+
+/// An in-flight slot and a cancellation token registered under `id`.
+fn reserve(conn: &Conn<'_>, id: u64) -> Result<(OwnedSemaphorePermit, CancellationToken), Refused> {
+    let Ok(permit) = conn.slots.clone().try_acquire_owned() else {
+        return Err(
+            WireError::limit("max_requests_in_flight", conn.max_in_flight as u64, None).into(),
+        );
+    };
+    let token = CancellationToken::new();
+    match conn
+        .in_flight
+        .lock()
+        .expect("in-flight lock")
+        .tokens
+        .entry(id)
+    {
+        std::collections::hash_map::Entry::Occupied(_) => Err(Refused {
+            error: WireError::new(
+                ErrorCode::InvalidRequest,
+                format!("request id {id} is already in flight"),
+            ),
+            audited: false,
+        }),
+        std::collections::hash_map::Entry::Vacant(slot) => {
+            slot.insert(token.clone());
+            Ok((permit, token))
+        }
+    }
+}
+
+/// An admitted request, on its way to its handler.
+struct Request {
+    session: Arc<Session>,
+    responder: Responder,
+    in_flight: Arc<Mutex<InFlight>>,
+    id: u64,
+    method: String,
+    params: rmpv::Value,
+    audit: RequestAudit,
+}
+
+/// Run an admitted request to its answer (its handler's reply, a panic
+/// answered `internal`, or `cancelled`), audit it, send the answer; the
+/// in-flight slot is released once the answer is written.
+async fn run_request(r: Request, permit: OwnedSemaphorePermit, token: CancellationToken) {
+    let Request {
+        session,
+        responder,
+        in_flight,
+        id,
+        method,
+        params,
+        audit,
+    } = r;
+    let max = responder.max_frame;
+    let work = AssertUnwindSafe(dispatch::dispatch(&session, &method, params)).catch_unwind();
+    let outcome = tokio::select! {
+        r = work => r.unwrap_or_else(|panic| Err(panicked(&method, panic))),
+        _ = token.cancelled() => Err(WireError::new(
+            ErrorCode::Cancelled,
+            format!("request {id} ({method}) was cancelled"),
+        )),
+    };
+    let mut frame = reply_frame(id, outcome, max);
+    in_flight.lock().expect("in-flight lock").tokens.remove(&id);
+    audit.audit_event(&session, frame.error);
+    frame.permit = Some(permit);
+    responder.respond(frame).await;
+}
+
+/// The answer to a handler that panicked (a bug).
+fn panicked(method: &str, panic: Box<dyn std::any::Any + Send>) -> WireError {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(method, panic = %what, "handler panicked");
+    WireError::new(
+        ErrorCode::Internal,
+        format!("internal error (a bug) while handling {method:?}: {what}"),
+    )
+}
+
+/// `$/cancel` cancels a request in flight; other notifications are ignored.
+fn handle_notification(conn: &Conn<'_>, method: &str, params: rmpv::Value) {
+    if method != methods::CANCEL {
+        tracing::debug!(method, "ignoring unknown notification");
+        return;
+    }
+    match executor_protocol::message::from_params::<CancelParams>(params) {
+        Ok(CancelParams { id }) => {
+            let in_flight = conn.in_flight.lock().expect("in-flight lock");
+            match in_flight.tokens.get(&id) {
+                Some(t) => t.cancel(),
+                None => tracing::debug!(id, "$/cancel for a request not in flight"),
             }
         }
-        Incoming::Response { id, .. } => {
-            tracing::debug!(?id, "ignoring a response: the agent sends no requests");
-        }
+        Err(e) => tracing::debug!(error = %e, "malformed $/cancel"),
     }
 }
 

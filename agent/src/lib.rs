@@ -23,10 +23,12 @@ pub mod forced;
 pub mod fs;
 pub mod host;
 pub mod http;
+pub mod http_client;
 pub mod outbound;
 pub mod process;
 pub mod sandbox_gate;
 pub mod session;
+pub mod tables;
 pub mod tools;
 
 pub use conn::serve;

@@ -1,13 +1,22 @@
-//! Frames on their way out: [`OutFrame`] (bytes, a zero-copy tail, the
-//! request's in-flight permit), and [`Outbound`], where a session's
-//! notifications go (the connection attached to it, if any).
+//! Frames on their way out, the only place the agent encodes a message:
+//! [`OutFrame`] (bytes, a zero-copy tail, the request's in-flight permit);
+//! [`Reply`], what a handler answers (a value, a value with a zero-copy
+//! tail, or a stream's head) and [`reply_frame`] / [`error_frame`], which
+//! frame it; and [`Outbound`], where a session's notifications go (the
+//! connection attached to it, if any), with typed pushes for bulk data
+//! ([`Outbound::notify_output`], [`Outbound::notify_body_delta`]).
 //!
 //! The bottom layer of the agent: it depends on the protocol crate only;
-//! handlers, the session and the connection all use it, it uses none of
-//! them.
+//! the tables, the session, the handlers, dispatch and the connection all
+//! use it, it uses none of them.
 
-use executor_protocol::message::encode_notification;
-use executor_protocol::ErrorCode;
+use bytes::Bytes;
+use executor_protocol::message::{
+    encode_body_delta_head, encode_error, encode_notification, encode_output_head,
+    encode_read_block_head, encode_response, EncodeError,
+};
+use executor_protocol::types::process::OutputStream;
+use executor_protocol::{ErrorCode, WireError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
@@ -63,6 +72,143 @@ pub enum NotifyError {
     Full,
     /// No connection is attached.
     Closed,
+    /// The notification cannot be framed (larger than the frame limit).
+    Unencodable(String),
+}
+
+/// A handler's result, encoded once the request id is known.
+pub trait ReplyValue: Send {
+    /// The response frame answering request `id`.
+    fn encode(&self, id: u64, max_frame: usize) -> Result<Vec<u8>, EncodeError>;
+}
+
+impl<T: serde::Serialize + Send> ReplyValue for T {
+    fn encode(&self, id: u64, max_frame: usize) -> Result<Vec<u8>, EncodeError> {
+        let mut bytes = Vec::new();
+        encode_response(&mut bytes, Some(id), self, max_frame)?;
+        Ok(bytes)
+    }
+}
+
+/// What a handler answers with. Handlers never see frames: dispatch turns
+/// a typed result into a `Reply` ([`IntoReply`]) and the connection frames
+/// it with [`reply_frame`].
+#[allow(missing_debug_implementations)] // holds a type-erased result
+pub enum Reply {
+    /// A result value.
+    Value(Box<dyn ReplyValue>),
+    /// `{eof, data}` with `data` sent by reference after the frame head
+    /// (`fs/readBlock`): a value with a zero-copy tail.
+    Block { eof: bool, data: Bytes },
+    /// A stream's head; `started` fires once it is queued, so what the
+    /// stream pushes next (its notifications) follows it on the wire.
+    Stream {
+        head: Box<dyn ReplyValue>,
+        started: tokio::sync::oneshot::Sender<()>,
+    },
+}
+
+impl Reply {
+    /// A plain result value.
+    pub fn value<T: serde::Serialize + Send + 'static>(v: T) -> Reply {
+        Reply::Value(Box::new(v))
+    }
+}
+
+/// A handler's result type, made a [`Reply`].
+pub trait IntoReply {
+    fn into_reply(self) -> Reply;
+}
+
+impl IntoReply for Reply {
+    fn into_reply(self) -> Reply {
+        self
+    }
+}
+
+impl<T: serde::Serialize + Send + 'static> IntoReply for T {
+    fn into_reply(self) -> Reply {
+        Reply::value(self)
+    }
+}
+
+/// The frame answering request `id` with `outcome`.
+pub fn reply_frame(id: u64, outcome: Result<Reply, WireError>, max_frame: usize) -> OutFrame {
+    let internal = |e: EncodeError| {
+        let err = WireError::new(
+            ErrorCode::Internal,
+            format!("cannot encode the result: {e}"),
+        );
+        error_frame(id, &err, max_frame)
+    };
+    match outcome {
+        Ok(Reply::Value(v)) => match v.encode(id, max_frame) {
+            Ok(bytes) => OutFrame::new(bytes),
+            Err(e) => internal(e),
+        },
+        Ok(Reply::Block { eof, data }) => {
+            let mut head = Vec::with_capacity(48);
+            match encode_read_block_head(&mut head, id, eof, data.len(), max_frame) {
+                Ok(()) => OutFrame {
+                    tail: Some(data),
+                    ..OutFrame::new(head)
+                },
+                Err(e) => error_frame(
+                    id,
+                    &WireError::new(ErrorCode::Internal, e.to_string()),
+                    max_frame,
+                ),
+            }
+        }
+        Ok(Reply::Stream { head, started }) => match head.encode(id, max_frame) {
+            Ok(bytes) => OutFrame {
+                on_queued: Some(started),
+                ..OutFrame::new(bytes)
+            },
+            Err(e) => internal(e),
+        },
+        Err(err) => error_frame(id, &err, max_frame),
+    }
+}
+
+/// An error response frame (`id` is `None` when the request's id could
+/// not be read).
+pub fn error_frame(id: impl Into<Option<u64>>, err: &WireError, max_frame: usize) -> OutFrame {
+    let id = id.into();
+    let mut bytes = Vec::new();
+    if encode_error(&mut bytes, id, err, max_frame).is_err() {
+        // Only an enormous message could fail; send the code alone.
+        let short = WireError::new(err.code, "error message too large to send");
+        let _ = encode_error(&mut bytes, id, &short, max_frame);
+    }
+    OutFrame {
+        error: Some(err.code),
+        ..OutFrame::new(bytes)
+    }
+}
+
+/// A notification frame (`None`, logged, when it cannot be encoded).
+pub fn notification_frame<P: serde::Serialize>(
+    method: &str,
+    params: &P,
+    max_frame: usize,
+) -> Option<OutFrame> {
+    let mut bytes = Vec::new();
+    match encode_notification(&mut bytes, method, params, max_frame) {
+        Ok(()) => Some(OutFrame::new(bytes)),
+        Err(e) => {
+            tracing::error!(method, error = %e, "cannot encode notification");
+            None
+        }
+    }
+}
+
+/// A frame head followed by `data` by reference.
+fn with_tail(head: Vec<u8>, data: Bytes) -> OutFrame {
+    OutFrame {
+        tail: Some(data),
+        ..OutFrame::new(head)
+    }
 }
 
 impl Outbound {
@@ -99,21 +245,48 @@ impl Outbound {
             .ok_or(NotifyError::Closed)
     }
 
-    fn encode_note<P: serde::Serialize>(&self, method: &str, params: &P) -> Option<OutFrame> {
-        let mut bytes = Vec::new();
-        match encode_notification(&mut bytes, method, params, self.max_frame) {
-            Ok(()) => Some(OutFrame::new(bytes)),
-            Err(e) => {
-                tracing::error!(method, error = %e, "cannot encode notification");
-                None
-            }
-        }
+    /// Queue `process/output` (`data` by reference after its head),
+    /// waiting at most `patience` for room: a client that drains its input
+    /// slows the job down (no loss); one that stalls longer gets `Full`.
+    pub async fn notify_output(
+        &self,
+        process_id: &str,
+        seq: u64,
+        stream: OutputStream,
+        data: Bytes,
+        patience: Duration,
+    ) -> Result<(), NotifyError> {
+        let mut head = Vec::with_capacity(96);
+        encode_output_head(
+            &mut head,
+            process_id,
+            seq,
+            stream,
+            data.len(),
+            self.max_frame,
+        )
+        .map_err(|e| NotifyError::Unencodable(e.to_string()))?;
+        self.notify_frame_within(with_tail(head, data), patience)
+            .await
+    }
+
+    /// Queue a non-final `http/request/bodyDelta` (`data` by reference
+    /// after its head), waiting for room as long as it takes.
+    pub async fn notify_body_delta(
+        &self,
+        stream_id: u64,
+        seq: u64,
+        data: Bytes,
+    ) -> Result<(), NotifyError> {
+        let mut head = Vec::with_capacity(64);
+        encode_body_delta_head(&mut head, stream_id, seq, data.len(), self.max_frame)
+            .map_err(|e| NotifyError::Unencodable(e.to_string()))?;
+        self.notify_frame(with_tail(head, data)).await
     }
 
     /// Queue a prepared notification frame, waiting at most `patience` for
-    /// room: a client that drains its input slows the producer down (no
-    /// loss); one that stalls longer than that gets `Full`.
-    pub async fn notify_frame_within(
+    /// room.
+    async fn notify_frame_within(
         &self,
         frame: OutFrame,
         patience: Duration,
@@ -140,7 +313,7 @@ impl Outbound {
 
     /// Queue a prepared notification frame, waiting for room as long as it
     /// takes (the producer is paused meanwhile: backpressure, no loss).
-    pub async fn notify_frame(&self, frame: OutFrame) -> Result<(), NotifyError> {
+    async fn notify_frame(&self, frame: OutFrame) -> Result<(), NotifyError> {
         self.current()?
             .send(frame)
             .await
@@ -153,7 +326,7 @@ impl Outbound {
         method: &str,
         params: &P,
     ) -> Result<(), NotifyError> {
-        let Some(frame) = self.encode_note(method, params) else {
+        let Some(frame) = notification_frame(method, params, self.max_frame) else {
             return Ok(());
         };
         self.notify_frame(frame).await

@@ -1,18 +1,42 @@
-//! The agent's module graph (from `crate::` paths in `agent/src`): which
-//! top-level module uses which. It must have no cycle but the ones listed
-//! in `KNOWN`, the session and the handler modules whose tables it owns
-//! (issue 15's remaining work); a new cycle fails here.
+//! The agent's module graph (from `crate::` paths in `agent/src`, comments
+//! aside): which top-level module uses which. It must have no cycle, and
+//! every module sits in one layer of [`LAYERS`] and imports only from its
+//! own layer or those below (a new module fails here until it is placed).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Cycles still to break: the session holds tables defined next to their
-/// handlers, which use the session.
-const KNOWN: &[(&str, &str)] = &[
-    ("session", "fs"),
-    ("session", "http"),
-    ("session", "process"),
+/// The layers, bottom first (the order `agent/src/lib.rs` describes).
+const LAYERS: &[(&str, &[&str])] = &[
+    // Frames out: replies, errors, notifications.
+    ("outbound", &["outbound"]),
+    // The session's state tables (jobs, file handles, HTTP streams).
+    ("tables", &["tables"]),
+    // What the session and the handlers use beside the tables:
+    // configuration, the audit log, the destination policy, the HTTP
+    // client, the sandbox gate, forced commands.
+    (
+        "support",
+        &[
+            "config",
+            "destinations",
+            "audit",
+            "http_client",
+            "sandbox_gate",
+            "forced",
+        ],
+    ),
+    ("session", &["session"]),
+    // One module per method family.
+    ("handlers", &["process", "exec", "fs", "http", "tools"]),
+    ("dispatch", &["dispatch"]),
+    ("conn", &["conn"]),
+    ("host", &["host"]),
 ];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|(_, ms)| ms.contains(&module))
+}
 
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -72,22 +96,11 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     g
 }
 
-fn reaches(
-    g: &BTreeMap<String, BTreeSet<String>>,
-    from: &str,
-    to: &str,
-    skip: &[(&str, &str)],
-) -> bool {
+fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
     let mut seen = BTreeSet::new();
     let mut todo = vec![from.to_string()];
     while let Some(m) = todo.pop() {
         for n in g.get(&m).into_iter().flatten() {
-            let known = skip
-                .iter()
-                .any(|(a, b)| (m == *a && n == b) || (m == *b && n == a));
-            if known {
-                continue;
-            }
             if n == to {
                 return true;
             }
@@ -100,29 +113,49 @@ fn reaches(
 }
 
 #[test]
-fn the_agent_modules_form_no_new_cycle() {
+fn the_agent_modules_form_no_cycle() {
     let g = graph();
     assert!(
         g.get("conn").is_some_and(|d| d.contains("dispatch")),
         "the graph is read: {g:?}"
     );
-    // Without the known session <-> handler edges, no module reaches itself.
     for m in g.keys() {
-        assert!(
-            !reaches(&g, m, m, KNOWN),
-            "{m} is in an import cycle: {g:?}"
-        );
+        assert!(!reaches(&g, m, m), "{m} is in an import cycle: {g:?}");
     }
-    // The layers named in lib.rs: nothing below imports what is above.
-    for (low, high) in [
-        ("outbound", "conn"),
-        ("outbound", "session"),
-        ("outbound", "dispatch"),
-        ("session", "conn"),
-        ("session", "dispatch"),
-        ("dispatch", "conn"),
-        ("config", "http"),
+}
+
+#[test]
+fn every_module_imports_only_its_layer_or_below() {
+    let g = graph();
+    for (from, deps) in &g {
+        let Some(low) = layer_of(from) else {
+            panic!("module {from} is in no layer of LAYERS: place it");
+        };
+        for to in deps {
+            let Some(high) = layer_of(to) else {
+                panic!("module {to} is in no layer of LAYERS: place it");
+            };
+            assert!(
+                high <= low,
+                "{from} ({}) imports {to} ({}), a higher layer",
+                LAYERS[low].0,
+                LAYERS[high].0
+            );
+        }
+    }
+    // Beside the support modules, which a layer above may use, every
+    // layer but the bottom one builds on the one right below it.
+    for (upper, lower) in [
+        ("tables", "outbound"),
+        ("session", "tables"),
+        ("process", "session"),
+        ("dispatch", "process"),
+        ("conn", "dispatch"),
+        ("host", "conn"),
     ] {
-        assert!(!reaches(&g, low, high, &[]), "{low} reaches {high}: {g:?}");
+        assert!(
+            g.get(upper).is_some_and(|d| d.contains(lower)),
+            "{upper} no longer uses {lower}: is LAYERS still true? {g:?}"
+        );
     }
 }

@@ -120,7 +120,7 @@ async fn collect(
     let wall_time_ms = started.elapsed().as_millis() as u64;
     match exit {
         Some(e) => {
-            proc.mark_delivered(s);
+            s.processes().delivered(proc);
             ExecResult {
                 output,
                 original_token_count,

@@ -9,150 +9,17 @@
 //! (the last [`COMMITTED_KEPT`]) so that its `fs/close` answers `{}` once.
 
 use super::confine::{confined, confined_creating, Access};
-use super::{blocking, create_temp, io_error, read_at_most, TempFile};
+use super::{blocking, create_temp, io_error, read_at_most};
+use crate::outbound::Reply;
 use crate::session::Session;
+pub use crate::tables::handles::{Handle, HandleTable, WriteHandle, COMMITTED_KEPT};
 use bytes::Bytes;
 use executor_protocol::types::fs::*;
 use executor_protocol::types::Empty;
-use executor_protocol::{ErrorCode, WireError};
-use std::collections::HashMap;
+use executor_protocol::WireError;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// An uncommitted write: its temp file (made in the target's directory,
-/// held open by descriptor) goes away with it.
-#[derive(Debug)]
-pub struct WriteHandle {
-    temp: TempFile,
-    mode: Option<u32>,
-    done: AtomicBool,
-}
-
-impl Drop for WriteHandle {
-    fn drop(&mut self) {
-        if !self.done.load(Ordering::SeqCst) {
-            self.temp.discard();
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Handle {
-    Read {
-        file: Arc<std::fs::File>,
-        path: PathBuf,
-    },
-    Write(Arc<WriteHandle>),
-}
-
-/// The session's open handles.
-#[derive(Debug, Default)]
-pub struct HandleTable {
-    map: Mutex<HashMap<u64, Handle>>,
-    /// Ids of committed write handles not closed yet, oldest first.
-    committed: Mutex<std::collections::VecDeque<u64>>,
-    next: AtomicU64,
-}
-
-/// How many committed-but-not-closed handle ids are remembered (ids only;
-/// a client that never closes cannot grow the table past this).
-pub const COMMITTED_KEPT: usize = 4096;
-
-impl HandleTable {
-    fn room(map: &HashMap<u64, Handle>, max: u64) -> Result<(), WireError> {
-        if map.len() as u64 >= max {
-            return Err(WireError::limit("max_open_files", max, None));
-        }
-        Ok(())
-    }
-
-    /// Fail early (before creating anything) when no handle slot is free.
-    fn check_room(&self, max: u64) -> Result<(), WireError> {
-        Self::room(&self.map.lock().expect("handle table"), max)
-    }
-
-    fn insert(&self, h: Handle, max: u64) -> Result<u64, WireError> {
-        let mut map = self.map.lock().expect("handle table");
-        Self::room(&map, max)?;
-        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
-        map.insert(id, h);
-        Ok(id)
-    }
-
-    /// A read handle (`invalid_params` for a write handle).
-    fn reader(&self, id: u64) -> Result<(Arc<std::fs::File>, PathBuf), WireError> {
-        match self.map.lock().expect("handle table").get(&id) {
-            Some(Handle::Read { file, path }) => Ok((file.clone(), path.clone())),
-            Some(Handle::Write(_)) => Err(wrong_kind(id, "writing")),
-            None => Err(unknown(id)),
-        }
-    }
-
-    /// A write handle, kept open (`invalid_params` for a read handle).
-    fn writer(&self, id: u64) -> Result<Arc<WriteHandle>, WireError> {
-        match self.map.lock().expect("handle table").get(&id) {
-            Some(Handle::Write(h)) => Ok(h.clone()),
-            Some(Handle::Read { .. }) => Err(wrong_kind(id, "reading")),
-            None => Err(unknown(id)),
-        }
-    }
-
-    /// A write handle, released from the table.
-    fn take_writer(&self, id: u64) -> Result<Arc<WriteHandle>, WireError> {
-        let mut map = self.map.lock().expect("handle table");
-        match map.get(&id) {
-            Some(Handle::Write(_)) => match map.remove(&id) {
-                Some(Handle::Write(h)) => Ok(h),
-                _ => Err(unknown(id)),
-            },
-            Some(Handle::Read { .. }) => Err(wrong_kind(id, "reading")),
-            None => Err(unknown(id)),
-        }
-    }
-
-    /// Remember `id` as committed (its close answers `{}` once).
-    fn committed(&self, id: u64) {
-        let mut c = self.committed.lock().expect("committed handles");
-        if c.len() >= COMMITTED_KEPT {
-            c.pop_front();
-        }
-        c.push_back(id);
-    }
-
-    /// The handle, released; `None` for a committed one (forgotten now).
-    fn take(&self, id: u64) -> Result<Option<Handle>, WireError> {
-        if let Some(h) = self.map.lock().expect("handle table").remove(&id) {
-            return Ok(Some(h));
-        }
-        let mut c = self.committed.lock().expect("committed handles");
-        match c.iter().position(|&x| x == id) {
-            Some(i) => {
-                c.remove(i);
-                Ok(None)
-            }
-            None => Err(unknown(id)),
-        }
-    }
-
-    /// Close everything (end of session): temp files of uncommitted writes go.
-    pub fn close_all(&self) {
-        self.map.lock().expect("handle table").clear();
-    }
-}
-
-fn wrong_kind(id: u64, opened_for: &str) -> WireError {
-    WireError::invalid_params("handle", format!("handle {id} was opened for {opened_for}"))
-}
-
-fn unknown(id: u64) -> WireError {
-    WireError::new(
-        ErrorCode::UnknownHandle,
-        format!("no open handle {id} in this session"),
-    )
-    .with("handle", id)
-}
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
     let max = s.limits().max_block_bytes;
@@ -195,7 +62,7 @@ pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireErr
 
 /// `fs/readBlock`: the data (sent by reference) and whether the read
 /// reached the end of the file.
-pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, Bytes), WireError> {
+pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<Reply, WireError> {
     check_block(p.length, s)?;
     let (file, path) = s.handles().reader(p.handle)?;
     blocking(move || {
@@ -210,7 +77,10 @@ pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<(bool, B
                 .len();
             p.offset + data.len() as u64 >= size
         };
-        Ok((eof, Bytes::from(data)))
+        Ok(Reply::Block {
+            eof,
+            data: Bytes::from(data),
+        })
     })
     .await
 }

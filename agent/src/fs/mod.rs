@@ -264,17 +264,7 @@ fn stat_at(dir: &OwnedFd, name: &OsStr) -> Option<nix::sys::stat::FileStat> {
     nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).ok()
 }
 
-/// A temp file made for an atomic replace of `target`, in the directory
-/// that holds it (`O_EXCL`, never through a symlink).
-#[derive(Debug)]
-pub struct TempFile {
-    pub file: std::fs::File,
-    pub dir: OwnedFd,
-    pub tmp: std::ffi::OsString,
-    pub name: std::ffi::OsString,
-    /// For messages.
-    pub target: PathBuf,
-}
+pub use crate::tables::handles::TempFile;
 
 /// Create a temp file beside the resolved `target`.
 pub fn create_temp(target: confine::Resolved) -> Result<TempFile, WireError> {
@@ -307,16 +297,8 @@ pub fn create_temp(target: confine::Resolved) -> Result<TempFile, WireError> {
     })
 }
 
+/// Finishing an atomic replace (the type is the handle table's).
 impl TempFile {
-    /// Remove the temp file (an uncommitted or failed write).
-    pub fn discard(&self) {
-        let _ = nix::unistd::unlinkat(
-            &self.dir,
-            self.tmp.as_os_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        );
-    }
-
     /// fsync, set the mode, rename over the target in the same directory;
     /// removes the temp on failure.
     pub fn finish(&self, mode: Option<u32>) -> Result<(), WireError> {

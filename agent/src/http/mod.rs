@@ -5,12 +5,12 @@
 //! `executor_protocol::types::http`; the destination policy is in [`policy`].
 
 pub use crate::destinations as policy;
-pub mod transport;
+pub use crate::http_client as transport;
 
-use crate::outbound::{OutFrame, Outbound};
+use crate::outbound::{NotifyError, Outbound, Reply};
 use crate::session::Session;
+pub use crate::tables::streams::Streams;
 use bytes::Bytes;
-use executor_protocol::message::encode_body_delta_head;
 use executor_protocol::methods;
 use executor_protocol::types::http::{
     BodyDelta, HttpCancelParams, HttpRequestParams, HttpResponse, HttpStreamHead,
@@ -23,11 +23,9 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use policy::Destinations;
 use serde_bytes::ByteBuf;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 pub use transport::HttpContext;
@@ -38,48 +36,6 @@ use url::Url;
 pub const MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 /// The most redirect hops one request may ask for.
 pub const MAX_REDIRECTS: u32 = 20;
-
-/// What `http/request` answers: a whole response, or a stream's head (sent
-/// before any of its deltas: the pump waits for `started`).
-#[derive(Debug)]
-pub enum Outcome {
-    Buffered(HttpResponse),
-    Stream {
-        head: HttpStreamHead,
-        started: oneshot::Sender<()>,
-    },
-}
-
-/// The session's open streams.
-#[derive(Debug)]
-pub struct Streams {
-    next: AtomicU64,
-    live: Mutex<HashMap<u64, CancellationToken>>,
-    slots: Arc<Semaphore>,
-    max: u64,
-}
-
-impl Streams {
-    pub fn new(max: u64) -> Self {
-        Streams {
-            next: AtomicU64::new(1),
-            live: Mutex::new(HashMap::new()),
-            slots: Arc::new(Semaphore::new(max as usize)),
-            max,
-        }
-    }
-
-    /// End every stream (with a final `cancelled` delta).
-    pub fn cancel_all(&self) {
-        for token in self.live.lock().expect("streams lock").values() {
-            token.cancel();
-        }
-    }
-
-    fn remove(&self, id: u64) {
-        self.live.lock().expect("streams lock").remove(&id);
-    }
-}
 
 /// A validated request.
 struct Prepared {
@@ -251,17 +207,13 @@ fn check_host_header(url: &Url, i: usize, name: &str, value: &str) -> Result<(),
     .with("authority", authority))
 }
 
-/// `http/request`
-pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Outcome, WireError> {
+/// `http/request`: a whole response, or a stream's head (sent before any
+/// of its deltas: the pump waits for the head to be queued).
+pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Reply, WireError> {
     let req = prepare(s, p)?;
     let streams = s.http_streams();
     let permit = if req.stream {
-        let permit = streams
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| WireError::limit("max_http_streams", streams.max, None))?;
-        Some(permit)
+        Some(streams.reserve_slot()?)
     } else {
         None
     };
@@ -304,23 +256,17 @@ pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Ou
             .await
             .map_err(|_| timed_out("no complete body"))??;
         drop(guard);
-        return Ok(Outcome::Buffered(HttpResponse {
+        return Ok(Reply::value(HttpResponse {
             status,
             headers,
             body: ByteBuf::from(body),
             url: url.to_string(),
         }));
     }
-    let stream_id = streams.next.fetch_add(1, Ordering::Relaxed);
-    let token = CancellationToken::new();
-    streams
-        .live
-        .lock()
-        .expect("streams lock")
-        .insert(stream_id, token.clone());
+    let (stream_id, token) = streams.open();
     let (started, start) = oneshot::channel();
     let pump = Pump {
-        session: s.clone(),
+        streams: s.http_streams().clone(),
         outbound: s.outbound().clone(),
         stream_id,
         idle: req.timeout,
@@ -330,13 +276,13 @@ pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Ou
         _permit: permit,
     };
     tokio::spawn(pump.run(body, start));
-    Ok(Outcome::Stream {
-        head: HttpStreamHead {
+    Ok(Reply::Stream {
+        head: Box::new(HttpStreamHead {
             status,
             headers,
             url: url.to_string(),
             stream_id,
-        },
+        }),
         started,
     })
 }
@@ -460,7 +406,7 @@ async fn collect(mut body: Incoming, max: u64) -> Result<Vec<u8>, WireError> {
 /// the upstream only when the previous delta found room in the
 /// notification queue, so a slow client slows the server down.
 struct Pump {
-    session: Arc<Session>,
+    streams: Arc<Streams>,
     outbound: Outbound,
     stream_id: u64,
     idle: Duration,
@@ -475,7 +421,7 @@ impl Pump {
         // The head must be queued before the first delta; if it never is
         // (the request was cancelled), nobody knows this stream.
         if start.await.is_err() {
-            self.session.http_streams().remove(self.stream_id);
+            self.streams.remove(self.stream_id);
             return;
         }
         let mut seq = 0u64;
@@ -510,29 +456,22 @@ impl Pump {
                 }
             }
             // The data follows its frame head by reference: never copied.
-            let mut head = Vec::with_capacity(64);
-            let max = self.outbound.max_frame();
-            if let Err(e) = encode_body_delta_head(&mut head, self.stream_id, seq, data.len(), max)
-            {
-                break Some(WireError::new(ErrorCode::Internal, e.to_string()));
-            }
-            let frame = OutFrame {
-                tail: Some(data),
-                ..OutFrame::new(head)
-            };
             let sent = tokio::select! {
-                r = self.outbound.notify_frame(frame) => r,
+                r = self.outbound.notify_body_delta(self.stream_id, seq, data) => r,
                 _ = self.token.cancelled() => break Some(self.cancelled()),
             };
+            if let Err(NotifyError::Unencodable(e)) = sent {
+                break Some(WireError::new(ErrorCode::Internal, e));
+            }
             if sent.is_err() {
                 // The connection is gone: nobody to tell.
-                self.session.http_streams().remove(self.stream_id);
+                self.streams.remove(self.stream_id);
                 return;
             }
             seq += 1;
         };
         drop(body);
-        self.session.http_streams().remove(self.stream_id);
+        self.streams.remove(self.stream_id);
         let last = BodyDelta {
             stream_id: self.stream_id,
             seq,
@@ -553,23 +492,8 @@ impl Pump {
 
 /// `http/cancel`
 pub async fn handle_cancel(s: &Arc<Session>, p: HttpCancelParams) -> Result<Empty, WireError> {
-    match s
-        .http_streams()
-        .live
-        .lock()
-        .expect("streams lock")
-        .get(&p.stream_id)
-    {
-        Some(token) => {
-            token.cancel();
-            Ok(Empty {})
-        }
-        None => Err(WireError::new(
-            ErrorCode::UnknownStream,
-            format!("no open stream {}", p.stream_id),
-        )
-        .with("stream_id", p.stream_id)),
-    }
+    s.http_streams().cancel(p.stream_id)?;
+    Ok(Empty {})
 }
 
 #[cfg(test)]

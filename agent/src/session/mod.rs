@@ -1,11 +1,18 @@
-//! Session state: `initialize`, `environment/info`, and the end of a session.
+//! One session: what `initialize` established (identity, limits, profile,
+//! how it lives) and what it owns (the [`crate::tables`], the HTTP
+//! context, the audit log, the [`Outbound`] its notifications leave by);
+//! `initialize`, `environment/info`, and the end of a session.
+//!
+//! Above the tables, below the handlers: it uses `outbound`, `tables`,
+//! `config`, `audit` and `http_client`; the handlers get a `&Arc<Session>`.
 
 use crate::audit::Audit;
 use crate::config::Profile;
-use crate::fs::handles::HandleTable;
-use crate::http::{HttpContext, Streams};
+use crate::http_client::HttpContext;
 use crate::outbound::Outbound;
-use crate::process::ProcessTable;
+use crate::tables::handles::HandleTable;
+use crate::tables::jobs::ProcessTable;
+use crate::tables::streams::Streams;
 use executor_protocol::limits::Limits;
 use executor_protocol::types::session::{
     AgentInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
@@ -125,10 +132,10 @@ pub struct Session {
     caps: Capabilities,
     outbound: Outbound,
     identity: OnceLock<Identity>,
-    processes: ProcessTable,
+    processes: Arc<ProcessTable>,
     handles: HandleTable,
     http: Arc<HttpContext>,
-    streams: Streams,
+    streams: Arc<Streams>,
     profile: Profile,
     audit: Audit,
 }
@@ -179,10 +186,10 @@ impl Session {
             caps: Capabilities::probe(),
             outbound,
             identity: OnceLock::new(),
-            processes: ProcessTable::default(),
+            processes: Arc::default(),
             handles: HandleTable::default(),
             http,
-            streams: Streams::new(limits.max_http_streams),
+            streams: Arc::new(Streams::new(limits.max_http_streams)),
             limits,
             profile,
             audit,
@@ -205,7 +212,7 @@ impl Session {
     }
 
     /// The session's streamed HTTP responses.
-    pub fn http_streams(&self) -> &Streams {
+    pub fn http_streams(&self) -> &Arc<Streams> {
         &self.streams
     }
 
@@ -273,7 +280,7 @@ impl Session {
     }
 
     /// The session's jobs.
-    pub fn processes(&self) -> &ProcessTable {
+    pub fn processes(&self) -> &Arc<ProcessTable> {
         &self.processes
     }
 

@@ -5,9 +5,13 @@
 //! There is no connection pool: every request (and every redirect hop) gets
 //! a fresh connection, so no request can reuse a connection whose address
 //! was admitted for another host.
+//!
+//! Below the session (which holds the [`HttpContext`]): it uses
+//! [`crate::config`] and [`crate::destinations`] only; `http/request` in
+//! [`crate::http`] drives it.
 
-use super::policy::Destinations;
 use crate::config::HttpConfig;
+use crate::destinations::Destinations;
 use bytes::Bytes;
 use executor_protocol::{ErrorCode, WireError};
 use http_body_util::Full;
