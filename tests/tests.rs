@@ -21,6 +21,8 @@ mod process;
 mod sandbox;
 #[path = "suite/session.rs"]
 mod session;
+#[path = "suite/spawner.rs"]
+mod spawner;
 #[path = "suite/ssh.rs"]
 mod ssh;
 #[path = "suite/transports.rs"]

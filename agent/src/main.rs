@@ -104,6 +104,13 @@ fn main() -> anyhow::Result<()> {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot remove what a killed agent's jobs left"),
     }
+    // The process that forks every job's supervisor, started from the main
+    // thread (its parent-death signal follows the thread that started it,
+    // and this one lives as long as the agent). A failure here is retried
+    // at the first job, and reported there.
+    if let Err(e) = executor_agent::process::spawner::start() {
+        tracing::warn!(error = %e, "cannot start the spawner");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -149,18 +156,21 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `executor sandbox-exec [--lifeline FD] [--status FD] --spec FD`:
-/// the trampoline every job goes through (see `executor_sandbox::trampoline`).
+/// the trampoline (see `executor_sandbox::trampoline`); `executor
+/// sandbox-exec --spawner`: the process that forks every job's supervisor
+/// (see `executor_sandbox::spawner`), started by the agent.
 fn sandbox_exec(args: &[std::ffi::OsString]) -> ! {
-    use executor_sandbox::trampoline;
-    let code = match trampoline::Spec::parse(args).and_then(trampoline::run) {
-        Ok(code) => code,
-        Err(e) => {
-            // Our stderr is the job's stderr: say who failed.
-            eprintln!("executor sandbox-exec: {e}");
-            126
-        }
-    };
-    std::process::exit(code)
+    use executor_sandbox::{spawner, trampoline};
+    if args.len() == 1 && args[0] == "--spawner" {
+        std::process::exit(match spawner::serve() {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("executor sandbox-exec --spawner: {e}");
+                126
+            }
+        });
+    }
+    std::process::exit(trampoline::run_reporting(trampoline::Spec::parse(args)))
 }
 
 /// When stdin and stdout are pipes or sockets (under sshd, or a spawning

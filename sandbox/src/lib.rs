@@ -13,7 +13,9 @@
 //!   program (user, mount, PID, IPC and network namespaces, a fresh root,
 //!   Landlock, capabilities, seccomp);
 //! - [`seatbelt`]: the macOS profile generator (pure, golden-tested);
-//! - [`trampoline`]: `executor sandbox-exec`, the one path of every job.
+//! - [`trampoline`]: `executor sandbox-exec`, the one path of every job;
+//! - [`spawner`]: `executor sandbox-exec --spawner`, the small process that
+//!   forks every job's supervisor (which runs the trampoline's code).
 //!
 //! Test hook, compiled only with the cargo feature `test-hooks` (which the
 //! test suite enables and release builds never do):
@@ -23,7 +25,7 @@
 //! variable is ignored.
 //!
 //! All `unsafe` of the workspace lives in this crate (in [`sys`], and the
-//! few descriptor hand-overs of [`trampoline`]), each block with a
+//! few descriptor hand-overs of [`trampoline`] and [`spawner`]), each block with a
 //! `// SAFETY:` comment.
 
 #[cfg(target_os = "linux")]
@@ -32,6 +34,7 @@ pub mod placeholder;
 pub mod plan;
 pub mod policy;
 pub mod seatbelt;
+pub mod spawner;
 pub mod spec;
 pub mod sys;
 pub mod trampoline;

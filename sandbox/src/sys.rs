@@ -417,3 +417,11 @@ pub fn set_not_dumpable() -> io::Result<()> {
     // SAFETY: integer arguments only.
     unit_result(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as libc::c_long)
 }
+
+/// Name the calling process as `ps`, `top` and `/proc/PID/comm` show it
+/// (at most 15 bytes; longer names are cut by the kernel). The one place
+/// the spawner and the supervisors it forks get their names.
+pub fn set_process_name(name: &std::ffi::CStr) {
+    // Only cosmetic: a kernel that refuses leaves the inherited name.
+    let _ = nix::sys::prctl::set_name(name);
+}

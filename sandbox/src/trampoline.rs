@@ -174,6 +174,23 @@ struct Exec {
     argv: Vec<CString>,
     envp: Vec<CString>,
     tty: bool,
+    /// The job's working directory, entered in the forked child (unconfined
+    /// jobs; a sandboxed job's init enters it in the job's own root).
+    cwd: Option<CString>,
+}
+
+/// [`run`], with a setup error said on stderr (the job's stderr: it names
+/// who failed) and turned into exit code 126. The body of both ways into a
+/// supervisor: `executor sandbox-exec --lifeline FD --status FD --spec FD`
+/// and a fork of the spawner ([`crate::spawner`]).
+pub fn run_reporting(spec: Result<Spec, Error>) -> i32 {
+    match spec.and_then(run) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("executor sandbox-exec: {e}");
+            126
+        }
+    }
 }
 
 /// Run the trampoline: set up, fork the job, supervise it. Returns the
@@ -250,6 +267,10 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
             .map(|e| cstring(e, "an environment entry"))
             .collect::<Result<_, _>>()?,
         tty: job.tty,
+        cwd: match job.sandbox {
+            None => Some(cstring(&job.cwd, "the working directory")?),
+            Some(_) => None,
+        },
     };
     if exec.argv.is_empty() {
         return Err(Error::Usage("the job spec has an empty argv".into()));
@@ -488,10 +509,10 @@ fn job_init(
     let _ = ctl.read(&mut go);
     let raw = loop {
         match waitpid(Pid::from_raw(-1), None) {
-            Ok(WaitStatus::Exited(pid, code)) if pid == program => break (code & 0xff) << 8,
-            Ok(WaitStatus::Signaled(pid, sig, core)) if pid == program => {
-                break (sig as i32) | if core { 0x80 } else { 0 }
-            }
+            Ok(st) if st.pid() == Some(program) => match raw_wait_status(st) {
+                Some(raw) => break raw,
+                None => continue,
+            },
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => break 0,
         }
@@ -561,6 +582,11 @@ fn exec_job(exec: &Exec) -> [u8; 8] {
             return failure(FAIL_EXEC, 0, e.raw_os_error().unwrap_or(libc::EIO));
         }
     }
+    if let Some(cwd) = &exec.cwd {
+        if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
+            return failure(FAIL_EXEC, 0, e as i32);
+        }
+    }
     // Default dispositions and an empty mask, whatever the agent had.
     sys::reset_signals();
     match nix::unistd::execve(&exec.path, &exec.argv, &exec.envp) {
@@ -628,11 +654,10 @@ fn reap_main(main: Pid) -> i32 {
     // remaining descendant.
     let raw = loop {
         match waitpid(main, None) {
-            Ok(WaitStatus::Exited(_, code)) => break (code & 0xff) << 8,
-            Ok(WaitStatus::Signaled(_, sig, core)) => {
-                break (sig as i32) | if core { 0x80 } else { 0 }
-            }
-            Ok(_) => continue,
+            Ok(st) => match raw_wait_status(st) {
+                Some(raw) => break raw,
+                None => continue,
+            },
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => break 0,
         }
@@ -705,6 +730,16 @@ fn children_of(parent: Pid) -> Vec<Pid> {
         }
     }
     out
+}
+
+/// The raw wait status (as `waitpid(2)` stores it) of an exit or a death
+/// by signal; `None` for other states.
+pub fn raw_wait_status(st: WaitStatus) -> Option<i32> {
+    match st {
+        WaitStatus::Exited(_, code) => Some((code & 0xff) << 8),
+        WaitStatus::Signaled(_, sig, core) => Some((sig as i32) | if core { 0x80 } else { 0 }),
+        _ => None,
+    }
 }
 
 /// Decode a raw wait status into (exit code, signal number).

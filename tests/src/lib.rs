@@ -412,6 +412,13 @@ pub fn parent_pid(pid: u32) -> u32 {
         .expect("a ppid in /proc/PID/stat")
 }
 
+/// The agent that runs the unconfined job `pid`: the job's parent is its
+/// supervisor, whose parent is the agent's spawner, whose parent is the
+/// agent.
+pub fn agent_of_job(pid: u32) -> u32 {
+    parent_pid(parent_pid(parent_pid(pid)))
+}
+
 #[cfg(test)]
 mod prerequisite_tests {
     #[test]

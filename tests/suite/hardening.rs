@@ -660,8 +660,6 @@ async fn a_misspelt_key_in_a_profile_sandbox_stops_the_agent() {
     c.close().await.unwrap();
 }
 
-use executor_tests::parent_pid as parent_of;
-
 // Issue 14.6: in-flight request payloads have a byte budget. 24 concurrent
 // 4 MiB `process/write`s to a job that does not read yet: the agent stops
 // reading its input past the budget instead of holding them all, and every
@@ -675,7 +673,7 @@ async fn in_flight_request_bytes_are_bounded_by_back_pressure() {
         4 * MIB as u64
     );
     let job = c.start(&sh("sleep 3; cat > /dev/null")).await.unwrap();
-    let agent = parent_of(parent_of(job.pid()));
+    let agent = executor_tests::agent_of_job(job.pid());
     let before = status_kib(agent, "VmRSS");
     let data = vec![b'x'; 4 * MIB];
     let writes = (0..24).map(|_| job.write(&data));

@@ -464,8 +464,10 @@ async fn a_flood_never_blocks_other_requests_and_memory_stays_bounded() {
     // notification queue, output buffer and stdout pipe can hold together.
     let deadline = std::time::Instant::now() + WAIT;
     loop {
+        // agent -> spawner -> supervisor -> yes
         let written = children(agent_pid)
             .into_iter()
+            .flat_map(children)
             .flat_map(children)
             .map(|pid| {
                 std::fs::read_to_string(format!("/proc/{pid}/io"))

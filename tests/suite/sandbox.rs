@@ -99,7 +99,7 @@ async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     let c = Client::spawn(cmd, ClientOptions::default())
         .await
         .expect("agent");
-    // The agent's pid: the parent of a job's supervisor.
+    // The agent's pid: above a job's supervisor and the spawner.
     let probe = c
         .start(&ProcessStartParams::new(
             vec!["sleep".into(), "0.2".into()],
@@ -108,8 +108,7 @@ async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
         ))
         .await
         .unwrap();
-    let sup = ppid(probe.pid());
-    let agent_pid = ppid(sup);
+    let agent_pid = executor_tests::agent_of_job(probe.pid());
     probe.wait().await.unwrap();
     Env {
         c,

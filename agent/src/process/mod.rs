@@ -11,6 +11,7 @@
 //! and the client catches up with `process/read`.
 
 pub mod spawn;
+pub mod spawner;
 
 use crate::outbound::Outbound;
 use crate::session::Session;

@@ -1,8 +1,11 @@
-//! Starting a job: resolve the program, then spawn it through the one
-//! trampoline (`executor sandbox-exec`), with pipes or a PTY.
+//! Starting a job: resolve the program, then have the spawner
+//! ([`super::spawner`]) fork its supervisor, which runs the one trampoline
+//! (`executor_sandbox::trampoline`) with pipes or a PTY.
 //!
-//! This is the only module of the agent that spawns processes.
+//! This is the only module of the agent that starts jobs; the agent never
+//! forks for one.
 
+use super::spawner::{self, Supervisor};
 use executor_protocol::types::process::PtySize;
 use executor_protocol::{ErrorCode, WireError};
 use executor_sandbox::plan::WirePlan;
@@ -11,16 +14,15 @@ use executor_sandbox::trampoline::Status;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use serde_bytes::ByteBuf;
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
 /// What to start.
 #[derive(Debug)]
@@ -38,8 +40,8 @@ pub struct SpawnRequest<'a> {
 /// A started job.
 #[derive(Debug)]
 pub struct Spawned {
-    /// The trampoline (the job's supervisor).
-    pub supervisor: Child,
+    /// The job's supervisor (forked by the spawner).
+    pub supervisor: Supervisor,
     /// The program's own pid (also its process group and session id).
     pub pid: u32,
     /// Carries the job's exit status from the supervisor.
@@ -51,8 +53,10 @@ pub struct Spawned {
     pub pty_master: Option<OwnedFd>,
 }
 
-/// The read end every supervisor inherits; the agent alone holds the write
+/// The read end every supervisor gets; the agent alone holds the write
 /// end, so its death (however it dies) hangs the pipe up for all of them.
+/// Both ends are close-on-exec: the read end travels to each supervisor
+/// with its fork request.
 struct Lifeline {
     read: OwnedFd,
     _write: OwnedFd,
@@ -64,8 +68,6 @@ fn lifeline() -> Result<&'static Lifeline, WireError> {
     LIFELINE
         .get_or_init(|| {
             let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
-            // Supervisors inherit the read end; the write end stays ours.
-            fcntl(&read, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| e.to_string())?;
             Ok(Lifeline {
                 read,
                 _write: write,
@@ -186,19 +188,108 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> WireError {
     WireError::new(ErrorCode::Io, format!("{what}: {e}"))
 }
 
-/// Spawn through the trampoline and wait until the program runs (or exec
-/// failed, in which case nothing ran and the error says why).
+/// The job's status channel: the agent reads, the supervisor writes
+/// [`Status`] messages. Created and first read here alone.
+fn status_channel() -> Result<(pipe::Receiver, OwnedFd), WireError> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("status pipe", e))?;
+    let r = pipe::Receiver::from_owned_fd(r).map_err(|e| io_err("status pipe", e))?;
+    Ok((r, w))
+}
+
+/// The supervisor's first message: how the start went (`None`: EOF or
+/// bytes no supervisor sends).
+async fn first_status(status: &mut pipe::Receiver) -> std::io::Result<Option<Status>> {
+    let mut msg = [0u8; Status::LEN];
+    status.read_exact(&mut msg).await?;
+    Ok(Status::decode(msg))
+}
+
+/// The job's ends of its stdio (given to the supervisor) and the agent's.
+struct Stdio {
+    job: [OwnedFd; 3],
+    stdin: Option<ChildStdin>,
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+    pty_master: Option<OwnedFd>,
+}
+
+fn stdio(req: &SpawnRequest<'_>) -> Result<Stdio, WireError> {
+    if let Some(size) = req.tty {
+        let ws = nix::pty::Winsize {
+            ws_row: size.rows,
+            ws_col: size.cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty =
+            nix::pty::openpty(&ws, None).map_err(|e| io_err("opening a pseudo-terminal", e))?;
+        for fd in [&pty.master, &pty.slave] {
+            fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(|e| io_err("pty", e))?;
+        }
+        let flags = fcntl(&pty.master, FcntlArg::F_GETFL).map_err(|e| io_err("pty", e))?;
+        fcntl(
+            &pty.master,
+            FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+        )
+        .map_err(|e| io_err("pty", e))?;
+        let clone = |f: &OwnedFd| f.try_clone().map_err(|e| io_err("pty", e));
+        return Ok(Stdio {
+            job: [clone(&pty.slave)?, clone(&pty.slave)?, pty.slave],
+            stdin: None,
+            stdout: None,
+            stderr: None,
+            pty_master: Some(pty.master),
+        });
+    }
+    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("job pipe", e));
+    let tokio_io = |e| io_err("job pipe", e);
+    let (stdin_job, stdin) = if req.stdin_null {
+        let null = std::fs::File::open("/dev/null").map_err(|e| io_err("/dev/null", e))?;
+        (OwnedFd::from(null), None)
+    } else {
+        let (r, w) = pipe()?;
+        let w = ChildStdin::from_std(std::process::ChildStdin::from(w)).map_err(tokio_io)?;
+        (r, Some(w))
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    Ok(Stdio {
+        job: [stdin_job, out_w, err_w],
+        stdin,
+        stdout: Some(
+            ChildStdout::from_std(std::process::ChildStdout::from(out_r)).map_err(tokio_io)?,
+        ),
+        stderr: Some(
+            ChildStderr::from_std(std::process::ChildStderr::from(err_r)).map_err(tokio_io)?,
+        ),
+        pty_master: None,
+    })
+}
+
+/// Wait (boundedly) until the spawner has reaped a supervisor that is
+/// ending on its own.
+async fn reap(supervisor: &mut Supervisor) -> Option<std::process::ExitStatus> {
+    tokio::time::timeout(Duration::from_secs(5), supervisor.wait())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
+/// Bounds the start: the spawner's answer and the supervisor's first
+/// message (a stopped spawner or supervisor must not hang the request).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Start the job through the spawner and wait until the program runs (or
+/// exec failed, in which case nothing ran and the error says why).
 pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     check_cwd(req.cwd)?;
     let program = resolve_program(&req.argv[0], req.cwd, req.env)?;
     let lifeline = lifeline()?;
-    let (status_r, status_w) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| io_err("status pipe", e))?;
-    fcntl(&status_w, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("status pipe", e))?;
+    let (mut status, status_w) = status_channel()?;
 
-    // What to run travels in a sealed memfd; the trampoline gets an empty
-    // environment and descriptor numbers only (nothing of the request may
-    // run code in it, or be read in its /proc/PID/cmdline).
+    // What to run travels in a sealed memfd; the supervisor gets
+    // descriptors only (nothing of the request may run code in it, or be
+    // read in its /proc/PID/cmdline or environ).
     let b = |s: &[u8]| ByteBuf::from(s.to_vec());
     let job = JobSpec {
         exec: b(program.as_os_str().as_bytes()),
@@ -218,75 +309,55 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     let spec_fd = job
         .to_memfd()
         .map_err(|e| io_err("writing the job spec", e))?;
-    fcntl(&spec_fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("job spec", e))?;
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.arg("sandbox-exec")
-        .arg("--lifeline")
-        .arg(lifeline.read.as_raw_fd().to_string())
-        .arg("--status")
-        .arg(status_w.as_raw_fd().to_string())
-        .arg("--spec")
-        .arg(spec_fd.as_raw_fd().to_string());
-    cmd.env_clear().current_dir(req.cwd).kill_on_drop(false);
+    let Stdio {
+        job: job_stdio,
+        stdin,
+        stdout,
+        mut stderr,
+        pty_master,
+    } = stdio(req)?;
 
-    let mut pty_master = None;
-    if let Some(size) = req.tty {
-        let ws = nix::pty::Winsize {
-            ws_row: size.rows,
-            ws_col: size.cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        let pty =
-            nix::pty::openpty(&ws, None).map_err(|e| io_err("opening a pseudo-terminal", e))?;
-        for fd in [&pty.master, &pty.slave] {
-            fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(|e| io_err("pty", e))?;
+    let started = tokio::time::timeout(START_TIMEOUT, async {
+        let [i, o, e] = &job_stdio;
+        let fds = [
+            i.as_fd(),
+            o.as_fd(),
+            e.as_fd(),
+            lifeline.read.as_fd(),
+            status_w.as_fd(),
+            spec_fd.as_fd(),
+        ];
+        let supervisor = spawner::fork(fds).await;
+        // Our copies of the job's ends must go, or EOF would never come.
+        drop((job_stdio, status_w, spec_fd));
+        let supervisor = supervisor?;
+        Ok::<_, WireError>((supervisor, first_status(&mut status).await))
+    })
+    .await;
+    let (mut supervisor, first) = match started {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(WireError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the job supervisor did not report within {}s; nothing was run",
+                    START_TIMEOUT.as_secs()
+                ),
+            ))
         }
-        let flags = fcntl(&pty.master, FcntlArg::F_GETFL).map_err(|e| io_err("pty", e))?;
-        fcntl(
-            &pty.master,
-            FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
-        )
-        .map_err(|e| io_err("pty", e))?;
-        let slave = std::fs::File::from(pty.slave);
-        let clone = |f: &std::fs::File| f.try_clone().map_err(|e| io_err("pty", e));
-        cmd.stdin(Stdio::from(clone(&slave)?))
-            .stdout(Stdio::from(clone(&slave)?))
-            .stderr(Stdio::from(slave));
-        pty_master = Some(pty.master);
-    } else {
-        cmd.stdin(if req.stdin_null {
-            Stdio::null()
-        } else {
-            Stdio::piped()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    }
-
-    let mut supervisor = cmd.spawn().map_err(|e| io_err("starting the job", e))?;
-    // Our copies of the job's ends must go, or EOF would never come.
-    drop(status_w);
-    drop(spec_fd);
-    drop(cmd);
-    let mut status =
-        pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;
-    let mut msg = [0u8; Status::LEN];
-    let first = tokio::time::timeout(Duration::from_secs(30), status.read_exact(&mut msg))
-        .await
-        .map(|r| r.map(|_| Status::decode(msg)));
+    };
     match first {
-        Ok(Ok(Some(Status::Started { pid }))) => Ok(Spawned {
+        Ok(Some(Status::Started { pid })) => Ok(Spawned {
             pid,
             status,
-            stdin: supervisor.stdin.take(),
-            stdout: supervisor.stdout.take(),
-            stderr: supervisor.stderr.take(),
+            stdin,
+            stdout,
+            stderr,
             supervisor,
             pty_master,
         }),
-        Ok(Ok(Some(Status::SandboxFailed { step, errno }))) => {
-            let _ = supervisor.wait().await;
+        Ok(Some(Status::SandboxFailed { step, errno })) => {
+            reap(&mut supervisor).await;
             Err(WireError::new(
                 ErrorCode::SandboxUnavailable,
                 format!(
@@ -297,8 +368,10 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             )
             .with("errno", errno))
         }
-        Ok(Ok(Some(Status::ExecFailed { errno }))) => {
-            let _ = supervisor.wait().await;
+        Ok(Some(Status::ExecFailed { errno })) => {
+            reap(&mut supervisor).await;
+            // The job enters its cwd just before exec: it may have gone.
+            check_cwd(req.cwd)?;
             Err(errno_error(
                 exec_errno_code(errno),
                 &program,
@@ -307,23 +380,22 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             ))
         }
         other => {
-            let _ = supervisor.start_kill();
-            let st = supervisor.wait().await.ok();
-            let mut stderr = String::new();
-            if let Some(mut e) = supervisor.stderr.take() {
-                let _ = tokio::time::timeout(Duration::from_secs(1), e.read_to_string(&mut stderr))
-                    .await;
+            supervisor.start_kill();
+            let st = reap(&mut supervisor).await;
+            let mut text = String::new();
+            if let Some(e) = stderr.as_mut() {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), e.read_to_string(&mut text)).await;
             }
             Err(WireError::new(
                 ErrorCode::Internal,
                 format!(
                     "the job supervisor (executor sandbox-exec) failed before starting the program ({}; status {st:?}): {}",
                     match other {
-                        Ok(Ok(_)) => "bad status message".to_string(),
-                        Ok(Err(e)) => e.to_string(),
-                        Err(_) => "timed out".into(),
+                        Ok(_) => "bad status message".to_string(),
+                        Err(e) => e.to_string(),
                     },
-                    stderr.trim()
+                    text.trim()
                 ),
             ))
         }

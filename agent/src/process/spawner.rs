@@ -1,0 +1,319 @@
+//! The agent's side of the spawner ([`executor_sandbox::spawner`]): the
+//! small single-threaded process that forks every job's supervisor, asked
+//! over a `SOCK_SEQPACKET` socketpair. The agent itself never forks for a
+//! job.
+//!
+//! One spawner serves the agent at a time. It is started at agent start
+//! ([`start`], from the main thread before the runtime) and again when it
+//! is found dead (EOF on its socket, or a request it could not take): a
+//! request that never reached it is retried once on the new one; a request
+//! it took and died on is answered by the job's status channel (the
+//! supervisor ran, or EOF: nothing ran, `internal`). Nothing waits on a
+//! dead spawner.
+//!
+//! A reader task takes every reply off the socket: fork answers go to the
+//! request that asked (by id), exits to the [`Supervisor`] of that pid.
+//!
+//! Depends on `executor_sandbox::spawner` (the messages), tokio and nix.
+
+use executor_protocol::{ErrorCode, WireError};
+use executor_sandbox::spawner::{Reply, Request, FORK_FDS, MSG_LEN};
+use nix::sys::socket::{
+    send, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
+};
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::Interest;
+use tokio::net::UnixDatagram;
+use tokio::sync::oneshot;
+
+/// A spawner process and the agent's end of its socket.
+#[derive(Debug)]
+struct Process {
+    sock: OwnedFd,
+    child: std::process::Child,
+}
+
+/// A connected spawner.
+#[derive(Debug)]
+struct Conn {
+    /// A `SOCK_SEQPACKET` socket driven as tokio's datagram socket (the
+    /// same send/recv calls; messages keep their boundaries; EOF reads 0).
+    sock: UnixDatagram,
+    state: Mutex<State>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Fork requests sent and not yet answered.
+    forks: HashMap<u64, oneshot::Sender<Result<Forked, i32>>>,
+    /// Supervisors forked and not yet reaped.
+    exits: HashMap<i32, oneshot::Sender<i32>>,
+    dead: bool,
+}
+
+#[derive(Debug)]
+struct Forked {
+    pid: i32,
+    exit: oneshot::Receiver<i32>,
+}
+
+/// Started by [`start`], connected at the first job.
+static EARLY: Mutex<Option<Process>> = Mutex::new(None);
+static CURRENT: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Start the spawner now (the agent's `main`, before the async runtime).
+pub fn start() -> io::Result<()> {
+    let p = launch()?;
+    *lock(&EARLY) = Some(p);
+    Ok(())
+}
+
+/// `/proc/self/exe sandbox-exec --spawner` with its socket as fd 0, an
+/// empty environment and cwd `/` (so no supervisor holds the agent's).
+fn launch() -> io::Result<Process> {
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let child = std::process::Command::new("/proc/self/exe")
+        .arg0("executor")
+        .args(["sandbox-exec", "--spawner"])
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    Ok(Process { sock: ours, child })
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> WireError {
+    WireError::new(ErrorCode::Internal, format!("{what}: {e}"))
+}
+
+/// The live spawner, started or restarted as needed.
+fn conn() -> Result<Arc<Conn>, WireError> {
+    let mut current = lock(&CURRENT);
+    if let Some(c) = current.as_ref().filter(|c| !lock(&c.state).dead) {
+        return Ok(c.clone());
+    }
+    let early = lock(&EARLY).take();
+    let p = match early {
+        Some(p) => p,
+        None => launch().map_err(|e| internal("cannot start the spawner", e))?,
+    };
+    let sock = std::os::unix::net::UnixDatagram::from(p.sock);
+    sock.set_nonblocking(true)
+        .map_err(|e| internal("spawner socket", e))?;
+    let sock = UnixDatagram::from_std(sock).map_err(|e| internal("spawner socket", e))?;
+    let c = Arc::new(Conn {
+        sock,
+        state: Mutex::new(State::default()),
+        next_id: AtomicU64::new(1),
+    });
+    tokio::spawn(read_replies(c.clone(), p.child));
+    *current = Some(c.clone());
+    Ok(c)
+}
+
+impl Conn {
+    /// Mark dead and fail everything that waits on it.
+    fn die(&self) {
+        let mut st = lock(&self.state);
+        st.dead = true;
+        st.forks.clear();
+        st.exits.clear();
+    }
+
+    fn dispatch(&self, r: Reply) {
+        let mut st = lock(&self.state);
+        match r {
+            Reply::Forked { id, result } => {
+                let result = result.map(|pid| {
+                    let (tx, exit) = oneshot::channel();
+                    st.exits.insert(pid, tx);
+                    Forked { pid, exit }
+                });
+                if let Some(tx) = st.forks.remove(&id) {
+                    let _ = tx.send(result);
+                }
+            }
+            Reply::Exited { pid, raw } => {
+                if let Some(tx) = st.exits.remove(&pid) {
+                    let _ = tx.send(raw);
+                }
+            }
+        }
+    }
+}
+
+/// Every reply of one spawner, until it goes away; then reap it.
+async fn read_replies(c: Arc<Conn>, mut child: std::process::Child) {
+    let mut buf = [0u8; MSG_LEN];
+    loop {
+        let got = c.sock.recv(&mut buf).await;
+        match got {
+            Ok(MSG_LEN) => match Reply::decode(&buf) {
+                Some(r) => c.dispatch(r),
+                None => {
+                    tracing::warn!("the spawner sent a malformed reply; restarting it");
+                    break;
+                }
+            },
+            Ok(0) => break,
+            Ok(n) => {
+                tracing::warn!(bytes = n, "the spawner sent a short reply; restarting it");
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the spawner's replies; restarting it");
+                break;
+            }
+        }
+    }
+    c.die();
+    tracing::debug!(pid = child.id(), "spawner gone");
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = child.kill();
+        child.wait()
+    })
+    .await;
+}
+
+/// A job's supervisor as the agent sees it: its exit comes from the
+/// spawner that forked it.
+#[derive(Debug)]
+pub struct Supervisor {
+    pid: Option<i32>,
+    exit: Option<oneshot::Receiver<i32>>,
+    status: Option<ExitStatus>,
+    conn: Option<Arc<Conn>>,
+}
+
+impl Supervisor {
+    /// A supervisor the spawner may have forked before it died without
+    /// answering: the job's status channel says whether it runs.
+    fn unknown() -> Supervisor {
+        Supervisor {
+            pid: None,
+            exit: None,
+            status: None,
+            conn: None,
+        }
+    }
+
+    /// Its pid (unknown when its spawner died before answering).
+    pub fn id(&self) -> Option<u32> {
+        self.pid.map(|p| p as u32)
+    }
+
+    /// Its exit status, once its spawner reaped it; an error when that
+    /// spawner is gone (the job's status channel is the real answer).
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        if let Some(st) = self.status {
+            return Ok(st);
+        }
+        let exit = self
+            .exit
+            .as_mut()
+            .ok_or_else(|| io::Error::other("the supervisor's spawner did not answer"))?;
+        let raw = exit
+            .await
+            .map_err(|_| io::Error::other("the spawner ended before the supervisor"))?;
+        let st = ExitStatus::from_raw(raw);
+        self.exit = None;
+        self.status = Some(st);
+        Ok(st)
+    }
+
+    /// SIGKILL it (through its spawner, which knows it is not reaped yet).
+    pub fn start_kill(&self) {
+        if let (Some(pid), Some(c), None) = (self.pid, &self.conn, self.status) {
+            let _ = send(
+                c.sock.as_raw_fd(),
+                &Request::Kill { pid }.encode(),
+                MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+            );
+        }
+    }
+}
+
+/// Ask the spawner to fork a supervisor for these descriptors (stdin,
+/// stdout, stderr, lifeline read end, status write end, job spec). They
+/// are the caller's still: it closes its copies once this returns.
+pub async fn fork(fds: [BorrowedFd<'_>; FORK_FDS]) -> Result<Supervisor, WireError> {
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let mut last = None;
+    // A second try only when the first spawner never took the request.
+    for _ in 0..2 {
+        let c = conn()?;
+        let id = c.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, answer) = oneshot::channel();
+        {
+            let mut st = lock(&c.state);
+            if st.dead {
+                continue;
+            }
+            st.forks.insert(id, tx);
+        }
+        let msg = Request::Fork { id }.encode();
+        let sent = c
+            .sock
+            .async_io(Interest::WRITABLE, || {
+                sendmsg::<()>(
+                    c.sock.as_raw_fd(),
+                    &[IoSlice::new(&msg)],
+                    &[ControlMessage::ScmRights(&raw)],
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
+                .map_err(io::Error::from)
+            })
+            .await;
+        if let Err(e) = sent {
+            lock(&c.state).forks.remove(&id);
+            let gone = matches!(
+                e.raw_os_error(),
+                Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN | libc::ECONNREFUSED)
+            );
+            if !gone {
+                return Err(internal("cannot send the spawner a request", e));
+            }
+            c.die();
+            last = Some(e);
+            continue;
+        }
+        return match answer.await {
+            Ok(Ok(f)) => Ok(Supervisor {
+                pid: Some(f.pid),
+                exit: Some(f.exit),
+                status: None,
+                conn: Some(c),
+            }),
+            Ok(Err(errno)) => Err(WireError::new(
+                ErrorCode::Io,
+                format!("starting the job: {}", io::Error::from_raw_os_error(errno)),
+            )
+            .with("errno", errno)),
+            Err(_) => Ok(Supervisor::unknown()),
+        };
+    }
+    Err(internal(
+        "the spawner went away twice before taking the request",
+        last.map_or_else(|| "gone".to_string(), |e| e.to_string()),
+    ))
+}

@@ -1,0 +1,358 @@
+//! `executor sandbox-exec --spawner`: the one small process that forks every
+//! job's supervisor, so that a job costs a fork of a small single-threaded
+//! process plus the exec of the program (no fork of the multithreaded agent,
+//! no reload of the agent binary per job).
+//!
+//! The agent starts it once (before its async runtime, again after it
+//! died), with an empty environment, cwd `/` and its end of a
+//! `SOCK_SEQPACKET` socketpair as fd 0. Each request is one message: a
+//! [`Request`] and, for a fork, [`FORK_FDS`] descriptors by `SCM_RIGHTS`
+//! (the job's stdin, stdout, stderr, the lifeline's read end, the status
+//! channel's write end, the sealed job-spec memfd). The spawner holds them
+//! only until it has forked: the child closes the spawner's socket and
+//! signalfd first thing, makes the three stdio descriptors its 0-2 and runs
+//! [`crate::trampoline::run`] on the other three, exactly what
+//! `executor sandbox-exec --lifeline FD --status FD --spec FD` runs. Nothing
+//! of a request is read here: the spec stays sealed in its memfd.
+//!
+//! Replies ([`Reply`]): `Forked` with the supervisor's pid (or the errno of
+//! `fork`) for every fork request, in order; `Exited` with the raw wait
+//! status when a supervisor it forked is reaped (the agent's `wait` of the
+//! supervisor). `Kill` SIGKILLs a supervisor that is still an unreaped
+//! child (its pid cannot have been reused).
+//!
+//! It dies with the agent: `PR_SET_PDEATHSIG` (SIGKILL), and EOF on its
+//! socket (the agent alone holds the other end). Jobs do not depend on it:
+//! each supervisor watches the agent's lifeline itself, so a spawner that
+//! is killed leaves its running jobs supervised and reporting.
+//!
+//! Depends on [`crate::sys`] and [`crate::trampoline`] only.
+
+use crate::sys;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{recvmsg, send, ControlMessageOwned, MsgFlags};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+use std::collections::HashSet;
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+
+/// Descriptors a fork request carries, in this order: stdin, stdout,
+/// stderr, lifeline (read end), status (write end), job spec.
+pub const FORK_FDS: usize = 6;
+
+/// Bytes of every message, both ways: a tag, a big-endian `u64`, a
+/// big-endian `i32`.
+pub const MSG_LEN: usize = 13;
+
+/// What the agent asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// Fork a supervisor for the [`FORK_FDS`] descriptors of the message;
+    /// `id` comes back in the reply.
+    Fork { id: u64 },
+    /// SIGKILL this supervisor if it is still an unreaped child.
+    Kill { pid: i32 },
+}
+
+/// What the spawner answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// The answer to `Fork { id }`: the supervisor's pid, or `fork`'s errno.
+    Forked { id: u64, result: Result<i32, i32> },
+    /// A supervisor was reaped: its raw wait status.
+    Exited { pid: i32, raw: i32 },
+}
+
+fn encode(tag: u8, a: u64, b: i32) -> [u8; MSG_LEN] {
+    let mut m = [0u8; MSG_LEN];
+    m[0] = tag;
+    m[1..9].copy_from_slice(&a.to_be_bytes());
+    m[9..].copy_from_slice(&b.to_be_bytes());
+    m
+}
+
+fn fields(m: &[u8; MSG_LEN]) -> (u8, u64, i32) {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&m[1..9]);
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&m[9..]);
+    (m[0], u64::from_be_bytes(a), i32::from_be_bytes(b))
+}
+
+impl Request {
+    pub fn encode(self) -> [u8; MSG_LEN] {
+        match self {
+            Request::Fork { id } => encode(b'F', id, 0),
+            Request::Kill { pid } => encode(b'K', pid as u32 as u64, 0),
+        }
+    }
+
+    /// `None` for bytes the agent never sends.
+    pub fn decode(m: &[u8; MSG_LEN]) -> Option<Request> {
+        match fields(m) {
+            (b'F', id, 0) => Some(Request::Fork { id }),
+            (b'K', pid, 0) => i32::try_from(pid)
+                .ok()
+                .filter(|p| *p > 0)
+                .map(|pid| Request::Kill { pid }),
+            _ => None,
+        }
+    }
+}
+
+impl Reply {
+    pub fn encode(self) -> [u8; MSG_LEN] {
+        match self {
+            Reply::Forked { id, result } => encode(b'F', id, result.unwrap_or_else(|e| -e)),
+            Reply::Exited { pid, raw } => encode(b'X', pid as u32 as u64, raw),
+        }
+    }
+
+    /// `None` for bytes no spawner sends.
+    pub fn decode(m: &[u8; MSG_LEN]) -> Option<Reply> {
+        match fields(m) {
+            (b'F', id, v) if v > 0 => Some(Reply::Forked { id, result: Ok(v) }),
+            (b'F', id, v) if v < 0 => Some(Reply::Forked {
+                id,
+                result: Err(-v),
+            }),
+            (b'X', pid, raw) => i32::try_from(pid)
+                .ok()
+                .filter(|p| *p > 0)
+                .map(|pid| Reply::Exited { pid, raw }),
+            _ => None,
+        }
+    }
+}
+
+/// Serve the agent on the socket at fd 0 until it goes away. Returns the
+/// spawner's exit code (0: the agent closed its end).
+///
+/// Must be called while the process is single-threaded (it forks and the
+/// children run Rust code).
+pub fn serve() -> io::Result<i32> {
+    // Die with the agent, even if it is SIGKILLed (the socket's EOF is the
+    // second signal, and covers a parent gone before this call).
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+    // The socket leaves fd 0 (for /dev/null) for a close-on-exec number
+    // above 2, and must be ours.
+    let sock = nix::fcntl::fcntl(
+        std::io::stdin().as_fd(),
+        nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3),
+    )
+    .map_err(io::Error::from)?;
+    // SAFETY: fcntl just returned this new descriptor; nothing owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let ty = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::SockType)
+        .map_err(io::Error::from)?;
+    if ty != nix::sys::socket::SockType::SeqPacket {
+        return Err(io::Error::other("fd 0 is not a SOCK_SEQPACKET socket"));
+    }
+    let null = std::fs::OpenOptions::new().read(true).open("/dev/null")?;
+    nix::unistd::dup2_stdin(&null).map_err(io::Error::from)?;
+    drop(null);
+    sys::close_fds_except(&[sock.as_raw_fd()])?;
+    // Signals aimed at the agent's process group or terminal are not ours.
+    let _ = nix::unistd::setsid();
+    sys::set_process_name(c"executor-spawn");
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    mask.thread_block().map_err(io::Error::from)?;
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(io::Error::from)?;
+    let mut children = HashSet::new();
+    loop {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [
+            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let sock_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
+        while let Ok(Some(_)) = sigfd.read_signal() {}
+        reap(&sock, &mut children)?;
+        if sock_ready && !answer(&sock, &sigfd, &mut children)? {
+            return Ok(0);
+        }
+    }
+}
+
+/// Reap every supervisor that exited and report it.
+fn reap(sock: &OwnedFd, children: &mut HashSet<i32>) -> io::Result<()> {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => return Ok(()),
+            Ok(st) => {
+                if let (Some(pid), Some(raw)) = (st.pid(), crate::trampoline::raw_wait_status(st)) {
+                    children.remove(&pid.as_raw());
+                    reply(
+                        sock,
+                        Reply::Exited {
+                            pid: pid.as_raw(),
+                            raw,
+                        },
+                    )?;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return Ok(()), // ECHILD: none left
+        }
+    }
+}
+
+fn reply(sock: &OwnedFd, r: Reply) -> io::Result<()> {
+    loop {
+        match send(sock.as_raw_fd(), &r.encode(), MsgFlags::MSG_NOSIGNAL) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Take one request off the socket and answer it; `false` at EOF.
+fn answer(sock: &OwnedFd, sigfd: &SignalFd, children: &mut HashSet<i32>) -> io::Result<bool> {
+    let mut buf = [0u8; MSG_LEN];
+    let mut cmsg = nix::cmsg_space!([RawFd; FORK_FDS]);
+    let (len, truncated, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => m,
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => return Ok(true),
+            Err(e) => return Err(e.into()),
+        };
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().map_err(io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(received) = c {
+                // SAFETY: the kernel just installed these descriptors in
+                // this process for this message; nothing else owns them.
+                fds.extend(
+                    received
+                        .into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        let truncated = msg
+            .flags
+            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+        (msg.bytes, truncated, fds)
+    };
+    if len == 0 && fds.is_empty() {
+        return Ok(false);
+    }
+    let request = (len == MSG_LEN && !truncated)
+        .then(|| Request::decode(&buf))
+        .flatten();
+    match request {
+        Some(Request::Fork { id }) => {
+            let fds: [OwnedFd; FORK_FDS] = match fds.try_into() {
+                Ok(fds) => fds,
+                Err(_) => {
+                    let result = Err(libc::EINVAL);
+                    return reply(sock, Reply::Forked { id, result }).map(|()| true);
+                }
+            };
+            // SAFETY: the spawner is single-threaded (`serve`'s contract).
+            let result = match unsafe { sys::fork_single_threaded() } {
+                Ok(ForkResult::Child) => supervisor(sock, sigfd, fds),
+                Ok(ForkResult::Parent { child }) => {
+                    children.insert(child.as_raw());
+                    Ok(child.as_raw())
+                }
+                Err(e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
+            };
+            reply(sock, Reply::Forked { id, result })?;
+        }
+        Some(Request::Kill { pid }) => {
+            if children.contains(&pid) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        None => {
+            // Not something the agent sends: dropped (with its fds).
+            let mut e = std::io::stderr();
+            let _ = std::io::Write::write_all(
+                &mut e,
+                b"executor sandbox-exec --spawner: ignored a malformed request\n",
+            );
+        }
+    }
+    Ok(true)
+}
+
+/// The forked child: become the job's supervisor.
+fn supervisor(sock: &OwnedFd, sigfd: &SignalFd, fds: [OwnedFd; FORK_FDS]) -> ! {
+    // First thing: nothing of the spawner reaches the job.
+    // SAFETY: these are the spawner's own descriptors, open, and this
+    // child never uses them again (the borrowed owners are never dropped:
+    // the child leaves by `exit`).
+    unsafe {
+        libc::close(sock.as_raw_fd());
+        libc::close(sigfd.as_fd().as_raw_fd());
+    }
+    sys::set_process_name(c"sandbox-exec");
+    let [stdin, stdout, stderr, lifeline, status, spec] = fds;
+    let stdio = nix::unistd::dup2_stdin(&stdin)
+        .and_then(|()| nix::unistd::dup2_stdout(&stdout))
+        .and_then(|()| nix::unistd::dup2_stderr(&stderr));
+    if stdio.is_err() {
+        std::process::exit(126);
+    }
+    drop((stdin, stdout, stderr));
+    let spec = crate::trampoline::Spec {
+        lifeline: Some(lifeline.into_raw_fd()),
+        status: Some(status.into_raw_fd()),
+        spec: spec.into_raw_fd(),
+    };
+    std::process::exit(crate::trampoline::run_reporting(Ok(spec)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        for r in [
+            Request::Fork { id: u64::MAX },
+            Request::Kill { pid: 4_194_303 },
+        ] {
+            assert_eq!(Request::decode(&r.encode()), Some(r));
+        }
+        for r in [
+            Reply::Forked {
+                id: 7,
+                result: Ok(123),
+            },
+            Reply::Forked {
+                id: 8,
+                result: Err(libc::EAGAIN),
+            },
+            Reply::Exited {
+                pid: 99,
+                raw: 9 | 0x80,
+            },
+        ] {
+            assert_eq!(Reply::decode(&r.encode()), Some(r));
+        }
+        assert_eq!(Request::decode(&encode(b'K', 0, 0)), None, "pid 0");
+        assert_eq!(Request::decode(&encode(b'K', 1 << 40, 0)), None);
+        assert_eq!(Request::decode(&encode(b'Z', 1, 0)), None);
+        assert_eq!(
+            Reply::decode(&encode(b'F', 1, 0)),
+            None,
+            "neither pid nor errno"
+        );
+    }
+}

@@ -1,0 +1,297 @@
+//! The spawner (`executor sandbox-exec --spawner`): the agent's one small
+//! process that forks every job's supervisor. Whatever happens to the agent
+//! or to the spawner, no job, supervisor or spawner is left behind, and no
+//! request hangs.
+
+use executor_client::Client;
+use executor_protocol::types::process::{ProcessStartParams, SignalName};
+use executor_tests::{client_with_config, local_client, path_env, RawAgent, WAIT};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// A name no other test's process has, for argv[0].
+fn marker(tag: &str) -> String {
+    format!(
+        "spawner-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+fn sleeper(arg0: &str, secs: &str) -> ProcessStartParams {
+    let mut p = ProcessStartParams::new(vec!["sleep".into(), secs.into()], "/", path_env());
+    p.arg0 = Some(arg0.into());
+    p
+}
+
+/// Direct children of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Alive and not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
+}
+
+/// The agent's spawner: its child named `executor-spawn`.
+fn spawner_of(agent: u32) -> Option<u32> {
+    children(agent)
+        .into_iter()
+        .find(|c| comm(*c) == "executor-spawn" && alive(*c))
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect()
+}
+
+/// Live processes whose argv[0] is `arg0`.
+fn with_arg0(arg0: &str) -> Vec<u32> {
+    all_pids()
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| c.split(|b| *b == 0).next() == Some(arg0.as_bytes()))
+                .unwrap_or(false)
+                && alive(*p)
+        })
+        .collect()
+}
+
+/// The pipe inodes `pid` holds open.
+fn pipes_of(pid: u32) -> HashSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|l| l.to_string_lossy().into_owned())
+                .filter(|l| l.starts_with("pipe:"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Live processes holding any of `pipes`.
+fn holding(pipes: &HashSet<String>) -> Vec<u32> {
+    all_pids()
+        .into_iter()
+        .filter(|p| alive(*p) && !pipes_of(*p).is_disjoint(pipes))
+        .collect()
+}
+
+/// Poll `check` until it is true or `WAIT` passes; whether it became true.
+async fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// The agent SIGKILLed while its spawner is forking supervisors for a burst
+// of starts: every job, every supervisor (those forked after the agent died
+// too) and the spawner go.
+#[tokio::test]
+async fn sigkill_of_the_agent_while_the_spawner_forks_leaves_nothing() {
+    let mut a = RawAgent::initialized().await;
+    let agent = a.child.id().unwrap();
+    let name = marker("agent-kill");
+    let first = a.request(1, "process/start", &sleeper(&name, "1000")).await;
+    let job = executor_tests::path(&first, "result.pid")
+        .and_then(|v| v.as_u64())
+        .unwrap_or_else(|| panic!("first start: {first:?}")) as u32;
+    let supervisor = executor_tests::parent_pid(job);
+    let spawner = executor_tests::parent_pid(supervisor);
+    assert_eq!(comm(supervisor), "sandbox-exec");
+    assert_eq!(comm(spawner), "executor-spawn");
+    assert_eq!(executor_tests::parent_pid(spawner), agent);
+    // The lifeline (and the first job's status pipe): held by the agent
+    // and by every supervisor it has.
+    let shared: HashSet<String> = pipes_of(agent)
+        .intersection(&pipes_of(supervisor))
+        .cloned()
+        .collect();
+    assert!(
+        !shared.is_empty(),
+        "the supervisor holds the agent's lifeline"
+    );
+    for id in 2..102 {
+        a.send_request(id, "process/start", &sleeper(&name, "1000"))
+            .await;
+    }
+    // Kill once the spawner is busy with the burst.
+    assert!(
+        eventually(|| children(spawner).len() >= 3).await,
+        "the spawner forks for the burst"
+    );
+    a.child.start_kill().unwrap();
+    a.wait().await;
+    assert!(
+        eventually(|| with_arg0(&name).is_empty()).await,
+        "jobs survived the agent: {:?}",
+        with_arg0(&name)
+    );
+    assert!(
+        eventually(|| holding(&shared).is_empty()).await,
+        "supervisors survived the agent: {:?}",
+        holding(&shared)
+    );
+    assert!(
+        eventually(|| !alive(spawner)).await,
+        "the spawner {spawner} survived the agent"
+    );
+}
+
+/// Open descriptors of `pid`.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// The agent behind a local client: the parent of the spawner that forked
+/// the supervisor of a job it starts.
+async fn agent_and_spawner(c: &Client) -> (u32, u32) {
+    let job = c.start(&sleeper("probe", "0")).await.unwrap();
+    let pid = job.pid();
+    let agent = executor_tests::agent_of_job(pid);
+    job.wait().await.unwrap();
+    (agent, spawner_of(agent).expect("the agent has a spawner"))
+}
+
+// 1,000 starts at once on one connection: each runs (and exits 0) or is
+// refused with limit_exceeded by max_processes; afterwards the agent holds
+// no more descriptors than before and the spawner no child.
+#[tokio::test]
+async fn a_thousand_concurrent_starts_run_or_hit_the_limit_and_leak_nothing() {
+    let c = client_with_config("[limits]\nmax_processes = 100\n").await;
+    let (agent, spawner) = agent_and_spawner(&c).await;
+    // Let the probe's record release its descriptors first.
+    let settled = fd_count(agent);
+    let name = marker("thousand");
+    let starts = (0..1000).map(|_| {
+        let c = c.clone();
+        let p = sleeper(&name, "0.5");
+        tokio::spawn(async move {
+            match c.start(&p).await {
+                Ok(job) => Ok(job.wait().await.expect("exit reported")),
+                Err(e) => Err(e),
+            }
+        })
+    });
+    let results = tokio::time::timeout(
+        Duration::from_secs(120),
+        futures_util::future::join_all(starts),
+    )
+    .await
+    .expect("every start is answered and every job's exit reported");
+    let (mut ran, mut refused) = (0, 0);
+    for r in results {
+        match r.unwrap() {
+            Ok(st) => {
+                assert_eq!(st.code, Some(0), "{st:?}");
+                ran += 1;
+            }
+            Err(e) => {
+                assert_eq!(
+                    e.code(),
+                    Some(executor_protocol::ErrorCode::LimitExceeded),
+                    "{e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(ran >= 100, "at least max_processes ran: {ran}");
+    assert_eq!(ran + refused, 1000);
+    assert!(
+        eventually(|| children(spawner).is_empty()).await,
+        "the spawner still has children: {:?}",
+        children(spawner)
+    );
+    assert!(
+        eventually(|| fd_count(agent) <= settled).await,
+        "the agent holds {} descriptors, {settled} before the burst",
+        fd_count(agent)
+    );
+    assert!(with_arg0(&name).is_empty());
+    // Control: the agent still starts jobs.
+    let again = c.start(&sleeper(&name, "0")).await.unwrap();
+    assert_eq!(again.wait().await.unwrap().code, Some(0));
+    c.close().await.unwrap();
+}
+
+// A spawner killed from outside: the next start is answered (run by a new
+// spawner, or `internal`), never left waiting; the one after runs; a job
+// that was running keeps its supervisor and its exit is still reported.
+#[tokio::test]
+async fn a_killed_spawner_is_replaced_and_no_request_hangs() {
+    let c = local_client().await;
+    let (agent, spawner) = agent_and_spawner(&c).await;
+    let name = marker("respawn");
+    let running = c.start(&sleeper(&name, "1000")).await.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(spawner as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(eventually(|| !alive(spawner)).await);
+    let next = tokio::time::timeout(WAIT, c.start(&sleeper(&name, "0")))
+        .await
+        .expect("a start after the spawner's death is answered");
+    match next {
+        Ok(job) => assert_eq!(job.wait().await.unwrap().code, Some(0)),
+        Err(e) => assert_eq!(
+            e.code(),
+            Some(executor_protocol::ErrorCode::Internal),
+            "{e}"
+        ),
+    }
+    let after = tokio::time::timeout(WAIT, c.start(&sleeper(&name, "0")))
+        .await
+        .expect("answered")
+        .expect("a new spawner runs the job");
+    let respawned = executor_tests::parent_pid(executor_tests::parent_pid(after.pid()));
+    assert_ne!(respawned, spawner);
+    assert_eq!(executor_tests::parent_pid(respawned), agent);
+    assert_eq!(comm(respawned), "executor-spawn");
+    assert_eq!(after.wait().await.unwrap().code, Some(0));
+    // The job started by the dead spawner is still supervised.
+    running.signal(SignalName::Kill).await.unwrap();
+    let st = tokio::time::timeout(WAIT, running.wait())
+        .await
+        .expect("the orphaned supervisor reports the exit")
+        .unwrap();
+    assert_eq!(st.signal.as_deref(), Some("KILL"), "{st:?}");
+    c.close().await.unwrap();
+    assert!(eventually(|| with_arg0(&name).is_empty()).await);
+}
