@@ -181,9 +181,9 @@ fn fd_count(pid: u32) -> usize {
 /// The agent behind a local client: the parent of the spawner that forked
 /// the supervisor of a job it starts.
 async fn agent_and_spawner(c: &Client) -> (u32, u32) {
-    let job = c.start(&sleeper("probe", "0")).await.unwrap();
-    let pid = job.pid();
-    let agent = executor_tests::agent_of_job(pid);
+    let job = c.start(&sleeper("probe", "1000")).await.unwrap();
+    let agent = executor_tests::agent_of_job(job.pid());
+    job.signal(SignalName::Kill).await.unwrap();
     job.wait().await.unwrap();
     (agent, spawner_of(agent).expect("the agent has a spawner"))
 }
@@ -276,7 +276,7 @@ async fn a_killed_spawner_is_replaced_and_no_request_hangs() {
             "{e}"
         ),
     }
-    let after = tokio::time::timeout(WAIT, c.start(&sleeper(&name, "0")))
+    let after = tokio::time::timeout(WAIT, c.start(&sleeper(&name, "1000")))
         .await
         .expect("answered")
         .expect("a new spawner runs the job");
@@ -284,14 +284,15 @@ async fn a_killed_spawner_is_replaced_and_no_request_hangs() {
     assert_ne!(respawned, spawner);
     assert_eq!(executor_tests::parent_pid(respawned), agent);
     assert_eq!(comm(respawned), "executor-spawn");
-    assert_eq!(after.wait().await.unwrap().code, Some(0));
+    after.signal(SignalName::Kill).await.unwrap();
+    assert_eq!(after.wait().await.unwrap().signal_number, Some(9));
     // The job started by the dead spawner is still supervised.
     running.signal(SignalName::Kill).await.unwrap();
     let st = tokio::time::timeout(WAIT, running.wait())
         .await
         .expect("the orphaned supervisor reports the exit")
         .unwrap();
-    assert_eq!(st.signal.as_deref(), Some("KILL"), "{st:?}");
+    assert_eq!(st.signal.as_deref(), Some("SIGKILL"), "{st:?}");
     c.close().await.unwrap();
     assert!(eventually(|| with_arg0(&name).is_empty()).await);
 }
