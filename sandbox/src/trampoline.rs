@@ -1,13 +1,15 @@
 //! `executor sandbox-exec`: the one path every job takes from the agent to
 //! its program.
 //!
-//! The agent (multithreaded, async) spawns this trampoline with a plain
-//! `spawn` (no code between its fork and exec), an empty environment and a
-//! command line of descriptor numbers only: what to run comes in a sealed
-//! memfd ([`crate::spec::JobSpec`]), so nothing of the request reaches this
-//! process's loader or `/proc/PID/cmdline`. The trampoline is
-//! single-threaded, so it can prepare everything, fork and stay as the
-//! job's **supervisor**:
+//! The agent never forks for a job: its spawner ([`crate::spawner`], a
+//! small single-threaded process with an empty environment) forks the
+//! job's **supervisor**, which runs [`run`] directly; `executor
+//! sandbox-exec --lifeline FD --status FD --spec FD` runs the same
+//! function as a command (for tests and tools). Either way the supervisor
+//! gets descriptor numbers only: what to run comes in a sealed memfd
+//! ([`crate::spec::JobSpec`]), so nothing of the request reaches its
+//! environment, its loader or `/proc/PID/cmdline`. Being single-threaded,
+//! it can prepare everything, fork the program and stay as its supervisor:
 //!
 //! - it watches a *lifeline* pipe whose write end only the agent holds: when
 //!   the agent dies (even by SIGKILL) the pipe hangs up and the supervisor

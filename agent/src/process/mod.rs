@@ -236,7 +236,8 @@ async fn pump(
 
 /// How the job ended: as its supervisor reported it, or (when the
 /// supervisor died without reporting, killed from outside) the
-/// supervisor's own status.
+/// supervisor's own status. A supervisor that reported is not waited for
+/// (its spawner reaps it).
 async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
     use executor_sandbox::trampoline::{decode_wait_status, Status};
     let mut msg = [0u8; Status::LEN];
@@ -247,7 +248,6 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
         },
         _ => None,
     };
-    let sup = spawned.supervisor.wait().await;
     match reported {
         Some(raw) => {
             let (code, signal) = decode_wait_status(raw);
@@ -255,7 +255,7 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
         }
         None => {
             use std::os::unix::process::ExitStatusExt;
-            let st = sup.ok();
+            let st = spawned.supervisor.wait().await.ok();
             Exit {
                 code: st.and_then(|s| s.code()),
                 signal: st.and_then(|s| s.signal()),
