@@ -285,6 +285,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     check_cwd(req.cwd)?;
     let program = resolve_program(&req.argv[0], req.cwd, req.env)?;
     let lifeline = lifeline()?;
+    let turn = spawner::turn().await;
     let (mut status, status_w) = status_channel()?;
 
     // What to run travels in a sealed memfd; the supervisor gets
@@ -329,7 +330,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         ];
         let supervisor = spawner::fork(fds).await;
         // Our copies of the job's ends must go, or EOF would never come.
-        drop((job_stdio, status_w, spec_fd));
+        drop((job_stdio, status_w, spec_fd, turn));
         let supervisor = supervisor?;
         Ok::<_, WireError>((supervisor, first_status(&mut status).await))
     })

@@ -64,6 +64,19 @@ struct Forked {
     exit: oneshot::Receiver<i32>,
 }
 
+/// Starts between their first descriptor and the spawner's answer: bounds
+/// the descriptors a burst of starts holds at once (and those in flight to
+/// the spawner, which the kernel counts against the agent's
+/// `RLIMIT_NOFILE`).
+static STARTING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(16);
+
+/// Wait for a turn to prepare a job's descriptors and ask the spawner;
+/// hold it until [`fork`] returns.
+/// (`None` only if the semaphore were closed, which it never is.)
+pub async fn turn() -> Option<tokio::sync::SemaphorePermit<'static>> {
+    STARTING.acquire().await.ok()
+}
+
 /// Started by [`start`], connected at the first job.
 static EARLY: Mutex<Option<Process>> = Mutex::new(None);
 static CURRENT: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
