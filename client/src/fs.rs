@@ -168,14 +168,11 @@ impl Client {
                 c.result::<Empty>().await?;
             }
             let r: CommitResult = self
-                .request(
-                    m::FS_COMMIT,
-                    &HandleParams {
-                        handle: h.handle,
-                        sandbox: None,
-                        cwd: None,
-                    },
-                )
+                .rpc(&CommitParams {
+                    handle: h.handle,
+                    sandbox: None,
+                    cwd: None,
+                })
                 .await?;
             Ok::<u64, Error>(r.size)
         }
@@ -183,14 +180,11 @@ impl Client {
         if result.is_err() {
             // Discard the temp file; the error that matters is the first.
             let _ = self
-                .request::<_, Empty>(
-                    m::FS_CLOSE,
-                    &HandleParams {
-                        handle: h.handle,
-                        sandbox: None,
-                        cwd: None,
-                    },
-                )
+                .rpc(&CloseParams {
+                    handle: h.handle,
+                    sandbox: None,
+                    cwd: None,
+                })
                 .await;
         }
         result
@@ -304,14 +298,11 @@ impl ReadState {
     async fn close(&mut self) {
         let _ = self
             .client
-            .request::<_, Empty>(
-                m::FS_CLOSE,
-                &HandleParams {
-                    handle: self.handle,
-                    sandbox: None,
-                    cwd: None,
-                },
-            )
+            .rpc(&CloseParams {
+                handle: self.handle,
+                sandbox: None,
+                cwd: None,
+            })
             .await;
     }
 }

@@ -66,7 +66,6 @@ use executor_protocol::types::session::{
     ClientInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
     SessionParams, ToolsListResult,
 };
-use executor_protocol::types::Empty;
 use executor_protocol::{methods, MAX_PREAMBLE_NOISE, PREAMBLE, PROTOCOL_VERSION};
 use rmpv::Value;
 use serde::de::DeserializeOwned;
@@ -554,6 +553,17 @@ impl Client {
         self.call(method, params).await?.result().await
     }
 
+    /// Send the request `params` belong to (the method comes from the
+    /// protocol's table, [`executor_protocol::methods::Request`]) and wait
+    /// for its typed result: `client.rpc(&StatParams { .. })` is
+    /// `fs/stat`, answered as a `StatResult`.
+    pub async fn rpc<P: executor_protocol::methods::Request>(
+        &self,
+        params: &P,
+    ) -> Result<P::Result, Error> {
+        self.request(P::METHOD, params).await
+    }
+
     /// Send a notification.
     pub async fn notify<P: Serialize>(&self, method: &str, params: &P) -> Result<(), Error> {
         let mut frame = Vec::new();
@@ -651,13 +661,13 @@ impl Client {
 
     /// `environment/info`
     pub async fn environment_info(&self) -> Result<EnvironmentInfo, Error> {
-        self.request(methods::ENVIRONMENT_INFO, &EnvironmentInfoParams {})
-            .await
+        self.rpc(&EnvironmentInfoParams {}).await
     }
 
     /// `tools/list`
     pub async fn tools_list(&self) -> Result<ToolsListResult, Error> {
-        self.request(methods::TOOLS_LIST, &Empty {}).await
+        self.rpc(&executor_protocol::types::session::ToolsListParams {})
+            .await
     }
 
     /// Close the connection: the agent sees EOF and ends the session; wait

@@ -93,7 +93,7 @@ impl Client {
 
     /// `process/list`
     pub async fn process_list(&self) -> Result<ProcessListResult, Error> {
-        self.request(m::PROCESS_LIST, &Empty {}).await
+        self.rpc(&ProcessListParams {}).await
     }
 }
 

@@ -108,7 +108,9 @@ impl RawAgent {
     /// Spawn and initialize.
     pub async fn initialized() -> RawAgent {
         let mut a = RawAgent::spawn().await;
-        let r = a.request(0, "initialize", &init_params()).await;
+        let r = a
+            .request(0, executor_protocol::methods::INITIALIZE, &init_params())
+            .await;
         assert!(get(&r, "result").is_some(), "initialize failed: {r:?}");
         a
     }

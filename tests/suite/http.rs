@@ -921,7 +921,8 @@ async fn a_client_that_stops_reading_slows_the_server_not_the_agents_memory() {
         follow_redirects: 0,
         sandbox: None,
     };
-    a.send_request(2, "http/request", &params).await;
+    a.send_request(2, executor_protocol::methods::HTTP_REQUEST, &params)
+        .await;
     // Read nothing for a while.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let produced = server.sent.load(Ordering::Relaxed);

@@ -709,12 +709,9 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
         cwd: None,
     };
     let ok: ReadFileResult =
-        e.c.request(
-            "fs/readFile",
-            &read(format!("{}/src/main.rs", e.ws.display())),
-        )
-        .await
-        .unwrap();
+        e.c.rpc(&read(format!("{}/src/main.rs", e.ws.display())))
+            .await
+            .unwrap();
     assert_eq!(&ok.data[..], b"fn main() {}\n", "positive control");
     for bad in [
         format!("{}/secret", e.outside.display()),
@@ -722,11 +719,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
         format!("{}/src/link-out", e.ws.display()),
         format!("/proc/self/root{}/src/main.rs", e.ws.display()),
     ] {
-        let w = fs_err(
-            e.c.request::<_, ReadFileResult>("fs/readFile", &read(bad.clone()))
-                .await
-                .unwrap_err(),
-        );
+        let w = fs_err(e.c.rpc(&read(bad.clone())).await.unwrap_err());
         assert_eq!(w.code, ErrorCode::SandboxDenied, "{bad}: {w:?}");
         assert!(w.data_get("rule").is_some());
     }
@@ -734,33 +727,27 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     let mut all = e.ws_write();
     all.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
     let w = fs_err(
-        e.c.request::<_, ReadFileResult>(
-            "fs/readFile",
-            &ReadFileParams {
-                path: format!("/proc/self/root{}/secrets/key", e.ws.display())
-                    .as_str()
-                    .into(),
-                offset: None,
-                length: None,
-                sandbox: Some(all.clone()),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&ReadFileParams {
+            path: format!("/proc/self/root{}/secrets/key", e.ws.display())
+                .as_str()
+                .into(),
+            offset: None,
+            length: None,
+            sandbox: Some(all.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     let w = fs_err(
-        e.c.request::<_, ReadFileResult>(
-            "fs/readFile",
-            &ReadFileParams {
-                path: format!("{}/secrets/key", e.ws.display()).as_str().into(),
-                offset: None,
-                length: None,
-                sandbox: Some(all.clone()),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&ReadFileParams {
+            path: format!("{}/secrets/key", e.ws.display()).as_str().into(),
+            offset: None,
+            length: None,
+            sandbox: Some(all.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -783,15 +770,12 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     let mut cwd_intent = e.ws_write();
     cwd_intent.filesystem.write = vec![":cwd".into()];
     let w = fs_err(
-        e.c.request::<_, StatResult>(
-            "fs/stat",
-            &StatParams {
-                path: wp(&e.ws),
-                follow_symlinks: true,
-                sandbox: Some(cwd_intent),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&StatParams {
+            path: wp(&e.ws),
+            follow_symlinks: true,
+            sandbox: Some(cwd_intent),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -808,49 +792,40 @@ async fn c34_read_only_intent_on_fs_requests() {
     ro.filesystem.write = vec![];
     let target = e.ws.join("src/new");
     let w = fs_err(
-        e.c.request::<_, executor_protocol::types::Empty>(
-            "fs/writeFile",
-            &WriteFileParams {
-                path: wp(&target),
-                data: ByteBuf::from(b"x".to_vec()),
-                mode: None,
-                create_parents: false,
-                atomic: true,
-                sandbox: Some(ro.clone()),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&WriteFileParams {
+            path: wp(&target),
+            data: ByteBuf::from(b"x".to_vec()),
+            mode: None,
+            create_parents: false,
+            atomic: true,
+            sandbox: Some(ro.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     let w = fs_err(
-        e.c.request::<_, HandleResult>(
-            "fs/openWrite",
-            &OpenWriteParams {
-                path: wp(&target),
-                mode: None,
-                create_parents: false,
-                sandbox: Some(ro.clone()),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&OpenWriteParams {
+            path: wp(&target),
+            mode: None,
+            create_parents: false,
+            sandbox: Some(ro.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     assert!(!target.exists());
     let r: ReadFileResult =
-        e.c.request(
-            "fs/readFile",
-            &ReadFileParams {
-                path: wp(&e.ws.join("src/main.rs")),
-                offset: None,
-                length: None,
-                sandbox: Some(ro.clone()),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&ReadFileParams {
+            path: wp(&e.ws.join("src/main.rs")),
+            offset: None,
+            length: None,
+            sandbox: Some(ro.clone()),
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!(&r.data[..], b"fn main() {}\n");
@@ -858,18 +833,15 @@ async fn c34_read_only_intent_on_fs_requests() {
     params.sandbox = Some(ro);
     assert!(!e.c.walk_page(&params).await.unwrap().entries.is_empty());
     // Positive control: the same write with the workspace writable.
-    e.c.request::<_, executor_protocol::types::Empty>(
-        "fs/writeFile",
-        &WriteFileParams {
-            path: wp(&target),
-            data: ByteBuf::from(b"x".to_vec()),
-            mode: None,
-            create_parents: false,
-            atomic: true,
-            sandbox: Some(e.ws_write()),
-            cwd: None,
-        },
-    )
+    e.c.rpc(&WriteFileParams {
+        path: wp(&target),
+        data: ByteBuf::from(b"x".to_vec()),
+        mode: None,
+        create_parents: false,
+        atomic: true,
+        sandbox: Some(e.ws_write()),
+        cwd: None,
+    })
     .await
     .unwrap();
     assert_eq!(std::fs::read(&target).unwrap(), b"x");
@@ -877,18 +849,15 @@ async fn c34_read_only_intent_on_fs_requests() {
     let mut i = e.ws_write();
     i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
     let w = fs_err(
-        e.c.request::<_, executor_protocol::types::Empty>(
-            "fs/writeFile",
-            &WriteFileParams {
-                path: wp(&e.ws.join(".git/config")),
-                data: ByteBuf::from(b"x".to_vec()),
-                mode: None,
-                create_parents: false,
-                atomic: true,
-                sandbox: Some(i),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&WriteFileParams {
+            path: wp(&e.ws.join(".git/config")),
+            data: ByteBuf::from(b"x".to_vec()),
+            mode: None,
+            create_parents: false,
+            atomic: true,
+            sandbox: Some(i),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -1742,7 +1711,6 @@ fn write_params(
 both!(
     c46_agent_fs_writes_act_on_descriptors,
     |e: Env| async move {
-        use executor_protocol::types::Empty;
         let victim = e.outside.join("victim");
         std::fs::write(&victim, "untouched\n").unwrap();
         std::os::unix::fs::symlink(&victim, e.ws.join("src/to-victim")).unwrap();
@@ -1756,11 +1724,8 @@ both!(
         for atomic in [false, true] {
             for link in ["src/to-victim", "src/dangling", "src/to-config"] {
                 let r =
-                    e.c.request::<_, Empty>(
-                        "fs/writeFile",
-                        &write_params(&e.ws.join(link), b"EVIL\n", atomic, &i),
-                    )
-                    .await;
+                    e.c.rpc(&write_params(&e.ws.join(link), b"EVIL\n", atomic, &i))
+                        .await;
                 if atomic {
                     // Atomic: the link itself is replaced by the new file.
                     r.unwrap_or_else(|err| panic!("atomic {link}: {err}"));
@@ -1790,12 +1755,9 @@ both!(
         }
         // Positive control: a plain file in the root, both ways.
         for atomic in [false, true] {
-            e.c.request::<_, Empty>(
-                "fs/writeFile",
-                &write_params(&e.ws.join("src/new"), b"fine\n", atomic, &i),
-            )
-            .await
-            .unwrap();
+            e.c.rpc(&write_params(&e.ws.join("src/new"), b"fine\n", atomic, &i))
+                .await
+                .unwrap();
             assert_eq!(std::fs::read(e.ws.join("src/new")).unwrap(), b"fine\n");
         }
 
@@ -1831,7 +1793,7 @@ both!(
         for n in 0..300 {
             let mut p = write_params(&sub.join(format!("f{n}")), b"x", n % 2 == 0, &i);
             p.create_parents = n % 3 == 0;
-            if e.c.request::<_, Empty>("fs/writeFile", &p).await.is_ok() {
+            if e.c.rpc(&p).await.is_ok() {
                 landed += 1;
             }
         }
@@ -1869,15 +1831,12 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
     i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
     i.filesystem.write = vec![];
     let st: StatResult =
-        e.c.request(
-            "fs/stat",
-            &StatParams {
-                path: wp(&e.ws),
-                follow_symlinks: true,
-                sandbox: Some(i.clone()),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&StatParams {
+            path: wp(&e.ws),
+            follow_symlinks: true,
+            sandbox: Some(i.clone()),
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!(st.kind, FileKind::Dir);
@@ -2002,7 +1961,6 @@ both!(
 // setuid files; absolute links resolve as the host's with `read: "all"`.
 both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
     use executor_protocol::types::fs::*;
-    use executor_protocol::types::Empty;
     std::os::unix::fs::symlink("nowhere", e.ws.join(".env")).unwrap();
     std::fs::create_dir_all(e.ws.join("realrepo/.git")).unwrap();
     std::os::unix::fs::symlink("realrepo", e.ws.join("repo")).unwrap();
@@ -2035,10 +1993,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         ("other", ".git"),
         ("repo", "repo-old"),
     ] {
-        let err =
-            e.c.request::<_, Empty>("fs/rename", &rename(from, to))
-                .await
-                .unwrap_err();
+        let err = e.c.rpc(&rename(from, to)).await.unwrap_err();
         assert_eq!(
             fs_err(err).code,
             ErrorCode::SandboxDenied,
@@ -2046,26 +2001,20 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         );
     }
     let err =
-        e.c.request::<_, Empty>(
-            "fs/remove",
-            &RemoveParams {
-                path: wp(&e.ws.join(".git")),
-                recursive: true,
-                sandbox: Some(i.clone()),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&RemoveParams {
+            path: wp(&e.ws.join(".git")),
+            recursive: true,
+            sandbox: Some(i.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "remove .git");
     assert!(e.ws.join(".git/config").exists());
     let err =
-        e.c.request::<_, Empty>(
-            "fs/writeFile",
-            &write_params(&e.ws.join(".env"), b"PWN", true, &i),
-        )
-        .await
-        .unwrap_err();
+        e.c.rpc(&write_params(&e.ws.join(".env"), b"PWN", true, &i))
+            .await
+            .unwrap_err();
     assert_eq!(
         fs_err(err).code,
         ErrorCode::SandboxDenied,
@@ -2076,9 +2025,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         .file_type()
         .is_symlink());
     // Positive control: what holds no carve-out moves.
-    e.c.request::<_, Empty>("fs/rename", &rename("other", "other2"))
-        .await
-        .unwrap();
+    e.c.rpc(&rename("other", "other2")).await.unwrap();
     let read = |path: &str| ReadFileParams {
         path: path.into(),
         offset: None,
@@ -2087,25 +2034,19 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         cwd: None,
     };
     for path in ["/proc/self/environ", "/dev/zero"] {
-        let err =
-            e.c.request::<_, ReadFileResult>("fs/readFile", &read(path))
-                .await
-                .unwrap_err();
+        let err = e.c.rpc(&read(path)).await.unwrap_err();
         assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "{path}");
     }
     let fifo = e.ws.join("fifo");
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(5),
-        e.c.request::<_, ReadFileResult>("fs/readFile", &read(fifo.to_str().unwrap())),
+        e.c.rpc(&read(fifo.to_str().unwrap())),
     )
     .await
     .expect("a FIFO does not hang the request");
     assert_eq!(fs_err(r.unwrap_err()).code, ErrorCode::Io);
     let abs = e.ws.join("src/abs");
-    let ok: ReadFileResult =
-        e.c.request("fs/readFile", &read(abs.to_str().unwrap()))
-            .await
-            .unwrap();
+    let ok: ReadFileResult = e.c.rpc(&read(abs.to_str().unwrap())).await.unwrap();
     assert_eq!(
         &ok.data[..],
         b"fn main() {}\n",
@@ -2113,25 +2054,19 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
     );
     let mut p = write_params(&e.ws.join("src/suid"), b"x", true, &i);
     p.mode = Some(0o4755);
-    let err =
-        e.c.request::<_, Empty>("fs/writeFile", &p)
-            .await
-            .unwrap_err();
+    let err = e.c.rpc(&p).await.unwrap_err();
     assert_eq!(fs_err(err).code, ErrorCode::InvalidParams);
     // A root inside a carve-out is not a way around it.
     let mut inner = e.ws_write();
     inner.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws.join("secrets"))]);
     inner.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
     let err =
-        e.c.request::<_, StatResult>(
-            "fs/stat",
-            &StatParams {
-                path: wp(&e.ws.join("secrets")),
-                follow_symlinks: true,
-                sandbox: Some(inner),
-                cwd: None,
-            },
-        )
+        e.c.rpc(&StatParams {
+            path: wp(&e.ws.join("secrets")),
+            follow_symlinks: true,
+            sandbox: Some(inner),
+            cwd: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(

@@ -126,15 +126,12 @@ async fn read_rest(c: &Client, id: &str, mut after: Option<u64>) -> (Vec<u8>, Ex
     loop {
         assert!(Instant::now() < deadline, "the process did not finish");
         let r: ProcessReadResult = c
-            .request(
-                "process/read",
-                &ProcessReadParams {
-                    process_id: id.to_string(),
-                    after_seq: after,
-                    max_bytes: None,
-                    wait_ms: Some(2000),
-                },
-            )
+            .rpc(&ProcessReadParams {
+                process_id: id.to_string(),
+                after_seq: after,
+                max_bytes: None,
+                wait_ms: Some(2000),
+            })
             .await
             .unwrap();
         assert_eq!(r.dropped_before, None, "output was lost");
@@ -448,7 +445,9 @@ async fn a_session_host_whose_first_initialize_failed_exits_with_its_connection(
         resume: None,
         detach_ttl_ms: Some(600_000),
     });
-    let r = a.request(1, "initialize", &params).await;
+    let r = a
+        .request(1, executor_protocol::methods::INITIALIZE, &params)
+        .await;
     assert_eq!(error_code(&r), Some("unsupported_version"), "{r:?}");
     let host = session_host_of(a.child.id().unwrap());
     // The client gives up: the host has no session to keep and exits
@@ -473,7 +472,9 @@ async fn a_wrong_token_does_not_delay_the_right_one() {
         let mut wrong = RawAgent::spawn_command(local()).await;
         let mut params = init_params();
         params.session = resume_with(&id, &"0".repeat(32)).session;
-        let r = wrong.request(1, "initialize", &params).await;
+        let r = wrong
+            .request(1, executor_protocol::methods::INITIALIZE, &params)
+            .await;
         assert_eq!(
             error_code(&r),
             Some("session_expired"),

@@ -129,7 +129,7 @@ pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty,
 }
 
 /// `fs/commit`: fsync, rename into place, release the handle.
-pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, WireError> {
+pub async fn commit(s: &Arc<Session>, p: CommitParams) -> Result<CommitResult, WireError> {
     let h = s.handles().take_writer(p.handle)?;
     s.handles().committed(p.handle);
     blocking(move || {
@@ -150,7 +150,7 @@ pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, W
 }
 
 /// `fs/close`
-pub async fn close(s: &Arc<Session>, p: HandleParams) -> Result<Empty, WireError> {
+pub async fn close(s: &Arc<Session>, p: CloseParams) -> Result<Empty, WireError> {
     let h = s.handles().take(p.handle)?;
     // Dropping a write handle removes its uncommitted temp file.
     blocking(move || {

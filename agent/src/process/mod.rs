@@ -414,7 +414,10 @@ pub async fn handle_resize(s: &Arc<Session>, p: ProcessResizeParams) -> Result<E
 }
 
 /// `process/list`
-pub async fn handle_list(s: &Arc<Session>, _p: Empty) -> Result<ProcessListResult, WireError> {
+pub async fn handle_list(
+    s: &Arc<Session>,
+    _p: ProcessListParams,
+) -> Result<ProcessListResult, WireError> {
     Ok(ProcessListResult {
         processes: s
             .processes()

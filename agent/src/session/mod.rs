@@ -475,6 +475,23 @@ pub fn random_hex<const N: usize>() -> Result<String, WireError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A plain session with the default limits and profile, no audit log and
+/// no connection: for unit tests of what sits on a session.
+#[cfg(test)]
+pub(crate) fn test_session() -> Arc<Session> {
+    let limits = Limits::default();
+    let outbound = Outbound::new(limits.max_frame_bytes as usize);
+    let http = Arc::new(HttpContext::new(Default::default()));
+    Arc::new(Session::new(
+        limits,
+        http,
+        Profile::default(),
+        Audit::disabled(),
+        outbound,
+        Mode::Plain { refusal: None },
+    ))
+}
+
 fn hostname() -> String {
     nix::unistd::gethostname()
         .ok()

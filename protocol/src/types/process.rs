@@ -213,6 +213,10 @@ pub struct ProcessInfo {
     pub running: bool,
 }
 
+/// `process/list` params: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessListParams {}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessListResult {
     pub processes: Vec<ProcessInfo>,

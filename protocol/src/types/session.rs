@@ -99,6 +99,10 @@ impl std::fmt::Debug for InitializeResult {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvironmentInfoParams {}
 
+/// `tools/list` params: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolsListParams {}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShellInfo {
     pub path: String,
