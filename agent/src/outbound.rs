@@ -332,3 +332,96 @@ impl Outbound {
         self.notify_frame(frame).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::message::{encode_response, Incoming};
+
+    fn whole(f: &OutFrame) -> Vec<u8> {
+        let mut v = f.bytes.clone();
+        v.extend_from_slice(f.tail.as_deref().unwrap_or_default());
+        v
+    }
+
+    #[test]
+    fn a_block_reply_is_the_bytes_of_its_value_with_the_data_by_reference() {
+        #[derive(serde::Serialize)]
+        struct Block {
+            eof: bool,
+            #[serde(with = "serde_bytes")]
+            data: Vec<u8>,
+        }
+        let data = Bytes::from_static(b"0123456789");
+        let f = reply_frame(
+            7,
+            Ok(Reply::Block {
+                eof: true,
+                data: data.clone(),
+            }),
+            1 << 20,
+        );
+        assert_eq!(f.tail.as_ref(), Some(&data), "sent by reference");
+        let mut want = Vec::new();
+        let value = Block {
+            eof: true,
+            data: data.to_vec(),
+        };
+        encode_response(&mut want, Some(7), &value, 1 << 20).unwrap();
+        assert_eq!(whole(&f), want);
+        assert!(f.error.is_none() && f.on_queued.is_none());
+    }
+
+    #[test]
+    fn a_stream_reply_fires_when_queued_and_errors_carry_their_code() {
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        let f = reply_frame(
+            1,
+            Ok(Reply::Stream {
+                head: Box::new(5u8),
+                started: tx,
+            }),
+            1 << 20,
+        );
+        assert!(f.on_queued.is_some());
+        let e = WireError::new(ErrorCode::NotFound, "gone");
+        let f = reply_frame(2, Err(e), 1 << 20);
+        assert_eq!(f.error, Some(ErrorCode::NotFound));
+        match Incoming::decode(&f.bytes[4..]).unwrap() {
+            Incoming::Response {
+                id: Some(2),
+                result: Err(e),
+            } => assert_eq!(e.message, "gone"),
+            other => panic!("{other:?}"),
+        }
+        // A result above the frame limit is answered `internal`.
+        let f = reply_frame(3, Ok(Reply::value(vec![0u8; 64])), 16);
+        assert_eq!(f.error, Some(ErrorCode::Internal));
+    }
+
+    #[tokio::test]
+    async fn a_detached_session_drops_notifications() {
+        let out = Outbound::new(1 << 20);
+        let pushed = out
+            .notify_output(
+                "proc-1",
+                0,
+                OutputStream::Stdout,
+                Bytes::new(),
+                Duration::ZERO,
+            )
+            .await;
+        assert_eq!(pushed, Err(NotifyError::Closed));
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        out.attach(tx.clone());
+        out.notify_body_delta(4, 0, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await.unwrap().tail.as_deref(), Some(&b"x"[..]));
+        out.detach(&tx);
+        assert_eq!(
+            out.notify_body_delta(4, 1, Bytes::new()).await,
+            Err(NotifyError::Closed)
+        );
+    }
+}

@@ -433,3 +433,78 @@ pub async fn handle_list(
             .collect(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::WirePath;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_bad_start_is_refused_naming_its_field_before_anything_is_reserved() {
+        let s = crate::session::test_session();
+        let env = BTreeMap::new();
+        let (argv, cwd) = (vec!["true".to_string()], WirePath::from("/"));
+        let options = |argv, cwd| StartOptions {
+            argv,
+            cwd,
+            env: &env,
+            arg0: None,
+            tty: false,
+            pty_size: None,
+            stdin_null: true,
+            notify: false,
+            output_buffer_bytes: None,
+            tag: None,
+            intent: None,
+            intent_param: "sandbox",
+            argv_param: "command",
+        };
+        let field = |r: Result<u64, WireError>| {
+            let e = r.unwrap_err();
+            e.data_get("field")
+                .or_else(|| e.data_get("limit"))
+                .and_then(|v| v.as_str().map(str::to_string))
+        };
+        assert_eq!(
+            field(check_options(&s, &options(&[], &cwd))),
+            Some("command".into())
+        );
+        let relative = WirePath::from("tmp");
+        assert_eq!(
+            field(check_options(&s, &options(&argv, &relative))),
+            Some("cwd".into())
+        );
+        let mut big = options(&argv, &cwd);
+        big.output_buffer_bytes = Some(MAX_OUTPUT_BUFFER_BYTES + 1);
+        assert_eq!(
+            field(check_options(&s, &big)),
+            Some("output_buffer_bytes".into())
+        );
+        let mut flat = options(&argv, &cwd);
+        flat.pty_size = Some(PtySize { rows: 0, cols: 80 });
+        assert_eq!(
+            field(check_options(&s, &flat)),
+            Some("pty_size.rows".into())
+        );
+        // The positive control: the default buffer size.
+        let ok = check_options(&s, &options(&argv, &cwd)).unwrap();
+        assert_eq!(ok, s.limits().output_buffer_bytes);
+        assert!(s.processes().all().is_empty());
+    }
+
+    #[test]
+    fn wire_signal_names_map_to_their_host_signals() {
+        assert_eq!(to_signal(SignalName::Terminate), Signal::SIGTERM);
+        assert_eq!(to_signal(SignalName::Interrupt), Signal::SIGINT);
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(
+            Exit {
+                code: None,
+                signal: Some(15)
+            }
+            .shell_code(),
+            143
+        );
+    }
+}

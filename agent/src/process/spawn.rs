@@ -199,8 +199,34 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     // What to run travels in a sealed memfd; the trampoline gets an empty
     // environment and descriptor numbers only (nothing of the request may
     // run code in it, or be read in its /proc/PID/cmdline).
+    let spec_fd = job_spec(req, &program)
+        .to_memfd()
+        .map_err(|e| io_err("writing the job spec", e))?;
+    fcntl(&spec_fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("job spec", e))?;
+    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    cmd.arg("sandbox-exec")
+        .arg("--lifeline")
+        .arg(lifeline.read.as_raw_fd().to_string())
+        .arg("--status")
+        .arg(status_w.as_raw_fd().to_string())
+        .arg("--spec")
+        .arg(spec_fd.as_raw_fd().to_string());
+    cmd.env_clear().current_dir(req.cwd).kill_on_drop(false);
+    let pty_master = attach_stdio(&mut cmd, req)?;
+    let supervisor = cmd.spawn().map_err(|e| io_err("starting the job", e))?;
+    // Our copies of the job's ends must go, or EOF would never come.
+    drop(status_w);
+    drop(spec_fd);
+    drop(cmd);
+    let status = pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;
+    await_start(supervisor, status, pty_master, &program).await
+}
+
+/// What the trampoline runs: the resolved program, argv (with `arg0`),
+/// the environment, cwd, terminal and sandbox plan.
+fn job_spec(req: &SpawnRequest<'_>, program: &Path) -> JobSpec {
     let b = |s: &[u8]| ByteBuf::from(s.to_vec());
-    let job = JobSpec {
+    JobSpec {
         exec: b(program.as_os_str().as_bytes()),
         argv: std::iter::once(req.arg0.unwrap_or(&req.argv[0]))
             .chain(req.argv[1..].iter().map(String::as_str))
@@ -214,22 +240,15 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         cwd: b(req.cwd.as_os_str().as_bytes()),
         tty: req.tty.is_some(),
         sandbox: req.sandbox.cloned(),
-    };
-    let spec_fd = job
-        .to_memfd()
-        .map_err(|e| io_err("writing the job spec", e))?;
-    fcntl(&spec_fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("job spec", e))?;
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.arg("sandbox-exec")
-        .arg("--lifeline")
-        .arg(lifeline.read.as_raw_fd().to_string())
-        .arg("--status")
-        .arg(status_w.as_raw_fd().to_string())
-        .arg("--spec")
-        .arg(spec_fd.as_raw_fd().to_string());
-    cmd.env_clear().current_dir(req.cwd).kill_on_drop(false);
+    }
+}
 
-    let mut pty_master = None;
+/// The job's stdin, stdout and stderr: a new pseudo-terminal's slave
+/// (its non-blocking master returned), or pipes (stdin null if asked).
+fn attach_stdio(
+    cmd: &mut tokio::process::Command,
+    req: &SpawnRequest<'_>,
+) -> Result<Option<OwnedFd>, WireError> {
     if let Some(size) = req.tty {
         let ws = nix::pty::Winsize {
             ws_row: size.rows,
@@ -253,24 +272,27 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         cmd.stdin(Stdio::from(clone(&slave)?))
             .stdout(Stdio::from(clone(&slave)?))
             .stderr(Stdio::from(slave));
-        pty_master = Some(pty.master);
-    } else {
-        cmd.stdin(if req.stdin_null {
-            Stdio::null()
-        } else {
-            Stdio::piped()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        return Ok(Some(pty.master));
     }
+    cmd.stdin(if req.stdin_null {
+        Stdio::null()
+    } else {
+        Stdio::piped()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    Ok(None)
+}
 
-    let mut supervisor = cmd.spawn().map_err(|e| io_err("starting the job", e))?;
-    // Our copies of the job's ends must go, or EOF would never come.
-    drop(status_w);
-    drop(spec_fd);
-    drop(cmd);
-    let mut status =
-        pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;
+/// Wait for the supervisor's first status message: the program runs (its
+/// pid), or the sandbox or the exec failed (nothing ran: the error says
+/// why), or the supervisor itself failed.
+async fn await_start(
+    mut supervisor: Child,
+    mut status: pipe::Receiver,
+    pty_master: Option<OwnedFd>,
+    program: &Path,
+) -> Result<Spawned, WireError> {
     let mut msg = [0u8; Status::LEN];
     let first = tokio::time::timeout(Duration::from_secs(30), status.read_exact(&mut msg))
         .await
@@ -301,7 +323,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             let _ = supervisor.wait().await;
             Err(errno_error(
                 exec_errno_code(errno),
-                &program,
+                program,
                 errno,
                 "cannot execute",
             ))

@@ -552,3 +552,127 @@ impl ProcessTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::message::Incoming;
+
+    fn job(notify: bool) -> Proc {
+        Proc::new(ProcSpec {
+            id: "proc-1".into(),
+            pid: u32::MAX,
+            argv: vec!["true".into()],
+            tag: None,
+            tty: false,
+            sandboxed: false,
+            notify,
+            buffer_bytes: 1 << 10,
+            streams: 2,
+            stdin: None,
+            pty: None,
+        })
+    }
+
+    fn decode(frame: &crate::outbound::OutFrame) -> Incoming {
+        let mut bytes = frame.bytes[4..].to_vec();
+        bytes.extend_from_slice(frame.tail.as_deref().unwrap_or_default());
+        Incoming::decode(&bytes).unwrap()
+    }
+
+    #[test]
+    fn slots_are_bounded_and_come_back_when_a_job_ends() {
+        let t = ProcessTable::default();
+        let a = t.reserve_slot(2).unwrap();
+        let _b = t.reserve_slot(2).unwrap();
+        let e = t.reserve_slot(2).unwrap_err();
+        assert_eq!(e.code, ErrorCode::LimitExceeded);
+        assert_eq!(
+            e.data_get("limit").and_then(|v| v.as_str()),
+            Some("max_processes")
+        );
+        drop(a);
+        assert!(t.reserve_slot(2).is_ok());
+        assert_eq!(
+            (t.next_id(), t.next_id()),
+            ("proc-1".into(), "proc-2".into())
+        );
+        let e = t.get("proc-9").unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnknownProcess);
+    }
+
+    #[tokio::test]
+    async fn output_is_pushed_in_order_then_the_exit_follows_the_last_chunk() {
+        let p = job(true);
+        let out = Outbound::new(1 << 20);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        out.attach(tx);
+        p.append(OutputStream::Stdout, Bytes::from_static(b"one"), &out)
+            .await;
+        p.append(OutputStream::Stderr, Bytes::from_static(b"two"), &out)
+            .await;
+        for (seq, stream) in [(0u64, "stdout"), (1, "stderr")] {
+            let Incoming::Notification { method, params } = decode(&rx.recv().await.unwrap())
+            else {
+                panic!("not a notification");
+            };
+            assert_eq!(method, m::PROCESS_OUTPUT);
+            let o: executor_protocol::types::process::ProcessOutput =
+                executor_protocol::message::from_params(params).unwrap();
+            assert_eq!((o.seq, o.stream.as_str()), (seq, stream));
+        }
+        assert!(p.running() && p.finished().is_none());
+        // The exit is recorded once both streams closed.
+        let exit = Exit {
+            code: Some(3),
+            signal: None,
+        };
+        let p = Arc::new(p);
+        p.stream_closed();
+        let recorded = tokio::spawn({
+            let p = p.clone();
+            async move { p.record_exit(exit).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!recorded.is_finished(), "recorded with a stream open");
+        assert!(p.running());
+        p.stream_closed();
+        let (final_seq, lag) = recorded.await.unwrap();
+        assert_eq!((final_seq, lag.is_none()), (Some(1), true));
+        assert_eq!(p.finished(), Some(exit));
+        let r = p.read(None, 1 << 20, true).unwrap();
+        assert_eq!(r.exited.and_then(|e| e.exit_code), Some(3));
+        assert_eq!(r.chunks.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_marks_the_job_lagged_and_is_told_once() {
+        let p = job(true);
+        let out = Outbound::new(1 << 20);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        out.attach(tx);
+        p.append(OutputStream::Stdout, Bytes::from_static(b"a"), &out)
+            .await;
+        // The queue is full now: this push waits LAG_PATIENCE, then lags.
+        p.append(OutputStream::Stdout, Bytes::from_static(b"b"), &out)
+            .await;
+        // Lagged: no more pushes, the output is only retained.
+        p.append(OutputStream::Stdout, Bytes::from_static(b"c"), &out)
+            .await;
+        let first = rx.recv().await.unwrap();
+        assert!(
+            matches!(decode(&first), Incoming::Notification { method, .. } if method == m::PROCESS_OUTPUT)
+        );
+        let Incoming::Notification { method, params } = decode(&rx.recv().await.unwrap()) else {
+            panic!("not a notification");
+        };
+        assert_eq!(method, m::PROCESS_LAGGED);
+        let l: ProcessLagged = executor_protocol::message::from_params(params).unwrap();
+        assert_eq!(l.next_seq, 1);
+        assert!(rx.try_recv().is_err(), "told once, nothing pushed after");
+        // A read clears the mark and gets everything retained.
+        let r = p.read(None, 1 << 20, false).unwrap();
+        assert_eq!(r.chunks.len(), 3);
+        assert_eq!(r.next_seq, 3);
+    }
+}
