@@ -441,38 +441,63 @@ impl Resolved {
     }
 }
 
-/// A request path, absolute, resolved once under the request's sandbox
-/// (if any; without one, from `/` following symlinks as the host does).
+/// How a request opens its path: what it does with it, whether a final
+/// symlink is followed, whether missing parent directories are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Open {
+    pub access: Access,
+    pub follow: bool,
+    pub create_parents: bool,
+}
+
+impl Open {
+    /// Read what the path names, following a final symlink if `follow`.
+    pub fn read(follow: bool) -> Open {
+        Open {
+            access: Access::Read,
+            follow,
+            create_parents: false,
+        }
+    }
+
+    /// Create or replace the path itself (never through a final symlink),
+    /// making missing parents first if `create_parents`.
+    pub fn write(create_parents: bool) -> Open {
+        Open {
+            access: Access::Write,
+            follow: false,
+            create_parents,
+        }
+    }
+
+    /// Rename or remove the path itself.
+    pub fn moved() -> Open {
+        Open {
+            access: Access::Move,
+            follow: false,
+            create_parents: false,
+        }
+    }
+}
+
+/// A request path (its field `field`), absolute, resolved once under the
+/// request's sandbox and the profile's (if any; without one, from `/`
+/// following symlinks as the host does).
 pub fn confined(
     profile: &Profile,
     request: &impl Scoped,
     p: &WirePath,
     field: &str,
-    access: Access,
-    follow: bool,
-) -> Result<Resolved, WireError> {
-    confined_creating(profile, request, p, field, access, follow, false)
-}
-
-/// [`confined`], making missing parent directories first.
-pub fn confined_creating(
-    profile: &Profile,
-    request: &impl Scoped,
-    p: &WirePath,
-    field: &str,
-    access: Access,
-    follow: bool,
-    create_parents: bool,
+    open: Open,
 ) -> Result<Resolved, WireError> {
     let path = super::req_path(p, field)?;
     // `..` is resolved by the kernel beneath a root, never here.
     match Confinement::of(profile, request)? {
-        None => unconfined(&path, follow, create_parents),
-        Some(c) => c.resolve(&path, access, follow, create_parents),
+        None => unconfined(&path, open.follow, open.create_parents),
+        Some(c) => c.resolve(&path, open.access, open.follow, open.create_parents),
     }
 }
 
-/// Without a sandbox: the parent opened as the host resolves it, once.
 fn unconfined(path: &Path, follow: bool, create_parents: bool) -> Result<Resolved, WireError> {
     let (parent, name) = match (path.parent(), path.file_name()) {
         (Some(p), Some(n)) => (p, n.to_os_string()),

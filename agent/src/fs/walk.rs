@@ -10,7 +10,7 @@
 //! root by descriptor without following any symlink, so a walk never
 //! leaves its root, whatever is renamed while it runs.
 
-use super::confine::{confined, Access, Confinement};
+use super::confine::{confined, Confinement, Open};
 use super::{blocking, io_error, kind_of, mtime_ns};
 use crate::session::Session;
 use executor_protocol::types::fs::*;
@@ -57,7 +57,7 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// `fs/walk`
 pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireError> {
-    let resolved = confined(s.profile(), &p, &p.root, "root", Access::Read, true)?;
+    let resolved = confined(s.profile(), &p, &p.root, "root", Open::read(true))?;
     let confinement = Confinement::of(s.profile(), &p)?;
     let max_entries = p.max_entries.min(s.limits().max_walk_entries);
     let max_bytes = p.max_response_bytes.min(s.limits().max_walk_response_bytes);

@@ -15,7 +15,7 @@ pub mod spawn;
 use crate::outbound::Outbound;
 use crate::session::Session;
 pub use crate::tables::jobs::{signal_name, Exit, Proc, LAG_PATIENCE, REAP_AFTER, TERM_GRACE};
-use crate::tables::jobs::{ProcSpec, ProcessTable, Slot, StdinSink};
+use crate::tables::jobs::{Live, ProcessTable, Slot, StdinSink};
 pub use crate::tables::output;
 use bytes::BytesMut;
 use executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;
@@ -88,7 +88,8 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     // On an error the job's files are dropped here, and removed.
     let mut spawned = spawn::spawn(&req).await?;
     let (stdin, pty, pty_reader) = split_terminal(&mut spawned)?;
-    let proc = Arc::new(Proc::new(ProcSpec {
+    let streams = if pty.is_some() { 1 } else { 2 };
+    let proc = Arc::new(Proc {
         id: table.next_id(),
         pid: spawned.pid,
         argv: o.argv.to_vec(),
@@ -96,11 +97,8 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         tty: o.tty,
         sandboxed: sandbox.is_some(),
         notify: o.notify,
-        buffer_bytes: cap as usize,
-        streams: if pty.is_some() { 1 } else { 2 },
-        stdin,
-        pty,
-    }));
+        live: Live::new(cap as usize, streams, stdin, pty),
+    });
     table.insert(proc.clone());
     tracing::info!(
         session_id = ?s.id(),
@@ -284,7 +282,7 @@ async fn wait_job(
     // All output first: `process/exited` follows the last `process/output`.
     let (final_seq, lag_note) = proc.record_exit(exit).await;
     tracing::info!(process_id = %proc.id, exit_code = ?exit.code, signal = ?exit.signal, "process exited");
-    if !proc.notifies() {
+    if !proc.notify {
         return;
     }
     // `process/lagged` (if any) goes out before `process/exited`.
