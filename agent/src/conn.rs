@@ -1,4 +1,6 @@
-//! One connection: framing, concurrency, flow control.
+//! One connection: framing, admission, concurrency, flow control. Above
+//! [`crate::dispatch`] (which it hands each admitted request) and the
+//! session, below [`crate::host`].
 //!
 //! - The reader never waits for a handler: every request but `initialize` runs
 //!   in its own task, so a long poll or a big walk never blocks new requests.

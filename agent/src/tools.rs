@@ -1,5 +1,7 @@
 //! `tools/list`: the tool contracts this agent owns, MCP-style (one per
 //! tool method of the protocol's table).
+//!
+//! A handler module: it uses the session, nothing above it.
 
 use crate::session::Session;
 use executor_protocol::methods as m;

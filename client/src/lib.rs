@@ -5,7 +5,10 @@
 //! stdio of a command it spawns (the local `executor`, or
 //! `ssh devbox executor`), and does `initialize` for you.
 //!
-//! - many requests in flight, matched by id ([`Client::request`]);
+//! - many requests in flight, matched by id ([`Client::request`]), or
+//!   typed by the protocol's method table: [`Client::rpc`] takes any
+//!   params type and answers its result type (`client.rpc(&StatParams {
+//!   .. })` is `fs/stat`, answered as a `StatResult`);
 //! - notifications by subscription ([`Client::subscribe`]);
 //! - typed errors: [`Error::Remote`] carries the agent's [`WireError`] and its
 //!   [`ErrorCode`]; transport trouble is [`Error::Io`] / [`Error::Closed`];

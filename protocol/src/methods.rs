@@ -1,4 +1,4 @@
-//! The method table, written once below ([`method_table!`]): from it come
+//! The method table, written once below (`method_table!`): from it come
 //! the method-name constants (the agent and the client use these, never
 //! literals), [`ALL_REQUESTS`], [`validate_params`], and an
 //! `impl Request for XParams` (the method a params type is sent with, and

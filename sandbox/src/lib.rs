@@ -1,6 +1,10 @@
 //! # executor-sandbox
 //!
 //! Enforces an orchestrator's `SandboxIntent` with the host's own mechanism.
+//! Below the agent: its `sandbox_gate` turns a request's intent into a
+//! [`plan`], its spawn hands the plan to [`trampoline`] in a job spec, and
+//! the trampoline applies it before `execve`; this crate uses only the
+//! protocol crate's types.
 //! - [`Capabilities::probe`]: what this kernel can enforce (Landlock ABI,
 //!   seccomp filter mode, unprivileged user namespaces), reported in
 //!   `initialize.sandbox`;

@@ -4,6 +4,9 @@
 //! Output is collected until the job exits or `yield_time_ms` passes. Beyond
 //! `max_output_tokens` (1 token = 4 bytes) the head and the tail are kept
 //! and the cut is marked in the text.
+//!
+//! A handler module: it uses [`crate::process`] (to start jobs) and the
+//! session; nothing above it.
 
 use crate::process::{self, Proc};
 use crate::session::Session;

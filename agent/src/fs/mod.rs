@@ -5,6 +5,10 @@
 //! Blocking file I/O runs on the runtime's blocking pool, never on its core
 //! threads. Writes are atomic by default: a temp file beside the target,
 //! fsync, rename. Streaming handles are bounded per session.
+//!
+//! A handler module: it uses the session, its handle table
+//! ([`crate::tables::handles`]), [`crate::config`] and
+//! [`crate::sandbox_gate`] (through [`confine`]); nothing above it.
 
 pub mod confine;
 pub mod handles;

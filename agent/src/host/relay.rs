@@ -1,7 +1,7 @@
 //! The stdio relay: the `executor` sshd started serves its connection
 //! in-process, or, when the first request asks for a detached session or
 //! a resume, starts (or finds) the session host and relays bytes to it
-//! over its Unix socket after a handshake ([`handshake`]).
+//! over its Unix socket after a handshake (its layout: `handshake`).
 //!
 //! Part of [`crate::host`]: it uses the host's handshake constants and
 //! [`HostArgs`], [`crate::conn`] and [`crate::session`].

@@ -3,6 +3,10 @@
 //!
 //! Where PROTOCOL.md is silent, the choices are documented in
 //! `executor_protocol::types::http`; the destination policy is in [`policy`].
+//!
+//! A handler module: it uses the session, its stream table
+//! ([`crate::tables::streams`]), [`crate::http_client`] and `outbound`
+//! (a stream's body deltas); nothing above it.
 
 pub use crate::destinations as policy;
 pub use crate::http_client as transport;

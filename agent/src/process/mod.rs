@@ -9,6 +9,9 @@
 //! `process/output` only while the connection's notification queue has
 //! room; otherwise the job is marked lagged, `process/lagged` is sent once,
 //! and the client catches up with `process/read`.
+//!
+//! A handler module: it uses the session, its job table, `outbound` and
+//! [`crate::sandbox_gate`]; nothing above it.
 
 pub mod spawn;
 
