@@ -313,39 +313,8 @@ impl Config {
             };
             let key = format!("profiles.{name}");
             let raw_p = p.get_ref();
-            for (list, what) in [
-                (&raw_p.methods.allow, "allow"),
-                (&raw_p.methods.deny, "deny"),
-            ] {
-                for (i, m) in list.iter().enumerate() {
-                    let known = m.get_ref() == "*"
-                        || methods::ALL_REQUESTS
-                            .iter()
-                            .any(|k| pattern_matches(m.get_ref(), k));
-                    if !known {
-                        return Err(ctx.invalid(
-                            Some(m.span()),
-                            &format!("{key}.methods.{what}[{i}]"),
-                            format!(
-                                "{:?} matches no method (see executor --list-methods)",
-                                m.get_ref()
-                            ),
-                        ));
-                    }
-                }
-            }
-            let mut roots = Vec::new();
-            for (i, r) in raw_p.workspace_roots.iter().enumerate() {
-                let root = r.get_ref();
-                if !root.is_absolute() {
-                    return Err(ctx.invalid(
-                        Some(r.span()),
-                        &format!("{key}.workspace_roots[{i}]"),
-                        format!("{} is not absolute", root.display()),
-                    ));
-                }
-                roots.push(root.clone());
-            }
+            check_method_patterns(&ctx, &key, raw_p)?;
+            let roots = workspace_roots(&ctx, &key, raw_p)?;
             if let Some(l) = &raw_p.limits {
                 apply_limits(&ctx, &format!("{key}.limits"), l, &mut limits, &mut spans)?;
             }
@@ -389,6 +358,54 @@ impl Config {
             audit,
         })
     }
+}
+
+/// Every `methods.allow` / `methods.deny` pattern of a profile must match
+/// a method (a typo would silently allow or deny nothing).
+fn check_method_patterns(ctx: &Ctx<'_>, key: &str, raw_p: &RawProfile) -> Result<(), ConfigError> {
+    for (list, what) in [
+        (&raw_p.methods.allow, "allow"),
+        (&raw_p.methods.deny, "deny"),
+    ] {
+        for (i, m) in list.iter().enumerate() {
+            let known = m.get_ref() == "*"
+                || methods::ALL_REQUESTS
+                    .iter()
+                    .any(|k| pattern_matches(m.get_ref(), k));
+            if !known {
+                return Err(ctx.invalid(
+                    Some(m.span()),
+                    &format!("{key}.methods.{what}[{i}]"),
+                    format!(
+                        "{:?} matches no method (see executor --list-methods)",
+                        m.get_ref()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A profile's workspace roots, each absolute.
+fn workspace_roots(
+    ctx: &Ctx<'_>,
+    key: &str,
+    raw_p: &RawProfile,
+) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut roots = Vec::new();
+    for (i, r) in raw_p.workspace_roots.iter().enumerate() {
+        let root = r.get_ref();
+        if !root.is_absolute() {
+            return Err(ctx.invalid(
+                Some(r.span()),
+                &format!("{key}.workspace_roots[{i}]"),
+                format!("{} is not absolute", root.display()),
+            ));
+        }
+        roots.push(root.clone());
+    }
+    Ok(roots)
 }
 
 /// Where errors point: the file and its text (for line numbers).
