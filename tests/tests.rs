@@ -5,6 +5,8 @@
 mod cli;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/degraded.rs"]
+mod degraded;
 #[path = "suite/exec.rs"]
 mod exec;
 #[path = "suite/fs.rs"]
