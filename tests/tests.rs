@@ -1,6 +1,8 @@
 //! One integration-test binary (like ripgrep's): a module per capability,
 //! shared helpers in `executor_tests` (`src/lib.rs`).
 
+#[path = "suite/bootstrap.rs"]
+mod bootstrap;
 #[path = "suite/cli.rs"]
 mod cli;
 #[path = "suite/client.rs"]

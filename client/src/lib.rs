@@ -51,6 +51,7 @@ pub mod http;
 #[cfg(feature = "native-ssh")]
 pub mod native_ssh;
 mod process;
+mod stderr_relay;
 pub mod target;
 
 pub use executor_protocol as protocol;
@@ -102,6 +103,15 @@ pub enum Error {
     /// A request could not be encoded (too large for a frame).
     #[error("cannot send {method}: {message}")]
     Encode { method: String, message: String },
+    /// The transport command ended before the agent answered
+    /// `initialize` (a configuration error, a refused profile, no agent on
+    /// the host): its exit status and the last of its stderr.
+    #[error("{program} ended ({status}) before the agent answered: {stderr}")]
+    Exited {
+        program: String,
+        status: String,
+        stderr: String,
+    },
     /// The transport command could not be started.
     #[error("cannot start {program}: {source}")]
     Spawn {
@@ -415,7 +425,8 @@ impl Client {
 
     /// Spawn `command` (which must speak the protocol on its stdio, e.g. the
     /// local `executor` or `ssh host executor`) and connect to it. Its stderr
-    /// is inherited.
+    /// is passed on to ours (see `stderr_relay`); when it ends before the
+    /// agent answered, the error is [`Error::Exited`] with its own words.
     pub async fn spawn(
         mut command: tokio::process::Command,
         options: ClientOptions,
@@ -428,6 +439,7 @@ impl Client {
         command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         let mut child = command.spawn().map_err(|source| Error::Spawn {
             program: program.clone(),
@@ -441,7 +453,17 @@ impl Client {
             .stdout
             .take()
             .ok_or_else(|| Error::Closed("child has no stdout".into()))?;
-        let client = Client::connect(stdout, stdin, options).await?;
+        let relay = child.stderr.take().map(stderr_relay::Relay::start);
+        let client = match Client::connect(stdout, stdin, options).await {
+            Ok(c) => c,
+            Err(e @ Error::Remote(_)) => return Err(e),
+            Err(e) => {
+                return Err(match relay {
+                    Some(r) => r.explain(&mut child, &program, e).await,
+                    None => e,
+                })
+            }
+        };
         *client.conn.child.lock().expect("child lock") = Some(child);
         Ok(client)
     }
