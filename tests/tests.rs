@@ -27,6 +27,8 @@ mod sandbox;
 mod session;
 #[path = "suite/ssh.rs"]
 mod ssh;
+#[path = "suite/startup.rs"]
+mod startup;
 #[path = "suite/transports.rs"]
 mod transports;
 #[path = "suite/wire.rs"]

@@ -456,11 +456,10 @@ impl Client {
         let relay = child.stderr.take().map(stderr_relay::Relay::start);
         let client = match Client::connect(stdout, stdin, options).await {
             Ok(c) => c,
-            Err(e @ Error::Remote(_)) => return Err(e),
             Err(e) => {
                 return Err(match relay {
-                    Some(r) => r.explain(&mut child, &program, e).await,
-                    None => e,
+                    Some(r) if ended_early(&e) => r.explain(&mut child, &program, e).await,
+                    _ => e,
                 })
             }
         };
@@ -761,8 +760,20 @@ async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut,
         buf.reserve(8 * 1024);
         let n = reader.read_buf(&mut buf).await?;
         if n == 0 {
-            return Err(preamble_error(&buf, "the stream ended before the preamble"));
+            return Err(preamble_error(&buf, ENDED_BEFORE_PREAMBLE));
         }
+    }
+}
+
+const ENDED_BEFORE_PREAMBLE: &str = "the stream ended before the preamble";
+
+/// Whether `e` says the transport ended (then its exit status and stderr
+/// say why), not that it spoke something else.
+fn ended_early(e: &Error) -> bool {
+    match e {
+        Error::Preamble { reason, .. } => reason == ENDED_BEFORE_PREAMBLE,
+        Error::Closed(_) | Error::Io(_) => true,
+        _ => false,
     }
 }
 

@@ -56,7 +56,8 @@ impl Relay {
     }
 
     /// When `child` ended (or ends within a moment), the error naming its
-    /// exit status and the last of its stderr; else `err` as it is.
+    /// exit status and the last of its stderr; else (or when it wrote
+    /// nothing on stderr but something on stdout) `err` as it is.
     pub(crate) async fn explain(
         self,
         child: &mut tokio::process::Child,
@@ -72,13 +73,17 @@ impl Relay {
         let _ = tokio::time::timeout(std::time::Duration::from_millis(500), self.task).await;
         let tail = self.tail.lock().expect("stderr tail lock");
         let stderr = String::from_utf8_lossy(&tail).trim().to_string();
-        crate::Error::Exited {
-            program: program.to_string(),
-            status: status.to_string(),
-            stderr: if stderr.is_empty() {
-                format!("nothing on stderr; {err}")
-            } else {
-                stderr
+        match err {
+            // What it printed on stdout says more than an empty stderr.
+            crate::Error::Preamble { ref seen, .. } if stderr.is_empty() && !seen.is_empty() => err,
+            err => crate::Error::Exited {
+                program: program.to_string(),
+                status: status.to_string(),
+                stderr: if stderr.is_empty() {
+                    format!("nothing on stderr; {err}")
+                } else {
+                    stderr
+                },
             },
         }
     }

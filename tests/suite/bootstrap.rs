@@ -16,6 +16,8 @@ fn client_bin() -> PathBuf {
 /// the installer and the launcher use (plus `extra` programs).
 struct Host {
     sshd: Sshd,
+    /// Removed with the host (it holds an installed agent).
+    base: PathBuf,
     home: PathBuf,
     /// The CLI's PATH: the `ssh` wrapper first.
     client_path: String,
@@ -81,8 +83,15 @@ fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
     let client_path = format!("{}:{}", wrap.display(), std::env::var("PATH").unwrap());
     Host {
         sshd,
+        base,
         home,
         client_path,
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
     }
 }
 
@@ -109,12 +118,13 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// A dist folder holding this build's agent for this machine.
-fn dist() -> PathBuf {
-    let dist = unique_tempdir("boot-dist");
+/// A dist folder (in the host's folder) holding this build's agent for
+/// this machine (a link: bootstrap reads the bytes).
+fn dist(h: &Host) -> PathBuf {
+    let dist = h.base.join("dist");
     let platform = format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH);
     std::fs::create_dir_all(dist.join(&platform)).unwrap();
-    std::fs::copy(executor_bin(), dist.join(&platform).join("executor")).unwrap();
+    std::os::unix::fs::symlink(executor_bin(), dist.join(&platform).join("executor")).unwrap();
     dist
 }
 
@@ -128,7 +138,7 @@ fn after_bootstrap_into_an_empty_home_run_works_with_no_other_flag() {
     assert!(err.contains("executor: not found"), "{err}");
     assert!(err.contains("exit status: 127"), "{err}");
     // Install.
-    let dist = dist();
+    let dist = dist(&h);
     let out = h.cli(&["bootstrap", "--from", dist.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let installed = h
@@ -187,7 +197,7 @@ fn without_a_bootstrapped_copy_the_path_executor_is_used_and_said() {
 #[test]
 fn an_unwritable_remote_dir_names_the_remote_error() {
     let h = host("boot-unwritable", &[]);
-    let dist = dist();
+    let dist = dist(&h);
     let out = h.cli(&[
         "bootstrap",
         "--from",
@@ -207,7 +217,8 @@ fn an_unwritable_remote_dir_names_the_remote_error() {
 #[test]
 fn a_missing_build_names_the_build_to_make() {
     let h = host("boot-nobuild", &[]);
-    let empty = unique_tempdir("boot-nobuild-dist");
+    let empty = h.base.join("empty-dist");
+    std::fs::create_dir_all(&empty).unwrap();
     let out = h.cli(&["bootstrap", "--from", empty.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
