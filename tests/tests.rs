@@ -1,10 +1,14 @@
 //! One integration-test binary (like ripgrep's): a module per capability,
 //! shared helpers in `executor_tests` (`src/lib.rs`).
 
+#[path = "suite/bootstrap.rs"]
+mod bootstrap;
 #[path = "suite/cli.rs"]
 mod cli;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/degraded.rs"]
+mod degraded;
 #[path = "suite/exec.rs"]
 mod exec;
 #[path = "suite/fs.rs"]
@@ -23,6 +27,8 @@ mod sandbox;
 mod session;
 #[path = "suite/ssh.rs"]
 mod ssh;
+#[path = "suite/startup.rs"]
+mod startup;
 #[path = "suite/transports.rs"]
 mod transports;
 #[path = "suite/wire.rs"]

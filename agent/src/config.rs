@@ -288,7 +288,9 @@ impl Config {
     pub fn parse(path: &Path, text: &str, profile: Option<&str>) -> Result<Config, ConfigError> {
         let ctx = Ctx { path, text };
         let raw: RawFile = toml::from_str(text).map_err(|e| {
-            let key = unknown_key(e.message()).unwrap_or_default();
+            let key = unknown_key(e.message())
+                .or_else(|| e.span().map(|s| key_at(text, s.start)))
+                .unwrap_or_else(|| "(file)".into());
             ctx.invalid(e.span(), &key, e.message().trim().to_string())
         })?;
         let mut limits = Limits::default();
@@ -314,6 +316,9 @@ impl Config {
             let key = format!("profiles.{name}");
             let raw_p = p.get_ref();
             check_method_patterns(&ctx, &key, raw_p)?;
+            if let Some(sb) = &raw_p.sandbox {
+                check_sandbox_roots(&ctx, &format!("{key}.sandbox"), sb)?;
+            }
             let roots = workspace_roots(&ctx, &key, raw_p)?;
             if let Some(l) = &raw_p.limits {
                 apply_limits(&ctx, &format!("{key}.limits"), l, &mut limits, &mut spans)?;
@@ -646,6 +651,83 @@ fn load_pem_roots(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'s
     Ok(certs)
 }
 
+/// A profile's sandbox roots are absolute paths or symbols: a relative
+/// root is refused at load, naming its key and line (inside the inline
+/// table, found by its quoted text).
+fn check_sandbox_roots(
+    ctx: &Ctx<'_>,
+    key: &str,
+    sb: &toml::Spanned<SandboxIntent>,
+) -> Result<(), ConfigError> {
+    use executor_protocol::types::sandbox::ReadRoots;
+    let fs = &sb.get_ref().filesystem;
+    let read: &[_] = match &fs.read {
+        ReadRoots::All => &[],
+        ReadRoots::Paths(p) => p,
+    };
+    for (list, name) in [
+        (read, "read"),
+        (&fs.write[..], "write"),
+        (&fs.deny_read[..], "deny_read"),
+        (&fs.deny_write[..], "deny_write"),
+    ] {
+        for (i, root) in list.iter().enumerate() {
+            if executor_sandbox::policy::well_formed_root(root) {
+                continue;
+            }
+            let shown = root.display();
+            let span = sb.span();
+            let at = ctx.text[span.clone()]
+                .find(&format!("\"{shown}\""))
+                .or_else(|| ctx.text[span.clone()].find(&format!("'{shown}'")))
+                .map_or(span.start, |o| span.start + o);
+            return Err(ctx.invalid(
+                Some(at..at),
+                &format!("{key}.filesystem.{name}[{i}]"),
+                format!(
+                    "{shown:?} is not absolute and not a symbol ({})",
+                    executor_sandbox::policy::SYMBOLS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The dotted key a byte offset of the file is the value of: the
+/// `[table]` header above it and the `key =` of its line (or of the
+/// nearest line above with one, for a value spread over lines).
+fn key_at(text: &str, offset: usize) -> String {
+    let before = &text[..offset.min(text.len())];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[line_start..]
+        .find('\n')
+        .map_or(text.len(), |i| line_start + i);
+    let mut key = None;
+    let mut table = None;
+    let lines: Vec<&str> = text[..line_end].lines().collect();
+    for line in lines.iter().rev() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            table = Some(t.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+            break;
+        }
+        if key.is_none() {
+            if let Some((k, _)) = t.split_once('=') {
+                if !t.starts_with('#') {
+                    key = Some(k.trim().trim_matches('"').to_string());
+                }
+            }
+        }
+    }
+    match (table, key) {
+        (Some(t), Some(k)) => format!("{t}.{k}"),
+        (None, Some(k)) => k,
+        (Some(t), None) => t,
+        (None, None) => "(top level)".into(),
+    }
+}
+
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()[..offset.min(text.len())]
@@ -700,6 +782,32 @@ mod tests {
                 .contains(":2: limits.max_open_files: must be at least 1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_bad_type_or_a_relative_sandbox_root_names_its_key() {
+        let e = parse("[profiles.a]\nallow_root = \"yes\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/etc/executor/config.toml:2: profiles.a.allow_root: invalid type"),
+            "{e}"
+        );
+        let e = Config::parse(
+            Path::new("c.toml"),
+            "[profiles.ci]\nsandbox = { filesystem = { write = [\n  \"/srv\",\n  \"build/out\",\n] } }\n",
+            Some("ci"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "c.toml:4: profiles.ci.sandbox.filesystem.write[1]: \"build/out\" is not absolute and not a symbol (:cwd, :workspace_roots, :tmp, :home)"
+        );
+        let ok = Config::parse(
+            Path::new("c.toml"),
+            "[profiles.ci]\nsandbox = { filesystem = { read = [\":home\", \"/usr\"], write = [\":tmp\"] } }\n",
+            Some("ci"),
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]

@@ -95,6 +95,15 @@ fn main() -> anyhow::Result<()> {
         );
         std::process::exit(77); // EX_NOPERM
     }
+    // An audit log that cannot be written stops the agent here, before the
+    // preamble, so the client gets this message and the exit status (the
+    // session opens it again for its own use).
+    if let Err(e) =
+        executor_agent::audit::Audit::open(&config.audit, config.profile.name.as_deref())
+    {
+        eprintln!("executor: cannot start: {e}");
+        std::process::exit(73); // EX_CANTCREAT
+    }
     // What an agent killed mid-job left (job directories, placeholders of
     // carve-outs); never what a live agent's job holds.
     match executor_sandbox::plan::sweep() {

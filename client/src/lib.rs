@@ -54,6 +54,7 @@ pub mod http;
 #[cfg(feature = "native-ssh")]
 pub mod native_ssh;
 mod process;
+mod stderr_relay;
 pub mod target;
 
 pub use executor_protocol as protocol;
@@ -104,6 +105,15 @@ pub enum Error {
     /// A request could not be encoded (too large for a frame).
     #[error("cannot send {method}: {message}")]
     Encode { method: String, message: String },
+    /// The transport command ended before the agent answered
+    /// `initialize` (a configuration error, a refused profile, no agent on
+    /// the host): its exit status and the last of its stderr.
+    #[error("{program} ended ({status}) before the agent answered: {stderr}")]
+    Exited {
+        program: String,
+        status: String,
+        stderr: String,
+    },
     /// The transport command could not be started.
     #[error("cannot start {program}: {source}")]
     Spawn {
@@ -417,7 +427,8 @@ impl Client {
 
     /// Spawn `command` (which must speak the protocol on its stdio, e.g. the
     /// local `executor` or `ssh host executor`) and connect to it. Its stderr
-    /// is inherited.
+    /// is passed on to ours (see `stderr_relay`); when it ends before the
+    /// agent answered, the error is [`Error::Exited`] with its own words.
     pub async fn spawn(
         mut command: tokio::process::Command,
         options: ClientOptions,
@@ -430,6 +441,7 @@ impl Client {
         command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         let mut child = command.spawn().map_err(|source| Error::Spawn {
             program: program.clone(),
@@ -443,7 +455,16 @@ impl Client {
             .stdout
             .take()
             .ok_or_else(|| Error::Closed("child has no stdout".into()))?;
-        let client = Client::connect(stdout, stdin, options).await?;
+        let relay = child.stderr.take().map(stderr_relay::Relay::start);
+        let client = match Client::connect(stdout, stdin, options).await {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(match relay {
+                    Some(r) if ended_early(&e) => r.explain(&mut child, &program, e).await,
+                    _ => e,
+                })
+            }
+        };
         *client.conn.child.lock().expect("child lock") = Some(child);
         Ok(client)
     }
@@ -752,8 +773,20 @@ async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut,
         buf.reserve(8 * 1024);
         let n = reader.read_buf(&mut buf).await?;
         if n == 0 {
-            return Err(preamble_error(&buf, "the stream ended before the preamble"));
+            return Err(preamble_error(&buf, ENDED_BEFORE_PREAMBLE));
         }
+    }
+}
+
+const ENDED_BEFORE_PREAMBLE: &str = "the stream ended before the preamble";
+
+/// Whether `e` says the transport ended (then its exit status and stderr
+/// say why), not that it spoke something else.
+fn ended_early(e: &Error) -> bool {
+    match e {
+        Error::Preamble { reason, .. } => reason == ENDED_BEFORE_PREAMBLE,
+        Error::Closed(_) | Error::Io(_) => true,
+        _ => false,
     }
 }
 

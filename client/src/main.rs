@@ -93,11 +93,16 @@ enum Cmd {
     /// Install the agent on the `--target` host over SSH (no network needed
     /// there): picks `FROM/<os>-<arch>/executor` after probing `uname -sm`,
     /// uploads it, checks its SHA-256 on the host, then renames it into
-    /// `~/.local/lib/executor/<version>/executor`.
+    /// `~/.local/lib/executor/<version>/executor`, which later connections
+    /// to the host try before `executor` on its PATH.
     Bootstrap {
         /// A folder of release builds: `<os>-<arch>/executor` (e.g. `linux-x86_64/executor`).
-        #[arg(long, value_name = "DIR")]
-        from: PathBuf,
+        #[arg(long, value_name = "DIR", required_unless_present = "check")]
+        from: Option<PathBuf>,
+        /// Install nothing: report the host's agent (path, SHA-256, version
+        /// and sandbox capabilities) as JSON.
+        #[arg(long)]
+        check: bool,
         /// The base directory on the host.
         #[arg(long, value_name = "DIR", default_value = executor_client::bootstrap::DEFAULT_REMOTE_DIR)]
         remote_dir: String,
@@ -133,7 +138,12 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let target = Target::parse(&cli.target).map_err(anyhow::Error::msg)?;
-    if let Cmd::Bootstrap { from, remote_dir } = &cli.command {
+    if let Cmd::Bootstrap {
+        from,
+        check,
+        remote_dir,
+    } = &cli.command
+    {
         let Target::Ssh { user, host, port } = &target else {
             anyhow::bail!("bootstrap needs an ssh --target (ssh://[user@]host[:port])");
         };
@@ -145,6 +155,17 @@ fn main() -> anyhow::Result<()> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
+        let Some(from) = from.as_deref().filter(|_| !check) else {
+            let found = rt.block_on(executor_client::bootstrap::check(
+                host,
+                &ssh,
+                Some(remote_dir),
+            ))?;
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut out, &found.to_json())?;
+            writeln!(out)?;
+            return Ok(());
+        };
         let installed = rt.block_on(executor_client::bootstrap::bootstrap(
             host,
             &ssh,

@@ -87,7 +87,11 @@ pub struct SshOptions {
     /// Request the `executor` subsystem (`ssh -s`) instead of a command.
     pub subsystem: bool,
     /// The remote command (or subsystem name): a plain path, never a shell
-    /// string. Default `executor`.
+    /// string. Default `executor`, which runs the launcher of
+    /// `executor_protocol::launch`: the copy `bootstrap` installed for this
+    /// client's version (`~/.local/lib/executor/<version>/executor`) if the
+    /// host has it, else `executor` from the PATH (the one used is logged
+    /// at info level, target `executor_client`).
     pub remote_command: String,
     /// The ssh program. Default `ssh`.
     pub ssh_program: std::path::PathBuf,
@@ -132,7 +136,16 @@ impl SshOptions {
             return Err(bad("remote command", rc));
         }
         let mut cmd = self.base_command(host)?;
-        cmd.arg(rc);
+        match executor_protocol::launch::command(env!("CARGO_PKG_VERSION")) {
+            Some(launcher) if rc == "executor" && !self.subsystem => {
+                tracing::debug!(
+                    installed = %executor_protocol::launch::installed_path(env!("CARGO_PKG_VERSION")),
+                    "starting the agent: the bootstrapped copy if the host has it, else executor from the PATH"
+                );
+                cmd.arg(launcher)
+            }
+            _ => cmd.arg(rc),
+        };
         Ok(cmd)
     }
 
@@ -253,6 +266,26 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         assert_eq!(args, vec!["-T", "-p", "22", "-s", "--", "box", "executor"]);
+        // Not a subsystem, no path given: the launcher (installed copy first).
+        let cmd = SshOptions::default().command("box").unwrap();
+        let last = cmd
+            .as_std()
+            .get_args()
+            .last()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            executor_protocol::launch::version_of(&last),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+        // A path given: exactly that.
+        let o = SshOptions {
+            remote_command: "/opt/executor".into(),
+            ..Default::default()
+        };
+        let cmd = o.command("box").unwrap();
+        assert_eq!(cmd.as_std().get_args().last().unwrap(), "/opt/executor");
         assert!(Target::parse("ssh://a b").is_err());
     }
 }

@@ -74,6 +74,7 @@ mod wire_enum;
 
 pub mod codec;
 pub mod error;
+pub mod launch;
 pub mod limits;
 pub mod message;
 pub mod methods;

@@ -31,6 +31,42 @@ pub fn landlock_abi() -> io::Result<u32> {
     }
 }
 
+/// Try what a sandboxed job's start does first: create a child in a new
+/// user namespace (`clone(CLONE_NEWUSER)`). The child exits at once; the
+/// error is the kernel's answer (EPERM: refused by a sysctl, an LSM or a
+/// seccomp filter; EINVAL/ENOSYS: not built in; ENOSPC: the namespace limit
+/// is 0 or reached).
+#[cfg(target_os = "linux")]
+pub fn try_user_namespace() -> io::Result<()> {
+    // SAFETY: a fork-like clone with no new stack; the child only calls
+    // `_exit`, which is async-signal-safe, so no lock another thread held
+    // at the clone matters to it.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    match ret {
+        r if r < 0 => Err(io::Error::last_os_error()),
+        // SAFETY: see above: the child ends here without touching shared state.
+        0 => unsafe { libc::_exit(0) },
+        pid => {
+            let pid = nix::unistd::Pid::from_raw(pid as libc::pid_t);
+            loop {
+                match nix::sys::wait::waitpid(pid, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Ok(_) | Err(_) => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
 /// Whether seccomp filter mode exists (`PR_GET_SECCOMP` answers, and the
 /// kernel lists filter actions).
 pub fn seccomp_filter_available() -> bool {
@@ -219,6 +255,17 @@ pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
 pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
 /// `MOUNT_ATTR_NOEXEC`.
 pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
+
+/// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)` as a raw system
+/// call: glibc has the wrapper only from 2.27, and the portable build
+/// links against 2.17 (Linux has the call since 3.17).
+#[cfg(target_os = "linux")]
+pub fn memfd_sealable(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: a valid C string the kernel only reads, and integer flags;
+    // the kernel returns a new descriptor or -1.
+    fd_result(unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), flags) })
+}
 
 #[cfg(target_os = "linux")]
 fn fd_result(ret: libc::c_long) -> io::Result<OwnedFd> {

@@ -1,0 +1,101 @@
+//! Startup errors (issue 17): whatever stops the agent at start stops it
+//! before the preamble, with its exit status, and the client reports the
+//! agent's own message (not a missing answer to `initialize`).
+
+use executor_client::{Client, ClientOptions, Error};
+use executor_tests::*;
+
+/// The agent with `config` (and `--profile`): its exit status and stdout
+/// when run directly, and the client's error when connecting.
+async fn refused(config: &str, profile: Option<&str>) -> (Option<i32>, Vec<u8>, String) {
+    let dir = unique_tempdir("startup");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut args = vec!["--config".to_string(), path.display().to_string()];
+    if let Some(p) = profile {
+        args.extend(["--profile".to_string(), p.to_string()]);
+    }
+    let out = std::process::Command::new(executor_bin())
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let mut cmd = tokio::process::Command::new(executor_bin());
+    cmd.args(&args);
+    let e = Client::spawn(cmd, ClientOptions::default())
+        .await
+        .expect_err("the agent refuses to start");
+    assert!(matches!(e, Error::Exited { .. }), "{e:?}");
+    (out.status.code(), out.stdout, e.to_string())
+}
+
+#[tokio::test]
+async fn a_relative_sandbox_root_is_a_startup_error_naming_file_line_and_key() {
+    let (code, stdout, e) = refused(
+        "[profiles.ci]\nsandbox = { filesystem = { write = [\"src\"] } }\n",
+        Some("ci"),
+    )
+    .await;
+    assert_eq!(code, Some(78));
+    assert!(
+        stdout.is_empty(),
+        "nothing, not even the preamble, on stdout"
+    );
+    assert!(e.contains("exit status: 78"), "{e}");
+    assert!(
+        e.contains(
+            "config.toml:2: profiles.ci.sandbox.filesystem.write[0]: \"src\" is not absolute"
+        ),
+        "{e}"
+    );
+    // Positive control: the same profile with an absolute root serves.
+    let dir = unique_tempdir("startup-ok");
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        "[profiles.ci]\nsandbox = { filesystem = { write = [\"/tmp\"] } }\n",
+    )
+    .unwrap();
+    let mut cmd = tokio::process::Command::new(executor_bin());
+    cmd.arg("--config").arg(&path).args(["--profile", "ci"]);
+    let c = Client::spawn(cmd, ClientOptions::default()).await.unwrap();
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_type_names_its_key() {
+    let (code, _, e) = refused("[profiles.a]\nallow_root = \"yes\"\n", Some("a")).await;
+    assert_eq!(code, Some(78));
+    assert!(e.contains(":2: profiles.a.allow_root: invalid type"), "{e}");
+}
+
+#[tokio::test]
+async fn an_audit_file_that_cannot_be_written_stops_the_agent_before_the_preamble() {
+    let (code, stdout, e) = refused(
+        "[audit]\nfile = \"/proc/executor-nowhere/audit.log\"\n",
+        None,
+    )
+    .await;
+    assert_eq!(code, Some(73));
+    assert!(stdout.is_empty(), "no preamble");
+    assert!(e.contains("exit status: 73"), "{e}");
+    assert!(
+        e.contains("audit file /proc/executor-nowhere/audit.log"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_profile_refusing_root_stops_the_agent_before_the_preamble() {
+    if !nix::unistd::geteuid().is_root() {
+        prerequisite_missing("running as root (a profile refusing root)");
+        return;
+    }
+    let (code, stdout, e) = refused("[profiles.user]\nallow_root = false\n", Some("user")).await;
+    assert_eq!(code, Some(77));
+    assert!(stdout.is_empty(), "no preamble");
+    assert!(
+        e.contains("profile user does not allow running as root"),
+        "{e}"
+    );
+}
