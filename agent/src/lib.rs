@@ -23,6 +23,7 @@ pub mod forced;
 pub mod fs;
 pub mod host;
 pub mod http;
+pub mod login_env;
 pub mod outbound;
 pub mod process;
 pub mod sandbox_gate;

@@ -51,6 +51,7 @@ pub mod http;
 #[cfg(feature = "native-ssh")]
 pub mod native_ssh;
 mod process;
+pub mod sandbox;
 pub mod target;
 
 pub use executor_protocol as protocol;
@@ -109,6 +110,23 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The preamble or `initialize` did not arrive in time
+    /// ([`ClientOptions::connect_timeout`]).
+    #[error("no answer from the agent within {after:?} ({what})")]
+    Timeout {
+        what: &'static str,
+        after: std::time::Duration,
+    },
+    /// The agent's preamble names another wire version.
+    #[error("the agent speaks wire {agent}, this client speaks {PROTOCOL_VERSION}")]
+    WireVersion { agent: String },
+    /// The transport command (`ssh`, the local `executor`) exited before
+    /// the agent's preamble arrived; `code` is its exit status (`None` when a
+    /// signal ended it). `ssh` exits 255 for its own failures (it printed
+    /// why on stderr) and passes on 127 from a remote shell that did not
+    /// find the command.
+    #[error("{program} exited {} before the agent started", .code.map_or_else(|| "on a signal".to_string(), |c| c.to_string()))]
+    TransportExited { program: String, code: Option<i32> },
 }
 
 impl Error {
@@ -217,14 +235,35 @@ pub struct ClientOptions {
     pub client_name: String,
     /// Session options sent with `initialize`.
     pub session: Option<SessionParams>,
+    /// The bound on the preamble and on the `initialize` answer, each
+    /// ([`Error::Timeout`] past it); `None` waits for ever. Default 30 s.
+    pub connect_timeout: Option<std::time::Duration>,
 }
+
+/// The default [`ClientOptions::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             client_name: "executor-client".into(),
             session: None,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
         }
+    }
+}
+
+/// `fut`, bounded by `limit` when there is one.
+async fn bounded<T>(
+    limit: Option<std::time::Duration>,
+    what: &'static str,
+    fut: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match limit {
+        Some(after) => tokio::time::timeout(after, fut)
+            .await
+            .map_err(|_| Error::Timeout { what, after })?,
+        None => fut.await,
     }
 }
 
@@ -267,6 +306,8 @@ struct Conn {
 #[derive(Clone)]
 pub struct Client {
     conn: Arc<Conn>,
+    /// The intent the fs helpers send ([`Client::with_sandbox`]).
+    intent: Option<Arc<executor_protocol::types::sandbox::SandboxIntent>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -381,7 +422,13 @@ impl Client {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let leftover = read_preamble(&mut reader).await?;
+        let limit = options.connect_timeout;
+        let leftover = bounded(
+            limit,
+            "waiting for the preamble",
+            read_preamble(&mut reader),
+        )
+        .await?;
         let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(1024);
         let inner = Arc::new(Inner {
             next_id: AtomicU64::new(1),
@@ -398,10 +445,13 @@ impl Client {
             },
             session: options.session.clone(),
         };
-        let init: InitializeResult = send_call(&inner, &out_tx, methods::INITIALIZE, &params)
-            .await?
-            .result()
-            .await?;
+        let init: InitializeResult = bounded(limit, "waiting for the initialize answer", async {
+            send_call(&inner, &out_tx, methods::INITIALIZE, &params)
+                .await?
+                .result()
+                .await
+        })
+        .await?;
         Ok(Client {
             conn: Arc::new(Conn {
                 inner,
@@ -410,7 +460,30 @@ impl Client {
                 child: Mutex::new(None),
                 keep: Mutex::new(None),
             }),
+            intent: None,
         })
+    }
+
+    /// This client (the same connection) with `intent` sent on every
+    /// request of its fs helpers (`stat`, `read_stream`, `write_stream`,
+    /// `walk`, …); `None` sends none (the profile's default intent applies).
+    pub fn with_sandbox(
+        &self,
+        intent: Option<executor_protocol::types::sandbox::SandboxIntent>,
+    ) -> Client {
+        Client {
+            conn: self.conn.clone(),
+            intent: intent.map(Arc::new),
+        }
+    }
+
+    /// The intent the fs helpers send.
+    pub fn sandbox(&self) -> Option<&executor_protocol::types::sandbox::SandboxIntent> {
+        self.intent.as_deref()
+    }
+
+    pub(crate) fn intent(&self) -> Option<executor_protocol::types::sandbox::SandboxIntent> {
+        self.intent.as_deref().cloned()
     }
 
     /// Spawn `command` (which must speak the protocol on its stdio, e.g. the
@@ -429,10 +502,23 @@ impl Client {
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|source| Error::Spawn {
+        let child = command.spawn().map_err(|source| Error::Spawn {
             program: program.clone(),
             source,
         })?;
+        Client::from_child(child, &program, options).await
+    }
+
+    /// Connect to a transport command already spawned with piped stdin and
+    /// stdout (for a caller that must act between the spawn and the
+    /// preamble, e.g. hand it the terminal). When the connection fails
+    /// because the command exited first, the error is
+    /// [`Error::TransportExited`] with its exit status.
+    pub async fn from_child(
+        mut child: tokio::process::Child,
+        program: &str,
+        options: ClientOptions,
+    ) -> Result<Client, Error> {
         let stdin = child
             .stdin
             .take()
@@ -441,9 +527,25 @@ impl Client {
             .stdout
             .take()
             .ok_or_else(|| Error::Closed("child has no stdout".into()))?;
-        let client = Client::connect(stdout, stdin, options).await?;
-        *client.conn.child.lock().expect("child lock") = Some(child);
-        Ok(client)
+        match Client::connect(stdout, stdin, options).await {
+            Ok(client) => {
+                *client.conn.child.lock().expect("child lock") = Some(child);
+                Ok(client)
+            }
+            Err(e @ (Error::Preamble { .. } | Error::Closed(_) | Error::Io(_))) => {
+                // An ended stream: say how the command ended, when it did.
+                let waited =
+                    tokio::time::timeout(std::time::Duration::from_secs(2), child.wait()).await;
+                match waited {
+                    Ok(Ok(status)) if !status.success() => Err(Error::TransportExited {
+                        program: program.to_string(),
+                        code: status.code(),
+                    }),
+                    _ => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Connect to a [`Target`]: the local `executor` or one over `ssh`.
@@ -720,6 +822,9 @@ async fn send_call<P: Serialize>(
 async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut, Error> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     loop {
+        if let Some(agent) = other_wire_version(&buf) {
+            return Err(Error::WireVersion { agent });
+        }
         if let Some(at) = find(&buf, PREAMBLE) {
             if at > MAX_PREAMBLE_NOISE {
                 return Err(preamble_error(
@@ -742,6 +847,20 @@ async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut,
             return Err(preamble_error(&buf, "the stream ended before the preamble"));
         }
     }
+}
+
+/// The version of a preamble of another wire version in `buf`
+/// (`\0EXECUTOR-WIRE<N>\n`, N not ours), once its newline arrived.
+fn other_wire_version(buf: &[u8]) -> Option<String> {
+    let stem = &PREAMBLE[..PREAMBLE.len() - 2];
+    let at = find(buf, stem)?;
+    let rest = &buf[at + stem.len()..];
+    let end = rest.iter().take(12).position(|&b| b == b'\n')?;
+    let version = &rest[..end];
+    (!version.is_empty()
+        && version.iter().all(u8::is_ascii_digit)
+        && version != PROTOCOL_VERSION.to_string().as_bytes())
+    .then(|| String::from_utf8_lossy(version).into_owned())
 }
 
 fn preamble_error(seen: &[u8], reason: &str) -> Error {

@@ -420,6 +420,8 @@ pub struct StartOptions<'a> {
     pub intent_param: &'a str,
     /// The request field holding `argv` (`argv`, `command`), for messages.
     pub argv_param: &'a str,
+    /// What `env` is applied on top of ([`crate::login_env`]).
+    pub env_base: executor_protocol::types::process::EnvBase,
 }
 
 /// A started job, and what of its sandbox intent was not enforced (only
@@ -480,6 +482,8 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         ));
     }
     let slot = SlotGuard(table.running.clone(), true);
+    let confined = s.profile().sandbox.is_some();
+    let env = crate::login_env::compose(o.env_base, o.env, s.login_env(), confined).await?;
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
     let (sandbox, files, sandbox_degraded) = crate::sandbox_gate::gate(
         s.capabilities(),
@@ -492,7 +496,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let req = spawn::SpawnRequest {
         argv: o.argv,
         cwd: &cwd,
-        env: o.env,
+        env: &env,
         arg0: o.arg0,
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
@@ -745,6 +749,7 @@ pub async fn handle_start(
             intent: p.sandbox.as_ref(),
             intent_param: "sandbox",
             argv_param: "argv",
+            env_base: p.env_base,
         },
     )
     .await?;

@@ -131,6 +131,7 @@ pub struct Session {
     streams: Streams,
     profile: Profile,
     audit: Audit,
+    login_env: crate::login_env::LoginEnv,
 }
 
 impl std::fmt::Debug for Session {
@@ -186,7 +187,13 @@ impl Session {
             limits,
             profile,
             audit,
+            login_env: Default::default(),
         }
+    }
+
+    /// The session's login-shell environment snapshot (`env_base`).
+    pub fn login_env(&self) -> &crate::login_env::LoginEnv {
+        &self.login_env
     }
 
     /// The configuration profile this session runs under.
@@ -515,5 +522,6 @@ pub async fn environment_info(
         path_separator: "/".into(),
         agent_version: AGENT_VERSION.into(),
         sandbox: s.sandbox_capabilities(),
+        login_env: Some(s.login_env().info()),
     })
 }
