@@ -3,6 +3,8 @@
 
 #[path = "suite/cli.rs"]
 mod cli;
+#[path = "suite/cli_files.rs"]
+mod cli_files;
 #[path = "suite/cli_flags.rs"]
 mod cli_flags;
 #[path = "suite/client.rs"]

@@ -5,7 +5,6 @@
 //! file appears whole or not at all: a failed or interrupted `get` removes
 //! its temp file, and an unfinished `put` is discarded by the agent.
 
-use super::exit::Outside;
 use super::files::Remote;
 use super::sandbox::SandboxArgs;
 use anyhow::Context;
@@ -51,7 +50,7 @@ fn base_name(path: &str) -> anyhow::Result<&str> {
         .rsplit('/')
         .next()
         .filter(|n| !n.is_empty() && *n != "." && *n != "..")
-        .ok_or_else(|| Outside(format!("{path:?} has no file name to copy to")).into())
+        .ok_or_else(|| anyhow::anyhow!("{path:?} has no file name to copy to"))
 }
 
 /// `get`
@@ -74,7 +73,7 @@ pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<i32> {
     }
     let into_dir = Path::new(dest).is_dir() || dest.ends_with('/');
     if sources.len() > 1 && !into_dir {
-        return Err(Outside(format!("{dest}: not a directory (several sources)")).into());
+        return Err(anyhow::anyhow!("{dest}: not a directory (several sources)"));
     }
     for s in sources {
         let path = remote.path(s).await?;
@@ -91,7 +90,7 @@ pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<i32> {
         match st.kind {
             FileKind::Dir if args.recursive => copy.get_tree(&path, &local).await?,
             FileKind::Dir => {
-                return Err(Outside(format!("{path}: a directory (use -r)")).into());
+                return Err(anyhow::anyhow!("{path}: a directory (use -r)"));
             }
             _ => {
                 let bar = progress(st.size, &format!("get {path}"));
@@ -147,7 +146,7 @@ impl Copy<'_> {
             })
             .await?;
         if let Some(first) = errors.first() {
-            return Err(Outside(format!("get -r {root}: cannot read {first}")).into());
+            return Err(anyhow::anyhow!("get -r {root}: cannot read {first}"));
         }
         let total = entries
             .iter()
@@ -198,7 +197,7 @@ impl Copy<'_> {
             .await
             .with_context(|| format!("reading {local}"))?;
         if meta.is_dir() {
-            return Err(Outside(format!("{local}: a directory (use -r)")).into());
+            return Err(anyhow::anyhow!("{local}: a directory (use -r)"));
         }
         let mode = self
             .preserve
@@ -244,7 +243,7 @@ impl Copy<'_> {
         let join = |rel: &Path| match rel.to_str() {
             Some("") => Ok(remote.to_string()),
             Some(r) => Ok(format!("{}/{r}", remote.trim_end_matches('/'))),
-            None => Err(Outside(format!("{}: not UTF-8", rel.display()))),
+            None => Err(anyhow::anyhow!("{}: not UTF-8", rel.display())),
         };
         for d in &dirs {
             self.client
@@ -273,7 +272,7 @@ pub async fn put(client: &Client, args: PutArgs) -> anyhow::Result<i32> {
             .await
             .is_ok_and(|st| st.kind == FileKind::Dir);
     if sources.len() > 1 && !into_dir {
-        return Err(Outside(format!("{dest}: not a directory (several sources)")).into());
+        return Err(anyhow::anyhow!("{dest}: not a directory (several sources)"));
     }
     let copy = Copy {
         client: &c,
@@ -287,7 +286,7 @@ pub async fn put(client: &Client, args: PutArgs) -> anyhow::Result<i32> {
         };
         if s != "-" && Path::new(s).is_dir() {
             if !args.recursive {
-                return Err(Outside(format!("{s}: a directory (use -r)")).into());
+                return Err(anyhow::anyhow!("{s}: a directory (use -r)"));
             }
             copy.put_tree(Path::new(s), &to).await?;
             continue;
@@ -317,7 +316,10 @@ struct PartFile {
 impl PartFile {
     fn beside(target: &Path) -> anyhow::Result<PartFile> {
         if target.is_dir() {
-            return Err(Outside(format!("{}: a directory is in the way", target.display())).into());
+            return Err(anyhow::anyhow!(
+                "{}: a directory is in the way",
+                target.display()
+            ));
         }
         let name = target
             .file_name()
