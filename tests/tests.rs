@@ -7,6 +7,8 @@ mod cli;
 mod cli_files;
 #[path = "suite/cli_flags.rs"]
 mod cli_flags;
+#[path = "suite/cli_jobs.rs"]
+mod cli_jobs;
 #[path = "suite/client.rs"]
 mod client;
 #[path = "suite/exec.rs"]

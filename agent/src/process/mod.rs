@@ -555,7 +555,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         .expect("process table")
         .insert(id.clone(), proc.clone());
     tracing::info!(
-        session_id = ?s.id(),
+        session_id = s.id().unwrap_or_default(),
         process_id = %id,
         pid = spawned.pid,
         argv = ?o.argv,
@@ -700,7 +700,7 @@ async fn wait_job(
         }
     }
     proc.bump();
-    tracing::info!(process_id = %proc.id, exit_code = ?exit.code, signal = ?exit.signal, "process exited");
+    tracing::info!(process_id = %proc.id, exit_code = exit.code, signal = exit.signal, "process exited");
     if proc.notify {
         let (final_seq, lag_note) = {
             let mut st = proc.state.lock().expect("proc state");

@@ -460,7 +460,7 @@ impl Session {
         self.handles.close_all();
         // Every HTTP stream: a final `cancelled` delta, connection closed.
         self.streams.cancel_all();
-        tracing::debug!(session_id = ?self.id(), "session ended");
+        tracing::debug!(session_id = self.id().unwrap_or_default(), "session ended");
     }
 }
 

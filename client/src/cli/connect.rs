@@ -73,9 +73,15 @@ impl ConnectArgs {
     /// The ssh options for the target's `user` and `port`.
     fn ssh(&self, user: Option<String>, port: Option<u16>, log: &LogArgs) -> SshOptions {
         let mut options = self.options.clone();
-        if let Some(filter) = log.remote_filter() {
-            // Honoured where sshd accepts it (`AcceptEnv RUST_LOG`).
-            options.push(format!("SetEnv=RUST_LOG={filter}"));
+        // Honoured where sshd accepts them (`AcceptEnv RUST_LOG EXECUTOR_LOG_JSON`).
+        // One SetEnv with every variable: ssh takes an option's first value.
+        let env: Vec<String> = log
+            .remote_env()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if !env.is_empty() {
+            options.push(format!("SetEnv={}", env.join(" ")));
         }
         SshOptions {
             user: self.login.clone().or(user),
@@ -104,9 +110,7 @@ pub async fn connect(
     match args.target()? {
         Target::Local => {
             let mut cmd = Target::Local.command().with_context(what)?;
-            if let Some(filter) = log.remote_filter() {
-                cmd.env("RUST_LOG", filter);
-            }
+            cmd.envs(log.remote_env());
             Client::spawn(cmd, options).await.with_context(what)
         }
         Target::Ssh { user, host, port } => {

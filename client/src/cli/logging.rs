@@ -27,16 +27,29 @@ impl LogArgs {
         }
     }
 
-    /// The `RUST_LOG` for the agent, when a flag asked for one.
-    pub fn remote_filter(&self) -> Option<&'static str> {
+    /// The level a flag asked for.
+    fn flag_level(&self) -> Option<&'static str> {
         (self.quiet || self.verbose > 0).then(|| self.level())
+    }
+
+    /// The agent's environment for the same logs: `RUST_LOG` (when a flag
+    /// set the level) and `EXECUTOR_LOG_JSON`.
+    pub fn remote_env(&self) -> Vec<(&'static str, &'static str)> {
+        let mut env = Vec::new();
+        if let Some(level) = self.flag_level() {
+            env.push(("RUST_LOG", level));
+        }
+        if self.log_json {
+            env.push(("EXECUTOR_LOG_JSON", "1"));
+        }
+        env
     }
 }
 
 /// Start logging: a flag wins over `RUST_LOG`, which wins over `warn`.
 pub fn init(args: &LogArgs) {
     use tracing_subscriber::EnvFilter;
-    let filter = match args.remote_filter() {
+    let filter = match args.flag_level() {
         Some(level) => EnvFilter::new(level),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
     };

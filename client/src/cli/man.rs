@@ -53,7 +53,7 @@ The ssh program (default \fBssh\fR).
 The local agent (default: \fBexecutor\fR next to this binary).
 .TP
 \fBRUST_LOG\fR
-The log filter when neither \fB\-v\fR nor \fB\-q\fR is given (default warn). With \fB\-v\fR/\fB\-q\fR the level is also set for the agent: through the environment locally, through ssh's SetEnv (where sshd has AcceptEnv RUST_LOG) remotely.
+The log filter when neither \fB\-v\fR nor \fB\-q\fR is given (default warn). With \fB\-v\fR/\fB\-q\fR the level is also set for the agent (and \fB\-\-log\-json\fR its format, as \fBEXECUTOR_LOG_JSON=1\fR): through the environment locally, through ssh's SetEnv remotely (where sshd has AcceptEnv RUST_LOG EXECUTOR_LOG_JSON).
 .TP
 \fBNO_COLOR\fR
 No colours in logs (there are none unless stderr is a terminal).
