@@ -512,3 +512,47 @@ fn man_pages_have_the_sections_and_name_no_unshipped_page() {
         assert!(help.contains(flag), "{flag}: {help}");
     }
 }
+
+#[tokio::test]
+async fn a_failed_login_snapshot_is_an_error_once_and_a_bad_env_base_is_refused() {
+    // Another env_base is invalid_params, naming the field.
+    let mut a = RawAgent::initialized().await;
+    let r = a
+        .request(
+            1,
+            "process/start",
+            &rmpv::Value::Map(vec![
+                ("argv".into(), rmpv::Value::Array(vec!["true".into()])),
+                ("cwd".into(), "/".into()),
+                ("env".into(), rmpv::Value::Map(vec![])),
+                ("env_base".into(), "root".into()),
+            ]),
+        )
+        .await;
+    assert_eq!(error_code(&r), Some("invalid_params"), "{r:?}");
+    // A user whose login shell is nologin: the snapshot fails, is
+    // reported, and is not retried.
+    if current_uid() != 0 {
+        prerequisite_missing("root, to run the agent as nobody (shell /usr/sbin/nologin)");
+        return;
+    }
+    let mut cmd = tokio::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(executor_bin_for_any_user())
+        .current_dir("/");
+    let c = executor_client::Client::spawn(cmd, Default::default()).await.unwrap();
+    let mut p = ProcessStartParams::new(vec!["/bin/true".into()], "/", Default::default());
+    p.env_base = EnvBase::Login;
+    let e = remote(c.start(&p).await.unwrap_err());
+    assert_eq!(e.code, executor_client::ErrorCode::Io, "{e:?}");
+    assert!(e.message.contains("login shell"), "{e:?}");
+    let info = c.environment_info().await.unwrap().login_env.unwrap();
+    assert!(!info.taken && info.error.is_some() && info.duration_ms.is_some(), "{info:?}");
+    let again = remote(c.start(&p).await.unwrap_err());
+    assert_eq!(again.message, e.message);
+    assert_eq!(c.environment_info().await.unwrap().login_env.unwrap(), info, "not run again");
+    // Without the login base the same user runs fine.
+    p.env_base = EnvBase::None;
+    assert!(c.start(&p).await.unwrap().wait().await.unwrap().success());
+    c.close().await.unwrap();
+}
