@@ -43,6 +43,42 @@
 //! client.close().await?;
 //! # Ok::<(), executor_client::Error>(()) }).unwrap();
 //! ```
+//!
+//! Sandboxed, as `landrun --rw DIR cmd`: build an intent with
+//! [`sandbox::Intent`], give it to a job (`ProcessStartParams::sandbox`) or
+//! to every fs request of a client ([`Client::with_sandbox`]).
+//!
+//! ```
+//! # std::env::set_var("EXECUTOR_BIN", concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/executor"));
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use executor_client::sandbox::{Intent, Net};
+//! use executor_client::{Client, ErrorCode, Target};
+//! use executor_protocol::types::process::ProcessStartParams;
+//!
+//! let work = std::env::temp_dir().join(format!("executor-doc-sbx-{}", std::process::id()));
+//! std::fs::create_dir_all(&work).unwrap();
+//! let work = work.to_str().unwrap().to_string();
+//! let intent = Intent::new().write(work.as_str()).net(Net::Deny).build();
+//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
+//!
+//! let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())].into();
+//! let script = format!("touch {work}/ok && touch /etc/not-ok");
+//! let mut params = ProcessStartParams::new(vec!["sh".into(), "-c".into(), script], "/", env);
+//! params.sandbox = Some(intent.clone());
+//! let job = client.start(&params).await?;
+//! assert!(job.sandbox_degraded().is_empty(), "all of it enforced");
+//! let status = job.wait().await?;
+//! assert!(status.sandbox_denied && !status.success());
+//!
+//! // The fs helpers under the same intent.
+//! let confined = client.with_sandbox(Some(intent));
+//! confined.write_file(format!("{work}/f").as_str(), b"in").await?;
+//! let denied = confined.write_file("/etc/executor-doc", b"out").await.unwrap_err();
+//! assert_eq!(denied.code(), Some(ErrorCode::SandboxDenied));
+//! # std::fs::remove_dir_all(&work).unwrap();
+//! client.close().await?;
+//! # Ok::<(), executor_client::Error>(()) }).unwrap();
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
