@@ -281,3 +281,46 @@ fn rm_mv_mkdir_realpath() {
         assert!(via.output(&["rm", "-f", &p("a")]).status.success());
     }
 }
+
+#[test]
+fn walk_exits_1_when_an_entry_cannot_be_read() {
+    if current_uid() != 0 {
+        prerequisite_missing("root, to run the agent as nobody through EXECUTOR_BIN");
+        return;
+    }
+    let d = unique_tempdir("walk-unreadable");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir(d.join("closed")).unwrap();
+    std::fs::write(d.join("closed/inside"), "x").unwrap();
+    std::fs::set_permissions(d.join("closed"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(d.join("open"), "x").unwrap();
+    let wrapper = d.join("agent-as-nobody.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncd /\nexec setpriv --reuid=65534 --regid=65534 --clear-groups -- {}\n",
+            executor_bin_for_any_user().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Via::Local
+        .cmd(&["walk", s(&d)])
+        .env("EXECUTOR_BIN", &wrapper)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("f 1 open\n"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("closed"),
+        "{}",
+        text(&out)
+    );
+    // The positive control: as root every entry is read, exit 0.
+    let out = Via::Local.output(&["walk", s(&d)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}

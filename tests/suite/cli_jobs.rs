@@ -540,17 +540,26 @@ async fn a_failed_login_snapshot_is_an_error_once_and_a_bad_env_base_is_refused(
     cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(executor_bin_for_any_user())
         .current_dir("/");
-    let c = executor_client::Client::spawn(cmd, Default::default()).await.unwrap();
+    let c = executor_client::Client::spawn(cmd, Default::default())
+        .await
+        .unwrap();
     let mut p = ProcessStartParams::new(vec!["/bin/true".into()], "/", Default::default());
     p.env_base = EnvBase::Login;
     let e = remote(c.start(&p).await.unwrap_err());
     assert_eq!(e.code, executor_client::ErrorCode::Io, "{e:?}");
     assert!(e.message.contains("login shell"), "{e:?}");
     let info = c.environment_info().await.unwrap().login_env.unwrap();
-    assert!(!info.taken && info.error.is_some() && info.duration_ms.is_some(), "{info:?}");
+    assert!(
+        !info.taken && info.error.is_some() && info.duration_ms.is_some(),
+        "{info:?}"
+    );
     let again = remote(c.start(&p).await.unwrap_err());
     assert_eq!(again.message, e.message);
-    assert_eq!(c.environment_info().await.unwrap().login_env.unwrap(), info, "not run again");
+    assert_eq!(
+        c.environment_info().await.unwrap().login_env.unwrap(),
+        info,
+        "not run again"
+    );
     // Without the login base the same user runs fine.
     p.env_base = EnvBase::None;
     assert!(c.start(&p).await.unwrap().wait().await.unwrap().success());
