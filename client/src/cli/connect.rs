@@ -7,6 +7,7 @@ use super::logging::LogArgs;
 use anyhow::Context;
 use executor_client::protocol::types::session::SessionParams;
 use executor_client::{Client, ClientOptions, Error, SshOptions, Target};
+use std::io::Write;
 use std::path::PathBuf;
 
 /// Where the agent runs, and how ssh reaches it.
@@ -159,10 +160,14 @@ pub async fn bootstrap(
     let installed = executor_client::bootstrap::bootstrap(&host, &ssh, from, Some(remote_dir))
         .await
         .with_context(|| format!("bootstrapping {}", args.target))?;
-    println!(
+    writeln!(
+        std::io::stdout().lock(),
         "installed {} ({}, sha256 {}): {}",
-        installed.path, installed.platform, installed.sha256, installed.version_line
-    );
+        installed.path,
+        installed.platform,
+        installed.sha256,
+        installed.version_line
+    )?;
     Ok(0)
 }
 

@@ -1,14 +1,14 @@
 //! The `executor-client` command line: the flags (clap) and the verbs, one
 //! module per verb family. Depends on the client library only.
 //!
-//! - [`connect`]: the target and the ssh options; connecting, bounded.
-//! - [`exit`]: exit statuses (ssh's convention) and error messages.
-//! - [`run`]: `run`, `shell`, `attach` (jobs, stdin, signals).
-//! - [`files`]: `cat`, `walk`, `stat`, `rm`, `mv`, `mkdir`, `realpath`.
-//! - [`transfer`]: `get`, `put` (scp habits; no leftovers).
-//! - [`web`]: `http`.
-//! - [`sandbox`]: the sandbox flags shared by the verbs.
-//! - [`logging`], [`signals`], [`man`].
+//! - `connect`: the target and the ssh options; connecting, bounded.
+//! - `exit`: exit statuses (ssh's convention) and error messages.
+//! - `run`: `run`, `shell`, `attach` (jobs, stdin, signals).
+//! - `files`: `cat`, `walk`, `stat`, `rm`, `mv`, `mkdir`, `realpath`.
+//! - `transfer`: `get`, `put` (scp habits; no leftovers).
+//! - `web`: `http`.
+//! - `sandbox`: the sandbox flags shared by the verbs.
+//! - `logging`, `signals`, `man`.
 
 mod connect;
 mod exit;
