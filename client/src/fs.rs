@@ -18,6 +18,15 @@ pub const BLOCK: u64 = 1 << 20;
 pub const WINDOW: usize = 8;
 
 impl Client {
+    /// A request whose answer is `{}`.
+    async fn empty_request<P: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<(), Error> {
+        self.request::<_, Empty>(method, params).await.map(|_| ())
+    }
+
     /// `fs/stat`, following a final symlink.
     pub async fn stat(&self, path: impl Into<WirePath>) -> Result<StatResult, Error> {
         self.stat_with(path, true).await
@@ -64,7 +73,7 @@ impl Client {
         path: impl Into<WirePath>,
         recursive: bool,
     ) -> Result<(), Error> {
-        self.request::<_, Empty>(
+        self.empty_request(
             m::FS_CREATE_DIRECTORY,
             &CreateDirectoryParams {
                 path: path.into(),
@@ -74,12 +83,11 @@ impl Client {
             },
         )
         .await
-        .map(|_| ())
     }
 
     /// `fs/remove` (a directory needs `recursive` unless it is empty).
     pub async fn remove(&self, path: impl Into<WirePath>, recursive: bool) -> Result<(), Error> {
-        self.request::<_, Empty>(
+        self.empty_request(
             m::FS_REMOVE,
             &RemoveParams {
                 path: path.into(),
@@ -89,7 +97,6 @@ impl Client {
             },
         )
         .await
-        .map(|_| ())
     }
 
     /// `fs/rename` (an existing file at `to` is replaced).
@@ -98,7 +105,7 @@ impl Client {
         from: impl Into<WirePath>,
         to: impl Into<WirePath>,
     ) -> Result<(), Error> {
-        self.request::<_, Empty>(
+        self.empty_request(
             m::FS_RENAME,
             &RenameParams {
                 from: from.into(),
@@ -108,7 +115,6 @@ impl Client {
             },
         )
         .await
-        .map(|_| ())
     }
 
     /// `fs/readFile` of a whole (small) file.
@@ -130,7 +136,7 @@ impl Client {
 
     /// `fs/writeFile`, atomic.
     pub async fn write_file(&self, path: impl Into<WirePath>, data: &[u8]) -> Result<(), Error> {
-        self.request::<_, Empty>(
+        self.empty_request(
             m::FS_WRITE_FILE,
             &WriteFileParams {
                 path: path.into(),
@@ -143,7 +149,6 @@ impl Client {
             },
         )
         .await
-        .map(|_| ())
     }
 
     /// Stream a file of any size: `fs/open`, then `fs/readBlock` with up to

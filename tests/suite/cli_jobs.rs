@@ -188,6 +188,15 @@ fn stdin_is_forwarded_unless_n_and_ctrl_c_interrupts_the_job() {
     }
 }
 
+/// All of a job's output.
+async fn output_of(mut job: executor_client::Process) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(chunk) = job.next_output().await.unwrap() {
+        out.extend_from_slice(&chunk.data);
+    }
+    out
+}
+
 /// The login shell of the current user (passwd).
 fn login_shell() -> String {
     let out = std::process::Command::new("getent")
@@ -265,11 +274,7 @@ async fn env_base_is_taken_once_per_session_and_reported() {
         [("X".to_string(), "on-top".to_string())].into(),
     );
     p.env_base = EnvBase::Login;
-    let mut job = c.start(&p).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(chunk) = job.next_output().await.unwrap() {
-        out.extend_from_slice(&chunk.data);
-    }
+    let out = output_of(c.start(&p).await.unwrap()).await;
     assert_eq!(
         String::from_utf8_lossy(&out),
         format!("{}:on-top", info.home)
@@ -312,18 +317,10 @@ async fn env_base_is_taken_once_per_session_and_reported() {
         "-c".into(),
         "printf %s \"$EXECUTOR_TEST_MARK:$X\"".into(),
     ];
-    let mut job = c.start(&p).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(chunk) = job.next_output().await.unwrap() {
-        out.extend_from_slice(&chunk.data);
-    }
+    let out = output_of(c.start(&p).await.unwrap()).await;
     assert_eq!(out, b"from-agent:on-top");
     p.env_base = EnvBase::None;
-    let mut job = c.start(&p).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(chunk) = job.next_output().await.unwrap() {
-        out.extend_from_slice(&chunk.data);
-    }
+    let out = output_of(c.start(&p).await.unwrap()).await;
     assert_eq!(out, b":on-top", "none: only the request's env");
     c.close().await.unwrap();
     // A profile that confines every job refuses the (unconfined) login shell.
@@ -377,44 +374,44 @@ fn attach_resumes_a_detached_session() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_posts_with_data_and_tells_http_errors_from_connection_failures() {
+    // The server runs on this runtime; the client blocks another worker.
     let server = executor_tests::http::TestServer::start().await;
-    let bin = client_bin();
-    let out = tokio::process::Command::new(&bin)
-        .args(["http", "-i", "-d", "hello", &server.url("/echo")])
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(out.stdout, b"hello");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("x-method: POST"),
-        "{}",
-        text(&out)
-    );
-    let out = tokio::process::Command::new(&bin)
-        .args(["http", &server.url("/nope")])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(22));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("HTTP 404"),
-        "{}",
-        text(&out)
-    );
+    let (echo, nope) = (server.url("/echo"), server.url("/nope"));
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let out = tokio::process::Command::new(&bin)
-        .args(["http", &format!("http://127.0.0.1:{closed}/")])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    for via in Via::both() {
+        let out = via.output(&["http", "-i", "-d", "hello", &echo]);
+        assert!(out.status.success(), "{} {}", via.name(), text(&out));
+        assert_eq!(out.stdout, b"hello");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("x-method: POST"),
+            "{}",
+            text(&out)
+        );
+        let out = via.output(&["http", &nope]);
+        assert_eq!(out.status.code(), Some(22));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("HTTP 404"),
+            "{}",
+            text(&out)
+        );
+        let out = via.output(&["http", &format!("http://127.0.0.1:{closed}/")]);
+        assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+        // The network of the request's intent: denied is the sandbox's 125.
+        let out = via.output(&["http", "--net", "deny", &echo]);
+        assert_eq!(
+            out.status.code(),
+            Some(125),
+            "{} {}",
+            via.name(),
+            text(&out)
+        );
+    }
 }
 
 #[test]

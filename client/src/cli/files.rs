@@ -74,8 +74,18 @@ pub struct CatArgs {
 pub async fn cat(client: &Client, args: CatArgs) -> anyhow::Result<i32> {
     let mut remote = Remote::new(client);
     let c = remote.confined(&args.sandbox).await?;
+    to_stdout(&c, &mut remote, &args.paths).await?;
+    Ok(0)
+}
+
+/// Stream remote files to stdout, one after the other (`cat`, `get … -`).
+pub async fn to_stdout(
+    c: &Client,
+    remote: &mut Remote<'_>,
+    paths: &[String],
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    for p in &args.paths {
+    for p in paths {
         let path = remote.path(p).await?;
         let (_, stream) = c.read_stream(path.as_str()).await?;
         let mut stream = std::pin::pin!(stream);
@@ -84,7 +94,7 @@ pub async fn cat(client: &Client, args: CatArgs) -> anyhow::Result<i32> {
         }
     }
     out.flush()?;
-    Ok(0)
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]

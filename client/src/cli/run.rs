@@ -7,8 +7,10 @@ use super::exit::{self, Outside};
 use super::sandbox::{report_degraded, SandboxArgs};
 use super::signals::{Caught, Signals};
 use anyhow::Context;
+use executor_client::protocol::methods;
 use executor_client::protocol::types::process::{
-    EnvBase, OutputStream, ProcessStartParams, PtySize, SignalName, StdinMode,
+    EnvBase, OutputStream, ProcessResizeParams, ProcessSignalParams, ProcessStartParams,
+    ProcessWriteParams, PtySize, SignalName, StdinMode,
 };
 use executor_client::protocol::types::session::{EnvironmentInfo, ResumeParams, SessionParams};
 use executor_client::{Client, Error, ErrorCode, Process};
@@ -413,47 +415,36 @@ impl Job {
         }
     }
 
-    async fn write(&self, data: &[u8], close: bool) -> Result<(), Error> {
-        use executor_client::protocol::{methods, types};
+    async fn call<P: serde::Serialize>(&self, method: &str, params: &P) -> Result<(), Error> {
         self.client
-            .request::<_, types::Empty>(
-                methods::PROCESS_WRITE,
-                &types::process::ProcessWriteParams {
-                    process_id: self.id.clone(),
-                    data: serde_bytes::ByteBuf::from(data.to_vec()),
-                    close_stdin: close,
-                },
-            )
+            .request::<_, executor_client::protocol::types::Empty>(method, params)
             .await
             .map(|_| ())
+    }
+
+    async fn write(&self, data: &[u8], close: bool) -> Result<(), Error> {
+        let params = ProcessWriteParams {
+            process_id: self.id.clone(),
+            data: serde_bytes::ByteBuf::from(data.to_vec()),
+            close_stdin: close,
+        };
+        self.call(methods::PROCESS_WRITE, &params).await
     }
 
     async fn signal(&self, signal: SignalName) -> Result<(), Error> {
-        use executor_client::protocol::{methods, types};
-        self.client
-            .request::<_, types::Empty>(
-                methods::PROCESS_SIGNAL,
-                &types::process::ProcessSignalParams {
-                    process_id: self.id.clone(),
-                    signal,
-                },
-            )
-            .await
-            .map(|_| ())
+        let params = ProcessSignalParams {
+            process_id: self.id.clone(),
+            signal,
+        };
+        self.call(methods::PROCESS_SIGNAL, &params).await
     }
 
     async fn resize(&self, size: PtySize) -> Result<(), Error> {
-        use executor_client::protocol::{methods, types};
-        self.client
-            .request::<_, types::Empty>(
-                methods::PROCESS_RESIZE,
-                &types::process::ProcessResizeParams {
-                    process_id: self.id.clone(),
-                    rows: size.rows,
-                    cols: size.cols,
-                },
-            )
-            .await
-            .map(|_| ())
+        let params = ProcessResizeParams {
+            process_id: self.id.clone(),
+            rows: size.rows,
+            cols: size.cols,
+        };
+        self.call(methods::PROCESS_RESIZE, &params).await
     }
 }

@@ -14,16 +14,25 @@ use futures_util::StreamExt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The flags `get` and `put` share.
 #[derive(Debug, clap::Args)]
-pub struct GetArgs {
-    /// Keep each file's mode and mtime.
+pub struct CopyFlags {
+    /// Keep each file's mode (and, with `get`, its mtime: no request sets
+    /// a remote one).
     #[arg(short = 'p')]
     pub preserve: bool,
-    /// Copy directories and what they hold.
+    /// Copy directories and what they hold (symlinks are skipped, with a
+    /// message).
     #[arg(short = 'r')]
     pub recursive: bool,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub flags: CopyFlags,
     /// Remote sources, then the local destination (`-`: stdout).
     #[arg(required = true, num_args = 2.., value_name = "REMOTE... LOCAL")]
     pub paths: Vec<String>,
@@ -31,14 +40,8 @@ pub struct GetArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct PutArgs {
-    /// Keep each file's mode.
-    #[arg(short = 'p')]
-    pub preserve: bool,
-    /// Copy directories and what they hold.
-    #[arg(short = 'r')]
-    pub recursive: bool,
     #[command(flatten)]
-    pub sandbox: SandboxArgs,
+    pub flags: CopyFlags,
     /// Local sources (`-`: stdin), then the remote destination.
     #[arg(required = true, num_args = 2.., value_name = "LOCAL... REMOTE")]
     pub paths: Vec<String>,
@@ -56,19 +59,10 @@ fn base_name(path: &str) -> anyhow::Result<&str> {
 /// `get`
 pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<i32> {
     let mut remote = Remote::new(client);
-    let c = remote.confined(&args.sandbox).await?;
+    let c = remote.confined(&args.flags.sandbox).await?;
     let (dest, sources) = args.paths.split_last().expect("clap: at least 2");
     if dest == "-" {
-        let mut out = std::io::stdout().lock();
-        for s in sources {
-            let path = remote.path(s).await?;
-            let (_, stream) = c.read_stream(path.as_str()).await?;
-            let mut stream = std::pin::pin!(stream);
-            while let Some(block) = stream.next().await {
-                out.write_all(&block?)?;
-            }
-        }
-        out.flush()?;
+        super::files::to_stdout(&c, &mut remote, sources).await?;
         return Ok(0);
     }
     let into_dir = Path::new(dest).is_dir() || dest.ends_with('/');
@@ -85,10 +79,10 @@ pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<i32> {
         };
         let copy = Copy {
             client: &c,
-            preserve: args.preserve,
+            preserve: args.flags.preserve,
         };
         match st.kind {
-            FileKind::Dir if args.recursive => copy.get_tree(&path, &local).await?,
+            FileKind::Dir if args.flags.recursive => copy.get_tree(&path, &local).await?,
             FileKind::Dir => {
                 return Err(anyhow::anyhow!("{path}: a directory (use -r)"));
             }
@@ -263,7 +257,7 @@ impl Copy<'_> {
 /// `put`
 pub async fn put(client: &Client, args: PutArgs) -> anyhow::Result<i32> {
     let mut remote = Remote::new(client);
-    let c = remote.confined(&args.sandbox).await?;
+    let c = remote.confined(&args.flags.sandbox).await?;
     let (dest, sources) = args.paths.split_last().expect("clap: at least 2");
     let dest_path = remote.path(dest).await?;
     let into_dir = dest.ends_with('/')
@@ -276,7 +270,7 @@ pub async fn put(client: &Client, args: PutArgs) -> anyhow::Result<i32> {
     }
     let copy = Copy {
         client: &c,
-        preserve: args.preserve,
+        preserve: args.flags.preserve,
     };
     for s in sources {
         let to = if into_dir {
@@ -285,7 +279,7 @@ pub async fn put(client: &Client, args: PutArgs) -> anyhow::Result<i32> {
             dest_path.clone()
         };
         if s != "-" && Path::new(s).is_dir() {
-            if !args.recursive {
+            if !args.flags.recursive {
                 return Err(anyhow::anyhow!("{s}: a directory (use -r)"));
             }
             copy.put_tree(Path::new(s), &to).await?;
