@@ -562,3 +562,23 @@ async fn a_failed_login_snapshot_is_an_error_once_and_a_bad_env_base_is_refused(
     assert!(c.start(&p).await.unwrap().wait().await.unwrap().success());
     c.close().await.unwrap();
 }
+
+#[test]
+fn best_effort_runs_unconfined_where_nothing_can_be_enforced_and_says_so() {
+    // The agent's documented test hook: a host without Landlock.
+    let d = unique_tempdir("best-effort");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--rw", s(&d)];
+        args.extend_from_slice(extra);
+        args.extend(["--", "true"]);
+        let mut cmd = Via::Local.cmd(&args);
+        cmd.env("EXECUTOR_TEST_LANDLOCK_ABI", "0");
+        cmd.output().unwrap()
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(125), "sandbox_unavailable: {}", text(&out));
+    let out = run(&["--best-effort"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sandbox not enforced: filesystem"), "{err}");
+}
