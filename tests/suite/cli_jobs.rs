@@ -576,9 +576,66 @@ fn best_effort_runs_unconfined_where_nothing_can_be_enforced_and_says_so() {
         cmd.output().unwrap()
     };
     let out = run(&[]);
-    assert_eq!(out.status.code(), Some(125), "sandbox_unavailable: {}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(125),
+        "sandbox_unavailable: {}",
+        text(&out)
+    );
     let out = run(&["--best-effort"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sandbox not enforced: filesystem"), "{err}");
+}
+
+/// Run `argv` on a new PTY (its controlling terminal), wait for `ready`,
+/// type Ctrl-C, and return its exit status and what the terminal showed.
+fn ctrl_c_on_a_terminal(argv: &[String]) -> (Option<i32>, String) {
+    const DRIVER: &str = r#"
+import os, pty, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+seen = b""
+def until(token):
+    global seen
+    deadline = time.time() + 20
+    while token not in seen and time.time() < deadline:
+        try:
+            seen += os.read(fd, 4096)
+        except OSError:
+            break
+until(b"ready")
+time.sleep(0.3)
+os.write(fd, b"\x03")
+until(b"got-int")
+_, status = os.waitpid(pid, 0)
+sys.stdout.write(seen.decode(errors="replace"))
+sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(DRIVER)
+        .args(argv)
+        .output()
+        .expect("python3");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_job_and_not_ssh() {
+    // ssh gets the terminal while it connects and gives it back: the
+    // Ctrl-C typed afterwards is the client's, which interrupts the job.
+    let script = "trap 'echo got-int; exit 3' INT; echo ready; while :; do sleep 0.1; done";
+    for via in Via::both() {
+        let mut argv = vec![client_bin().to_string_lossy().into_owned()];
+        argv.extend(via.flags());
+        argv.extend(["run", "-n", "--", "sh", "-c", script].map(String::from));
+        let (code, screen) = ctrl_c_on_a_terminal(&argv);
+        assert!(screen.contains("got-int"), "{}: {screen}", via.name());
+        assert_eq!(code, Some(3), "{}: {screen}", via.name());
+    }
 }
