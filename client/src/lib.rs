@@ -568,7 +568,8 @@ impl Client {
                 *client.conn.child.lock().expect("child lock") = Some(child);
                 Ok(client)
             }
-            Err(e @ (Error::Preamble { .. } | Error::Closed(_) | Error::Io(_))) => {
+            Err(e @ (Error::Preamble { .. } | Error::Closed(_) | Error::Io(_))) if !matches!(&e, Error::Preamble { reason, .. } if reason != PREAMBLE_EOF) =>
+            {
                 // An ended stream: say how the command ended, when it did.
                 let waited =
                     tokio::time::timeout(std::time::Duration::from_secs(2), child.wait()).await;
@@ -854,6 +855,9 @@ async fn send_call<P: Serialize>(
     })
 }
 
+/// The reason of a stream that ended before the preamble.
+const PREAMBLE_EOF: &str = "the stream ended before the preamble";
+
 /// Read up to and including the preamble; return what followed it.
 async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut, Error> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
@@ -880,7 +884,7 @@ async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut,
         buf.reserve(8 * 1024);
         let n = reader.read_buf(&mut buf).await?;
         if n == 0 {
-            return Err(preamble_error(&buf, "the stream ended before the preamble"));
+            return Err(preamble_error(&buf, PREAMBLE_EOF));
         }
     }
 }

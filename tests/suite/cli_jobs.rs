@@ -347,7 +347,14 @@ async fn env_base_is_taken_once_per_session_and_reported() {
 #[test]
 fn attach_resumes_a_detached_session() {
     for via in Via::both() {
+        // Private (0700): the local agent's session host puts its socket
+        // here, apart from other tests' hosts.
         let runtime = unique_tempdir("attach-runtime");
+        std::fs::set_permissions(
+            &runtime,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
         let script = "echo ready; read _ </dev/null; sleep 1; echo two; exit 4";
         let mut cmd = via.cmd(&["run", "--detach", "60", "--", "sh", "-c", script]);
         cmd.env("XDG_RUNTIME_DIR", &runtime).stderr(Stdio::piped());

@@ -141,8 +141,18 @@ fn command(sub: &clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
     if let Some(about) = sub.get_long_about().or_else(|| sub.get_about()) {
         writeln!(out, "{}", about.to_string().replace('-', "\\-"))?;
     }
+    // The global flags are described once, under OPTIONS.
+    let mut own = sub.clone();
+    let globals: Vec<String> = sub
+        .get_arguments()
+        .filter(|a| a.is_global_set() || a.get_id() == "help")
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in globals {
+        own = own.mut_arg(id, |a| a.hide(true));
+    }
     let mut flags = Vec::new();
-    clap_mangen::Man::new(sub.clone()).render_options_section(&mut flags)?;
+    clap_mangen::Man::new(own).render_options_section(&mut flags)?;
     for line in String::from_utf8_lossy(&flags).lines() {
         match line.strip_prefix(".SH ") {
             Some("OPTIONS") => writeln!(out, ".PP")?,

@@ -27,12 +27,7 @@ use executor_client::Client;
 /// Drive an executor agent, locally or over ssh: run commands (optionally
 /// sandboxed), copy files, make HTTP requests from the agent's host.
 #[derive(Debug, Parser)]
-#[command(
-    name = "executor-client",
-    version,
-    about,
-    after_help = exit::SUMMARY
-)]
+#[command(name = "executor-client", version, after_help = exit::SUMMARY)]
 pub struct Cli {
     #[command(flatten)]
     pub conn: connect::ConnectArgs,
