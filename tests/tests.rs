@@ -5,6 +5,12 @@
 mod bootstrap;
 #[path = "suite/cli.rs"]
 mod cli;
+#[path = "suite/cli_files.rs"]
+mod cli_files;
+#[path = "suite/cli_flags.rs"]
+mod cli_flags;
+#[path = "suite/cli_jobs.rs"]
+mod cli_jobs;
 #[path = "suite/client.rs"]
 mod client;
 #[path = "suite/degraded.rs"]

@@ -77,6 +77,7 @@ pub mod fs;
 pub mod host;
 pub mod http;
 pub mod http_client;
+pub mod login_env;
 pub mod outbound;
 pub mod process;
 pub mod sandbox_gate;

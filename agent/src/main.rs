@@ -66,7 +66,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         Cli::parse()
     };
-    init_tracing(cli.log_json);
+    // EXECUTOR_LOG_JSON=1: JSON logs for a client that cannot pass flags
+    // (over ssh, where the remote command is one word).
+    init_tracing(cli.log_json || std::env::var_os("EXECUTOR_LOG_JSON").is_some_and(|v| v == "1"));
     if let Some(kind) = &cli.generate {
         generate(kind)?;
         return Ok(());
@@ -214,7 +216,7 @@ fn generate(kind: &str) -> anyhow::Result<()> {
     use clap::CommandFactory;
     let (mut cmd, mut text) = (Cli::command(), Vec::new());
     match kind {
-        "man" => clap_mangen::Man::new(cmd).render(&mut text)?,
+        "man" => man_page(cmd, &mut text)?,
         shell => {
             let shell: clap_complete::Shell = shell.parse().map_err(|_| {
                 anyhow::anyhow!("--generate: {shell:?} is not man, bash, zsh or fish")
@@ -225,6 +227,65 @@ fn generate(kind: &str) -> anyhow::Result<()> {
     std::io::Write::write_all(&mut std::io::stdout().lock(), &text)?;
     Ok(())
 }
+
+/// The man page as `executor-client`'s is made: clap_mangen for NAME,
+/// SYNOPSIS, DESCRIPTION and OPTIONS, then EXIT STATUS, ENVIRONMENT, FILES
+/// and EXAMPLES written here (naming no page that is not shipped).
+fn man_page(cmd: clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let man = clap_mangen::Man::new(cmd);
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    man.render_options_section(out)?;
+    out.extend_from_slice(MAN_SECTIONS.as_bytes());
+    man.render_version_section(out)
+}
+
+const MAN_SECTIONS: &str = r#".SH "EXIT STATUS"
+.TP
+\fB0\fR
+The connection ended (the client closed it).
+.TP
+\fB2\fR
+Bad usage, a forced command refused (SSH_ORIGINAL_COMMAND), or a framing error on the connection.
+.TP
+\fB77\fR
+The profile does not allow running as root (allow_root = false).
+.TP
+\fB78\fR
+The configuration cannot be used (the message names the file, line and key).
+.SH ENVIRONMENT
+.TP
+\fBRUST_LOG\fR
+The log filter (default warn); logs go to stderr, never stdout.
+.TP
+\fBEXECUTOR_LOG_JSON\fR
+\fB1\fR: logs as JSON lines, as with \fB\-\-log\-json\fR.
+.TP
+\fBSSH_ORIGINAL_COMMAND\fR
+Set by sshd under an authorized_keys forced command: only \fBexecutor\fR (or \fBexecutor \-\-version\fR) is served.
+.TP
+\fBXDG_RUNTIME_DIR\fR, \fBHOME\fR
+Where detached sessions keep their sockets.
+.SH FILES
+.TP
+\fI/etc/executor/config.toml\fR
+The configuration (limits, HTTP policy, profiles, audit); a missing default file means the built-in defaults.
+.TP
+\fI$XDG_RUNTIME_DIR/executor/\fR, \fI/tmp/executor\-UID/\fR, \fI~/.cache/executor/run/\fR
+Sockets of detached sessions (the first private one).
+.SH EXAMPLES
+.TP
+\fBssh devbox executor\fR
+What a client runs: the agent speaks the protocol on stdin/stdout.
+.TP
+\fBcommand="executor \-\-profile ci",restrict ssh\-ed25519 AAAA...\fR
+An authorized_keys line that serves only the agent, under profile ci.
+.TP
+\fBexecutor \-\-list\-methods\fR
+Print every request method.
+"#;
 
 fn init_tracing(json: bool) {
     use tracing_subscriber::EnvFilter;

@@ -46,6 +46,42 @@
 //! client.close().await?;
 //! # Ok::<(), executor_client::Error>(()) }).unwrap();
 //! ```
+//!
+//! Sandboxed, as `landrun --rw DIR cmd`: build an intent with
+//! [`sandbox::Intent`], give it to a job (`ProcessStartParams::sandbox`) or
+//! to every fs request of a client ([`Client::with_sandbox`]).
+//!
+//! ```
+//! # std::env::set_var("EXECUTOR_BIN", concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/executor"));
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use executor_client::sandbox::{Intent, Net};
+//! use executor_client::{Client, ErrorCode, Target};
+//! use executor_protocol::types::process::ProcessStartParams;
+//!
+//! let work = std::env::temp_dir().join(format!("executor-doc-sbx-{}", std::process::id()));
+//! std::fs::create_dir_all(&work).unwrap();
+//! let work = work.to_str().unwrap().to_string();
+//! let intent = Intent::new().write(work.as_str()).net(Net::Deny).build();
+//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
+//!
+//! let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())].into();
+//! let script = format!("touch {work}/ok && touch /etc/not-ok");
+//! let mut params = ProcessStartParams::new(vec!["sh".into(), "-c".into(), script], "/", env);
+//! params.sandbox = Some(intent.clone());
+//! let job = client.start(&params).await?;
+//! assert!(job.sandbox_degraded().is_empty(), "all of it enforced");
+//! let status = job.wait().await?;
+//! assert!(status.sandbox_denied && !status.success());
+//!
+//! // The fs helpers under the same intent.
+//! let confined = client.with_sandbox(Some(intent));
+//! confined.write_file(format!("{work}/f").as_str(), b"in").await?;
+//! let denied = confined.write_file("/etc/executor-doc", b"out").await.unwrap_err();
+//! assert_eq!(denied.code(), Some(ErrorCode::SandboxDenied));
+//! # std::fs::remove_dir_all(&work).unwrap();
+//! client.close().await?;
+//! # Ok::<(), executor_client::Error>(()) }).unwrap();
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
@@ -54,6 +90,7 @@ pub mod http;
 #[cfg(feature = "native-ssh")]
 pub mod native_ssh;
 mod process;
+pub mod sandbox;
 mod stderr_relay;
 pub mod target;
 
@@ -105,12 +142,17 @@ pub enum Error {
     /// A request could not be encoded (too large for a frame).
     #[error("cannot send {method}: {message}")]
     Encode { method: String, message: String },
-    /// The transport command ended before the agent answered
-    /// `initialize` (a configuration error, a refused profile, no agent on
-    /// the host): its exit status and the last of its stderr.
-    #[error("{program} ended ({status}) before the agent answered: {stderr}")]
+    /// The transport command (`ssh`, the local `executor`) ended before
+    /// the agent answered `initialize` (a configuration error, a refused
+    /// profile, no agent on the host, ssh's own failure): its exit code
+    /// (`None` when a signal ended it), its status as text and the last of
+    /// its stderr (already passed on to ours). `ssh` exits 255 for its own
+    /// failures and passes on 127 from a remote shell that did not find the
+    /// command.
+    #[error("{program} exited {} before the agent started: {stderr}", .code.map_or_else(|| status.clone(), |c| c.to_string()))]
     Exited {
         program: String,
+        code: Option<i32>,
         status: String,
         stderr: String,
     },
@@ -121,6 +163,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The preamble or `initialize` did not arrive in time
+    /// ([`ClientOptions::connect_timeout`]).
+    #[error("no answer from the agent within {after:?} ({what})")]
+    Timeout {
+        what: &'static str,
+        after: std::time::Duration,
+    },
+    /// The agent's preamble names another wire version.
+    #[error("the agent speaks wire {agent}, this client speaks {PROTOCOL_VERSION}")]
+    WireVersion { agent: String },
 }
 
 impl Error {
@@ -229,14 +281,35 @@ pub struct ClientOptions {
     pub client_name: String,
     /// Session options sent with `initialize`.
     pub session: Option<SessionParams>,
+    /// The bound on the preamble and on the `initialize` answer, each
+    /// ([`Error::Timeout`] past it); `None` waits for ever. Default 30 s.
+    pub connect_timeout: Option<std::time::Duration>,
 }
+
+/// The default [`ClientOptions::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             client_name: "executor-client".into(),
             session: None,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
         }
+    }
+}
+
+/// `fut`, bounded by `limit` when there is one.
+async fn bounded<T>(
+    limit: Option<std::time::Duration>,
+    what: &'static str,
+    fut: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match limit {
+        Some(after) => tokio::time::timeout(after, fut)
+            .await
+            .map_err(|_| Error::Timeout { what, after })?,
+        None => fut.await,
     }
 }
 
@@ -279,6 +352,8 @@ struct Conn {
 #[derive(Clone)]
 pub struct Client {
     conn: Arc<Conn>,
+    /// The intent the fs helpers send ([`Client::with_sandbox`]).
+    intent: Option<Arc<executor_protocol::types::sandbox::SandboxIntent>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -393,7 +468,13 @@ impl Client {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let leftover = read_preamble(&mut reader).await?;
+        let limit = options.connect_timeout;
+        let leftover = bounded(
+            limit,
+            "waiting for the preamble",
+            read_preamble(&mut reader),
+        )
+        .await?;
         let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(1024);
         let inner = Arc::new(Inner {
             next_id: AtomicU64::new(1),
@@ -410,10 +491,13 @@ impl Client {
             },
             session: options.session.clone(),
         };
-        let init: InitializeResult = send_call(&inner, &out_tx, methods::INITIALIZE, &params)
-            .await?
-            .result()
-            .await?;
+        let init: InitializeResult = bounded(limit, "waiting for the initialize answer", async {
+            send_call(&inner, &out_tx, methods::INITIALIZE, &params)
+                .await?
+                .result()
+                .await
+        })
+        .await?;
         Ok(Client {
             conn: Arc::new(Conn {
                 inner,
@@ -422,7 +506,30 @@ impl Client {
                 child: Mutex::new(None),
                 keep: Mutex::new(None),
             }),
+            intent: None,
         })
+    }
+
+    /// This client (the same connection) with `intent` sent on every
+    /// request of its fs helpers (`stat`, `read_stream`, `write_stream`,
+    /// `walk`, …); `None` sends none (the profile's default intent applies).
+    pub fn with_sandbox(
+        &self,
+        intent: Option<executor_protocol::types::sandbox::SandboxIntent>,
+    ) -> Client {
+        Client {
+            conn: self.conn.clone(),
+            intent: intent.map(Arc::new),
+        }
+    }
+
+    /// The intent the fs helpers send.
+    pub fn sandbox(&self) -> Option<&executor_protocol::types::sandbox::SandboxIntent> {
+        self.intent.as_deref()
+    }
+
+    pub(crate) fn intent(&self) -> Option<executor_protocol::types::sandbox::SandboxIntent> {
+        self.intent.as_deref().cloned()
     }
 
     /// Spawn `command` (which must speak the protocol on its stdio, e.g. the
@@ -443,10 +550,23 @@ impl Client {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|source| Error::Spawn {
+        let child = command.spawn().map_err(|source| Error::Spawn {
             program: program.clone(),
             source,
         })?;
+        Client::from_child(child, &program, options).await
+    }
+
+    /// Connect to a transport command already spawned with piped stdin and
+    /// stdout (for a caller that must act between the spawn and the
+    /// preamble, e.g. hand it the terminal). When the connection fails
+    /// because the command exited first, the error is [`Error::Exited`]
+    /// with its exit status (and the last of its stderr when it is piped).
+    pub async fn from_child(
+        mut child: tokio::process::Child,
+        program: &str,
+        options: ClientOptions,
+    ) -> Result<Client, Error> {
         let stdin = child
             .stdin
             .take()
@@ -458,10 +578,11 @@ impl Client {
         let relay = child.stderr.take().map(stderr_relay::Relay::start);
         let client = match Client::connect(stdout, stdin, options).await {
             Ok(c) => c,
+            Err(e) if !ended_early(&e) => return Err(e),
             Err(e) => {
                 return Err(match relay {
-                    Some(r) if ended_early(&e) => r.explain(&mut child, &program, e).await,
-                    _ => e,
+                    Some(r) => r.explain(&mut child, program, e).await,
+                    None => stderr_relay::explain_inherited(&mut child, program, e).await,
                 })
             }
         };
@@ -754,6 +875,9 @@ async fn send_call<P: Serialize>(
 async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut, Error> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     loop {
+        if let Some(agent) = other_wire_version(&buf) {
+            return Err(Error::WireVersion { agent });
+        }
         if let Some(at) = find(&buf, PREAMBLE) {
             if at > MAX_PREAMBLE_NOISE {
                 return Err(preamble_error(
@@ -788,6 +912,20 @@ fn ended_early(e: &Error) -> bool {
         Error::Closed(_) | Error::Io(_) => true,
         _ => false,
     }
+}
+
+/// The version of a preamble of another wire version in `buf`
+/// (`\0EXECUTOR-WIRE<N>\n`, N not ours), once its newline arrived.
+fn other_wire_version(buf: &[u8]) -> Option<String> {
+    let stem = &PREAMBLE[..PREAMBLE.len() - 2];
+    let at = find(buf, stem)?;
+    let rest = &buf[at + stem.len()..];
+    let end = rest.iter().take(12).position(|&b| b == b'\n')?;
+    let version = &rest[..end];
+    (!version.is_empty()
+        && version.iter().all(u8::is_ascii_digit)
+        && version != PROTOCOL_VERSION.to_string().as_bytes())
+    .then(|| String::from_utf8_lossy(version).into_owned())
 }
 
 fn preamble_error(seen: &[u8], reason: &str) -> Error {

@@ -78,6 +78,7 @@ impl Relay {
             crate::Error::Preamble { ref seen, .. } if stderr.is_empty() && !seen.is_empty() => err,
             err => crate::Error::Exited {
                 program: program.to_string(),
+                code: status.code(),
                 status: status.to_string(),
                 stderr: if stderr.is_empty() {
                     format!("nothing on stderr; {err}")
@@ -86,5 +87,24 @@ impl Relay {
                 },
             },
         }
+    }
+}
+
+/// [`Relay::explain`] for a command whose stderr is not ours to read (it
+/// went straight to the terminal): its exit status, its words being above.
+pub(crate) async fn explain_inherited(
+    child: &mut tokio::process::Child,
+    program: &str,
+    err: crate::Error,
+) -> crate::Error {
+    let wait = std::time::Duration::from_secs(3);
+    match tokio::time::timeout(wait, child.wait()).await {
+        Ok(Ok(status)) if !status.success() => crate::Error::Exited {
+            program: program.to_string(),
+            code: status.code(),
+            status: status.to_string(),
+            stderr: "see above".into(),
+        },
+        _ => err,
     }
 }

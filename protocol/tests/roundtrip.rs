@@ -224,6 +224,11 @@ rt!(
             network_rules: false,
             reason: None
         },
+        login_env: Some(executor_protocol::types::session::LoginEnvInfo {
+            taken: true,
+            duration_ms: Some(u64::from(uid)),
+            error: None,
+        }),
     })
 );
 rt!(
@@ -275,6 +280,7 @@ rt!(
                     notify,
                     output_buffer_bytes: obb,
                     tag,
+                    env_base: Default::default(),
                 }
             }
         )
@@ -440,7 +446,8 @@ rt!(
                 additional_permissions,
                 additional_permissions_preapproved: pre,
                 justification,
-                exec_approval_requirement: None
+                exec_approval_requirement: None,
+                env_base: Default::default(),
             }
         )
 );

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: find and spawn the real
 //! `executor` binary, and talk to it in raw frames.
 
+pub mod cli;
 pub mod http;
 pub mod sshd;
 

@@ -38,6 +38,7 @@ fn touch(marker: &Path, sandbox: Option<SandboxIntent>) -> ExecCommandParams {
         additional_permissions_preapproved: false,
         justification: None,
         exec_approval_requirement: None,
+        env_base: Default::default(),
     }
 }
 

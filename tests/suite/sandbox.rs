@@ -141,6 +141,7 @@ fn exec_params(
         additional_permissions_preapproved: false,
         justification: None,
         exec_approval_requirement: None,
+        env_base: Default::default(),
     }
 }
 

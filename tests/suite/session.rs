@@ -702,7 +702,10 @@ async fn max_detached_sessions_bounds_live_session_hosts() {
     let c = Client::spawn(agent(), detach(60_000)).await.unwrap();
     assert_eq!(third().await.code, ErrorCode::LimitExceeded);
     // A host killed outright leaves its files; it does not count either.
-    kill9(session_host_of(c.transport_pid().unwrap()));
+    let c_host = session_host_of(c.transport_pid().unwrap());
+    kill9(c_host);
+    // Its lock is released once it is gone (not when the signal is sent).
+    assert!(wait_dead(c_host, Duration::from_secs(10)).await);
     let d = Client::spawn(agent(), detach(60_000)).await.unwrap();
     assert!(!d.initialize_result().resumed);
     assert_eq!(third().await.code, ErrorCode::LimitExceeded);

@@ -178,6 +178,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
             intent: intent.as_ref(),
             intent_param: "sandbox_permissions",
             argv_param: "command",
+            env_base: p.env_base,
         },
     )
     .await?;

@@ -53,6 +53,8 @@ pub struct StartOptions<'a> {
     pub intent_param: &'a str,
     /// The request field holding `argv` (`argv`, `command`), for messages.
     pub argv_param: &'a str,
+    /// What `env` is applied on top of ([`crate::login_env`]).
+    pub env_base: executor_protocol::types::process::EnvBase,
 }
 
 /// A started job, and what of its sandbox intent was not enforced (only
@@ -70,6 +72,8 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let cap = check_options(s, &o)?;
     let table = s.processes();
     let slot = table.reserve_slot(s.limits().max_processes)?;
+    let confined = s.profile().sandbox.is_some();
+    let env = crate::login_env::compose(o.env_base, o.env, s.login_env(), confined).await?;
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
     let (sandbox, files, sandbox_degraded) = crate::sandbox_gate::gate(
         s.capabilities(),
@@ -82,7 +86,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let req = spawn::SpawnRequest {
         argv: o.argv,
         cwd: &cwd,
-        env: o.env,
+        env: &env,
         arg0: o.arg0,
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
@@ -104,7 +108,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     });
     table.insert(proc.clone());
     tracing::info!(
-        session_id = ?s.id(),
+        session_id = s.id().unwrap_or_default(),
         process_id = %proc.id,
         pid = spawned.pid,
         argv = ?o.argv,
@@ -284,7 +288,7 @@ async fn wait_job(
     }
     // All output first: `process/exited` follows the last `process/output`.
     let (final_seq, lag_note) = proc.record_exit(exit).await;
-    tracing::info!(process_id = %proc.id, exit_code = ?exit.code, signal = ?exit.signal, "process exited");
+    tracing::info!(process_id = %proc.id, exit_code = exit.code, signal = exit.signal, "process exited");
     if !proc.notify {
         return;
     }
@@ -330,6 +334,7 @@ pub async fn handle_start(
             intent: p.sandbox.as_ref(),
             intent_param: "sandbox",
             argv_param: "argv",
+            env_base: p.env_base,
         },
     )
     .await?;
@@ -460,6 +465,7 @@ mod tests {
             intent: None,
             intent_param: "sandbox",
             argv_param: "command",
+            env_base: Default::default(),
         };
         let field = |r: Result<u64, WireError>| {
             let e = r.unwrap_err();

@@ -122,6 +122,22 @@ pub struct EnvironmentInfo {
     pub path_separator: String,
     pub agent_version: String,
     pub sandbox: SandboxCapabilities,
+    /// The session's login-shell environment snapshot (`env_base: "login"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_env: Option<LoginEnvInfo>,
+}
+
+/// Whether this session took its login-shell environment snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LoginEnvInfo {
+    /// A snapshot was taken (and is cached for the session).
+    pub taken: bool,
+    /// How long the login shell took, once it was run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Why the snapshot failed (then `env_base: "login"` is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
