@@ -20,7 +20,8 @@
 //! 3. Support used by the session and the handlers: [`config`] (profiles,
 //!    limits), [`audit`], [`destinations`] (the HTTP destination policy),
 //!    [`http_client`] (one HTTP exchange), [`sandbox_gate`] (a request's
-//!    intent to a sandbox plan), [`forced`].
+//!    intent to a sandbox plan), [`forced`], [`login_env`] (the login
+//!    shell's environment a job may start from).
 //! 4. [`session`]: one session (identity, limits, profile, the tables),
 //!    `initialize` and `environment/info`.
 //! 5. Handlers, one module per method family: [`process`], [`exec`],

@@ -350,7 +350,6 @@ async fn walk_tree() -> anyhow::Result<Row> {
     })
 }
 
-
 /// 100 sequential `/bin/true` on one warm executor connection through a
 /// real sshd, vs 100 fresh `ssh host /bin/true`, vs 100 `ssh` over a
 /// ControlMaster connection.

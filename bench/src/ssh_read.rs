@@ -48,10 +48,7 @@ fn children_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name (which may hold spaces) start at ") ".
     let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
-    let f: Vec<f64> = rest
-        .split(' ')
-        .map(|x| x.parse().unwrap_or(0.0))
-        .collect();
+    let f: Vec<f64> = rest.split(' ').map(|x| x.parse().unwrap_or(0.0)).collect();
     // 0-based after the name: cutime 13, cstime 14, in USER_HZ (100) ticks.
     let at = |i: usize| f.get(i).copied().unwrap_or(0.0) / 100.0;
     at(13) + at(14)
@@ -120,7 +117,12 @@ pub async fn fresh(bytes: u64) -> anyhow::Result<Row> {
     };
     let sftp_cmd = || {
         let mut c = Command::new("sftp");
-        c.arg("-q").arg("-F").arg(&cfg).arg("-b").arg(&batch).arg("bench");
+        c.arg("-q")
+            .arg("-F")
+            .arg(&cfg)
+            .arg("-b")
+            .arg(&batch)
+            .arg("bench");
         c
     };
     let cat = format!("cat {}", f.display());
