@@ -5,6 +5,8 @@
 mod cli;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/egress.rs"]
+mod egress;
 #[path = "suite/exec.rs"]
 mod exec;
 #[path = "suite/fs.rs"]

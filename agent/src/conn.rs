@@ -295,6 +295,7 @@ async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePe
             };
             let taken_over = conn.generation.is_some_and(|g| g != session.generation());
             if method == methods::INITIALIZE && !taken_over {
+                let answers_requests = declares_agent_requests(&params);
                 let frame = if conn.generation.is_some() {
                     dispatch::error_frame(
                         id,
@@ -311,6 +312,9 @@ async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePe
                     // This connection now holds the session (taking it
                     // over from any other).
                     conn.generation = Some(session.attach(conn.notes.clone()));
+                    session
+                        .outbound()
+                        .set_answers_requests(&conn.notes, answers_requests);
                 }
                 record(frame.error, details);
                 responder.respond(frame).await;
@@ -419,10 +423,31 @@ async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePe
                 tracing::debug!(method, "ignoring unknown notification");
             }
         }
-        Incoming::Response { id, .. } => {
-            tracing::debug!(?id, "ignoring a response: the agent sends no requests");
+        Incoming::Response { id, result } => {
+            // An answer to the agent's own request (`network/policyRequest`),
+            // from the connection attached now.
+            let current = conn.generation.is_some_and(|g| g == session.generation());
+            let delivered = current && id.is_some_and(|id| session.outbound().deliver(id, result));
+            if !delivered {
+                tracing::debug!(?id, "ignoring a response to no pending agent request");
+            }
         }
     }
+}
+
+/// `initialize.capabilities.agent_requests`, read leniently (a malformed
+/// value is `initialize`'s to refuse).
+fn declares_agent_requests(params: &rmpv::Value) -> bool {
+    let field = |v: &rmpv::Value, name: &str| -> Option<rmpv::Value> {
+        v.as_map()?
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v.clone())
+    };
+    field(params, "capabilities")
+        .and_then(|c| field(&c, "agent_requests"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(

@@ -10,7 +10,8 @@
 //! `fs`, `http`, `tools`) working on the [`session`]'s tables → a result
 //! framed by [`dispatch`] → [`outbound`] (frames out, the bottom layer) →
 //! bytes. Process output and HTTP bodies are pushed as notifications
-//! through the session's [`outbound::Outbound`].
+//! through the session's [`outbound::Outbound`]. A sandboxed job with
+//! egress by name reaches the network through its [`egress`] proxy.
 #![forbid(unsafe_code)]
 
 pub mod audit;
@@ -18,6 +19,7 @@ pub mod config;
 pub mod conn;
 pub mod destinations;
 pub mod dispatch;
+pub mod egress;
 pub mod exec;
 pub mod forced;
 pub mod fs;

@@ -43,6 +43,12 @@ pub const HTTP_REQUEST: &str = "http/request";
 pub const HTTP_CANCEL: &str = "http/cancel";
 pub const HTTP_BODY_DELTA: &str = "http/request/bodyDelta";
 
+/// The one request the agent sends (to clients that declared
+/// `capabilities.agent_requests`): may a job reach this destination?
+pub const NETWORK_POLICY_REQUEST: &str = "network/policyRequest";
+/// Every egress decision of a job (notification).
+pub const NETWORK_DECISION: &str = "network/decision";
+
 /// Every request method of protocol v1 other than `initialize`.
 pub const ALL_REQUESTS: &[&str] = &[
     ENVIRONMENT_INFO,

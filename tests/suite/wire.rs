@@ -192,6 +192,7 @@ async fn invalid_params_name_the_field() {
                     version: "0".into(),
                 },
                 session: None,
+                capabilities: None,
             },
         )
         .await;

@@ -428,6 +428,8 @@ pub struct StartOptions<'a> {
 pub struct Started {
     pub proc: Arc<Proc>,
     pub sandbox_degraded: Option<Vec<String>>,
+    /// With egress by name: where the job's proxy listens.
+    pub egress: Option<executor_protocol::types::network::EgressInfo>,
 }
 
 /// Start a job and its tasks; register it in the session. The request is
@@ -481,26 +483,37 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     }
     let slot = SlotGuard(table.running.clone(), true);
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
-    let (sandbox, files, sandbox_degraded) = crate::sandbox_gate::gate(
+    let mut decision = crate::sandbox_gate::gate(
         s.capabilities(),
         o.intent,
         Some(&cwd),
         o.intent_param,
         s.profile(),
-    )?
-    .into_parts();
+    )?;
+    let egress_rules = decision.take_egress();
+    let (sandbox, files, sandbox_degraded) = decision.into_parts();
+    // Egress by name: the job's environment names its proxy (§8).
+    let egress_port = match sandbox.as_ref().map(|p| &p.net) {
+        Some(executor_sandbox::plan::WireNet::Egress { port }) => Some(*port),
+        _ => None,
+    };
+    let job_env = egress_port.map(|port| crate::egress::job_env(o.env, port));
     let req = spawn::SpawnRequest {
         argv: o.argv,
         cwd: &cwd,
-        env: o.env,
+        env: job_env.as_ref().unwrap_or(o.env),
         arg0: o.arg0,
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
         sandbox: sandbox.as_ref(),
     };
     // On an error the job's files are dropped here, and removed.
-    let spawned = spawn::spawn(&req).await?;
+    let mut spawned = spawn::spawn(&req).await?;
     let id = format!("proc-{}", table.next_id.fetch_add(1, Ordering::SeqCst) + 1);
+    let egress = match (egress_rules, spawned.egress_listener.take()) {
+        (Some(rules), Some(listener)) => start_egress(s, &id, rules, listener),
+        _ => None,
+    };
     // The PTY master as three fds: a reader, a writer, and one for resize.
     // (tokio's pipe types drive any non-blocking fd safely; a PTY master
     // reads and writes like a pipe, and EIO means the job side closed.)
@@ -598,11 +611,69 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         Arc::downgrade(s),
         slot,
         files,
+        egress,
     ));
     Ok(Started {
         proc,
         sandbox_degraded,
+        egress: egress_port.map(|port| executor_protocol::types::network::EgressInfo {
+            proxy: crate::egress::proxy_url(port),
+        }),
     })
+}
+
+/// Serve a job's egress proxy on the listener its init handed over; every
+/// decision is also an audit line. `None` (logged) if it cannot be served:
+/// the job then reaches nothing at all.
+fn start_egress(
+    s: &Arc<Session>,
+    process_id: &str,
+    rules: crate::egress::Rules,
+    listener: OwnedFd,
+) -> Option<crate::egress::Server> {
+    let session = Arc::downgrade(s);
+    let audit: crate::egress::AuditSink = Arc::new(move |d| {
+        let Some(s) = session.upgrade() else { return };
+        if !s.audit().enabled() {
+            return;
+        }
+        use executor_protocol::types::network::{DecisionSource, EgressVerdict};
+        let outcome = match (d.decision, d.source) {
+            (EgressVerdict::Allow, _) => None,
+            (EgressVerdict::Deny, DecisionSource::Policy) => Some(ErrorCode::PolicyDenied),
+            (EgressVerdict::Deny, _) => Some(ErrorCode::SandboxDenied),
+        };
+        let mut details = serde_json::Map::new();
+        details.insert("process_id".into(), d.process_id.clone().into());
+        details.insert("host".into(), d.host.clone().into());
+        details.insert("port".into(), d.port.into());
+        details.insert("decision".into(), d.decision.as_str().into());
+        details.insert("source".into(), d.source.as_str().into());
+        details.insert("addresses".into(), d.addresses.clone().into());
+        s.audit().record(crate::audit::Event {
+            session_id: s.id(),
+            method: m::NETWORK_DECISION,
+            id: None,
+            details,
+            outcome,
+            elapsed: Duration::ZERO,
+        });
+    });
+    let job = crate::egress::Job {
+        process_id: process_id.to_string(),
+        rules,
+        allow: s.http().config.allow.clone(),
+        outbound: s.outbound().clone(),
+        audit,
+        max_connections: s.limits().max_egress_connections,
+    };
+    match crate::egress::serve(listener, job) {
+        Ok(server) => Some(server),
+        Err(e) => {
+            tracing::error!(process_id, error = %e, "cannot serve the job's egress proxy; the job reaches nothing");
+            None
+        }
+    }
 }
 
 /// Releases a `max_processes` slot when the job ends (or never started).
@@ -646,6 +717,7 @@ async fn wait_job(
     session: std::sync::Weak<Session>,
     slot: SlotGuard,
     files: executor_sandbox::plan::JobFiles,
+    egress: Option<crate::egress::Server>,
 ) {
     let mut msg = [0u8; executor_sandbox::trampoline::Status::LEN];
     let reported = match status.read_exact(&mut msg).await {
@@ -656,6 +728,8 @@ async fn wait_job(
         _ => None,
     };
     let sup = supervisor.wait().await;
+    // The job is gone: its proxy stops, and its namespace with it.
+    drop(egress);
     let exit = match reported {
         Some(raw) => {
             let (code, signal) = executor_sandbox::trampoline::decode_wait_status(raw);
@@ -752,6 +826,7 @@ pub async fn handle_start(
         process_id: started.proc.id.clone(),
         pid: started.proc.pid,
         sandbox_degraded: started.sandbox_degraded,
+        egress: started.egress,
     })
 }
 

@@ -49,6 +49,10 @@ pub struct Spawned {
     pub stderr: Option<ChildStderr>,
     /// The PTY master, for tty jobs.
     pub pty_master: Option<OwnedFd>,
+    /// With egress by name: the proxy's listening socket, made by the job's
+    /// init inside the job's network namespace and handed over before the
+    /// program started (the job never holds it).
+    pub egress_listener: Option<OwnedFd>,
 }
 
 /// The read end every supervisor inherits; the agent alone holds the write
@@ -227,6 +231,18 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         .arg(status_w.as_raw_fd().to_string())
         .arg("--spec")
         .arg(spec_fd.as_raw_fd().to_string());
+    // Egress by name: a socket pair on which the init sends the listener.
+    let egress = match req.sandbox.map(|p| &p.net) {
+        Some(executor_sandbox::plan::WireNet::Egress { .. }) => {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+                .map_err(|e| io_err("egress socket pair", e))?;
+            fcntl(&theirs, FcntlArg::F_SETFD(FdFlag::empty()))
+                .map_err(|e| io_err("egress socket pair", e))?;
+            cmd.arg("--egress").arg(theirs.as_raw_fd().to_string());
+            Some((ours, theirs))
+        }
+        _ => None,
+    };
     cmd.env_clear().current_dir(req.cwd).kill_on_drop(false);
 
     let mut pty_master = None;
@@ -269,6 +285,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     drop(status_w);
     drop(spec_fd);
     drop(cmd);
+    let egress = egress.map(|(ours, _theirs)| ours);
     let mut status =
         pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;
     let mut msg = [0u8; Status::LEN];
@@ -276,15 +293,44 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         .await
         .map(|r| r.map(|_| Status::decode(msg)));
     match first {
-        Ok(Ok(Some(Status::Started { pid }))) => Ok(Spawned {
-            pid,
-            status,
-            stdin: supervisor.stdin.take(),
-            stdout: supervisor.stdout.take(),
-            stderr: supervisor.stderr.take(),
-            supervisor,
-            pty_master,
-        }),
+        Ok(Ok(Some(Status::Started { pid }))) => {
+            // The init sent the listener before it forked the program.
+            let egress_listener = match &egress {
+                Some(sock) => {
+                    use std::os::fd::AsFd;
+                    match executor_sandbox::sys::recv_fd(sock.as_fd()) {
+                        Ok(fd) => Some(fd),
+                        Err(e) => {
+                            // The program runs (its pid leads its group):
+                            // end it, and the init with it, then the
+                            // supervisor.
+                            let _ = nix::sys::signal::killpg(
+                                nix::unistd::Pid::from_raw(pid as i32),
+                                nix::sys::signal::Signal::SIGKILL,
+                            );
+                            let _ = supervisor.wait().await;
+                            return Err(WireError::new(
+                                ErrorCode::Internal,
+                                format!(
+                                    "the job's init did not hand over the egress listener: {e}"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                None => None,
+            };
+            Ok(Spawned {
+                pid,
+                status,
+                stdin: supervisor.stdin.take(),
+                stdout: supervisor.stdout.take(),
+                stderr: supervisor.stderr.take(),
+                supervisor,
+                pty_master,
+                egress_listener,
+            })
+        }
         Ok(Ok(Some(Status::SandboxFailed { step, errno }))) => {
             let _ = supervisor.wait().await;
             Err(WireError::new(
