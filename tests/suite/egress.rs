@@ -293,10 +293,7 @@ both!(
         assert!(out.contains("403"), "{out}");
         // The allowed name on another port.
         let (out, _) = a
-            .sh(
-                &intent,
-                &format!("curl -sS -w ' %{{http_code}}' http://mirror.test/"),
-            )
+            .sh(&intent, "curl -sS -w ' %{http_code}' http://mirror.test/")
             .await;
         assert!(out.ends_with(" 403"), "{out}");
         // SOCKS: refused by ruleset (curl reports the reply code).

@@ -610,8 +610,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         outbound,
         Arc::downgrade(s),
         slot,
-        files,
-        egress,
+        JobHeld { files, egress },
     ));
     Ok(Started {
         proc,
@@ -709,6 +708,13 @@ async fn pump<R: AsyncRead + Unpin>(
     proc.stream_closed();
 }
 
+/// What a job owns on the agent's side until it ends: its files on the
+/// host, and its egress proxy.
+struct JobHeld {
+    files: executor_sandbox::plan::JobFiles,
+    egress: Option<crate::egress::Server>,
+}
+
 async fn wait_job(
     proc: Arc<Proc>,
     mut supervisor: tokio::process::Child,
@@ -716,9 +722,9 @@ async fn wait_job(
     outbound: Outbound,
     session: std::sync::Weak<Session>,
     slot: SlotGuard,
-    files: executor_sandbox::plan::JobFiles,
-    egress: Option<crate::egress::Server>,
+    held: JobHeld,
 ) {
+    let JobHeld { files, egress } = held;
     let mut msg = [0u8; executor_sandbox::trampoline::Status::LEN];
     let reported = match status.read_exact(&mut msg).await {
         Ok(_) => match executor_sandbox::trampoline::Status::decode(msg) {
