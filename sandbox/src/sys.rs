@@ -490,3 +490,27 @@ pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
     got.ok_or_else(|| io::Error::other("the message carried no descriptor"))
 }
+
+/// Move up to `len` bytes from `from` to `to` inside the kernel
+/// (`splice(2)`, one of them a pipe), without blocking: `WouldBlock` when
+/// the source has nothing or the destination has no room.
+#[cfg(target_os = "linux")]
+pub fn splice_nonblocking(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    // SAFETY: both descriptors are borrowed (open for the call); the
+    // offsets are NULL (pipes and sockets have none), so no memory of
+    // ours is read or written.
+    let ret = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            std::ptr::null_mut(),
+            to.as_raw_fd(),
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as usize)
+}
