@@ -495,7 +495,11 @@ pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 /// (`splice(2)`, one of them a pipe), without blocking: `WouldBlock` when
 /// the source has nothing or the destination has no room.
 #[cfg(target_os = "linux")]
-pub fn splice_nonblocking(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+pub fn splice_nonblocking(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    len: usize,
+) -> io::Result<usize> {
     // SAFETY: both descriptors are borrowed (open for the call); the
     // offsets are NULL (pipes and sockets have none), so no memory of
     // ours is read or written.
