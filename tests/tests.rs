@@ -15,6 +15,8 @@ mod cli_jobs;
 mod client;
 #[path = "suite/degraded.rs"]
 mod degraded;
+#[path = "suite/egress.rs"]
+mod egress;
 #[path = "suite/exec.rs"]
 mod exec;
 #[path = "suite/fs.rs"]

@@ -244,6 +244,7 @@ struct RawLimits {
     max_http_streams: Option<toml::Spanned<u64>>,
     max_detach_ttl_ms: Option<toml::Spanned<u64>>,
     max_detached_sessions: Option<toml::Spanned<u64>>,
+    max_egress_connections: Option<toml::Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -446,7 +447,7 @@ fn apply_limits(
     spans: &mut Spans,
 ) -> Result<(), ConfigError> {
     let l = raw.get_ref();
-    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 15] = [
+    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 16] = [
         (
             "max_frame_bytes",
             &l.max_frame_bytes,
@@ -517,6 +518,11 @@ fn apply_limits(
             "max_detached_sessions",
             &l.max_detached_sessions,
             &mut limits.max_detached_sessions,
+        ),
+        (
+            "max_egress_connections",
+            &l.max_egress_connections,
+            &mut limits.max_egress_connections,
         ),
     ];
     for (name, value, slot) in table {

@@ -279,9 +279,7 @@ async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePe
             handle_request(conn, id, method, params, bytes).await
         }
         Ok(Incoming::Notification { method, params }) => handle_notification(conn, &method, params),
-        Ok(Incoming::Response { id, .. }) => {
-            tracing::debug!(?id, "ignoring a response: the agent sends no requests");
-        }
+        Ok(Incoming::Response { id, result }) => handle_response(conn, id, result),
         Err(DecodeError { id, error }) => {
             tracing::debug!(?id, error = %error, "undecodable message");
             conn.responder.respond_error(id, &error).await;
@@ -379,11 +377,41 @@ fn initialize(conn: &mut Conn<'_>, id: u64, params: rmpv::Value) -> OutFrame {
     if conn.generation.is_some() {
         return error_frame(id, &dispatch::initialize_again(), max);
     }
+    let answers_requests = declares_agent_requests(&params);
     let frame = reply_frame(id, dispatch::initialize(session, params), max);
     if frame.error.is_none() {
         conn.generation = Some(session.attach(conn.notes.clone()));
+        session
+            .outbound()
+            .set_answers_requests(&conn.notes, answers_requests);
     }
     frame
+}
+
+/// An answer to the agent's own request (`network/policyRequest`), taken
+/// only from the connection attached now.
+fn handle_response(conn: &Conn<'_>, id: Option<u64>, result: Result<rmpv::Value, WireError>) {
+    let session = conn.session;
+    let current = conn.generation.is_some_and(|g| g == session.generation());
+    let delivered = current && id.is_some_and(|id| session.outbound().deliver(id, result));
+    if !delivered {
+        tracing::debug!(?id, "ignoring a response to no pending agent request");
+    }
+}
+
+/// `initialize.capabilities.agent_requests`, read leniently (a malformed
+/// value is `initialize`'s to refuse).
+fn declares_agent_requests(params: &rmpv::Value) -> bool {
+    let field = |v: &rmpv::Value, name: &str| -> Option<rmpv::Value> {
+        v.as_map()?
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v.clone())
+    };
+    field(params, "capabilities")
+        .and_then(|c| field(&c, "agent_requests"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 /// A request refused before it ran; `audited` unless it never had an id
@@ -685,6 +713,7 @@ mod tests {
                 version: "0".into(),
             },
             session: None,
+            capabilities: None,
         }
     }
 

@@ -64,7 +64,10 @@
 //! writer task, whose in-flight slot is released once written. The client
 //! matches the id and decodes `P::Result`. The job's output then arrives
 //! as `process/output` notifications: pump → `Proc::append` →
-//! `Outbound::notify_output` → the writer.
+//! `Outbound::notify_output` → the writer. A sandboxed job with egress by
+//! name reaches the network only through its [`egress`] proxy, which the
+//! agent serves on a listener the trampoline made inside the job's
+//! network namespace.
 #![forbid(unsafe_code)]
 
 pub mod audit;
@@ -72,6 +75,7 @@ pub mod config;
 pub mod conn;
 pub mod destinations;
 pub mod dispatch;
+pub mod egress;
 pub mod exec;
 pub mod forced;
 pub mod fs;

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod agent_cost;
+mod egress;
 mod ssh_read;
 
 use anyhow::{bail, Context};
@@ -29,7 +30,7 @@ struct Args {
     #[arg(long, default_value_t = 300)]
     iterations: usize,
     /// Run only these comparisons (output, spawn, sandbox, read, walk,
-    /// ssh-exec, ssh-get, cold-start, idle-rss, stream-rss, wire).
+    /// ssh-exec, ssh-get, cold-start, idle-rss, stream-rss, wire, egress).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -534,6 +535,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("wire") {
         rows.extend(agent_cost::wire_cost()?);
+    }
+    if want("egress") {
+        rows.push(egress::egress_download(args.bytes).await?);
     }
     let mut md = String::new();
     writeln!(md, "# Benchmark results\n")?;

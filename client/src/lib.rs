@@ -85,6 +85,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+pub mod egress;
 pub mod fs;
 pub mod http;
 #[cfg(feature = "native-ssh")]
@@ -284,6 +285,10 @@ pub struct ClientOptions {
     /// The bound on the preamble and on the `initialize` answer, each
     /// ([`Error::Timeout`] past it); `None` waits for ever. Default 30 s.
     pub connect_timeout: Option<std::time::Duration>,
+    /// Answers the agent's `network/policyRequest` (jobs with egress by
+    /// name and `"ask": true`); with it, `initialize` declares
+    /// `capabilities.agent_requests`.
+    pub egress_policy: Option<egress::EgressPolicy>,
 }
 
 /// The default [`ClientOptions::connect_timeout`].
@@ -295,6 +300,7 @@ impl Default for ClientOptions {
             client_name: "executor-client".into(),
             session: None,
             connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            egress_policy: None,
         }
     }
 }
@@ -334,6 +340,9 @@ struct Inner {
     next_id: AtomicU64,
     shared: Mutex<Shared>,
     max_frame: usize,
+    /// Answers requests from the agent, on the writer's queue (weak: the
+    /// connection closes when the client lets go of it).
+    answers: Option<(egress::EgressPolicy, mpsc::WeakSender<Vec<u8>>)>,
 }
 
 struct Conn {
@@ -480,6 +489,10 @@ impl Client {
             next_id: AtomicU64::new(1),
             shared: Mutex::new(Shared::default()),
             max_frame: MAX_FRAME_BYTES as usize,
+            answers: options
+                .egress_policy
+                .clone()
+                .map(|p| (p, out_tx.downgrade())),
         });
         tokio::spawn(write_loop(writer, out_rx, Arc::downgrade(&inner)));
         tokio::spawn(read_loop(reader, leftover, inner.clone()));
@@ -490,6 +503,11 @@ impl Client {
                 version: env!("CARGO_PKG_VERSION").into(),
             },
             session: options.session.clone(),
+            capabilities: options.egress_policy.is_some().then_some(
+                executor_protocol::types::session::ClientCapabilities {
+                    agent_requests: true,
+                },
+            ),
         };
         let init: InitializeResult = bounded(limit, "waiting for the initialize answer", async {
             send_call(&inner, &out_tx, methods::INITIALIZE, &params)
@@ -940,6 +958,52 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Answer a request from the agent (only `network/policyRequest` exists),
+/// in a task of its own: the reader goes on meanwhile.
+fn answer_agent(inner: &Inner, id: u64, method: &str, frame: &[u8]) {
+    let Some((policy, out)) = inner.answers.clone() else {
+        tracing::debug!(
+            method,
+            "ignoring a request from the agent (no agent_requests capability)"
+        );
+        return;
+    };
+    let max = inner.max_frame;
+    let params = (method == methods::NETWORK_POLICY_REQUEST)
+        .then(|| executor_protocol::message::Incoming::decode(frame).ok())
+        .flatten()
+        .and_then(|m| match m {
+            executor_protocol::message::Incoming::Request { params, .. } => {
+                executor_protocol::message::from_params::<
+                    executor_protocol::types::network::PolicyRequestParams,
+                >(params)
+                .ok()
+            }
+            _ => None,
+        });
+    let method = method.to_string();
+    tokio::spawn(async move {
+        let mut bytes = Vec::new();
+        let encoded = match params {
+            Some(p) => {
+                let answer = policy.decide(p).await;
+                executor_protocol::message::encode_response(&mut bytes, Some(id), &answer, max)
+            }
+            None => executor_protocol::message::encode_error(
+                &mut bytes,
+                Some(id),
+                &WireError::method_not_found(&method),
+                max,
+            ),
+        };
+        if encoded.is_ok() {
+            if let Some(tx) = out.upgrade() {
+                let _ = tx.send(bytes).await;
+            }
+        }
+    });
+}
+
 async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner: Arc<Inner>) {
     let mut decoder = FrameDecoder::new(inner.max_frame);
     let reason = 'outer: loop {
@@ -1006,8 +1070,9 @@ fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
         .map_err(|e| format!("undecodable message from the agent: {e}"))?;
     let mut shared = inner.shared.lock().expect("client lock");
     if let Some(method) = peek.method {
-        if peek.id.is_some() {
-            tracing::debug!(method, "ignoring a request from the agent");
+        if let Some(id) = peek.id {
+            drop(shared);
+            answer_agent(inner, id, &method, &frame);
             return Ok(());
         }
         let (process_id, stream_id) = peek

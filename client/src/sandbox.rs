@@ -30,6 +30,11 @@ pub enum Net {
     Allow,
     /// Outbound TCP to these ports only.
     TcpConnect(Vec<u16>),
+    /// Egress by name (docs/PROTOCOL.md §8): only these destinations
+    /// (`host`, `*.suffix`, `addr/len`, each with an optional `:port`),
+    /// through the job's proxy; with `ask`, another destination is put to
+    /// the client's [`crate::egress::EgressPolicy`].
+    Hosts { hosts: Vec<String>, ask: bool },
 }
 
 /// A [`SandboxIntent`] under construction. Without any [`Intent::read`]
@@ -66,6 +71,10 @@ impl Intent {
                 NetworkIntent::Deny => Net::Deny,
                 NetworkIntent::Allow => Net::Allow,
                 NetworkIntent::AllowTcpConnect(p) => Net::TcpConnect(p),
+                NetworkIntent::AllowHosts(e) => Net::Hosts {
+                    hosts: e.allow_hosts,
+                    ask: e.ask,
+                },
             }),
             best_effort: !intent.required,
         }
@@ -132,6 +141,7 @@ impl Intent {
                 Net::Deny => NetworkIntent::Deny,
                 Net::Allow => NetworkIntent::Allow,
                 Net::TcpConnect(p) => NetworkIntent::AllowTcpConnect(p),
+                Net::Hosts { hosts, ask } => crate::egress::allow_hosts(hosts, ask),
             },
             required: !self.best_effort,
         }
@@ -141,15 +151,45 @@ impl Intent {
 impl std::str::FromStr for Net {
     type Err = String;
 
-    /// `deny`, `allow` or `tcp:PORT[,PORT…]`.
+    /// `deny`, `allow`, `tcp:PORT[,PORT…]`, `host:PATTERN[,PATTERN…]`,
+    /// `ask` or `ask:PATTERN[,PATTERN…]` (the list, and a question to the
+    /// client for anything else).
     fn from_str(s: &str) -> Result<Net, String> {
+        let hosts = |list: &str| -> Result<Vec<String>, String> {
+            let hosts: Vec<String> = list
+                .split(',')
+                .filter(|h| !h.is_empty())
+                .map(str::to_string)
+                .collect();
+            Ok(hosts)
+        };
         match s {
             "deny" => Ok(Net::Deny),
             "allow" => Ok(Net::Allow),
+            "ask" => Ok(Net::Hosts {
+                hosts: Vec::new(),
+                ask: true,
+            }),
+            _ if s.starts_with("host:") => {
+                let list = hosts(&s["host:".len()..])?;
+                if list.is_empty() {
+                    return Err(format!("{s:?} names no host (host:NAME[,NAME...])"));
+                }
+                Ok(Net::Hosts {
+                    hosts: list,
+                    ask: false,
+                })
+            }
+            _ if s.starts_with("ask:") => Ok(Net::Hosts {
+                hosts: hosts(&s["ask:".len()..])?,
+                ask: true,
+            }),
             _ => {
                 let ports = s
                     .strip_prefix("tcp:")
-                    .ok_or_else(|| format!("{s:?} is not deny, allow or tcp:PORT[,PORT...]"))?;
+                    .ok_or_else(|| {
+                        format!("{s:?} is not deny, allow, tcp:PORT[,PORT...], host:NAME[,NAME...] or ask[:NAME,...]")
+                    })?;
                 ports
                     .split(',')
                     .map(|p| {

@@ -11,7 +11,7 @@
 
 use crate::error::WireError;
 use crate::message::from_params;
-use crate::types::{exec, fs, http, process, session, Empty};
+use crate::types::{exec, fs, http, network, process, session, Empty};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -36,11 +36,21 @@ macro_rules! method_table {
         requests { $($(#[$doc:meta])* $konst:ident = $name:literal, $params:ty => $result:ty;)* }
         client_notifications { $($(#[$cdoc:meta])* $cconst:ident = $cname:literal, $cparams:ty;)* }
         agent_notifications { $($(#[$adoc:meta])* $aconst:ident = $aname:literal, $aparams:ty;)* }
+        agent_requests { $($(#[$rdoc:meta])* $rconst:ident = $rname:literal, $rparams:ty => $rresult:ty;)* }
     ) => {
         $(#[$idoc])* pub const $iconst: &str = $iname;
         $($(#[$doc])* pub const $konst: &str = $name;)*
         $($(#[$cdoc])* pub const $cconst: &str = $cname;)*
         $($(#[$adoc])* pub const $aconst: &str = $aname;)*
+        $($(#[$rdoc])* pub const $rconst: &str = $rname;)*
+
+        /// Every request the agent sends to a client (only to clients that
+        /// declared `capabilities.agent_requests`).
+        pub const ALL_AGENT_REQUESTS: &[&str] = &[$($rconst),*];
+        $(impl Request for $rparams {
+            const METHOD: &'static str = $rconst;
+            type Result = $rresult;
+        })*
 
         /// Every request method of protocol v1 other than `initialize`.
         pub const ALL_REQUESTS: &[&str] = &[$($konst),*];
@@ -126,6 +136,12 @@ method_table! {
     PROCESS_EXITED = "process/exited", process::ProcessExited;
     PROCESS_LAGGED = "process/lagged", process::ProcessLagged;
     HTTP_BODY_DELTA = "http/request/bodyDelta", http::BodyDelta;
+    /// Every egress decision of a job.
+    NETWORK_DECISION = "network/decision", network::NetworkDecision;
+    }
+    agent_requests {
+    /// May a job reach this destination? (`ask: true`, docs/PROTOCOL.md §8)
+    NETWORK_POLICY_REQUEST = "network/policyRequest", network::PolicyRequestParams => network::PolicyRequestResult;
     }
 }
 
@@ -138,6 +154,7 @@ mod tests {
         let mut all: Vec<&str> = std::iter::once(INITIALIZE)
             .chain(ALL_REQUESTS.iter().copied())
             .chain(ALL_NOTIFICATIONS.iter().copied())
+            .chain(ALL_AGENT_REQUESTS.iter().copied())
             .collect();
         let n = all.len();
         all.sort_unstable();

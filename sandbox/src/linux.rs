@@ -66,6 +66,7 @@ pub enum Step {
     LandlockRestrict = 16,
     Seccomp = 17,
     Fork = 18,
+    Egress = 19,
 }
 
 impl Step {
@@ -90,6 +91,7 @@ impl Step {
             16 => "enforcing Landlock",
             17 => "installing the seccomp filter",
             18 => "forking the job",
+            19 => "opening the egress proxy port in the job's network namespace",
             _ => "an unknown sandbox step",
         }
     }
@@ -104,7 +106,7 @@ fn at<E: Into<io::Error>>(step: Step) -> impl FnOnce(E) -> (Step, io::Error) {
 /// The namespaces the job's init is created in (`clone` flags).
 pub fn namespace_flags(p: &WirePlan) -> libc::c_int {
     let mut f = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC;
-    if p.net == WireNet::Deny {
+    if p.net.own_namespace() {
         f |= libc::CLONE_NEWNET;
     }
     f
@@ -291,6 +293,20 @@ fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
     std::fs::write("/proc/self/setgroups", "deny")?;
     std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
+}
+
+/// Egress by name, in the init (inside the job's network namespace, still
+/// holding its capabilities there, before any confinement): `lo` up, a
+/// listener on `127.0.0.1:port` sent to the agent over `to_agent`, and
+/// closed here, so that only the agent accepts on it and the job never
+/// holds it.
+pub fn hand_over_egress_listener(port: u16, to_agent: BorrowedFd<'_>) -> StepResult<()> {
+    sys::loopback_up().map_err(at(Step::Egress))?;
+    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+        .map_err(at(Step::Egress))?;
+    sys::send_fd(to_agent, listener.as_fd()).map_err(at(Step::Egress))?;
+    drop(listener);
+    Ok(())
 }
 
 /// The host's device nodes every job gets.
@@ -690,10 +706,15 @@ fn landlock_ruleset(p: &WirePlan, prep: Prepared) -> StepResult<landlock::Rulese
             }
         }
     }
-    if let WireNet::Tcp(ports) = &p.net {
+    let ports = match &p.net {
+        WireNet::Tcp(ports) => ports.clone(),
+        WireNet::Egress { port } => vec![*port],
+        WireNet::Deny | WireNet::Allow => Vec::new(),
+    };
+    if p.landlock_abi >= crate::LANDLOCK_ABI_NET {
         for port in ports {
             created = created
-                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
                 .map_err(err)?;
         }
     }
@@ -844,8 +865,9 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
                 vec![rule(vec![cond64(4, SeccompCmpOp::Ne, 0)?])?],
             );
         }
-        WireNet::Tcp(_) => {
-            // TCP stream sockets (Landlock limits their ports), IPv4 and
+        WireNet::Tcp(_) | WireNet::Egress { .. } => {
+            // TCP stream sockets (Landlock limits their ports; with egress
+            // the namespace has nothing but the proxy), IPv4 and
             // IPv6, protocol 0 or IPPROTO_TCP (not MPTCP, not SCTP); Unix
             // sockets only as connected pairs (connect is allowed here and
             // could reach a pathname socket).

@@ -30,6 +30,38 @@ pub enum WireNet {
     Allow,
     /// TCP stream sockets to these ports (Landlock), nothing else.
     Tcp(Vec<u16>),
+    /// Egress by name (docs/PROTOCOL.md §8): a network namespace of its own
+    /// with `lo` up, where the job's init listens on `127.0.0.1:port` and
+    /// hands the listener to the agent (the job never holds it); TCP stream
+    /// sockets as for `Tcp`, connecting only to `port` (Landlock, where the
+    /// ABI has network rules). Nothing but the agent's proxy is reachable.
+    Egress {
+        port: u16,
+    },
+}
+
+impl WireNet {
+    /// The job gets a network namespace of its own.
+    pub fn own_namespace(&self) -> bool {
+        matches!(self, WireNet::Deny | WireNet::Egress { .. })
+    }
+}
+
+/// Ports the egress proxy listens on inside a job's network namespace
+/// (below the kernel's default ephemeral range, 32768-60999): any is free,
+/// the namespace is new.
+pub const EGRESS_PORTS: std::ops::Range<u16> = 10_000..30_000;
+
+fn egress_port() -> Result<u16, PlanError> {
+    let mut r = [0u8; 2];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))
+        .map_err(|source| PlanError::Io {
+            what: "reading /dev/urandom for the egress port".into(),
+            source,
+        })?;
+    let span = EGRESS_PORTS.end - EGRESS_PORTS.start;
+    Ok(EGRESS_PORTS.start + u16::from_be_bytes(r) % span)
 }
 
 /// A path the agent checked, with the identity it had then.
@@ -356,6 +388,9 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                 WireNet::Tcp(ports.clone())
             }
         }
+        NetworkIntent::AllowHosts(_) => WireNet::Egress {
+            port: egress_port()?,
+        },
     };
     let paths = root_paths;
     let write_paths = paths(&policy.write);

@@ -464,3 +464,104 @@ pub fn set_not_dumpable() -> io::Result<()> {
     // SAFETY: integer arguments only.
     unit_result(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as libc::c_long)
 }
+
+/// Bring the loopback interface of the calling process's network namespace
+/// up (`SIOCSIFFLAGS` with `IFF_UP`; needs `CAP_NET_ADMIN` there, which a
+/// job's init holds in its new user namespace until it confines itself).
+#[cfg(target_os = "linux")]
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() takes integers only; the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor we just opened and own alone.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `ifreq` is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads one `ifreq` through the pointer, which
+    // points at a live, initialised local for the duration of the call.
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Send one descriptor over a Unix socket (`SCM_RIGHTS`), with one byte
+/// of data (a zero-length message carries no control data on a stream).
+pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let fds = [fd.as_raw_fd()];
+    let iov = [io::IoSlice::new(b"L")];
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    Ok(())
+}
+
+/// Receive one descriptor sent by [`send_fd`] (close-on-exec), without
+/// blocking: `WouldBlock` when nothing was sent.
+pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )?;
+    let mut got: Option<OwnedFd> = None;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                // SAFETY: the kernel installed `fd` in this process for this
+                // message; nothing else knows its number yet. Extra ones
+                // are owned here too, and closed on drop.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if got.is_none() {
+                    got = Some(owned);
+                }
+            }
+        }
+    }
+    got.ok_or_else(|| io::Error::other("the message carried no descriptor"))
+}
+
+/// Move up to `len` bytes from `from` to `to` inside the kernel
+/// (`splice(2)`, one of them a pipe), without blocking: `WouldBlock` when
+/// the source has nothing or the destination has no room.
+#[cfg(target_os = "linux")]
+pub fn splice_nonblocking(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    len: usize,
+) -> io::Result<usize> {
+    // SAFETY: both descriptors are borrowed (open for the call); the
+    // offsets are NULL (pipes and sockets have none), so no memory of
+    // ours is read or written.
+    let ret = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            std::ptr::null_mut(),
+            to.as_raw_fd(),
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as usize)
+}

@@ -263,6 +263,7 @@ pub fn init_params() -> InitializeParams {
             version: "0".into(),
         },
         session: None,
+        capabilities: None,
     }
 }
 

@@ -136,7 +136,7 @@ fn after_bootstrap_into_an_empty_home_run_works_with_no_other_flag() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("executor: not found"), "{err}");
-    assert!(err.contains("exit status: 127"), "{err}");
+    assert!(err.contains("exited 127 before the agent started"), "{err}");
     // Install.
     let dist = dist(&h);
     let out = h.cli(&["bootstrap", "--from", dist.to_str().unwrap()]);

@@ -441,6 +441,100 @@ both!(c16_c19_network_deny, |e: Env| async move {
     drop(l);
 });
 
+// 16-19, 36, 38 again under egress by name (§8): the job's only way out
+// is the proxy of its own network namespace; TCP to the host's listener,
+// UDP, DNS, raw/packet/netlink sockets and Unix datagrams to a host socket
+// all fail; the proxy's port is the positive control inside.
+both!(
+    c16_c19_c36_c38_network_under_allow_hosts,
+    |e: Env| async move {
+        let mut i = e.ws_write();
+        i.network = NetworkIntent::AllowHosts(executor_protocol::types::sandbox::EgressIntent {
+            allow_hosts: vec!["mirror.test".into()],
+            ask: false,
+            ask_timeout_ms: 1000,
+        });
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(
+            e.hostile(None, &format!("connect {port}")).await,
+            "ok",
+            "positive control"
+        );
+        let direct = e.hostile(Some(i.clone()), &format!("connect {port}")).await;
+        assert!(
+            direct == EACCES || direct == "errno=111",
+            "Landlock (EACCES) or nothing there (ECONNREFUSED): {direct}"
+        );
+        let (out, code) = e
+            .sh(
+                Some(i.clone()),
+                &format!("{} connect ${{HTTP_PROXY##*:}}", hostile().display()),
+            )
+            .await;
+        assert_eq!((out.trim(), code), ("ok", 0), "the proxy is reachable");
+        let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let uport = u.local_addr().unwrap().port();
+        assert_eq!(e.hostile(None, &format!("udp {uport}")).await, "ok");
+        for target in [uport, 53] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("udp {target}")).await,
+                EPERM,
+                "UDP / DNS to {target}: seccomp"
+            );
+        }
+        let (out, code) = e.sh(Some(i.clone()), "getent hosts example.com").await;
+        assert_ne!(code, 0, "no name resolution inside: {out}");
+        for (fam, ty, proto) in [
+            (17, 3, 0),
+            (16, 3, 0),
+            (2, 3, 1),
+            (10, 3, 58),
+            (10, 2, 0),
+            (1, 1, 0),
+        ] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("socket {fam} {ty} {proto}"))
+                    .await,
+                EPERM,
+                "family {fam} type {ty}"
+            );
+        }
+        for call in ["mptcp", "fastopen"] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("{call} {port}")).await,
+                EPERM,
+                "{call}: seccomp"
+            );
+        }
+        assert_eq!(e.hostile(Some(i.clone()), "socketpair").await, "ok");
+        let dir = e.base.join("egress-sockets");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dgram = dir.join("log.sock");
+        let rx = std::os::unix::net::UnixDatagram::bind(&dgram).unwrap();
+        std::fs::set_permissions(&dgram, std::fs::Permissions::from_mode(0o777)).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let d = dgram.display();
+        assert_eq!(
+            e.hostile(None, &format!("dgram-sendto {d}")).await,
+            "ok",
+            "positive control"
+        );
+        let mut buf = [0u8; 4];
+        assert!(rx.recv(&mut buf).is_ok(), "positive control: delivered");
+        for call in ["dgram-sendto", "dgram-sendmsg", "seqpacket-connect"] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("{call} {d}")).await,
+                EPERM,
+                "{call}: seccomp"
+            );
+        }
+        assert!(rx.recv(&mut buf).is_err(), "nothing was delivered");
+        drop(l);
+    }
+);
+
 // 20. A TCP port allow-list: that port only, no bind.
 both!(c20_allow_tcp_connect, |e: Env| async move {
     let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

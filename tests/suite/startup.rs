@@ -41,7 +41,7 @@ async fn a_relative_sandbox_root_is_a_startup_error_naming_file_line_and_key() {
         stdout.is_empty(),
         "nothing, not even the preamble, on stdout"
     );
-    assert!(e.contains("exit status: 78"), "{e}");
+    assert!(e.contains("exited 78 before the agent started"), "{e}");
     assert!(
         e.contains(
             "config.toml:2: profiles.ci.sandbox.filesystem.write[0]: \"src\" is not absolute"
@@ -78,7 +78,7 @@ async fn an_audit_file_that_cannot_be_written_stops_the_agent_before_the_preambl
     .await;
     assert_eq!(code, Some(73));
     assert!(stdout.is_empty(), "no preamble");
-    assert!(e.contains("exit status: 73"), "{e}");
+    assert!(e.contains("exited 73 before the agent started"), "{e}");
     assert!(
         e.contains("audit file /proc/executor-nowhere/audit.log"),
         "{e}"

@@ -397,6 +397,7 @@ mod tests {
                 version: "0".into(),
             },
             session,
+            capabilities: None,
         };
         let mut f = Vec::new();
         encode_request(&mut f, 1, methods::INITIALIZE, &p, 1 << 20).unwrap();

@@ -13,6 +13,7 @@
 //! A handler module: it uses the session, its job table, `outbound` and
 //! [`crate::sandbox_gate`]; nothing above it.
 
+mod egress;
 pub mod spawn;
 
 use crate::outbound::Outbound;
@@ -63,6 +64,8 @@ pub struct StartOptions<'a> {
 pub struct Started {
     pub proc: Arc<Proc>,
     pub sandbox_degraded: Option<Vec<String>>,
+    /// With egress by name: where the job's proxy listens.
+    pub egress: Option<executor_protocol::types::network::EgressInfo>,
 }
 
 /// Start a job and its tasks; register it in the session. The request is
@@ -73,16 +76,25 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let table = s.processes();
     let slot = table.reserve_slot(s.limits().max_processes)?;
     let confined = s.profile().sandbox.is_some();
-    let env = crate::login_env::compose(o.env_base, o.env, s.login_env(), confined).await?;
+    let mut env = crate::login_env::compose(o.env_base, o.env, s.login_env(), confined).await?;
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
-    let (sandbox, files, sandbox_degraded) = crate::sandbox_gate::gate(
+    let mut decision = crate::sandbox_gate::gate(
         s.capabilities(),
         o.intent,
         Some(&cwd),
         o.intent_param,
         s.profile(),
-    )?
-    .into_parts();
+    )?;
+    let egress_rules = decision.take_egress();
+    let (sandbox, files, sandbox_degraded) = decision.into_parts();
+    // Egress by name: the job's environment names its proxy (§8).
+    let egress_port = match sandbox.as_ref().map(|p| &p.net) {
+        Some(executor_sandbox::plan::WireNet::Egress { port }) => Some(*port),
+        _ => None,
+    };
+    if let Some(port) = egress_port {
+        env = crate::egress::job_env(&env, port);
+    }
     let req = spawn::SpawnRequest {
         argv: o.argv,
         cwd: &cwd,
@@ -94,10 +106,15 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     };
     // On an error the job's files are dropped here, and removed.
     let mut spawned = spawn::spawn(&req).await?;
+    let id = table.next_id();
+    let egress = match (egress_rules, spawned.egress_listener.take()) {
+        (Some(rules), Some(listener)) => egress::serve(s, &id, rules, listener),
+        _ => None,
+    };
     let (stdin, pty, pty_reader) = split_terminal(&mut spawned)?;
     let streams = if pty.is_some() { 1 } else { 2 };
     let proc = Arc::new(Proc {
-        id: table.next_id(),
+        id,
         pid: spawned.pid,
         argv: o.argv.to_vec(),
         tag: o.tag,
@@ -123,11 +140,14 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         s.outbound().clone(),
         Arc::downgrade(s.processes()),
         slot,
-        files,
+        JobHeld { files, egress },
     ));
     Ok(Started {
         proc,
         sandbox_degraded,
+        egress: egress_port.map(|port| executor_protocol::types::network::EgressInfo {
+            proxy: crate::egress::proxy_url(port),
+        }),
     })
 }
 
@@ -268,15 +288,25 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
     }
 }
 
+/// What a job owns on the agent's side until it ends: its files on the
+/// host, and its egress proxy.
+struct JobHeld {
+    files: executor_sandbox::plan::JobFiles,
+    egress: Option<crate::egress::Server>,
+}
+
 async fn wait_job(
     proc: Arc<Proc>,
     mut spawned: spawn::Spawned,
     outbound: Outbound,
     table: Weak<ProcessTable>,
     slot: Slot,
-    files: executor_sandbox::plan::JobFiles,
+    held: JobHeld,
 ) {
+    let JobHeld { files, egress } = held;
     let exit = job_exit(&mut spawned).await;
+    // The job is gone: its proxy stops, and its namespace with it.
+    drop(egress);
     drop(slot);
     // A finished job's record stays readable for a while; its descriptors
     // must not (a thousand finished jobs would hold a thousand fds).
@@ -342,6 +372,7 @@ pub async fn handle_start(
         process_id: started.proc.id.clone(),
         pid: started.proc.pid,
         sandbox_degraded: started.sandbox_degraded,
+        egress: started.egress,
     })
 }
 

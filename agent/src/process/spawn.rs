@@ -49,6 +49,10 @@ pub struct Spawned {
     pub stderr: Option<ChildStderr>,
     /// The PTY master, for tty jobs.
     pub pty_master: Option<OwnedFd>,
+    /// With egress by name: the proxy's listening socket, made by the job's
+    /// init inside the job's network namespace and handed over before the
+    /// program started (the job never holds it).
+    pub egress_listener: Option<OwnedFd>,
 }
 
 /// The read end every supervisor inherits; the agent alone holds the write
@@ -211,6 +215,18 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         .arg(status_w.as_raw_fd().to_string())
         .arg("--spec")
         .arg(spec_fd.as_raw_fd().to_string());
+    // Egress by name: a socket pair on which the init sends the listener.
+    let egress = match req.sandbox.map(|p| &p.net) {
+        Some(executor_sandbox::plan::WireNet::Egress { .. }) => {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+                .map_err(|e| io_err("egress socket pair", e))?;
+            fcntl(&theirs, FcntlArg::F_SETFD(FdFlag::empty()))
+                .map_err(|e| io_err("egress socket pair", e))?;
+            cmd.arg("--egress").arg(theirs.as_raw_fd().to_string());
+            Some((ours, theirs))
+        }
+        _ => None,
+    };
     cmd.env_clear().current_dir(req.cwd).kill_on_drop(false);
     let pty_master = attach_stdio(&mut cmd, req)?;
     let supervisor = cmd.spawn().map_err(|e| io_err("starting the job", e))?;
@@ -218,8 +234,37 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     drop(status_w);
     drop(spec_fd);
     drop(cmd);
+    let egress = egress.map(|(ours, _theirs)| ours);
     let status = pipe::Receiver::from_owned_fd(status_r).map_err(|e| io_err("status pipe", e))?;
-    await_start(supervisor, status, pty_master, &program).await
+    let mut spawned = await_start(supervisor, status, pty_master, &program).await?;
+    if let Some(sock) = egress {
+        spawned.egress_listener = Some(receive_egress_listener(&mut spawned, &sock).await?);
+    }
+    Ok(spawned)
+}
+
+/// The listener the job's init sent before it forked the program. When it
+/// did not arrive, the program (its pid leads its group) is killed, the
+/// init with it, and the supervisor reaped.
+async fn receive_egress_listener(
+    spawned: &mut Spawned,
+    sock: &std::os::unix::net::UnixStream,
+) -> Result<OwnedFd, WireError> {
+    use std::os::fd::AsFd;
+    match executor_sandbox::sys::recv_fd(sock.as_fd()) {
+        Ok(fd) => Ok(fd),
+        Err(e) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(spawned.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = spawned.supervisor.wait().await;
+            Err(WireError::new(
+                ErrorCode::Internal,
+                format!("the job's init did not hand over the egress listener: {e}"),
+            ))
+        }
+    }
 }
 
 /// What the trampoline runs: the resolved program, argv (with `arg0`),
@@ -306,6 +351,7 @@ async fn await_start(
             stderr: supervisor.stderr.take(),
             supervisor,
             pty_master,
+            egress_listener: None,
         }),
         Ok(Ok(Some(Status::SandboxFailed { step, errno }))) => {
             let _ = supervisor.wait().await;

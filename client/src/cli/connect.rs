@@ -63,6 +63,8 @@ impl ConnectArgs {
         Ok(ClientOptions {
             session,
             connect_timeout: (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs)),
+            // Jobs of `--net ask` put destinations to the terminal.
+            egress_policy: Some(super::sandbox::terminal_egress_policy()),
             ..ClientOptions::default()
         })
     }

@@ -26,9 +26,13 @@ pub struct SandboxArgs {
     /// A private writable /tmp for the job, removed when it ends.
     #[arg(long)]
     pub tmp: bool,
-    /// The network: `deny` (the sandbox's default), `allow`, or
-    /// `tcp:PORT[,PORT...]` (outbound TCP to these ports only).
-    #[arg(long, value_name = "deny|allow|tcp:PORTS")]
+    /// The network: `deny` (the sandbox's default), `allow`,
+    /// `tcp:PORT[,PORT...]` (outbound TCP to these ports only),
+    /// `host:NAME[,NAME...]` (only these hosts, by name, through the job's
+    /// proxy; `NAME` is `host`, `*.suffix` or `addr/len`, with an optional
+    /// `:port`), or `ask[:NAME,...]` (those, and a question on the terminal
+    /// for any other; denied without a terminal).
+    #[arg(long, value_name = "deny|allow|tcp:PORTS|host:NAMES|ask")]
     pub net: Option<Net>,
     /// A whole intent as JSON (docs/PROTOCOL.md §7); the flags above add to it.
     #[arg(long = "sandbox", value_name = "FILE.json")]
@@ -112,4 +116,53 @@ pub fn report_degraded(what: &str, degraded: &[String]) {
     for entry in degraded {
         eprintln!("executor-client: {what}: sandbox not enforced: {entry}");
     }
+}
+
+/// Answers the agent's `network/policyRequest` (a job started with
+/// `--net ask`) with a question on the controlling terminal; without one,
+/// or without an answer of `y`, the destination is denied. One question at
+/// a time.
+pub fn terminal_egress_policy() -> executor_client::egress::EgressPolicy {
+    use executor_client::protocol::types::network::{
+        EgressScope, EgressVerdict, PolicyRequestParams, PolicyRequestResult,
+    };
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    executor_client::egress::EgressPolicy::new(|req: PolicyRequestParams| async move {
+        let allowed = tokio::task::spawn_blocking(move || {
+            let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+            ask_terminal(&format!(
+                "executor-client: may {} reach {}:{}? [y/N] ",
+                req.process_id, req.host, req.port
+            ))
+        })
+        .await
+        .unwrap_or(false);
+        PolicyRequestResult {
+            decision: if allowed {
+                EgressVerdict::Allow
+            } else {
+                EgressVerdict::Deny
+            },
+            scope: EgressScope::Once,
+        }
+    })
+}
+
+/// `question` on /dev/tty; whether the answer was yes.
+fn ask_terminal(question: &str) -> bool {
+    use std::io::{BufRead, Write};
+    let Ok(tty) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+    else {
+        return false;
+    };
+    let mut out = &tty;
+    if out.write_all(question.as_bytes()).is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(&tty).read_line(&mut line);
+    matches!(line.trim(), "y" | "Y" | "yes")
 }

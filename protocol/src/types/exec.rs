@@ -84,4 +84,7 @@ pub struct ExecResult {
     pub sandbox_denied: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_degraded: Option<Vec<String>>,
+    /// With egress by name: where the job's proxy listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::types::network::EgressInfo>,
 }

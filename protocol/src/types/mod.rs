@@ -3,6 +3,7 @@
 pub mod exec;
 pub mod fs;
 pub mod http;
+pub mod network;
 pub mod process;
 pub mod sandbox;
 pub mod session;

@@ -119,6 +119,9 @@ pub struct ProcessStartResult {
     pub pid: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_degraded: Option<Vec<String>>,
+    /// With egress by name: where the job's proxy listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::types::network::EgressInfo>,
 }
 
 crate::wire_enum! {

@@ -15,6 +15,16 @@ pub struct InitializeParams {
     pub client: ClientInfo,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<ClientCapabilities>,
+}
+
+/// What the client can do beyond answering the agent's responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClientCapabilities {
+    /// The client answers requests from the agent (`network/policyRequest`).
+    #[serde(default)]
+    pub agent_requests: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
