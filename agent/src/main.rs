@@ -36,6 +36,7 @@ fn main() -> anyhow::Result<()> {
     // anything else (no runtime, no logging threads).
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).and_then(|a| a.to_str()) == Some("sandbox-exec") {
+        name_this_process();
         sandbox_exec(&args[2..]);
     }
     // Under an authorized_keys forced command, the client's own request is
@@ -61,6 +62,9 @@ fn main() -> anyhow::Result<()> {
     // `executor session-host [--config P] [--profile N]`: started by a stdio
     // agent for a detached session (see `executor_agent::host`).
     let host_mode = args.get(1).and_then(|a| a.to_str()) == Some("session-host");
+    if host_mode {
+        name_this_process();
+    }
     let cli = if host_mode {
         Cli::parse_from(args[..1].iter().chain(&args[2..]))
     } else {
@@ -69,6 +73,9 @@ fn main() -> anyhow::Result<()> {
     // EXECUTOR_LOG_JSON=1: JSON logs for a client that cannot pass flags
     // (over ssh, where the remote command is one word).
     init_tracing(cli.log_json || std::env::var_os("EXECUTOR_LOG_JSON").is_some_and(|v| v == "1"));
+    if !host_mode && cli.generate.is_none() && !cli.list_methods {
+        greet_a_terminal();
+    }
     if let Some(kind) = &cli.generate {
         generate(kind)?;
         return Ok(());
@@ -156,6 +163,28 @@ fn main() -> anyhow::Result<()> {
     match ending {
         executor_agent::conn::Ending::BadLength => std::process::exit(2),
         _ => Ok(()),
+    }
+}
+
+/// The agent's helpers are started through `/proc/self/exe`, whose name
+/// (`exe`) the kernel gives them as comm: `executor` instead, so `ps -e`
+/// and `top` show what they are (argv[0] is `executor` already).
+fn name_this_process() {
+    let _ = nix::sys::prctl::set_name(c"executor");
+}
+
+/// Started by hand on a terminal (stdin a tty), say on stderr what this
+/// is and how to use it; stdout stays the protocol's. Under ssh or a
+/// client stdin is a pipe and nothing is printed.
+fn greet_a_terminal() {
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        eprintln!(
+            "executor {}: the agent of executor-client, speaking its binary protocol on stdin/stdout.\n\
+             It is meant to be started by a client, e.g. `executor-client --target ssh://HOST run -- CMD`\n\
+             (or `ssh HOST executor` from a program). `executor --help` lists its options;\n\
+             press Ctrl-D to end this session.",
+            env!("CARGO_PKG_VERSION")
+        );
     }
 }
 

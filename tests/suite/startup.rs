@@ -99,3 +99,91 @@ async fn a_profile_refusing_root_stops_the_agent_before_the_preamble() {
         "{e}"
     );
 }
+
+/// The job supervisor (the trampoline the agent starts through
+/// `/proc/self/exe`) shows as `executor sandbox-exec` in `ps`: argv[0]
+/// and comm, not `exe`.
+#[tokio::test]
+async fn the_trampoline_shows_as_executor_sandbox_exec() {
+    use executor_protocol::types::process::ProcessStartParams;
+    let c = local_client().await;
+    let p = c
+        .start(&ProcessStartParams::new(
+            vec!["sleep".into(), "5".into()],
+            "/",
+            path_env(),
+        ))
+        .await
+        .unwrap();
+    let sup = parent_pid(p.pid());
+    let comm = std::fs::read_to_string(format!("/proc/{sup}/comm")).unwrap();
+    let cmdline = std::fs::read(format!("/proc/{sup}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    assert_eq!(comm.trim(), "executor");
+    assert_eq!(args[..2], ["executor", "sandbox-exec"], "{args:?}");
+    let ps = std::process::Command::new("ps")
+        .args(["-o", "args=", "-p", &sup.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ps.stdout).starts_with("executor sandbox-exec "),
+        "{}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+    p.signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .unwrap();
+}
+
+/// Started on a terminal, the agent says on stderr what it is; stdout
+/// carries the preamble only. Under a pipe (a client, sshd) it says nothing.
+#[tokio::test]
+async fn on_a_terminal_the_agent_says_what_it_is_on_stderr_only() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let pty = nix::pty::openpty(None, None).unwrap();
+    // The master stays ours alone (the agent must see the hangup).
+    nix::fcntl::fcntl(
+        &pty.master,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(executor_bin())
+        .stdin(Stdio::from(pty.slave))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut pre = [0u8; 16];
+    stdout.read_exact(&mut pre).unwrap();
+    assert_eq!(&pre, executor_protocol::PREAMBLE);
+    // Ending the terminal ends the agent.
+    drop(pty.master);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let _ = child.wait();
+    assert!(rest.is_empty(), "stdout is the protocol's only: {rest:?}");
+    assert!(err.contains("the agent of executor-client"), "{err}");
+    assert!(err.contains("executor --help"), "{err}");
+    // Positive control: with stdin a pipe nothing is said.
+    let out = std::process::Command::new(executor_bin())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("the agent of executor-client"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -210,7 +210,7 @@ async fn start_host(
         .mode_0600()
         .open(&log_path)?;
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.arg("session-host");
+    cmd.arg0("executor").arg("session-host");
     if let Some(c) = &launch.config_path {
         cmd.arg("--config").arg(c);
     }

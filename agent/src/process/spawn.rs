@@ -207,8 +207,11 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         .to_memfd()
         .map_err(|e| io_err("writing the job spec", e))?;
     fcntl(&spec_fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| io_err("job spec", e))?;
+    // argv[0] `executor`: `ps` shows `executor sandbox-exec …`, not the
+    // path it was started by (the trampoline also renames its comm).
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.arg("sandbox-exec")
+    cmd.arg0("executor")
+        .arg("sandbox-exec")
         .arg("--lifeline")
         .arg(lifeline.read.as_raw_fd().to_string())
         .arg("--status")
