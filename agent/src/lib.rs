@@ -37,7 +37,7 @@
 //!
 //! ## One request, from the client's call to `execve`
 //!
-//! `client.rpc(&ProcessStartParams { .. })` (executor-client): the params
+//! `client.call(&ProcessStartParams { .. })` (executor-client): the params
 //! type names its method through the protocol's table
 //! (`impl Request for ProcessStartParams`, `METHOD = "process/start"`); the
 //! client frames it (`message::encode_request`) and writes it to the ssh

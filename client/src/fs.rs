@@ -234,7 +234,7 @@ impl Client {
                     }
                 }
                 inflight.push_back(
-                    self.call(
+                    self.start_call(
                         m::FS_WRITE_BLOCK,
                         &WriteBlockParams {
                             handle: h.handle,
@@ -252,7 +252,7 @@ impl Client {
                 c.result::<Empty>().await?;
             }
             let r: CommitResult = self
-                .rpc(&CommitParams {
+                .call(&CommitParams {
                     handle: h.handle,
                     sandbox: None,
                     cwd: None,
@@ -264,7 +264,7 @@ impl Client {
         if result.is_err() {
             // Discard the temp file; the error that matters is the first.
             let _ = self
-                .rpc(&CloseParams {
+                .call(&CloseParams {
                     handle: h.handle,
                     sandbox: None,
                     cwd: None,
@@ -331,7 +331,7 @@ impl ReadState {
         while self.inflight.len() < WINDOW && self.next <= self.size {
             let call = self
                 .client
-                .call(
+                .start_call(
                     m::FS_READ_BLOCK,
                     &ReadBlockParams {
                         handle: self.handle,
@@ -385,7 +385,7 @@ impl ReadState {
     async fn close(&mut self) {
         let _ = self
             .client
-            .rpc(&CloseParams {
+            .call(&CloseParams {
                 handle: self.handle,
                 sandbox: None,
                 cwd: None,

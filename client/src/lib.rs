@@ -6,8 +6,8 @@
 //! `ssh devbox executor`), and does `initialize` for you.
 //!
 //! - many requests in flight, matched by id ([`Client::request`]), or
-//!   typed by the protocol's method table: [`Client::rpc`] takes any
-//!   params type and answers its result type (`client.rpc(&StatParams {
+//!   typed by the protocol's method table: [`Client::call`] takes any
+//!   params type and answers its result type (`client.call(&StatParams {
 //!   .. })` is `fs/stat`, answered as a `StatResult`);
 //! - notifications by subscription ([`Client::subscribe`]);
 //! - typed errors: [`Error::Remote`] carries the agent's [`WireError`] and its
@@ -702,8 +702,9 @@ impl Client {
             .ok_or_else(|| Error::Closed("the client was closed".into()))
     }
 
-    /// Send a request; the returned [`Call`] resolves to its answer.
-    pub async fn call<P: Serialize>(&self, method: &str, params: &P) -> Result<Call, Error> {
+    /// Send a request by method name; the returned [`Call`] resolves to its
+    /// answer; its id is what [`Client::cancel`] takes.
+    pub async fn start_call<P: Serialize>(&self, method: &str, params: &P) -> Result<Call, Error> {
         send_call(&self.conn.inner, &self.sender()?, method, params).await
     }
 
@@ -713,14 +714,14 @@ impl Client {
         method: &str,
         params: &P,
     ) -> Result<R, Error> {
-        self.call(method, params).await?.result().await
+        self.start_call(method, params).await?.result().await
     }
 
     /// Send the request `params` belong to (the method comes from the
     /// protocol's table, [`executor_protocol::methods::Request`]) and wait
-    /// for its typed result: `client.rpc(&StatParams { .. })` is
+    /// for its typed result: `client.call(&StatParams { .. })` is
     /// `fs/stat`, answered as a `StatResult`.
-    pub async fn rpc<P: executor_protocol::methods::Request>(
+    pub async fn call<P: executor_protocol::methods::Request>(
         &self,
         params: &P,
     ) -> Result<P::Result, Error> {
@@ -824,12 +825,12 @@ impl Client {
 
     /// `environment/info`
     pub async fn environment_info(&self) -> Result<EnvironmentInfo, Error> {
-        self.rpc(&EnvironmentInfoParams {}).await
+        self.call(&EnvironmentInfoParams {}).await
     }
 
     /// `tools/list`
     pub async fn tools_list(&self) -> Result<ToolsListResult, Error> {
-        self.rpc(&executor_protocol::types::session::ToolsListParams {})
+        self.call(&executor_protocol::types::session::ToolsListParams {})
             .await
     }
 

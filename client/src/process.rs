@@ -148,7 +148,7 @@ impl Client {
 
     /// `process/list`
     pub async fn process_list(&self) -> Result<ProcessListResult, Error> {
-        self.rpc(&ProcessListParams {}).await
+        self.call(&ProcessListParams {}).await
     }
 }
 

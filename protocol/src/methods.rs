@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// A request's params type: the method it is sent with and what it
-/// answers. `client.rpc(&params)` sends it and decodes the answer.
+/// answers. `client.call(&params)` sends it and decodes the answer.
 pub trait Request: Serialize + DeserializeOwned {
     /// The method name.
     const METHOD: &'static str;

@@ -84,7 +84,7 @@ async fn errors_are_typed_and_many_requests_fly_at_once() {
     let mut calls = Vec::new();
     for _ in 0..500 {
         calls.push(
-            c.call(executor_protocol::methods::ENVIRONMENT_INFO, &Empty {})
+            c.start_call(executor_protocol::methods::ENVIRONMENT_INFO, &Empty {})
                 .await
                 .unwrap(),
         );

@@ -633,7 +633,7 @@ async fn bad_intents_are_refused_naming_the_field() {
         ),
     ]);
     let e = remote(
-        c.call(m::PROCESS_START, &raw)
+        c.start_call(m::PROCESS_START, &raw)
             .await
             .unwrap()
             .result::<rmpv::Value>()

@@ -68,7 +68,7 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
     }
     assert_eq!(std::fs::read_to_string(&f).unwrap(), "v4");
     let h: HandleResult = c
-        .rpc(&OpenWriteParams {
+        .call(&OpenWriteParams {
             path: p(&d.join("y")),
             mode: None,
             create_parents: false,
@@ -77,7 +77,7 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
         })
         .await
         .unwrap();
-    c.rpc(&WriteBlockParams {
+    c.call(&WriteBlockParams {
         handle: h.handle,
         offset: 0,
         data: ByteBuf::from(b"secret".to_vec()),
@@ -87,7 +87,7 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
     .await
     .unwrap();
     assert_eq!(names(&d).len(), 2, "a temp file exists while writing");
-    c.rpc(&CloseParams {
+    c.call(&CloseParams {
         handle: h.handle,
         sandbox: None,
         cwd: None,
@@ -97,7 +97,7 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
     assert_eq!(names(&d), vec!["x"]);
     // The end of the session discards uncommitted writes too.
     let h: HandleResult = c
-        .rpc(&OpenWriteParams {
+        .call(&OpenWriteParams {
             path: p(&d.join("z")),
             mode: None,
             create_parents: false,
@@ -124,7 +124,7 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
     let f = d.join("target");
     std::fs::write(&f, "old").unwrap();
     let h: HandleResult = c
-        .rpc(&OpenWriteParams {
+        .call(&OpenWriteParams {
             path: p(&f),
             mode: Some(0o640),
             create_parents: false,
@@ -135,7 +135,7 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
         .unwrap();
     for (i, chunk) in [&b"new "[..], b"content"].iter().enumerate() {
         let offset = if i == 0 { 0 } else { 4 };
-        c.rpc(&WriteBlockParams {
+        c.call(&WriteBlockParams {
             handle: h.handle,
             offset,
             data: ByteBuf::from(chunk.to_vec()),
@@ -151,7 +151,7 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
         );
     }
     let r: CommitResult = c
-        .rpc(&HandleParams {
+        .call(&HandleParams {
             handle: h.handle,
             sandbox: None,
             cwd: None,
@@ -169,7 +169,7 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
     // Close after commit (a client's `finally`): `{}` once, then unknown;
     // the committed file stays.
     let close = |handle| async move {
-        c.rpc(&CloseParams {
+        c.call(&CloseParams {
             handle,
             sandbox: None,
             cwd: None,
@@ -214,7 +214,7 @@ pub async fn errors_name_the_path_on(c: &Client) {
     );
     assert_eq!(w.code, ErrorCode::NotFound);
     let w = remote(
-        c.rpc(&CreateDirectoryParams {
+        c.call(&CreateDirectoryParams {
             path: p(&d),
             recursive: false,
             sandbox: None,
@@ -291,7 +291,7 @@ pub async fn non_utf8_names_are_walked_and_read_back_on(c: &Client) {
     assert_eq!(std::fs::read(&g).unwrap(), b"1");
     assert_eq!(c.stat(p(&g)).await.unwrap().size, 1);
     let canon: PathResult = c
-        .rpc(&CanonicalizeParams {
+        .call(&CanonicalizeParams {
             path: p(&g),
             sandbox: None,
             cwd: None,
@@ -477,7 +477,7 @@ pub async fn a_5_mib_file_read_in_blocks_matches_its_sha256_on(c: &Client) {
     assert_eq!(sha256(&got), sha256(&data));
     // eof is set on a read ending exactly at the end.
     let o: OpenResult = c
-        .rpc(&OpenParams {
+        .call(&OpenParams {
             path: p(&d.join("f")),
             sandbox: None,
             cwd: None,
@@ -486,7 +486,7 @@ pub async fn a_5_mib_file_read_in_blocks_matches_its_sha256_on(c: &Client) {
         .unwrap();
     let len = 1000u64;
     let r: ReadBlockResult = c
-        .rpc(&ReadBlockParams {
+        .call(&ReadBlockParams {
             handle: o.handle,
             offset: data.len() as u64 - len,
             length: len,
@@ -498,7 +498,7 @@ pub async fn a_5_mib_file_read_in_blocks_matches_its_sha256_on(c: &Client) {
     assert_eq!(r.data.len() as u64, len);
     assert!(r.eof);
     let r: ReadBlockResult = c
-        .rpc(&ReadBlockParams {
+        .call(&ReadBlockParams {
             handle: o.handle,
             offset: 0,
             length: 10,
@@ -509,7 +509,7 @@ pub async fn a_5_mib_file_read_in_blocks_matches_its_sha256_on(c: &Client) {
         .unwrap();
     assert!(!r.eof);
     let w = remote(
-        c.rpc(&ReadBlockParams {
+        c.call(&ReadBlockParams {
             handle: o.handle,
             offset: 0,
             length: (1 << 20) + 1,
@@ -533,7 +533,7 @@ async fn reads_continue_from_the_old_inode_after_a_rename_over_the_path() {
     let f = d.join("f");
     std::fs::write(&f, "original content").unwrap();
     let o: OpenResult = c
-        .rpc(&OpenParams {
+        .call(&OpenParams {
             path: p(&f),
             sandbox: None,
             cwd: None,
@@ -543,7 +543,7 @@ async fn reads_continue_from_the_old_inode_after_a_rename_over_the_path() {
     std::fs::write(d.join("new"), "REPLACED").unwrap();
     std::fs::rename(d.join("new"), &f).unwrap();
     let r: ReadBlockResult = c
-        .rpc(&ReadBlockParams {
+        .call(&ReadBlockParams {
             handle: o.handle,
             offset: 0,
             length: 100,
@@ -571,7 +571,7 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
     let mut handles = Vec::new();
     for _ in 0..128 {
         let o: OpenResult = c
-            .rpc(&OpenParams {
+            .call(&OpenParams {
                 path: p(&f),
                 sandbox: None,
                 cwd: None,
@@ -581,7 +581,7 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
         handles.push(o.handle);
     }
     let w = remote(
-        c.rpc(&OpenParams {
+        c.call(&OpenParams {
             path: p(&f),
             sandbox: None,
             cwd: None,
@@ -596,7 +596,7 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
     );
     assert_eq!(w.data_get("max").and_then(|v| v.as_u64()), Some(128));
     let w = remote(
-        c.rpc(&OpenWriteParams {
+        c.call(&OpenWriteParams {
             path: p(&d.join("w")),
             mode: None,
             create_parents: false,
@@ -607,14 +607,14 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::LimitExceeded);
-    c.rpc(&CloseParams {
+    c.call(&CloseParams {
         handle: handles[5],
         sandbox: None,
         cwd: None,
     })
     .await
     .unwrap();
-    c.rpc(&OpenParams {
+    c.call(&OpenParams {
         path: p(&f),
         sandbox: None,
         cwd: None,
@@ -623,7 +623,7 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
     .unwrap();
     // A closed handle is unknown.
     let w = remote(
-        c.rpc(&ReadBlockParams {
+        c.call(&ReadBlockParams {
             handle: handles[5],
             offset: 0,
             length: 1,
@@ -662,7 +662,7 @@ pub async fn read_file_is_bounded_and_ranges_within_the_bound_work_on(c: &Client
     );
     assert!(w.message.contains("fs/open"), "{}", w.message);
     let r: ReadFileResult = c
-        .rpc(&ReadFileParams {
+        .call(&ReadFileParams {
             path: p(&f),
             offset: Some(1 << 20),
             length: Some(1000),
@@ -678,7 +678,7 @@ pub async fn read_file_is_bounded_and_ranges_within_the_bound_work_on(c: &Client
 async fn mode_is_exact_and_remove_never_follows_symlinks() {
     let c = local_client().await;
     let d = unique_tempdir("mode");
-    c.rpc(&WriteFileParams {
+    c.call(&WriteFileParams {
         path: p(&d.join("sub/x")),
         data: ByteBuf::from(b"x".to_vec()),
         mode: Some(0o777),
@@ -714,7 +714,7 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
         .is_symlink());
     // Recursive remove of a tree holding a symlink to outside: the outside stays.
     std::os::unix::fs::symlink(&outside, d.join("sub/out")).unwrap();
-    c.rpc(&RemoveParams {
+    c.call(&RemoveParams {
         path: p(&d.join("sub")),
         recursive: true,
         sandbox: None,
@@ -730,7 +730,7 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
     // Non-recursive removal of a non-empty dir fails; a symlink to a dir is removed as a link.
     std::fs::create_dir_all(d.join("full/x")).unwrap();
     let w = remote(
-        c.rpc(&RemoveParams {
+        c.call(&RemoveParams {
             path: p(&d.join("full")),
             recursive: false,
             sandbox: None,
@@ -744,7 +744,7 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
         d.join("full").to_str()
     );
     std::os::unix::fs::symlink(&outside, d.join("dirlink")).unwrap();
-    c.rpc(&RemoveParams {
+    c.call(&RemoveParams {
         path: p(&d.join("dirlink")),
         recursive: true,
         sandbox: None,
@@ -754,7 +754,7 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
     .unwrap();
     assert!(outside.join("keep").exists());
     // rename
-    c.rpc(&RenameParams {
+    c.call(&RenameParams {
         from: p(&d.join("full")),
         to: p(&d.join("moved")),
         sandbox: None,

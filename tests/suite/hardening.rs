@@ -580,7 +580,7 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
         ),
     ] {
         let e = c
-            .call(
+            .start_call(
                 executor_protocol::methods::PROCESS_START,
                 &start_raw(&script, intent.clone()),
             )
@@ -601,7 +601,7 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
                 (field, intent.clone()),
             ]);
             let e = remote(
-                c.call(executor_protocol::methods::EXEC_COMMAND, &p)
+                c.start_call(executor_protocol::methods::EXEC_COMMAND, &p)
                     .await
                     .unwrap()
                     .result::<Value>()
@@ -613,7 +613,7 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
         }
         let p = map(&[("path", s()), ("sandbox", intent.clone())]);
         let e = remote(
-            c.call(executor_protocol::methods::FS_READ_FILE, &p)
+            c.start_call(executor_protocol::methods::FS_READ_FILE, &p)
                 .await
                 .unwrap()
                 .result::<Value>()
@@ -628,7 +628,7 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
         ("deny_read", Value::Array(vec![s()])),
     ]);
     let r: Value = c
-        .call(
+        .start_call(
             executor_protocol::methods::PROCESS_START,
             &start_raw(&script, good),
         )

@@ -699,7 +699,7 @@ pub async fn process_ids_are_unique_and_listed_with_tags_on(c: &Client) {
     assert!(entry.running);
     assert_eq!(entry.argv, vec!["sleep", "100"]);
     let e = c
-        .rpc(&ProcessSignalParams {
+        .call(&ProcessSignalParams {
             process_id: "proc-999".into(),
             signal: SignalName::Kill,
         })

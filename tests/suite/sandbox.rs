@@ -804,7 +804,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
         cwd: None,
     };
     let ok: ReadFileResult =
-        e.c.rpc(&read(format!("{}/src/main.rs", e.ws.display())))
+        e.c.call(&read(format!("{}/src/main.rs", e.ws.display())))
             .await
             .unwrap();
     assert_eq!(&ok.data[..], b"fn main() {}\n", "positive control");
@@ -814,7 +814,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
         format!("{}/src/link-out", e.ws.display()),
         format!("/proc/self/root{}/src/main.rs", e.ws.display()),
     ] {
-        let w = fs_err(e.c.rpc(&read(bad.clone())).await.unwrap_err());
+        let w = fs_err(e.c.call(&read(bad.clone())).await.unwrap_err());
         assert_eq!(w.code, ErrorCode::SandboxDenied, "{bad}: {w:?}");
         assert!(w.data_get("rule").is_some());
     }
@@ -822,7 +822,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     let mut all = e.ws_write();
     all.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
     let w = fs_err(
-        e.c.rpc(&ReadFileParams {
+        e.c.call(&ReadFileParams {
             path: format!("/proc/self/root{}/secrets/key", e.ws.display())
                 .as_str()
                 .into(),
@@ -836,7 +836,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     let w = fs_err(
-        e.c.rpc(&ReadFileParams {
+        e.c.call(&ReadFileParams {
             path: format!("{}/secrets/key", e.ws.display()).as_str().into(),
             offset: None,
             length: None,
@@ -865,7 +865,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     let mut cwd_intent = e.ws_write();
     cwd_intent.filesystem.write = vec![":cwd".into()];
     let w = fs_err(
-        e.c.rpc(&StatParams {
+        e.c.call(&StatParams {
             path: wp(&e.ws),
             follow_symlinks: true,
             sandbox: Some(cwd_intent),
@@ -887,7 +887,7 @@ async fn c34_read_only_intent_on_fs_requests() {
     ro.filesystem.write = vec![];
     let target = e.ws.join("src/new");
     let w = fs_err(
-        e.c.rpc(&WriteFileParams {
+        e.c.call(&WriteFileParams {
             path: wp(&target),
             data: ByteBuf::from(b"x".to_vec()),
             mode: None,
@@ -901,7 +901,7 @@ async fn c34_read_only_intent_on_fs_requests() {
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     let w = fs_err(
-        e.c.rpc(&OpenWriteParams {
+        e.c.call(&OpenWriteParams {
             path: wp(&target),
             mode: None,
             create_parents: false,
@@ -914,7 +914,7 @@ async fn c34_read_only_intent_on_fs_requests() {
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     assert!(!target.exists());
     let r: ReadFileResult =
-        e.c.rpc(&ReadFileParams {
+        e.c.call(&ReadFileParams {
             path: wp(&e.ws.join("src/main.rs")),
             offset: None,
             length: None,
@@ -928,7 +928,7 @@ async fn c34_read_only_intent_on_fs_requests() {
     params.sandbox = Some(ro);
     assert!(!e.c.walk_page(&params).await.unwrap().entries.is_empty());
     // Positive control: the same write with the workspace writable.
-    e.c.rpc(&WriteFileParams {
+    e.c.call(&WriteFileParams {
         path: wp(&target),
         data: ByteBuf::from(b"x".to_vec()),
         mode: None,
@@ -944,7 +944,7 @@ async fn c34_read_only_intent_on_fs_requests() {
     let mut i = e.ws_write();
     i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
     let w = fs_err(
-        e.c.rpc(&WriteFileParams {
+        e.c.call(&WriteFileParams {
             path: wp(&e.ws.join(".git/config")),
             data: ByteBuf::from(b"x".to_vec()),
             mode: None,
@@ -1819,7 +1819,7 @@ both!(
         for atomic in [false, true] {
             for link in ["src/to-victim", "src/dangling", "src/to-config"] {
                 let r =
-                    e.c.rpc(&write_params(&e.ws.join(link), b"EVIL\n", atomic, &i))
+                    e.c.call(&write_params(&e.ws.join(link), b"EVIL\n", atomic, &i))
                         .await;
                 if atomic {
                     // Atomic: the link itself is replaced by the new file.
@@ -1850,7 +1850,7 @@ both!(
         }
         // Positive control: a plain file in the root, both ways.
         for atomic in [false, true] {
-            e.c.rpc(&write_params(&e.ws.join("src/new"), b"fine\n", atomic, &i))
+            e.c.call(&write_params(&e.ws.join("src/new"), b"fine\n", atomic, &i))
                 .await
                 .unwrap();
             assert_eq!(std::fs::read(e.ws.join("src/new")).unwrap(), b"fine\n");
@@ -1888,7 +1888,7 @@ both!(
         for n in 0..300 {
             let mut p = write_params(&sub.join(format!("f{n}")), b"x", n % 2 == 0, &i);
             p.create_parents = n % 3 == 0;
-            if e.c.rpc(&p).await.is_ok() {
+            if e.c.call(&p).await.is_ok() {
                 landed += 1;
             }
         }
@@ -1926,7 +1926,7 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
     i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
     i.filesystem.write = vec![];
     let st: StatResult =
-        e.c.rpc(&StatParams {
+        e.c.call(&StatParams {
             path: wp(&e.ws),
             follow_symlinks: true,
             sandbox: Some(i.clone()),
@@ -2088,7 +2088,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         ("other", ".git"),
         ("repo", "repo-old"),
     ] {
-        let err = e.c.rpc(&rename(from, to)).await.unwrap_err();
+        let err = e.c.call(&rename(from, to)).await.unwrap_err();
         assert_eq!(
             fs_err(err).code,
             ErrorCode::SandboxDenied,
@@ -2096,7 +2096,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         );
     }
     let err =
-        e.c.rpc(&RemoveParams {
+        e.c.call(&RemoveParams {
             path: wp(&e.ws.join(".git")),
             recursive: true,
             sandbox: Some(i.clone()),
@@ -2107,7 +2107,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
     assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "remove .git");
     assert!(e.ws.join(".git/config").exists());
     let err =
-        e.c.rpc(&write_params(&e.ws.join(".env"), b"PWN", true, &i))
+        e.c.call(&write_params(&e.ws.join(".env"), b"PWN", true, &i))
             .await
             .unwrap_err();
     assert_eq!(
@@ -2120,7 +2120,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         .file_type()
         .is_symlink());
     // Positive control: what holds no carve-out moves.
-    e.c.rpc(&rename("other", "other2")).await.unwrap();
+    e.c.call(&rename("other", "other2")).await.unwrap();
     let read = |path: &str| ReadFileParams {
         path: path.into(),
         offset: None,
@@ -2129,19 +2129,19 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         cwd: None,
     };
     for path in ["/proc/self/environ", "/dev/zero"] {
-        let err = e.c.rpc(&read(path)).await.unwrap_err();
+        let err = e.c.call(&read(path)).await.unwrap_err();
         assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "{path}");
     }
     let fifo = e.ws.join("fifo");
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(5),
-        e.c.rpc(&read(fifo.to_str().unwrap())),
+        e.c.call(&read(fifo.to_str().unwrap())),
     )
     .await
     .expect("a FIFO does not hang the request");
     assert_eq!(fs_err(r.unwrap_err()).code, ErrorCode::Io);
     let abs = e.ws.join("src/abs");
-    let ok: ReadFileResult = e.c.rpc(&read(abs.to_str().unwrap())).await.unwrap();
+    let ok: ReadFileResult = e.c.call(&read(abs.to_str().unwrap())).await.unwrap();
     assert_eq!(
         &ok.data[..],
         b"fn main() {}\n",
@@ -2149,14 +2149,14 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
     );
     let mut p = write_params(&e.ws.join("src/suid"), b"x", true, &i);
     p.mode = Some(0o4755);
-    let err = e.c.rpc(&p).await.unwrap_err();
+    let err = e.c.call(&p).await.unwrap_err();
     assert_eq!(fs_err(err).code, ErrorCode::InvalidParams);
     // A root inside a carve-out is not a way around it.
     let mut inner = e.ws_write();
     inner.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws.join("secrets"))]);
     inner.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
     let err =
-        e.c.rpc(&StatParams {
+        e.c.call(&StatParams {
             path: wp(&e.ws.join("secrets")),
             follow_symlinks: true,
             sandbox: Some(inner),

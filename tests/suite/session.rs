@@ -126,7 +126,7 @@ async fn read_rest(c: &Client, id: &str, mut after: Option<u64>) -> (Vec<u8>, Ex
     loop {
         assert!(Instant::now() < deadline, "the process did not finish");
         let r: ProcessReadResult = c
-            .rpc(&ProcessReadParams {
+            .call(&ProcessReadParams {
                 process_id: id.to_string(),
                 after_seq: after,
                 max_bytes: None,

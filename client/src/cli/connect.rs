@@ -132,8 +132,11 @@ async fn spawn_ssh(
     options: ClientOptions,
 ) -> Result<Client, Error> {
     let program = cmd.as_std().get_program().to_string_lossy().into_owned();
+    // stderr through the client's relay: the launcher's line is taken out
+    // (and logged), and an early exit is reported with ssh's own words.
     cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .process_group(0);
     let child = cmd.spawn().map_err(|source| Error::Spawn {
