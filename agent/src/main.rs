@@ -39,25 +39,8 @@ fn main() -> anyhow::Result<()> {
         name_this_process();
         sandbox_exec(&args[2..]);
     }
-    // Under an authorized_keys forced command, the client's own request is
-    // in SSH_ORIGINAL_COMMAND: accept only the executor itself.
-    if let Some(original) = std::env::var_os("SSH_ORIGINAL_COMMAND") {
-        use executor_agent::forced::{judge, Forced};
-        match judge(&original.to_string_lossy()) {
-            Forced::Serve => {}
-            Forced::Version => {
-                let mut out = std::io::stdout();
-                std::io::Write::write_all(
-                    &mut out,
-                    format!("executor {}\n", env!("CARGO_PKG_VERSION")).as_bytes(),
-                )?;
-                return Ok(());
-            }
-            Forced::Refuse(why) => {
-                eprintln!("executor: {why}");
-                std::process::exit(2);
-            }
-        }
+    if answer_forced_command()? {
+        return Ok(());
     }
     // `executor session-host [--config P] [--profile N]`: started by a stdio
     // agent for a detached session (see `executor_agent::host`).
@@ -81,47 +64,10 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if cli.list_methods {
-        let mut out = std::io::stdout().lock();
-        for m in executor_protocol::methods::ALL_REQUESTS {
-            std::io::Write::write_all(&mut out, format!("{m}\n").as_bytes())?;
-        }
-        return Ok(());
+        return print_methods();
     }
-    // A configuration that cannot be used stops the agent before it serves
-    // anything: the message names the file, the line and the key.
-    let config =
-        match executor_agent::config::Config::load(cli.config.as_deref(), cli.profile.as_deref()) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("executor: invalid configuration: {e}");
-                std::process::exit(78); // EX_CONFIG
-            }
-        };
-    if !config.profile.allow_root && nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "executor: profile {} does not allow running as root (allow_root = false)",
-            config.profile.name.as_deref().unwrap_or("")
-        );
-        std::process::exit(77); // EX_NOPERM
-    }
-    // An audit log that cannot be written stops the agent here, before the
-    // preamble, so the client gets this message and the exit status (the
-    // session opens it again for its own use).
-    if let Err(e) =
-        executor_agent::audit::Audit::open(&config.audit, config.profile.name.as_deref())
-    {
-        eprintln!("executor: cannot start: {e}");
-        std::process::exit(73); // EX_CANTCREAT
-    }
-    // What an agent killed mid-job left (job directories, placeholders of
-    // carve-outs); never what a live agent's job holds.
-    match executor_sandbox::plan::sweep() {
-        Ok(gone) if !gone.is_empty() => {
-            tracing::info!(removed = ?gone, "removed what a killed agent's jobs left")
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "cannot remove what a killed agent's jobs left"),
-    }
+    let config = usable_config(&cli);
+    sweep_leftovers();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -163,6 +109,85 @@ fn main() -> anyhow::Result<()> {
     match ending {
         executor_agent::conn::Ending::BadLength => std::process::exit(2),
         _ => Ok(()),
+    }
+}
+
+/// Under an authorized_keys forced command, the client's own request is in
+/// SSH_ORIGINAL_COMMAND: accept only the executor itself (true: answered
+/// here, nothing more to do).
+fn answer_forced_command() -> anyhow::Result<bool> {
+    if let Some(original) = std::env::var_os("SSH_ORIGINAL_COMMAND") {
+        use executor_agent::forced::{judge, Forced};
+        match judge(&original.to_string_lossy()) {
+            Forced::Serve => {}
+            Forced::Version => {
+                let mut out = std::io::stdout();
+                std::io::Write::write_all(
+                    &mut out,
+                    format!("executor {}\n", env!("CARGO_PKG_VERSION")).as_bytes(),
+                )?;
+                return Ok(true);
+            }
+            Forced::Refuse(why) => {
+                eprintln!("executor: {why}");
+                std::process::exit(2);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// `--list-methods`: every request method of the protocol, one per line.
+fn print_methods() -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for m in executor_protocol::methods::ALL_REQUESTS {
+        std::io::Write::write_all(&mut out, format!("{m}\n").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The configuration this connection runs under, or the agent exits with
+/// the reason (a bad file, root where the profile forbids it, an audit log
+/// that cannot be written).
+fn usable_config(cli: &Cli) -> executor_agent::config::Config {
+    // A configuration that cannot be used stops the agent before it serves
+    // anything: the message names the file, the line and the key.
+    let config =
+        match executor_agent::config::Config::load(cli.config.as_deref(), cli.profile.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("executor: invalid configuration: {e}");
+                std::process::exit(78); // EX_CONFIG
+            }
+        };
+    if !config.profile.allow_root && nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "executor: profile {} does not allow running as root (allow_root = false)",
+            config.profile.name.as_deref().unwrap_or("")
+        );
+        std::process::exit(77); // EX_NOPERM
+    }
+    // An audit log that cannot be written stops the agent here, before the
+    // preamble, so the client gets this message and the exit status (the
+    // session opens it again for its own use).
+    if let Err(e) =
+        executor_agent::audit::Audit::open(&config.audit, config.profile.name.as_deref())
+    {
+        eprintln!("executor: cannot start: {e}");
+        std::process::exit(73); // EX_CANTCREAT
+    }
+    config
+}
+
+/// What an agent killed mid-job left (job directories, placeholders of
+/// carve-outs), removed; never what a live agent's job holds.
+fn sweep_leftovers() {
+    match executor_sandbox::plan::sweep() {
+        Ok(gone) if !gone.is_empty() => {
+            tracing::info!(removed = ?gone, "removed what a killed agent's jobs left")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot remove what a killed agent's jobs left"),
     }
 }
 
