@@ -120,6 +120,7 @@ fn script(remote_dir: &str) -> Result<String, BootstrapError> {
     let version = env!("CARGO_PKG_VERSION");
     Ok(format!(
         r#"set -e
+umask 077
 d="{remote_dir}/{version}"
 if ! err=$(mkdir -p "$d" 2>&1); then
   echo "$err" >&2
@@ -129,12 +130,22 @@ if [ ! -w "$d" ]; then
   echo "$d is not writable by $(id -un)" >&2
   exit 4
 fi
+# Another user must not be able to swap what is installed here.
+if [ ! -O "$d" ]; then
+  echo "$d is not owned by $(id -un); nothing installed" >&2
+  exit 4
+fi
+case $(ls -ld "$d") in
+  ?????w*|????????w*)
+    echo "$d is writable by others; nothing installed" >&2
+    exit 4;;
+esac
 uname -sm
 if ! IFS= read -r want; then
   rmdir "$d" 2>/dev/null || true
   exit 5
 fi
-t="$d/.executor.upload.$$"
+t=$(mktemp "$d/.executor.upload.XXXXXX")
 trap 'rm -f "$t"' EXIT
 cat > "$t"
 got=$(sha256sum "$t" | cut -d' ' -f1)

@@ -41,6 +41,8 @@ fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
         "mv",
         "rm",
         "id",
+        "ls",
+        "mktemp",
     ] {
         let real = ["/usr/bin", "/bin"]
             .iter()
@@ -212,6 +214,45 @@ fn an_unwritable_remote_dir_names_the_remote_error() {
         "{err}"
     );
     assert!(!err.contains("Broken pipe"), "{err}");
+}
+
+/// A directory others can write (where another user could swap the agent
+/// between its check and its first run) is refused, and nothing is put in
+/// it; the same directory made private works (the positive control).
+#[test]
+fn a_remote_dir_writable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = host("boot-shared", &[]);
+    let dist = dist(&h);
+    let base = h.base.join("shared");
+    let dir = base.join(env!("CARGO_PKG_VERSION"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let install = || {
+        h.cli(&[
+            "bootstrap",
+            "--from",
+            dist.to_str().unwrap(),
+            "--remote-dir",
+            base.to_str().unwrap(),
+        ])
+    };
+    let out = install();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("is writable by others; nothing installed"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing left in it"
+    );
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = install();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("executor").is_file());
 }
 
 #[test]

@@ -646,3 +646,59 @@ fn ctrl_c_on_a_terminal_reaches_the_job_and_not_ssh() {
         assert_eq!(code, Some(3), "{}: {screen}", via.name());
     }
 }
+
+/// A one-answer-per-connection HTTP server on 127.0.0.1 (`200 ok`).
+fn tiny_http_server() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    port
+}
+
+#[test]
+fn net_host_allows_the_named_host_and_net_ask_denies_without_a_terminal() {
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        prerequisite_missing("curl");
+        return;
+    }
+    let port = tiny_http_server();
+    // Through the job's proxy by name (NO_PROXY names localhost: -x forces it).
+    let curl = format!(
+        "curl -sS -o /dev/null -w '%{{http_code}}' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:{port}/"
+    );
+    let run = |net: &str| {
+        let mut cmd = Via::Local.cmd(&["run", "--net", net, "--", "sh", "-c", &curl]);
+        // No controlling terminal: a question cannot be asked.
+        cmd.process_group(0);
+        let out = std::process::Command::new("setsid")
+            .arg("-w")
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .envs(cmd.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            text(&out),
+        )
+    };
+    let (code, all) = run(&format!("host:localhost:{port}"));
+    assert_eq!(code, "200", "the named host is reached: {all}");
+    let (code, all) = run("host:mirror.invalid");
+    assert_eq!(code, "403", "another host is refused by the proxy: {all}");
+    let (code, all) = run("ask");
+    assert_eq!(code, "403", "ask without a terminal denies: {all}");
+}

@@ -119,9 +119,13 @@ pub fn report_degraded(what: &str, degraded: &[String]) {
 }
 
 /// Answers the agent's `network/policyRequest` (a job started with
-/// `--net ask`) with a question on the controlling terminal; without one,
-/// or without an answer of `y`, the destination is denied. One question at
-/// a time.
+/// `--net ask`) with a question on the controlling terminal: the user
+/// allows a destination by typing it (`HOST:PORT`) back, so a question the
+/// job prints itself cannot lead to another destination being allowed; a
+/// `y` is not enough. Without a terminal, or with any other answer, the
+/// destination is denied. What the agent sends is shown only when it is a
+/// plain host name or address and a `proc-N` id (nothing of it reaches the
+/// terminal as a control character). One question at a time.
 pub fn terminal_egress_policy() -> executor_client::egress::EgressPolicy {
     use executor_client::protocol::types::network::{
         EgressScope, EgressVerdict, PolicyRequestParams, PolicyRequestResult,
@@ -129,11 +133,16 @@ pub fn terminal_egress_policy() -> executor_client::egress::EgressPolicy {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     executor_client::egress::EgressPolicy::new(|req: PolicyRequestParams| async move {
         let allowed = tokio::task::spawn_blocking(move || {
+            if !plain_destination(&req.host) || !plain_process_id(&req.process_id) {
+                return false;
+            }
+            let destination = format!("{}:{}", req.host, req.port);
             let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-            ask_terminal(&format!(
-                "executor-client: may {} reach {}:{}? [y/N] ",
-                req.process_id, req.host, req.port
-            ))
+            let answer = ask_terminal(&format!(
+                "\r\nexecutor-client: {} asks to reach {destination}; type {destination} to allow it, anything else denies: ",
+                req.process_id
+            ));
+            answer.as_deref() == Some(destination.as_str())
         })
         .await
         .unwrap_or(false);
@@ -148,21 +157,69 @@ pub fn terminal_egress_policy() -> executor_client::egress::EgressPolicy {
     })
 }
 
-/// `question` on /dev/tty; whether the answer was yes.
-fn ask_terminal(question: &str) -> bool {
-    use std::io::{BufRead, Write};
-    let Ok(tty) = std::fs::OpenOptions::new()
+/// A canonical host as the agent sends it: a name of `[a-z0-9_.-]`, an
+/// IPv4 address, or a bracketed IPv6 address.
+fn plain_destination(host: &str) -> bool {
+    let inner = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    !inner.is_empty()
+        && inner.len() <= 255
+        && inner.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(b, b'.' | b'-' | b'_')
+                || (host.starts_with('[') && (b == b':' || b.is_ascii_hexdigit()))
+        })
+}
+
+/// A process id as the agent mints them (`proc-N`).
+fn plain_process_id(id: &str) -> bool {
+    id.strip_prefix("proc-")
+        .is_some_and(|n| !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `question` on /dev/tty; the line typed back (ended by Enter, `\n` or
+/// `\r` as a terminal in raw mode sends it), `None` without a terminal.
+fn ask_terminal(question: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let tty = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/tty")
-    else {
-        return false;
-    };
+        .ok()?;
     let mut out = &tty;
-    if out.write_all(question.as_bytes()).is_err() {
-        return false;
+    out.write_all(question.as_bytes()).ok()?;
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    let mut input = &tty;
+    while line.len() < 512 {
+        match input.read(&mut byte) {
+            Ok(1) if matches!(byte[0], b'\n' | b'\r') => break,
+            Ok(1) => line.push(byte[0]),
+            _ => break,
+        }
     }
-    let mut line = String::new();
-    let _ = std::io::BufReader::new(&tty).read_line(&mut line);
-    matches!(line.trim(), "y" | "Y" | "yes")
+    let _ = out.write_all(b"\r\n");
+    Some(String::from_utf8_lossy(&line).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_destinations_and_ids_are_shown() {
+        assert!(plain_destination("mirror.internal"));
+        assert!(plain_destination("10.0.0.1"));
+        assert!(plain_destination("[::1]"));
+        assert!(!plain_destination("evil\x1b]52;c;x\x07.com"));
+        assert!(!plain_destination("a b"));
+        assert!(!plain_destination("Mirror.internal"));
+        assert!(!plain_destination(""));
+        assert!(plain_process_id("proc-12"));
+        assert!(!plain_process_id("proc-1\n"));
+        assert!(!plain_process_id("x"));
+    }
 }
