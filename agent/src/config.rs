@@ -192,7 +192,7 @@ struct RawFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAudit {
-    file: Option<PathBuf>,
+    file: Option<toml::Spanned<PathBuf>>,
     #[serde(default)]
     syslog: bool,
 }
@@ -300,8 +300,11 @@ impl Config {
             apply_limits(&ctx, "limits", l, &mut limits, &mut spans)?;
         }
         let mut http = parse_http(&ctx, "http", &raw.http)?;
+        if let Some(f) = &raw.audit.file {
+            absolute_path(&ctx, "audit.file", f)?;
+        }
         let audit = AuditConfig {
-            file: raw.audit.file.clone(),
+            file: raw.audit.file.as_ref().map(|f| f.get_ref().clone()),
             syslog: raw.audit.syslog,
         };
         let mut chosen = Profile::default();
@@ -615,6 +618,7 @@ fn parse_http(ctx: &Ctx<'_>, prefix: &str, raw: &RawHttp) -> Result<HttpConfig, 
         http.allow.push(parsed);
     }
     if let Some(file) = &raw.extra_ca_file {
+        absolute_path(ctx, &format!("{prefix}.extra_ca_file"), file)?;
         http.extra_roots = load_pem_roots(file.get_ref()).map_err(|message| {
             ctx.invalid(
                 Some(file.span()),
@@ -660,6 +664,24 @@ fn load_pem_roots(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'s
 /// A profile's sandbox roots are absolute paths or symbols: a relative
 /// root is refused at load, naming its key and line (inside the inline
 /// table, found by its quoted text).
+/// A configured file must be named by an absolute path: a relative one
+/// would depend on the directory the agent was started in (`$HOME` under
+/// sshd).
+fn absolute_path(
+    ctx: &Ctx<'_>,
+    key: &str,
+    path: &toml::Spanned<PathBuf>,
+) -> Result<(), ConfigError> {
+    if path.get_ref().is_absolute() {
+        return Ok(());
+    }
+    Err(ctx.invalid(
+        Some(path.span()),
+        key,
+        format!("{} is not absolute", path.get_ref().display()),
+    ))
+}
+
 fn check_sandbox_roots(
     ctx: &Ctx<'_>,
     key: &str,
@@ -786,6 +808,22 @@ mod tests {
         assert!(
             e.to_string()
                 .contains(":2: limits.max_open_files: must be at least 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_relative_audit_file_or_ca_file_is_refused_naming_its_key() {
+        let e = parse("[audit]\nfile = \"audit.jsonl\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(":2: audit.file: audit.jsonl is not absolute"),
+            "{e}"
+        );
+        let e = parse("[http]\nextra_ca_file = \"ca.pem\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("http.extra_ca_file: ca.pem is not absolute"),
             "{e}"
         );
     }

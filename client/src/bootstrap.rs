@@ -76,9 +76,15 @@ pub struct Installed {
 }
 
 /// `uname -sm` → `linux-x86_64`, `linux-aarch64`, `darwin-aarch64`, ...
+/// (`None` for words of anything but letters, digits and `_`: the host's
+/// answer becomes a path below the dist folder).
 pub fn platform_of(uname: &str) -> Option<String> {
     let mut it = uname.split_whitespace();
     let (os, arch) = (it.next()?, it.next()?);
+    let plain = |w: &str| w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !plain(os) || !plain(arch) {
+        return None;
+    }
     let arch = match arch {
         "arm64" => "aarch64",
         "amd64" => "x86_64",
@@ -485,6 +491,7 @@ mod tests {
             Some("darwin-aarch64")
         );
         assert_eq!(platform_of("").as_deref(), None);
+        assert_eq!(platform_of("Linux ../../x").as_deref(), None);
         assert!(script("$HOME/.local/lib/executor").is_ok());
         assert!(script("/opt/executor").is_ok());
         for bad in [
