@@ -164,7 +164,7 @@ pub async fn fresh(bytes: u64) -> anyhow::Result<Row> {
 
 /// `read_stream` of `path` on an open connection, every block written to
 /// /dev/null.
-async fn read_to_null(c: &Client, path: &str, bytes: u64) -> anyhow::Result<Trial> {
+async fn read_to_null(c: &Client, path: &str, bytes: u64) -> anyhow::Result<Duration> {
     use futures_util::StreamExt;
     use std::io::Write;
     let mut sink = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
@@ -181,7 +181,7 @@ async fn read_to_null(c: &Client, path: &str, bytes: u64) -> anyhow::Result<Tria
     if n != bytes {
         bail!("read_stream: got {n} bytes, expected {bytes}");
     }
-    Ok(Trial { wall, cpu: 0.0 })
+    Ok(wall)
 }
 
 /// The warm row: an open `Client` against a ControlMaster, alternating.
@@ -208,17 +208,14 @@ pub async fn warm(bytes: u64) -> anyhow::Result<Row> {
     let (mut ours, mut base) = (Vec::new(), Vec::new());
     for _ in 0..TRIALS {
         ours.push(read_to_null(&c, &path, bytes).await?);
-        base.push(run_to_null(
-            ssh(&cfg, &ctl, &cat),
-            "ssh cat over ControlMaster",
-        )?);
+        base.push(run_to_null(ssh(&cfg, &ctl, &cat), "ssh cat over ControlMaster")?.wall);
     }
     c.close().await?;
     let mut exit = ssh(&cfg, &ctl, "true");
     exit.args(["-O", "exit"]).stderr(Stdio::null());
     let _ = exit.status();
     std::fs::remove_file(&f)?;
-    let ((o, _), (k, _)) = (best_trial(&ours), best_trial(&base));
+    let (o, k) = (best(ours), best(base));
     let ratio = mbps(bytes, o) / mbps(bytes, k);
     Ok(Row {
         what: format!(

@@ -447,6 +447,17 @@ pub fn parent_pid(pid: u32) -> u32 {
         .expect("a ppid in /proc/PID/stat")
 }
 
+/// `chown -R uid:uid p` (for a tree an unprivileged agent must own).
+pub fn chown_r(p: &Path, uid: u32) {
+    let st = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
 #[cfg(test)]
 mod prerequisite_tests {
     #[test]

@@ -38,16 +38,6 @@ struct Agent {
     audit: PathBuf,
 }
 
-fn chown_r(p: &Path, uid: u32) {
-    let st = std::process::Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{uid}"))
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(st.success());
-}
-
 /// An agent (as root, or as uid 65534) in its own mount namespace with the
 /// private `/etc/hosts`, auditing to a file; `None` when this host cannot.
 async fn agent(unprivileged: bool, options: ClientOptions, extra_config: &str) -> Option<Agent> {

@@ -55,16 +55,6 @@ struct Env {
     agent_pid: u32,
 }
 
-fn chown_r(p: &Path, uid: u32) {
-    let st = std::process::Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{uid}"))
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(st.success());
-}
-
 async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     let base = unique_tempdir(if unprivileged { "sbx-user" } else { "sbx-root" });
     std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -508,21 +498,9 @@ both!(
             );
         }
         assert_eq!(e.hostile(Some(i.clone()), "socketpair").await, "ok");
-        let dir = e.base.join("egress-sockets");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let dgram = dir.join("log.sock");
-        let rx = std::os::unix::net::UnixDatagram::bind(&dgram).unwrap();
-        std::fs::set_permissions(&dgram, std::fs::Permissions::from_mode(0o777)).unwrap();
-        rx.set_nonblocking(true).unwrap();
+        let (_, dgram, rx) = outside_dgram_socket(&e, "egress-sockets").await;
         let d = dgram.display();
-        assert_eq!(
-            e.hostile(None, &format!("dgram-sendto {d}")).await,
-            "ok",
-            "positive control"
-        );
         let mut buf = [0u8; 4];
-        assert!(rx.recv(&mut buf).is_ok(), "positive control: delivered");
         for call in ["dgram-sendto", "dgram-sendmsg", "seqpacket-connect"] {
             assert_eq!(
                 e.hostile(Some(i.clone()), &format!("{call} {d}")).await,
@@ -1128,26 +1106,39 @@ both!(c35_env_reaches_only_the_job, |e: Env| async move {
         .ok();
 });
 
-// 36. Network deny: no datagram, stream or seqpacket reaches a pathname
-// Unix socket outside the roots (EPERM: seccomp's socket-type allow-list
-// and connect ban); the abstract namespace is the job's own (network
-// namespace).
-both!(c36_unix_sockets_under_deny, |e: Env| async move {
-    let dir = e.base.join("sockets");
+/// A datagram socket outside every root (a stand-in for `/dev/log`) in a
+/// new world-writable directory `name` of the test's base, and the
+/// positive control: an unsandboxed job's `sendto` is delivered to it.
+async fn outside_dgram_socket(
+    e: &Env,
+    name: &str,
+) -> (PathBuf, PathBuf, std::os::unix::net::UnixDatagram) {
+    let dir = e.base.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let dgram = dir.join("log.sock");
     let rx = std::os::unix::net::UnixDatagram::bind(&dgram).unwrap();
     std::fs::set_permissions(&dgram, std::fs::Permissions::from_mode(0o777)).unwrap();
     rx.set_nonblocking(true).unwrap();
-    let d = dgram.display();
     assert_eq!(
-        e.hostile(None, &format!("dgram-sendto {d}")).await,
+        e.hostile(None, &format!("dgram-sendto {}", dgram.display()))
+            .await,
         "ok",
         "positive control"
     );
     let mut buf = [0u8; 4];
     assert!(rx.recv(&mut buf).is_ok(), "positive control: delivered");
+    (dir, dgram, rx)
+}
+
+// 36. Network deny: no datagram, stream or seqpacket reaches a pathname
+// Unix socket outside the roots (EPERM: seccomp's socket-type allow-list
+// and connect ban); the abstract namespace is the job's own (network
+// namespace).
+both!(c36_unix_sockets_under_deny, |e: Env| async move {
+    let (dir, dgram, rx) = outside_dgram_socket(&e, "sockets").await;
+    let d = dgram.display();
+    let mut buf = [0u8; 4];
     for call in ["dgram-sendto", "dgram-sendmsg"] {
         assert_eq!(
             e.hostile(Some(e.ws_write()), &format!("{call} {d}")).await,
