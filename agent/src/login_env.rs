@@ -82,7 +82,7 @@ pub async fn compose(
         EnvBase::Agent => std::env::vars().collect(),
         EnvBase::Login if confined => return Err(WireError::new(
             ErrorCode::PolicyDenied,
-            "env_base \"login\" runs the login shell unconfined; this profile confines every job",
+            "env_base \"login\" runs the login shell unconfined; not for a sandboxed job (a sandbox intent, or a profile that confines every job)",
         )
         .with("field", "env_base")),
         EnvBase::Login => (*login.get().await?).clone(),

@@ -342,6 +342,32 @@ async fn env_base_is_taken_once_per_session_and_reported() {
     assert_eq!(e.code, executor_client::ErrorCode::PolicyDenied, "{e:?}");
     assert!(e.message.contains("login"), "{e:?}");
     c.close().await.unwrap();
+    // So does a request's own sandbox intent (a dotfile an earlier
+    // sandboxed job wrote must not run unconfined for a later one); the
+    // same request without `login` runs (the control).
+    let c = executor_client::Client::spawn(
+        tokio::process::Command::new(executor_bin()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let mut p = ProcessStartParams::new(vec!["true".into()], "/", path_env());
+    p.sandbox = Some(
+        executor_client::sandbox::Intent::new()
+            .write("/tmp")
+            .build(),
+    );
+    p.env_base = EnvBase::Login;
+    let e = remote(c.start(&p).await.unwrap_err());
+    assert_eq!(e.code, executor_client::ErrorCode::PolicyDenied, "{e:?}");
+    assert_eq!(
+        e.data_get("field").and_then(|v| v.as_str()),
+        Some("env_base"),
+        "{e:?}"
+    );
+    p.env_base = EnvBase::None;
+    c.start(&p).await.unwrap().wait().await.unwrap();
+    c.close().await.unwrap();
 }
 
 #[test]

@@ -75,7 +75,9 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let cap = check_options(s, &o)?;
     let table = s.processes();
     let slot = table.reserve_slot(s.limits().max_processes)?;
-    let confined = s.profile().sandbox.is_some();
+    // A login shell runs the user's dotfiles unconfined (and a sandboxed
+    // job may have written them): never for a job that is to be confined.
+    let confined = s.profile().sandbox.is_some() || o.intent.is_some();
     let mut env = crate::login_env::compose(o.env_base, o.env, s.login_env(), confined).await?;
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
     let mut decision = crate::sandbox_gate::gate(

@@ -128,6 +128,11 @@ pub async fn run(client: &Client, args: RunArgs, signals: &mut Signals) -> anyho
     let mut params = ProcessStartParams::new(args.argv.clone(), cwd.as_str(), env);
     params.env_base = env_base;
     params.sandbox = args.sandbox.intent(&cwd)?;
+    // The agent runs no login shell for a sandboxed job (its dotfiles would
+    // run unconfined): start from the agent's own environment instead.
+    if params.sandbox.is_some() && env_base == EnvBase::Login {
+        params.env_base = EnvBase::Agent;
+    }
     params.tty = args.tty;
     if args.tty {
         params.pty_size = terminal_size();
