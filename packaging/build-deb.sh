@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
 # Build the Debian package: target/debian/executor_<version>_<arch>.deb
-# holding executor and executor-client (release build), their man pages
+# holding executor and executor-client, their man pages
 # and shell completions, the example configuration (all commented out, as
 # the conffile /etc/executor/config.toml), and the sshd / authorized_keys
-# examples. Needs only cargo and dpkg-deb.
+# examples.
+#
+# usage: packaging/build-deb.sh [DIST_DIR]
+#   DIST_DIR: the portable binaries of packaging/build-dist.sh
+#   (dist/linux-x86_64); without it, build-dist.sh is run first. The
+#   package holds exactly those binaries (glibc 2.17 and later).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --locked -p executor-agent -p executor-client --bins
+bins=${1:-}
+if [ -z "$bins" ]; then
+    bins=$(packaging/build-dist.sh | tail -n1)
+fi
+case "$(basename "$bins")" in
+    linux-x86_64) arch=amd64 ;;
+    linux-aarch64) arch=arm64 ;;
+    *) echo "build-deb.sh: $bins is not a dist/linux-<arch> folder" >&2; exit 2 ;;
+esac
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-arch=$(dpkg --print-architecture)
 out=target/debian
 stage="$out/executor_${version}_${arch}"
 rm -rf "$stage"
@@ -20,10 +32,10 @@ install -d "$stage/DEBIAN" "$stage/usr/bin" "$stage/usr/share/man/man1" \
     "$stage/usr/share/doc/executor/examples" "$stage/etc/executor"
 
 for bin in executor executor-client; do
-    install -m 0755 "target/release/$bin" "$stage/usr/bin/$bin"
+    install -m 0755 "$bins/$bin" "$stage/usr/bin/$bin"
 done
 gen() { # gen BIN KIND: the binary prints its own man page or completions
-    if [ "$1" = executor ]; then "target/release/$1" --generate "$2"; else "target/release/$1" generate "$2"; fi
+    if [ "$1" = executor ]; then "$bins/$1" --generate "$2"; else "$bins/$1" generate "$2"; fi
 }
 for bin in executor executor-client; do
     gen "$bin" man | gzip -9n > "$stage/usr/share/man/man1/$bin.1.gz"
@@ -46,7 +58,7 @@ Version: $version
 Architecture: $arch
 Maintainer: executor maintainers <executor@example.invalid>
 Installed-Size: $size
-Depends: libc6 (>= 2.31)
+Depends: libc6 (>= 2.17)
 Recommends: openssh-server
 Section: admin
 Priority: optional

@@ -1,10 +1,22 @@
 //! One integration-test binary (like ripgrep's): a module per capability,
 //! shared helpers in `executor_tests` (`src/lib.rs`).
 
+#[path = "suite/bootstrap.rs"]
+mod bootstrap;
 #[path = "suite/cli.rs"]
 mod cli;
+#[path = "suite/cli_files.rs"]
+mod cli_files;
+#[path = "suite/cli_flags.rs"]
+mod cli_flags;
+#[path = "suite/cli_jobs.rs"]
+mod cli_jobs;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/degraded.rs"]
+mod degraded;
+#[path = "suite/egress.rs"]
+mod egress;
 #[path = "suite/exec.rs"]
 mod exec;
 #[path = "suite/fs.rs"]
@@ -25,6 +37,8 @@ mod session;
 mod spawner;
 #[path = "suite/ssh.rs"]
 mod ssh;
+#[path = "suite/startup.rs"]
+mod startup;
 #[path = "suite/transports.rs"]
 mod transports;
 #[path = "suite/wire.rs"]

@@ -40,12 +40,16 @@ impl Audit {
 
     /// Open the configured sinks. A file that cannot be opened is an error
     /// (the agent must not run unaudited when auditing was asked for).
+    /// A file it creates is readable by its owner only (the log names
+    /// paths, commands and hosts).
     pub fn open(cfg: &AuditConfig, profile: Option<&str>) -> Result<Audit, String> {
+        use std::os::unix::fs::OpenOptionsExt;
         let file = match &cfg.file {
             Some(path) => Some(Mutex::new(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
+                    .mode(0o600)
                     .open(path)
                     .map_err(|e| format!("audit file {}: {e}", path.display()))?,
             )),

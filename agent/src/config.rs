@@ -192,7 +192,7 @@ struct RawFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAudit {
-    file: Option<PathBuf>,
+    file: Option<toml::Spanned<PathBuf>>,
     #[serde(default)]
     syslog: bool,
 }
@@ -244,6 +244,7 @@ struct RawLimits {
     max_http_streams: Option<toml::Spanned<u64>>,
     max_detach_ttl_ms: Option<toml::Spanned<u64>>,
     max_detached_sessions: Option<toml::Spanned<u64>>,
+    max_egress_connections: Option<toml::Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -288,7 +289,9 @@ impl Config {
     pub fn parse(path: &Path, text: &str, profile: Option<&str>) -> Result<Config, ConfigError> {
         let ctx = Ctx { path, text };
         let raw: RawFile = toml::from_str(text).map_err(|e| {
-            let key = unknown_key(e.message()).unwrap_or_default();
+            let key = unknown_key(e.message())
+                .or_else(|| e.span().map(|s| key_at(text, s.start)))
+                .unwrap_or_else(|| "(file)".into());
             ctx.invalid(e.span(), &key, e.message().trim().to_string())
         })?;
         let mut limits = Limits::default();
@@ -297,8 +300,11 @@ impl Config {
             apply_limits(&ctx, "limits", l, &mut limits, &mut spans)?;
         }
         let mut http = parse_http(&ctx, "http", &raw.http)?;
+        if let Some(f) = &raw.audit.file {
+            absolute_path(&ctx, "audit.file", f)?;
+        }
         let audit = AuditConfig {
-            file: raw.audit.file.clone(),
+            file: raw.audit.file.as_ref().map(|f| f.get_ref().clone()),
             syslog: raw.audit.syslog,
         };
         let mut chosen = Profile::default();
@@ -313,39 +319,11 @@ impl Config {
             };
             let key = format!("profiles.{name}");
             let raw_p = p.get_ref();
-            for (list, what) in [
-                (&raw_p.methods.allow, "allow"),
-                (&raw_p.methods.deny, "deny"),
-            ] {
-                for (i, m) in list.iter().enumerate() {
-                    let known = m.get_ref() == "*"
-                        || methods::ALL_REQUESTS
-                            .iter()
-                            .any(|k| pattern_matches(m.get_ref(), k));
-                    if !known {
-                        return Err(ctx.invalid(
-                            Some(m.span()),
-                            &format!("{key}.methods.{what}[{i}]"),
-                            format!(
-                                "{:?} matches no method (see executor --list-methods)",
-                                m.get_ref()
-                            ),
-                        ));
-                    }
-                }
+            check_method_patterns(&ctx, &key, raw_p)?;
+            if let Some(sb) = &raw_p.sandbox {
+                check_sandbox_roots(&ctx, &format!("{key}.sandbox"), sb)?;
             }
-            let mut roots = Vec::new();
-            for (i, r) in raw_p.workspace_roots.iter().enumerate() {
-                let root = r.get_ref();
-                if !root.is_absolute() {
-                    return Err(ctx.invalid(
-                        Some(r.span()),
-                        &format!("{key}.workspace_roots[{i}]"),
-                        format!("{} is not absolute", root.display()),
-                    ));
-                }
-                roots.push(root.clone());
-            }
+            let roots = workspace_roots(&ctx, &key, raw_p)?;
             if let Some(l) = &raw_p.limits {
                 apply_limits(&ctx, &format!("{key}.limits"), l, &mut limits, &mut spans)?;
             }
@@ -391,6 +369,54 @@ impl Config {
     }
 }
 
+/// Every `methods.allow` / `methods.deny` pattern of a profile must match
+/// a method (a typo would silently allow or deny nothing).
+fn check_method_patterns(ctx: &Ctx<'_>, key: &str, raw_p: &RawProfile) -> Result<(), ConfigError> {
+    for (list, what) in [
+        (&raw_p.methods.allow, "allow"),
+        (&raw_p.methods.deny, "deny"),
+    ] {
+        for (i, m) in list.iter().enumerate() {
+            let known = m.get_ref() == "*"
+                || methods::ALL_REQUESTS
+                    .iter()
+                    .any(|k| pattern_matches(m.get_ref(), k));
+            if !known {
+                return Err(ctx.invalid(
+                    Some(m.span()),
+                    &format!("{key}.methods.{what}[{i}]"),
+                    format!(
+                        "{:?} matches no method (see executor --list-methods)",
+                        m.get_ref()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A profile's workspace roots, each absolute.
+fn workspace_roots(
+    ctx: &Ctx<'_>,
+    key: &str,
+    raw_p: &RawProfile,
+) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut roots = Vec::new();
+    for (i, r) in raw_p.workspace_roots.iter().enumerate() {
+        let root = r.get_ref();
+        if !root.is_absolute() {
+            return Err(ctx.invalid(
+                Some(r.span()),
+                &format!("{key}.workspace_roots[{i}]"),
+                format!("{} is not absolute", root.display()),
+            ));
+        }
+        roots.push(root.clone());
+    }
+    Ok(roots)
+}
+
 /// Where errors point: the file and its text (for line numbers).
 struct Ctx<'a> {
     path: &'a Path,
@@ -424,7 +450,7 @@ fn apply_limits(
     spans: &mut Spans,
 ) -> Result<(), ConfigError> {
     let l = raw.get_ref();
-    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 15] = [
+    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 16] = [
         (
             "max_frame_bytes",
             &l.max_frame_bytes,
@@ -495,6 +521,11 @@ fn apply_limits(
             "max_detached_sessions",
             &l.max_detached_sessions,
             &mut limits.max_detached_sessions,
+        ),
+        (
+            "max_egress_connections",
+            &l.max_egress_connections,
+            &mut limits.max_egress_connections,
         ),
     ];
     for (name, value, slot) in table {
@@ -587,6 +618,7 @@ fn parse_http(ctx: &Ctx<'_>, prefix: &str, raw: &RawHttp) -> Result<HttpConfig, 
         http.allow.push(parsed);
     }
     if let Some(file) = &raw.extra_ca_file {
+        absolute_path(ctx, &format!("{prefix}.extra_ca_file"), file)?;
         http.extra_roots = load_pem_roots(file.get_ref()).map_err(|message| {
             ctx.invalid(
                 Some(file.span()),
@@ -627,6 +659,101 @@ fn load_pem_roots(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'s
         return Err(format!("{}: no certificate in the file", path.display()));
     }
     Ok(certs)
+}
+
+/// A profile's sandbox roots are absolute paths or symbols: a relative
+/// root is refused at load, naming its key and line (inside the inline
+/// table, found by its quoted text).
+/// A configured file must be named by an absolute path: a relative one
+/// would depend on the directory the agent was started in (`$HOME` under
+/// sshd).
+fn absolute_path(
+    ctx: &Ctx<'_>,
+    key: &str,
+    path: &toml::Spanned<PathBuf>,
+) -> Result<(), ConfigError> {
+    if path.get_ref().is_absolute() {
+        return Ok(());
+    }
+    Err(ctx.invalid(
+        Some(path.span()),
+        key,
+        format!("{} is not absolute", path.get_ref().display()),
+    ))
+}
+
+fn check_sandbox_roots(
+    ctx: &Ctx<'_>,
+    key: &str,
+    sb: &toml::Spanned<SandboxIntent>,
+) -> Result<(), ConfigError> {
+    use executor_protocol::types::sandbox::ReadRoots;
+    let fs = &sb.get_ref().filesystem;
+    let read: &[_] = match &fs.read {
+        ReadRoots::All => &[],
+        ReadRoots::Paths(p) => p,
+    };
+    for (list, name) in [
+        (read, "read"),
+        (&fs.write[..], "write"),
+        (&fs.deny_read[..], "deny_read"),
+        (&fs.deny_write[..], "deny_write"),
+    ] {
+        for (i, root) in list.iter().enumerate() {
+            if executor_sandbox::policy::well_formed_root(root) {
+                continue;
+            }
+            let shown = root.display();
+            let span = sb.span();
+            let at = ctx.text[span.clone()]
+                .find(&format!("\"{shown}\""))
+                .or_else(|| ctx.text[span.clone()].find(&format!("'{shown}'")))
+                .map_or(span.start, |o| span.start + o);
+            return Err(ctx.invalid(
+                Some(at..at),
+                &format!("{key}.filesystem.{name}[{i}]"),
+                format!(
+                    "{shown:?} is not absolute and not a symbol ({})",
+                    executor_sandbox::policy::SYMBOLS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The dotted key a byte offset of the file is the value of: the
+/// `[table]` header above it and the `key =` of its line (or of the
+/// nearest line above with one, for a value spread over lines).
+fn key_at(text: &str, offset: usize) -> String {
+    let before = &text[..offset.min(text.len())];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[line_start..]
+        .find('\n')
+        .map_or(text.len(), |i| line_start + i);
+    let mut key = None;
+    let mut table = None;
+    let lines: Vec<&str> = text[..line_end].lines().collect();
+    for line in lines.iter().rev() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            table = Some(t.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+            break;
+        }
+        if key.is_none() {
+            if let Some((k, _)) = t.split_once('=') {
+                if !t.starts_with('#') {
+                    key = Some(k.trim().trim_matches('"').to_string());
+                }
+            }
+        }
+    }
+    match (table, key) {
+        (Some(t), Some(k)) => format!("{t}.{k}"),
+        (None, Some(k)) => k,
+        (Some(t), None) => t,
+        (None, None) => "(top level)".into(),
+    }
 }
 
 /// 1-based line of a byte offset.
@@ -683,6 +810,48 @@ mod tests {
                 .contains(":2: limits.max_open_files: must be at least 1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_relative_audit_file_or_ca_file_is_refused_naming_its_key() {
+        let e = parse("[audit]\nfile = \"audit.jsonl\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(":2: audit.file: audit.jsonl is not absolute"),
+            "{e}"
+        );
+        let e = parse("[http]\nextra_ca_file = \"ca.pem\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("http.extra_ca_file: ca.pem is not absolute"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bad_type_or_a_relative_sandbox_root_names_its_key() {
+        let e = parse("[profiles.a]\nallow_root = \"yes\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/etc/executor/config.toml:2: profiles.a.allow_root: invalid type"),
+            "{e}"
+        );
+        let e = Config::parse(
+            Path::new("c.toml"),
+            "[profiles.ci]\nsandbox = { filesystem = { write = [\n  \"/srv\",\n  \"build/out\",\n] } }\n",
+            Some("ci"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "c.toml:4: profiles.ci.sandbox.filesystem.write[1]: \"build/out\" is not absolute and not a symbol (:cwd, :workspace_roots, :tmp, :home)"
+        );
+        let ok = Config::parse(
+            Path::new("c.toml"),
+            "[profiles.ci]\nsandbox = { filesystem = { read = [\":home\", \"/usr\"], write = [\":tmp\"] } }\n",
+            Some("ci"),
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]

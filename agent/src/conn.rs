@@ -1,4 +1,6 @@
-//! One connection: framing, concurrency, flow control.
+//! One connection: framing, admission, concurrency, flow control. Above
+//! [`crate::dispatch`] (which it hands each admitted request) and the
+//! session, below [`crate::host`].
 //!
 //! - The reader never waits for a handler: every request but `initialize` runs
 //!   in its own task, so a long poll or a big walk never blocks new requests.
@@ -163,26 +165,8 @@ where
     let mut buf = BytesMut::with_capacity(256 * 1024);
 
     let ending = 'read: loop {
-        loop {
-            match decoder.decode(&mut buf) {
-                Ok(Some(frame)) => {
-                    // Back-pressure: no more input is read until the
-                    // requests being handled leave room for this one (a
-                    // frame larger than the whole budget waits for all).
-                    let kib = u32::try_from(frame.len().div_ceil(1024))
-                        .unwrap_or(u32::MAX)
-                        .clamp(1, conn.bytes_total);
-                    let Ok(held) = conn.bytes.clone().acquire_many_owned(kib).await else {
-                        break 'read Ending::OutputClosed;
-                    };
-                    handle_frame(&frame, &mut conn, held).await
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    report_frame_error(&conn.responder, &e).await;
-                    break 'read Ending::BadLength;
-                }
-            }
+        if let Some(ending) = handle_buffered(&mut decoder, &mut buf, &mut conn).await {
+            break 'read ending;
         }
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
@@ -207,25 +191,7 @@ where
         }
     };
     tracing::debug!(?ending, "connection input ended");
-
-    // Let what is in flight finish briefly, then cancel the rest. (Every
-    // slot back means every answer was written.)
-    let (slots, all) = (conn.slots.clone(), conn.max_in_flight as u32);
-    if tokio::time::timeout(EOF_GRACE, slots.acquire_many(all))
-        .await
-        .is_err()
-    {
-        for token in conn
-            .in_flight
-            .lock()
-            .expect("in-flight lock")
-            .tokens
-            .values()
-        {
-            token.cancel();
-        }
-        let _ = tokio::time::timeout(EOF_GRACE, slots.acquire_many(all)).await;
-    }
+    finish_in_flight(&conn).await;
     if let Some(generation) = conn.generation {
         session.detach(generation, &conn.notes);
     }
@@ -233,6 +199,58 @@ where
     // The writer ends once every sender is gone and its queues are drained.
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
     ending
+}
+
+/// Handle every whole frame in `buf`; the connection's end if framing is
+/// lost or the output side closed.
+async fn handle_buffered(
+    decoder: &mut FrameDecoder,
+    buf: &mut BytesMut,
+    conn: &mut Conn<'_>,
+) -> Option<Ending> {
+    loop {
+        match decoder.decode(buf) {
+            Ok(Some(frame)) => {
+                // Back-pressure: no more input is read until the requests
+                // being handled leave room for this one (a frame larger
+                // than the whole budget waits for all).
+                let kib = u32::try_from(frame.len().div_ceil(1024))
+                    .unwrap_or(u32::MAX)
+                    .clamp(1, conn.bytes_total);
+                let Ok(held) = conn.bytes.clone().acquire_many_owned(kib).await else {
+                    return Some(Ending::OutputClosed);
+                };
+                handle_frame(&frame, conn, held).await
+            }
+            Ok(None) => return None,
+            Err(e) => {
+                report_frame_error(&conn.responder, &e).await;
+                return Some(Ending::BadLength);
+            }
+        }
+    }
+}
+
+/// Let what is in flight finish briefly, then cancel the rest. (Every
+/// slot back means every answer was written.)
+async fn finish_in_flight(conn: &Conn<'_>) {
+    let (slots, all) = (conn.slots.clone(), conn.max_in_flight as u32);
+    if tokio::time::timeout(EOF_GRACE, slots.acquire_many(all))
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    for token in conn
+        .in_flight
+        .lock()
+        .expect("in-flight lock")
+        .tokens
+        .values()
+    {
+        token.cancel();
+    }
+    let _ = tokio::time::timeout(EOF_GRACE, slots.acquire_many(all)).await;
 }
 
 async fn report_frame_error(responder: &Responder, e: &FrameError) {
@@ -261,9 +279,7 @@ async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePe
             handle_request(conn, id, method, params, bytes).await
         }
         Ok(Incoming::Notification { method, params }) => handle_notification(conn, &method, params),
-        Ok(Incoming::Response { id, .. }) => {
-            tracing::debug!(?id, "ignoring a response: the agent sends no requests");
-        }
+        Ok(Incoming::Response { id, result }) => handle_response(conn, id, result),
         Err(DecodeError { id, error }) => {
             tracing::debug!(?id, error = %error, "undecodable message");
             conn.responder.respond_error(id, &error).await;
@@ -361,11 +377,41 @@ fn initialize(conn: &mut Conn<'_>, id: u64, params: rmpv::Value) -> OutFrame {
     if conn.generation.is_some() {
         return error_frame(id, &dispatch::initialize_again(), max);
     }
+    let answers_requests = declares_agent_requests(&params);
     let frame = reply_frame(id, dispatch::initialize(session, params), max);
     if frame.error.is_none() {
         conn.generation = Some(session.attach(conn.notes.clone()));
+        session
+            .outbound()
+            .set_answers_requests(&conn.notes, answers_requests);
     }
     frame
+}
+
+/// An answer to the agent's own request (`network/policyRequest`), taken
+/// only from the connection attached now.
+fn handle_response(conn: &Conn<'_>, id: Option<u64>, result: Result<rmpv::Value, WireError>) {
+    let session = conn.session;
+    let current = conn.generation.is_some_and(|g| g == session.generation());
+    let delivered = current && id.is_some_and(|id| session.outbound().deliver(id, result));
+    if !delivered {
+        tracing::debug!(?id, "ignoring a response to no pending agent request");
+    }
+}
+
+/// `initialize.capabilities.agent_requests`, read leniently (a malformed
+/// value is `initialize`'s to refuse).
+fn declares_agent_requests(params: &rmpv::Value) -> bool {
+    let field = |v: &rmpv::Value, name: &str| -> Option<rmpv::Value> {
+        v.as_map()?
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v.clone())
+    };
+    field(params, "capabilities")
+        .and_then(|c| field(&c, "agent_requests"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 /// A request refused before it ran; `audited` unless it never had an id
@@ -602,4 +648,154 @@ async fn write_frames<W: AsyncWrite + Unpin>(
         }
     }
     out.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::message::encode_request;
+    use executor_protocol::types::session::{ClientInfo, InitializeParams};
+    use executor_protocol::PROTOCOL_VERSION;
+    use tokio::io::DuplexStream;
+
+    /// An agent connection on an in-memory pipe: the client's ends.
+    struct Pipe {
+        to_agent: DuplexStream,
+        from_agent: DuplexStream,
+        served: tokio::task::JoinHandle<Ending>,
+    }
+
+    fn pipe() -> Pipe {
+        let (to_agent, agent_in) = tokio::io::duplex(1 << 16);
+        let (agent_out, from_agent) = tokio::io::duplex(1 << 16);
+        let session = crate::session::test_session();
+        let served =
+            tokio::spawn(async move { serve_on(&session, agent_in, agent_out, false).await });
+        Pipe {
+            to_agent,
+            from_agent,
+            served,
+        }
+    }
+
+    impl Pipe {
+        async fn send<P: serde::Serialize>(&mut self, id: u64, method: &str, params: &P) {
+            let mut frame = Vec::new();
+            encode_request(&mut frame, id, method, params, 1 << 20).unwrap();
+            self.to_agent.write_all(&frame).await.unwrap();
+        }
+
+        async fn recv(&mut self) -> Incoming {
+            let len = self.from_agent.read_u32().await.unwrap() as usize;
+            let mut frame = vec![0; len];
+            self.from_agent.read_exact(&mut frame).await.unwrap();
+            let v = rmpv::decode::read_value(&mut frame.as_slice()).unwrap();
+            Incoming::from_value(v).unwrap()
+        }
+
+        /// The error code answering `id` (panics on a success).
+        async fn error_of(&mut self, id: u64) -> ErrorCode {
+            match self.recv().await {
+                Incoming::Response {
+                    id: Some(got),
+                    result: Err(e),
+                } if got == id => e.code,
+                other => panic!("expected an error answering {id}, got {other:?}"),
+            }
+        }
+    }
+
+    fn init() -> InitializeParams {
+        InitializeParams {
+            protocol_version: PROTOCOL_VERSION,
+            client: ClientInfo {
+                name: "conn-test".into(),
+                version: "0".into(),
+            },
+            session: None,
+            capabilities: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_are_admitted_only_after_one_initialize() {
+        let mut c = pipe();
+        let none = executor_protocol::types::session::EnvironmentInfoParams {};
+        c.send(1, methods::ENVIRONMENT_INFO, &none).await;
+        assert_eq!(c.error_of(1).await, ErrorCode::NotInitialized);
+        c.send(2, methods::INITIALIZE, &init()).await;
+        assert!(matches!(
+            c.recv().await,
+            Incoming::Response {
+                id: Some(2),
+                result: Ok(_)
+            }
+        ));
+        c.send(3, methods::INITIALIZE, &init()).await;
+        assert_eq!(c.error_of(3).await, ErrorCode::InvalidRequest);
+        c.send(4, "no/such", &none).await;
+        assert_eq!(c.error_of(4).await, ErrorCode::MethodNotFound);
+        // Bad params: an error naming them, and the connection lives on.
+        c.send(5, methods::FS_STAT, &7).await;
+        assert_eq!(c.error_of(5).await, ErrorCode::InvalidParams);
+        c.send(6, methods::ENVIRONMENT_INFO, &none).await;
+        assert!(matches!(
+            c.recv().await,
+            Incoming::Response {
+                id: Some(6),
+                result: Ok(_)
+            }
+        ));
+        drop(c.to_agent);
+        assert_eq!(c.served.await.unwrap(), Ending::Eof);
+    }
+
+    #[tokio::test]
+    async fn a_zero_length_prefix_is_reported_and_ends_the_connection() {
+        let mut c = pipe();
+        c.to_agent.write_all(&[0, 0, 0, 0]).await.unwrap();
+        match c.recv().await {
+            Incoming::Notification { method, params } => {
+                assert_eq!(method, methods::ERROR);
+                let e: WireError = executor_protocol::message::from_params(params).unwrap();
+                assert_eq!(e.code, ErrorCode::FrameTooLarge);
+            }
+            other => panic!("expected $/error, got {other:?}"),
+        }
+        assert_eq!(c.served.await.unwrap(), Ending::BadLength);
+    }
+
+    #[tokio::test]
+    async fn frames_and_their_tails_are_written_whole_and_in_order_through_short_writes() {
+        // A pipe of 7 bytes: every write is partial.
+        let (mut out, mut reader) = tokio::io::duplex(7);
+        let frames: Vec<OutFrame> = (0u8..20)
+            .map(|i| OutFrame {
+                tail: (i % 2 == 0).then(|| bytes::Bytes::from(vec![i; i as usize * 3])),
+                ..OutFrame::new(vec![100 + i; i as usize + 1])
+            })
+            .collect();
+        let mut want = Vec::new();
+        for f in &frames {
+            want.extend_from_slice(&f.bytes);
+            want.extend_from_slice(f.tail.as_deref().unwrap_or_default());
+        }
+        let read = tokio::spawn(async move {
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        write_frames(&mut out, &frames).await.unwrap();
+        drop(out);
+        assert_eq!(read.await.unwrap(), want);
+    }
+
+    #[test]
+    fn a_panic_is_answered_internal_naming_the_method_and_the_message() {
+        let e = panicked("fs/stat", Box::new("boom"));
+        assert_eq!(e.code, ErrorCode::Internal);
+        assert!(e.message.contains("\"fs/stat\"") && e.message.contains("boom"));
+        let e = panicked("fs/walk", Box::new(String::from("owned")));
+        assert!(e.message.contains("owned"), "{}", e.message);
+    }
 }

@@ -337,6 +337,14 @@ impl Destinations<'_> {
                 NetworkIntent::Deny => {
                     return Err(refuse(code, format!("{whose} has network \"deny\"")))
                 }
+                // Egress by name is for jobs (§8); any other request
+                // treats it as "deny".
+                NetworkIntent::AllowHosts(_) => {
+                    return Err(refuse(
+                        code,
+                        format!("{whose} has network allow_hosts, which is \"deny\" for requests other than process/start and exec_command"),
+                    ))
+                }
                 NetworkIntent::Allow => {}
                 NetworkIntent::AllowTcpConnect(ports) => {
                     if !ports.contains(&port) {

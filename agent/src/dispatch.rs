@@ -15,24 +15,27 @@ use crate::session::{self, Session};
 use crate::tools;
 use crate::{exec, fs, http, process};
 use executor_protocol::message::from_params;
-use executor_protocol::{methods as m, ErrorCode, WireError};
+use executor_protocol::methods::{self as m, Request};
+use executor_protocol::{ErrorCode, WireError};
 use rmpv::Value;
-use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::sync::Arc;
 
-/// Decode `params` for `handler`, run it, make its result a [`Reply`].
+/// Decode `params` for `handler` (its params type is the method's, by the
+/// protocol's table), run it, make its result a [`Reply`].
 async fn run<'a, P, R, F>(
     s: &'a Arc<Session>,
+    method: &str,
     params: Value,
     handler: impl FnOnce(&'a Arc<Session>, P) -> F,
 ) -> Result<Reply, WireError>
 where
-    P: DeserializeOwned,
+    P: Request,
     R: IntoReply,
     F: Future<Output = Result<R, WireError>>,
 {
-    let p = from_params(params)?;
+    debug_assert_eq!(P::METHOD, method, "a handler routed under another method");
+    let p: P = from_params(params)?;
     handler(s, p).await.map(IntoReply::into_reply)
 }
 
@@ -63,7 +66,7 @@ macro_rules! table {
             params: Value,
         ) -> Result<Reply, WireError> {
             match method {
-                $($method => run(s, params, $handler).await,)*
+                $($method => run(s, method, params, $handler).await,)*
                 m::INITIALIZE => Err(initialize_again()),
                 other => Err(WireError::method_not_found(other)),
             }
@@ -114,5 +117,27 @@ mod tests {
         routed.dedup();
         assert_eq!(routed.len(), len, "a method is routed twice");
         assert_eq!(routed, all);
+    }
+
+    /// Every method reaches the handler whose params type is the method's
+    /// (a mismatch fails the debug assertion in `run`), and bad params are
+    /// `invalid_params`, answered before any handler runs.
+    #[tokio::test]
+    async fn every_method_decodes_its_own_params_type() {
+        let s = crate::session::test_session();
+        for method in ROUTED {
+            let Err(e) = dispatch(&s, method, Value::from(7)).await else {
+                panic!("{method} accepted 7 as its params");
+            };
+            assert_eq!(e.code, ErrorCode::InvalidParams, "{method}: {e}");
+        }
+        let Err(e) = dispatch(&s, "fs/nope", Value::Map(vec![])).await else {
+            panic!("an unknown method was routed");
+        };
+        assert_eq!(e.code, ErrorCode::MethodNotFound);
+        let Err(e) = dispatch(&s, m::INITIALIZE, Value::Map(vec![])).await else {
+            panic!("a second initialize was routed");
+        };
+        assert_eq!(e.code, ErrorCode::InvalidRequest);
     }
 }

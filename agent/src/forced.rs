@@ -6,9 +6,12 @@
 //!
 //! - empty (no command requested), or
 //! - `executor` or any path ending in `/executor`, with no arguments
-//!   (serve) or exactly `--version`.
+//!   (serve) or exactly `--version`, or
+//! - exactly the client's launcher (`executor_protocol::launch`: try the
+//!   bootstrapped copy, then the PATH): serve.
 //!
-//! Anything else is refused before the preamble, with a message on stderr.
+//! Anything else is refused before the preamble, with one line on stderr
+//! (the refused command shown cut to 80 characters).
 
 /// What to do with the client's original command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +26,10 @@ pub enum Forced {
 
 /// Judge `SSH_ORIGINAL_COMMAND`.
 pub fn judge(original: &str) -> Forced {
+    if executor_protocol::launch::version_of(original.trim()).is_some() {
+        return Forced::Serve;
+    }
+    let shown = shorten(original);
     let words: Vec<&str> = original.split_whitespace().collect();
     let Some((program, args)) = words.split_first() else {
         return Forced::Serve;
@@ -34,15 +41,24 @@ pub fn judge(original: &str) -> Forced {
     };
     if !named_executor || !plain(program) {
         return Forced::Refuse(format!(
-            "this key may only run the executor agent; refused command {original:?}"
+            "this key may only run the executor agent; refused command {shown}"
         ));
     }
     match args {
         [] => Forced::Serve,
         ["--version"] => Forced::Version,
         _ => Forced::Refuse(format!(
-            "this key may only run the executor agent without arguments (or --version); refused command {original:?}"
+            "this key may only run the executor agent without arguments (or --version); refused command {shown}"
         )),
+    }
+}
+
+/// `original` quoted, on one line, at most 80 characters of it.
+fn shorten(original: &str) -> String {
+    let one_line = original.split_whitespace().collect::<Vec<_>>().join(" ");
+    match one_line.char_indices().nth(80) {
+        Some((at, _)) => format!("{:?}…", &one_line[..at]),
+        None => format!("{one_line:?}"),
     }
 }
 
@@ -58,6 +74,16 @@ mod tests {
         assert_eq!(judge("/usr/local/bin/executor"), Forced::Serve);
         assert_eq!(judge("~/.local/lib/executor/0.1.0/executor"), Forced::Serve);
         assert_eq!(judge("executor --version"), Forced::Version);
+        let launcher = executor_protocol::launch::command("0.1.0").unwrap();
+        assert_eq!(judge(&launcher), Forced::Serve);
+        assert!(matches!(
+            judge(&format!("{launcher}; id")),
+            Forced::Refuse(_)
+        ));
+        let Forced::Refuse(long) = judge(&format!("set -e\n{}", "x ".repeat(500))) else {
+            panic!()
+        };
+        assert!(long.len() < 250 && !long.contains('\n'), "{long}");
         for bad in [
             "rm -rf /",
             "executor; rm -rf /",

@@ -36,74 +36,38 @@ fn main() -> anyhow::Result<()> {
     // anything else (no runtime, no logging threads).
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).and_then(|a| a.to_str()) == Some("sandbox-exec") {
+        name_this_process();
         sandbox_exec(&args[2..]);
     }
-    // Under an authorized_keys forced command, the client's own request is
-    // in SSH_ORIGINAL_COMMAND: accept only the executor itself.
-    if let Some(original) = std::env::var_os("SSH_ORIGINAL_COMMAND") {
-        use executor_agent::forced::{judge, Forced};
-        match judge(&original.to_string_lossy()) {
-            Forced::Serve => {}
-            Forced::Version => {
-                let mut out = std::io::stdout();
-                std::io::Write::write_all(
-                    &mut out,
-                    format!("executor {}\n", env!("CARGO_PKG_VERSION")).as_bytes(),
-                )?;
-                return Ok(());
-            }
-            Forced::Refuse(why) => {
-                eprintln!("executor: {why}");
-                std::process::exit(2);
-            }
-        }
+    if answer_forced_command()? {
+        return Ok(());
     }
     // `executor session-host [--config P] [--profile N]`: started by a stdio
     // agent for a detached session (see `executor_agent::host`).
     let host_mode = args.get(1).and_then(|a| a.to_str()) == Some("session-host");
+    if host_mode {
+        name_this_process();
+    }
     let cli = if host_mode {
         Cli::parse_from(args[..1].iter().chain(&args[2..]))
     } else {
         Cli::parse()
     };
-    init_tracing(cli.log_json);
+    // EXECUTOR_LOG_JSON=1: JSON logs for a client that cannot pass flags
+    // (over ssh, where the remote command is one word).
+    init_tracing(cli.log_json || std::env::var_os("EXECUTOR_LOG_JSON").is_some_and(|v| v == "1"));
+    if !host_mode && cli.generate.is_none() && !cli.list_methods {
+        greet_a_terminal();
+    }
     if let Some(kind) = &cli.generate {
         generate(kind)?;
         return Ok(());
     }
     if cli.list_methods {
-        let mut out = std::io::stdout().lock();
-        for m in executor_protocol::methods::ALL_REQUESTS {
-            std::io::Write::write_all(&mut out, format!("{m}\n").as_bytes())?;
-        }
-        return Ok(());
+        return print_methods();
     }
-    // A configuration that cannot be used stops the agent before it serves
-    // anything: the message names the file, the line and the key.
-    let config =
-        match executor_agent::config::Config::load(cli.config.as_deref(), cli.profile.as_deref()) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("executor: invalid configuration: {e}");
-                std::process::exit(78); // EX_CONFIG
-            }
-        };
-    if !config.profile.allow_root && nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "executor: profile {} does not allow running as root (allow_root = false)",
-            config.profile.name.as_deref().unwrap_or("")
-        );
-        std::process::exit(77); // EX_NOPERM
-    }
-    // What an agent killed mid-job left (job directories, placeholders of
-    // carve-outs); never what a live agent's job holds.
-    match executor_sandbox::plan::sweep() {
-        Ok(gone) if !gone.is_empty() => {
-            tracing::info!(removed = ?gone, "removed what a killed agent's jobs left")
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "cannot remove what a killed agent's jobs left"),
-    }
+    let config = usable_config(&cli);
+    sweep_leftovers();
     // The process that forks every job's supervisor, started from the main
     // thread (its parent-death signal follows the thread that started it,
     // and this one lives as long as the agent). A failure here is retried
@@ -152,6 +116,107 @@ fn main() -> anyhow::Result<()> {
     match ending {
         executor_agent::conn::Ending::BadLength => std::process::exit(2),
         _ => Ok(()),
+    }
+}
+
+/// Under an authorized_keys forced command, the client's own request is in
+/// SSH_ORIGINAL_COMMAND: accept only the executor itself (true: answered
+/// here, nothing more to do).
+fn answer_forced_command() -> anyhow::Result<bool> {
+    if let Some(original) = std::env::var_os("SSH_ORIGINAL_COMMAND") {
+        use executor_agent::forced::{judge, Forced};
+        match judge(&original.to_string_lossy()) {
+            Forced::Serve => {}
+            Forced::Version => {
+                let mut out = std::io::stdout();
+                std::io::Write::write_all(
+                    &mut out,
+                    format!("executor {}\n", env!("CARGO_PKG_VERSION")).as_bytes(),
+                )?;
+                return Ok(true);
+            }
+            Forced::Refuse(why) => {
+                eprintln!("executor: {why}");
+                std::process::exit(2);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// `--list-methods`: every request method of the protocol, one per line.
+fn print_methods() -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for m in executor_protocol::methods::ALL_REQUESTS {
+        std::io::Write::write_all(&mut out, format!("{m}\n").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The configuration this connection runs under, or the agent exits with
+/// the reason (a bad file, root where the profile forbids it, an audit log
+/// that cannot be written).
+fn usable_config(cli: &Cli) -> executor_agent::config::Config {
+    // A configuration that cannot be used stops the agent before it serves
+    // anything: the message names the file, the line and the key.
+    let config =
+        match executor_agent::config::Config::load(cli.config.as_deref(), cli.profile.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("executor: invalid configuration: {e}");
+                std::process::exit(78); // EX_CONFIG
+            }
+        };
+    if !config.profile.allow_root && nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "executor: profile {} does not allow running as root (allow_root = false)",
+            config.profile.name.as_deref().unwrap_or("")
+        );
+        std::process::exit(77); // EX_NOPERM
+    }
+    // An audit log that cannot be written stops the agent here, before the
+    // preamble, so the client gets this message and the exit status (the
+    // session opens it again for its own use).
+    if let Err(e) =
+        executor_agent::audit::Audit::open(&config.audit, config.profile.name.as_deref())
+    {
+        eprintln!("executor: cannot start: {e}");
+        std::process::exit(73); // EX_CANTCREAT
+    }
+    config
+}
+
+/// What an agent killed mid-job left (job directories, placeholders of
+/// carve-outs), removed; never what a live agent's job holds.
+fn sweep_leftovers() {
+    match executor_sandbox::plan::sweep() {
+        Ok(gone) if !gone.is_empty() => {
+            tracing::info!(removed = ?gone, "removed what a killed agent's jobs left")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot remove what a killed agent's jobs left"),
+    }
+}
+
+/// The agent's helpers are started through `/proc/self/exe`, whose name
+/// (`exe`) the kernel gives them as comm: `executor` instead, so `ps -e`
+/// and `top` show what they are (argv[0] is `executor` already).
+fn name_this_process() {
+    let _ = nix::sys::prctl::set_name(c"executor");
+}
+
+/// Started by hand on a terminal (stdin a tty), say on stderr what this
+/// is and how to use it; stdout stays the protocol's. Under ssh or a
+/// client stdin is a pipe and nothing is printed.
+fn greet_a_terminal() {
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        eprintln!(
+            "executor {}: the agent of executor-client, speaking its binary protocol on stdin/stdout.\n\
+             It is meant to be started by a client, e.g. `executor-client --target ssh://HOST run -- CMD`\n\
+             (or `ssh HOST executor` from a program). `executor --help` lists its options;\n\
+             press Ctrl-D to end this session.",
+            env!("CARGO_PKG_VERSION")
+        );
     }
 }
 
@@ -215,7 +280,7 @@ fn generate(kind: &str) -> anyhow::Result<()> {
     use clap::CommandFactory;
     let (mut cmd, mut text) = (Cli::command(), Vec::new());
     match kind {
-        "man" => clap_mangen::Man::new(cmd).render(&mut text)?,
+        "man" => man_page(cmd, &mut text)?,
         shell => {
             let shell: clap_complete::Shell = shell.parse().map_err(|_| {
                 anyhow::anyhow!("--generate: {shell:?} is not man, bash, zsh or fish")
@@ -226,6 +291,65 @@ fn generate(kind: &str) -> anyhow::Result<()> {
     std::io::Write::write_all(&mut std::io::stdout().lock(), &text)?;
     Ok(())
 }
+
+/// The man page as `executor-client`'s is made: clap_mangen for NAME,
+/// SYNOPSIS, DESCRIPTION and OPTIONS, then EXIT STATUS, ENVIRONMENT, FILES
+/// and EXAMPLES written here (naming no page that is not shipped).
+fn man_page(cmd: clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let man = clap_mangen::Man::new(cmd);
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    man.render_options_section(out)?;
+    out.extend_from_slice(MAN_SECTIONS.as_bytes());
+    man.render_version_section(out)
+}
+
+const MAN_SECTIONS: &str = r#".SH "EXIT STATUS"
+.TP
+\fB0\fR
+The connection ended (the client closed it).
+.TP
+\fB2\fR
+Bad usage, a forced command refused (SSH_ORIGINAL_COMMAND), or a framing error on the connection.
+.TP
+\fB77\fR
+The profile does not allow running as root (allow_root = false).
+.TP
+\fB78\fR
+The configuration cannot be used (the message names the file, line and key).
+.SH ENVIRONMENT
+.TP
+\fBRUST_LOG\fR
+The log filter (default warn); logs go to stderr, never stdout.
+.TP
+\fBEXECUTOR_LOG_JSON\fR
+\fB1\fR: logs as JSON lines, as with \fB\-\-log\-json\fR.
+.TP
+\fBSSH_ORIGINAL_COMMAND\fR
+Set by sshd under an authorized_keys forced command: only \fBexecutor\fR (or \fBexecutor \-\-version\fR) is served.
+.TP
+\fBXDG_RUNTIME_DIR\fR, \fBHOME\fR
+Where detached sessions keep their sockets.
+.SH FILES
+.TP
+\fI/etc/executor/config.toml\fR
+The configuration (limits, HTTP policy, profiles, audit); a missing default file means the built-in defaults.
+.TP
+\fI$XDG_RUNTIME_DIR/executor/\fR, \fI/tmp/executor\-UID/\fR, \fI~/.cache/executor/run/\fR
+Sockets of detached sessions (the first private one).
+.SH EXAMPLES
+.TP
+\fBssh devbox executor\fR
+What a client runs: the agent speaks the protocol on stdin/stdout.
+.TP
+\fBcommand="executor \-\-profile ci",restrict ssh\-ed25519 AAAA...\fR
+An authorized_keys line that serves only the agent, under profile ci.
+.TP
+\fBexecutor \-\-list\-methods\fR
+Print every request method.
+"#;
 
 fn init_tracing(json: bool) {
     use tracing_subscriber::EnvFilter;

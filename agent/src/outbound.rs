@@ -5,6 +5,9 @@
 //! frame it; and [`Outbound`], where a session's notifications go (the
 //! connection attached to it, if any), with typed pushes for bulk data
 //! ([`Outbound::notify_output`], [`Outbound::notify_body_delta`]).
+//! The agent's own requests to the client (`network/policyRequest`, §8)
+//! go out and their answers come back here too ([`Outbound::request`],
+//! [`Outbound::deliver`]).
 //!
 //! The bottom layer of the agent: it depends on the protocol crate only;
 //! the tables, the session, the handlers, dispatch and the connection all
@@ -13,11 +16,13 @@
 use bytes::Bytes;
 use executor_protocol::message::{
     encode_body_delta_head, encode_error, encode_notification, encode_output_head,
-    encode_read_block_head, encode_response, EncodeError,
+    encode_read_block_head, encode_request, encode_response, EncodeError,
 };
 use executor_protocol::types::process::OutputStream;
 use executor_protocol::{ErrorCode, WireError};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -63,6 +68,28 @@ impl OutFrame {
 pub struct Outbound {
     notes: Arc<std::sync::RwLock<Option<mpsc::Sender<OutFrame>>>>,
     max_frame: usize,
+    requests: Arc<AgentRequests>,
+}
+
+/// The agent's requests awaiting an answer, and which connection may be
+/// asked (the one whose `initialize` declared `agent_requests`).
+#[derive(Debug, Default)]
+struct AgentRequests {
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Result<rmpv::Value, WireError>>>>,
+    answering: std::sync::RwLock<Option<mpsc::Sender<OutFrame>>>,
+}
+
+/// Why a request to the client got no answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestError {
+    /// No connection is attached, or the attached one did not declare
+    /// `capabilities.agent_requests`.
+    NoClient,
+    /// No answer in time.
+    Timeout,
+    /// The client answered with an error.
+    Answered(WireError),
 }
 
 /// Why a notification could not be queued.
@@ -217,6 +244,83 @@ impl Outbound {
         Outbound {
             notes: Arc::new(std::sync::RwLock::new(None)),
             max_frame,
+            requests: Arc::new(AgentRequests::default()),
+        }
+    }
+
+    /// Record whether the connection whose notifications go to `tx` answers
+    /// the agent's requests (its `initialize` capabilities).
+    pub(crate) fn set_answers_requests(&self, tx: &mpsc::Sender<OutFrame>, yes: bool) {
+        *self.requests.answering.write().expect("answering lock") = yes.then(|| tx.clone());
+    }
+
+    /// Whether the attached connection answers the agent's requests.
+    pub fn client_answers_requests(&self) -> bool {
+        self.answering_channel().is_some()
+    }
+
+    fn answering_channel(&self) -> Option<mpsc::Sender<OutFrame>> {
+        let notes = self.notes.read().expect("notes lock");
+        let answering = self.requests.answering.read().expect("answering lock");
+        match (notes.as_ref(), answering.as_ref()) {
+            (Some(n), Some(a)) if n.same_channel(a) => Some(n.clone()),
+            _ => None,
+        }
+    }
+
+    /// Send the client the request `method` and wait at most `timeout` for
+    /// its answer (queueing counts against the same time).
+    pub async fn request<P: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+        timeout: Duration,
+    ) -> Result<rmpv::Value, RequestError> {
+        let tx = self.answering_channel().ok_or(RequestError::NoClient)?;
+        let id = self.requests.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut bytes = Vec::new();
+        if let Err(e) = encode_request(&mut bytes, id, method, params, self.max_frame) {
+            tracing::error!(method, error = %e, "cannot encode a request to the client");
+            return Err(RequestError::NoClient);
+        }
+        let (otx, orx) = tokio::sync::oneshot::channel();
+        self.requests
+            .pending
+            .lock()
+            .expect("pending lock")
+            .insert(id, otx);
+        let exchange = async {
+            tx.send(OutFrame::new(bytes))
+                .await
+                .map_err(|_| RequestError::NoClient)?;
+            orx.await.map_err(|_| RequestError::NoClient)
+        };
+        let out = match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(RequestError::Answered(e)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(RequestError::Timeout),
+        };
+        self.requests
+            .pending
+            .lock()
+            .expect("pending lock")
+            .remove(&id);
+        out
+    }
+
+    /// A response from the client: to the request `id` if one waits for it
+    /// (`false`: nobody asked, or it timed out).
+    pub fn deliver(&self, id: u64, result: Result<rmpv::Value, WireError>) -> bool {
+        let waiting = self
+            .requests
+            .pending
+            .lock()
+            .expect("pending lock")
+            .remove(&id);
+        match waiting {
+            Some(tx) => tx.send(result).is_ok(),
+            None => false,
         }
     }
 
@@ -320,6 +424,19 @@ impl Outbound {
             .map_err(|_| NotifyError::Closed)
     }
 
+    /// Queue a notification, waiting at most `patience` for room.
+    pub async fn notify_within<P: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+        patience: Duration,
+    ) -> Result<(), NotifyError> {
+        let Some(frame) = notification_frame(method, params, self.max_frame) else {
+            return Ok(());
+        };
+        self.notify_frame_within(frame, patience).await
+    }
+
     /// Queue a notification, waiting for room (for rare, must-deliver ones).
     pub async fn notify<P: serde::Serialize>(
         &self,
@@ -330,5 +447,98 @@ impl Outbound {
             return Ok(());
         };
         self.notify_frame(frame).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::message::{encode_response, Incoming};
+
+    fn whole(f: &OutFrame) -> Vec<u8> {
+        let mut v = f.bytes.clone();
+        v.extend_from_slice(f.tail.as_deref().unwrap_or_default());
+        v
+    }
+
+    #[test]
+    fn a_block_reply_is_the_bytes_of_its_value_with_the_data_by_reference() {
+        #[derive(serde::Serialize)]
+        struct Block {
+            eof: bool,
+            #[serde(with = "serde_bytes")]
+            data: Vec<u8>,
+        }
+        let data = Bytes::from_static(b"0123456789");
+        let f = reply_frame(
+            7,
+            Ok(Reply::Block {
+                eof: true,
+                data: data.clone(),
+            }),
+            1 << 20,
+        );
+        assert_eq!(f.tail.as_ref(), Some(&data), "sent by reference");
+        let mut want = Vec::new();
+        let value = Block {
+            eof: true,
+            data: data.to_vec(),
+        };
+        encode_response(&mut want, Some(7), &value, 1 << 20).unwrap();
+        assert_eq!(whole(&f), want);
+        assert!(f.error.is_none() && f.on_queued.is_none());
+    }
+
+    #[test]
+    fn a_stream_reply_fires_when_queued_and_errors_carry_their_code() {
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        let f = reply_frame(
+            1,
+            Ok(Reply::Stream {
+                head: Box::new(5u8),
+                started: tx,
+            }),
+            1 << 20,
+        );
+        assert!(f.on_queued.is_some());
+        let e = WireError::new(ErrorCode::NotFound, "gone");
+        let f = reply_frame(2, Err(e), 1 << 20);
+        assert_eq!(f.error, Some(ErrorCode::NotFound));
+        match Incoming::decode(&f.bytes[4..]).unwrap() {
+            Incoming::Response {
+                id: Some(2),
+                result: Err(e),
+            } => assert_eq!(e.message, "gone"),
+            other => panic!("{other:?}"),
+        }
+        // A result above the frame limit is answered `internal`.
+        let f = reply_frame(3, Ok(Reply::value(vec![0u8; 64])), 16);
+        assert_eq!(f.error, Some(ErrorCode::Internal));
+    }
+
+    #[tokio::test]
+    async fn a_detached_session_drops_notifications() {
+        let out = Outbound::new(1 << 20);
+        let pushed = out
+            .notify_output(
+                "proc-1",
+                0,
+                OutputStream::Stdout,
+                Bytes::new(),
+                Duration::ZERO,
+            )
+            .await;
+        assert_eq!(pushed, Err(NotifyError::Closed));
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        out.attach(tx.clone());
+        out.notify_body_delta(4, 0, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await.unwrap().tail.as_deref(), Some(&b"x"[..]));
+        out.detach(&tx);
+        assert_eq!(
+            out.notify_body_delta(4, 1, Bytes::new()).await,
+            Err(NotifyError::Closed)
+        );
     }
 }

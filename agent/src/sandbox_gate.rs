@@ -52,8 +52,9 @@ pub enum Decision {
     /// No intent: run as is.
     Unconfined,
     /// Enforce the plan (it owns the job's private directory and
-    /// placeholders until the job ends).
-    Enforce(Box<Plan>),
+    /// placeholders until the job ends), with the egress rules of a
+    /// `network: {"allow_hosts": ...}` intent (§8).
+    Enforce(Box<Plan>, Option<Box<crate::egress::Rules>>),
     /// Nothing can be enforced here and the intent allows that.
     Degraded(Vec<String>),
 }
@@ -114,6 +115,15 @@ fn narrow(mut req: Policy, profile: Policy, param: &str) -> Result<Policy, WireE
         (NetworkIntent::AllowTcpConnect(allowed), NetworkIntent::AllowTcpConnect(asked)) => {
             asked.iter().all(|p| allowed.contains(p))
         }
+        // Hosts by name within the profile's: each pattern one of the
+        // profile's (as written), and no `ask` unless the profile asks.
+        (NetworkIntent::AllowHosts(allowed), NetworkIntent::AllowHosts(asked)) => {
+            asked
+                .allow_hosts
+                .iter()
+                .all(|h| allowed.allow_hosts.contains(h))
+                && (allowed.ask || !asked.ask)
+        }
         _ => false,
     };
     if !ok_net {
@@ -161,6 +171,13 @@ pub fn gate(
     let Some(policy) = effective_policy(intent, cwd, param, profile)? else {
         return Ok(Decision::Unconfined);
     };
+    // A bad pattern is invalid_params whatever this host can enforce.
+    let egress = match &policy.network {
+        NetworkIntent::AllowHosts(e) => {
+            Some(Box::new(crate::egress::Rules::from_intent(e, param)?))
+        }
+        _ => None,
+    };
     let required = policy.required;
     if !caps.enforceable() {
         let why = caps.to_wire().reason.unwrap_or_default();
@@ -175,7 +192,7 @@ pub fn gate(
         ]));
     }
     match executor_sandbox::plan::plan(&policy, caps, param) {
-        Ok(plan) => Ok(Decision::Enforce(Box::new(plan))),
+        Ok(plan) => Ok(Decision::Enforce(Box::new(plan), egress)),
         Err(PlanError::Unavailable(what)) => Err(unavailable(what)),
         Err(e @ PlanError::Io { .. }) => Err(WireError::new(ErrorCode::Io, e.to_string())),
         Err(e) => Err(WireError::new(ErrorCode::Internal, e.to_string())),
@@ -183,12 +200,20 @@ pub fn gate(
 }
 
 impl Decision {
+    /// The egress rules of the job, taken out (before [`Decision::into_parts`]).
+    pub fn take_egress(&mut self) -> Option<crate::egress::Rules> {
+        match self {
+            Decision::Enforce(_, e) => e.take().map(|e| *e),
+            _ => None,
+        }
+    }
+
     /// (the plan for the trampoline, what the job owns on the host, what
     /// was not enforced) for a spawn.
     pub fn into_parts(self) -> (Option<WirePlan>, JobFiles, Option<Vec<String>>) {
         match self {
             Decision::Unconfined => (None, JobFiles::default(), None),
-            Decision::Enforce(p) => {
+            Decision::Enforce(p, _) => {
                 let p = *p;
                 (
                     Some(p.wire),

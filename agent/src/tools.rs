@@ -1,11 +1,12 @@
 //! `tools/list`: the tool contracts this agent owns, MCP-style (one per
 //! tool method of the protocol's table).
+//!
+//! A handler module: it uses the session, nothing above it.
 
 use crate::session::Session;
 use executor_protocol::methods as m;
 use executor_protocol::types::exec::{DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_YIELD_TIME_MS};
-use executor_protocol::types::session::{ToolSpec, ToolsListResult};
-use executor_protocol::types::Empty;
+use executor_protocol::types::session::{ToolSpec, ToolsListParams, ToolsListResult};
 use executor_protocol::WireError;
 use serde_json::json;
 use std::sync::Arc;
@@ -67,6 +68,6 @@ pub fn specs() -> Vec<ToolSpec> {
 }
 
 /// `tools/list`
-pub async fn list(_s: &Arc<Session>, _p: Empty) -> Result<ToolsListResult, WireError> {
+pub async fn list(_s: &Arc<Session>, _p: ToolsListParams) -> Result<ToolsListResult, WireError> {
     Ok(ToolsListResult { tools: specs() })
 }

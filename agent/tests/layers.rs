@@ -14,7 +14,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("tables", &["tables"]),
     // What the session and the handlers use beside the tables:
     // configuration, the audit log, the destination policy, the HTTP
-    // client, the sandbox gate, forced commands.
+    // client, the sandbox gate, forced commands, the login environment,
+    // the egress proxy of jobs.
     (
         "support",
         &[
@@ -24,6 +25,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "http_client",
             "sandbox_gate",
             "forced",
+            "login_env",
+            "egress",
         ],
     ),
     ("session", &["session"]),

@@ -11,6 +11,14 @@
 //! digest with `sha256sum` and only then renames it into place. A corrupted
 //! upload is deleted, never installed.
 //!
+//! The directory is made and checked writable before anything is sent (a
+//! refusal is [`BootstrapError::RemoteDir`] with the host's message); a
+//! platform without a build is [`BootstrapError::NoBuild`] naming the
+//! `packaging/build-dist.sh` target that makes it. Later connections find
+//! the installed copy through `executor_protocol::launch` (see
+//! `SshOptions::remote_command`); [`check`] reports what a host has
+//! without installing.
+//!
 //! The remote script is this module's own text; the only values put into
 //! it are the version and a base directory that is checked to be a plain
 //! path (it never carries input as shell code).
@@ -32,15 +40,19 @@ pub enum BootstrapError {
     Io(#[from] std::io::Error),
     #[error("the host answered {0:?} instead of `uname -sm` output")]
     Probe(String),
-    #[error("no agent build for {platform} in {dist} (expected {expected}; have: {available})")]
+    #[error("no agent build for {platform} in {dist} (expected {expected}; have: {available}); build it with `packaging/build-dist.sh {target}` on a machine with that Rust target (see the README's install section)")]
     NoBuild {
         platform: String,
         dist: PathBuf,
         expected: PathBuf,
         available: String,
+        /// The `build-dist.sh` argument that makes the missing build.
+        target: String,
     },
-    #[error("this key is restricted to the executor by a forced command on the host, so bootstrap cannot run its installer there; install the package, or bootstrap with a key that may run commands ({0})")]
-    ForcedCommand(String),
+    #[error("this key may only run the executor (a forced command on the host), so bootstrap cannot install there: install the package on the host, or bootstrap with a key that may run commands")]
+    ForcedCommand,
+    #[error("cannot install into {dir} on the host: {message}")]
+    RemoteDir { dir: String, message: String },
     #[error("the upload was corrupted in transit: {0}")]
     ChecksumMismatch(String),
     #[error("{0:?} is not a plain directory path")]
@@ -64,15 +76,31 @@ pub struct Installed {
 }
 
 /// `uname -sm` → `linux-x86_64`, `linux-aarch64`, `darwin-aarch64`, ...
+/// (`None` for words of anything but letters, digits and `_`: the host's
+/// answer becomes a path below the dist folder).
 pub fn platform_of(uname: &str) -> Option<String> {
     let mut it = uname.split_whitespace();
     let (os, arch) = (it.next()?, it.next()?);
+    let plain = |w: &str| w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !plain(os) || !plain(arch) {
+        return None;
+    }
     let arch = match arch {
         "arm64" => "aarch64",
         "amd64" => "x86_64",
         a => a,
     };
     Some(format!("{}-{arch}", os.to_ascii_lowercase()))
+}
+
+/// The `packaging/build-dist.sh` target that builds `platform`
+/// (`linux-aarch64` → `aarch64-unknown-linux-gnu.2.17`).
+pub fn build_target(platform: &str) -> String {
+    match platform.split_once('-') {
+        Some(("linux", arch)) => format!("{arch}-unknown-linux-gnu.2.17"),
+        Some(("darwin", arch)) => format!("{arch}-apple-darwin"),
+        _ => format!("<the Rust target of {platform}>"),
+    }
 }
 
 fn sha256_hex(data: &[u8]) -> String {
@@ -98,11 +126,32 @@ fn script(remote_dir: &str) -> Result<String, BootstrapError> {
     let version = env!("CARGO_PKG_VERSION");
     Ok(format!(
         r#"set -e
-uname -sm
-IFS= read -r want
+umask 077
 d="{remote_dir}/{version}"
-mkdir -p "$d"
-t="$d/.executor.upload.$$"
+if ! err=$(mkdir -p "$d" 2>&1); then
+  echo "$err" >&2
+  exit 4
+fi
+if [ ! -w "$d" ]; then
+  echo "$d is not writable by $(id -un)" >&2
+  exit 4
+fi
+# Another user must not be able to swap what is installed here.
+if [ ! -O "$d" ]; then
+  echo "$d is not owned by $(id -un); nothing installed" >&2
+  exit 4
+fi
+case $(ls -ld "$d") in
+  ?????w*|????????w*)
+    echo "$d is writable by others; nothing installed" >&2
+    exit 4;;
+esac
+uname -sm
+if ! IFS= read -r want; then
+  rmdir "$d" 2>/dev/null || true
+  exit 5
+fi
+t=$(mktemp "$d/.executor.upload.XXXXXX")
 trap 'rm -f "$t"' EXIT
 cat > "$t"
 got=$(sha256sum "$t" | cut -d' ' -f1)
@@ -144,6 +193,7 @@ pub async fn bootstrap(
                     })
                     .unwrap_or_default();
                 Err(BootstrapError::NoBuild {
+                    target: build_target(platform),
                     platform: platform.into(),
                     dist: dist.into(),
                     expected,
@@ -157,6 +207,129 @@ pub async fn bootstrap(
         }
     })
     .await
+}
+
+/// What `bootstrap --check` found on a host; nothing is installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// `<os>-<arch>` from `uname -sm` (`None` under a forced command).
+    pub platform: Option<String>,
+    /// The agent a connection starts: the bootstrapped copy for this
+    /// client's version, else `executor` on the PATH (`None`: neither, or
+    /// a forced command hides it).
+    pub path: Option<String>,
+    /// Whether `path` is the bootstrapped copy.
+    pub installed: bool,
+    /// Its SHA-256, hex.
+    pub sha256: Option<String>,
+    /// The key only runs the executor (`authorized_keys` forced command).
+    pub forced_command: bool,
+    /// The agent's `initialize` answer: version and sandbox capabilities
+    /// (`None` when no agent started; then `error` says why).
+    pub agent: Option<executor_protocol::types::session::InitializeResult>,
+    /// Why no agent answered.
+    pub error: Option<String>,
+}
+
+impl Check {
+    /// The report as JSON (what `bootstrap --check` prints).
+    pub fn to_json(&self) -> serde_json::Value {
+        let agent = self.agent.as_ref();
+        serde_json::json!({
+            "platform": self.platform,
+            "path": self.path,
+            "source": match (&self.path, self.installed) {
+                (None, _) => None,
+                (Some(_), true) => Some("bootstrapped copy"),
+                (Some(_), false) => Some("PATH"),
+            },
+            "sha256": self.sha256,
+            "forced_command": self.forced_command,
+            "version": agent.map(|a| &a.agent.version),
+            "sandbox": agent.map(|a| &a.sandbox),
+            "error": self.error,
+        })
+    }
+}
+
+fn check_script(remote_dir: &str) -> Result<String, BootstrapError> {
+    // The same validation as the installer's directory.
+    script(remote_dir)?;
+    let version = env!("CARGO_PKG_VERSION");
+    Ok(format!(
+        r#"uname -sm
+p="{remote_dir}/{version}/executor"
+if [ -x "$p" ]; then echo "installed $p"
+elif p=$(command -v executor); then echo "path $p"
+else echo none; exit 0
+fi
+sha256sum "$p" | cut -d' ' -f1
+"#
+    ))
+}
+
+/// Report what `host` has, without installing: the agent a connection
+/// would start (the bootstrapped copy in `remote_dir`, default
+/// [`DEFAULT_REMOTE_DIR`], else the PATH), its SHA-256, and what it
+/// answers to `initialize` (version, sandbox capabilities).
+pub async fn check(
+    host: &str,
+    ssh: &SshOptions,
+    remote_dir: Option<&str>,
+) -> Result<Check, BootstrapError> {
+    let text = check_script(remote_dir.unwrap_or(DEFAULT_REMOTE_DIR))?;
+    let mut cmd = ssh.base_command(host)?;
+    cmd.arg(text).stdin(std::process::Stdio::null());
+    let out = cmd.output().await.map_err(|source| Error::Spawn {
+        program: ssh.ssh_program.display().to_string(),
+        source,
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut found = Check {
+        platform: None,
+        path: None,
+        installed: false,
+        sha256: None,
+        forced_command: false,
+        agent: None,
+        error: None,
+    };
+    if out.status.code() == Some(2) && stderr.contains("may only run the executor") {
+        found.forced_command = true;
+    } else if !out.status.success() {
+        return Err(BootstrapError::Failed {
+            code: out.status.code(),
+            stderr: stderr.trim().to_string(),
+        });
+    } else {
+        let mut lines = stdout.lines();
+        found.platform = lines.next().and_then(platform_of);
+        match lines.next().and_then(|l| l.split_once(' ')) {
+            Some((kind, path)) => {
+                found.installed = kind == "installed";
+                found.path = Some(path.to_string());
+                found.sha256 = lines.next().map(str::to_string);
+            }
+            None => {
+                found.error = Some("no bootstrapped copy and no executor on the PATH".into());
+                return Ok(found);
+            }
+        }
+    }
+    let mut at = ssh.clone();
+    if let Some(p) = &found.path {
+        at.remote_command = p.clone();
+        at.subsystem = false;
+    }
+    match crate::Client::connect_ssh(host, &at, crate::ClientOptions::default()).await {
+        Ok(c) => {
+            found.agent = Some(c.initialize_result().clone());
+            let _ = c.close().await;
+        }
+        Err(e) => found.error = Some(e.to_string()),
+    }
+    Ok(found)
 }
 
 impl crate::Client {
@@ -236,7 +409,13 @@ where
         let status = child.wait().await?;
         let stderr = err_task.await.unwrap_or_default();
         if status.code() == Some(2) && stderr.contains("may only run the executor") {
-            return Err(BootstrapError::ForcedCommand(stderr.trim().to_string()));
+            return Err(BootstrapError::ForcedCommand);
+        }
+        if status.code() == Some(4) {
+            return Err(BootstrapError::RemoteDir {
+                dir: remote_dir.unwrap_or(DEFAULT_REMOTE_DIR).to_string(),
+                message: stderr.trim().to_string(),
+            });
         }
         if !status.success() {
             return Err(BootstrapError::Failed {
@@ -249,19 +428,34 @@ where
     let (bytes, digest) = match pick(&platform) {
         Ok(b) => b,
         Err(e) => {
+            // End of input: the host removes the version directory it
+            // made and exits.
             drop(stdin);
-            let _ = child.kill().await;
+            let wait = std::time::Duration::from_secs(5);
+            if tokio::time::timeout(wait, child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
             return Err(e);
         }
     };
-    stdin.write_all(format!("{digest}\n").as_bytes()).await?;
-    stdin.write_all(&bytes).await?;
-    stdin.shutdown().await?;
+    // A host that stops reading (a full disk, a killed shell) shows as a
+    // broken pipe here: its exit status and stderr say why.
+    let sent = async {
+        stdin.write_all(format!("{digest}\n").as_bytes()).await?;
+        stdin.write_all(&bytes).await?;
+        stdin.shutdown().await
+    }
+    .await;
     drop(stdin);
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).await?;
     let status = child.wait().await?;
     let stderr = err_task.await.unwrap_or_default();
+    if let Err(e) = sent {
+        if status.success() {
+            return Err(e.into());
+        }
+    }
     match status.code() {
         Some(0) => {
             let mut lines = rest.lines();
@@ -297,6 +491,7 @@ mod tests {
             Some("darwin-aarch64")
         );
         assert_eq!(platform_of("").as_deref(), None);
+        assert_eq!(platform_of("Linux ../../x").as_deref(), None);
         assert!(script("$HOME/.local/lib/executor").is_ok());
         assert!(script("/opt/executor").is_ok());
         for bad in [

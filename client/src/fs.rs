@@ -18,14 +18,99 @@ pub const BLOCK: u64 = 1 << 20;
 pub const WINDOW: usize = 8;
 
 impl Client {
-    /// `fs/stat`
+    /// A request whose answer is `{}`.
+    async fn empty_request<P: serde::Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<(), Error> {
+        self.request::<_, Empty>(method, params).await.map(|_| ())
+    }
+
+    /// `fs/stat`, following a final symlink.
     pub async fn stat(&self, path: impl Into<WirePath>) -> Result<StatResult, Error> {
+        self.stat_with(path, true).await
+    }
+
+    /// `fs/stat`; with `follow_symlinks: false` a final symlink is
+    /// described itself.
+    pub async fn stat_with(
+        &self,
+        path: impl Into<WirePath>,
+        follow_symlinks: bool,
+    ) -> Result<StatResult, Error> {
         self.request(
             m::FS_STAT,
             &StatParams {
                 path: path.into(),
-                follow_symlinks: true,
-                sandbox: None,
+                follow_symlinks,
+                sandbox: self.intent(),
+                cwd: None,
+            },
+        )
+        .await
+    }
+
+    /// `fs/canonicalize`: the absolute path with every symlink, `.` and
+    /// `..` resolved.
+    pub async fn canonicalize(&self, path: impl Into<WirePath>) -> Result<WirePath, Error> {
+        let r: PathResult = self
+            .request(
+                m::FS_CANONICALIZE,
+                &CanonicalizeParams {
+                    path: path.into(),
+                    sandbox: self.intent(),
+                    cwd: None,
+                },
+            )
+            .await?;
+        Ok(r.path)
+    }
+
+    /// `fs/createDirectory` (`recursive`: `mkdir -p`).
+    pub async fn create_directory(
+        &self,
+        path: impl Into<WirePath>,
+        recursive: bool,
+    ) -> Result<(), Error> {
+        self.empty_request(
+            m::FS_CREATE_DIRECTORY,
+            &CreateDirectoryParams {
+                path: path.into(),
+                recursive,
+                sandbox: self.intent(),
+                cwd: None,
+            },
+        )
+        .await
+    }
+
+    /// `fs/remove` (a directory needs `recursive` unless it is empty).
+    pub async fn remove(&self, path: impl Into<WirePath>, recursive: bool) -> Result<(), Error> {
+        self.empty_request(
+            m::FS_REMOVE,
+            &RemoveParams {
+                path: path.into(),
+                recursive,
+                sandbox: self.intent(),
+                cwd: None,
+            },
+        )
+        .await
+    }
+
+    /// `fs/rename` (an existing file at `to` is replaced).
+    pub async fn rename(
+        &self,
+        from: impl Into<WirePath>,
+        to: impl Into<WirePath>,
+    ) -> Result<(), Error> {
+        self.empty_request(
+            m::FS_RENAME,
+            &RenameParams {
+                from: from.into(),
+                to: to.into(),
+                sandbox: self.intent(),
                 cwd: None,
             },
         )
@@ -41,7 +126,7 @@ impl Client {
                     path: path.into(),
                     offset: None,
                     length: None,
-                    sandbox: None,
+                    sandbox: self.intent(),
                     cwd: None,
                 },
             )
@@ -51,7 +136,7 @@ impl Client {
 
     /// `fs/writeFile`, atomic.
     pub async fn write_file(&self, path: impl Into<WirePath>, data: &[u8]) -> Result<(), Error> {
-        self.request::<_, Empty>(
+        self.empty_request(
             m::FS_WRITE_FILE,
             &WriteFileParams {
                 path: path.into(),
@@ -59,12 +144,11 @@ impl Client {
                 mode: None,
                 create_parents: false,
                 atomic: true,
-                sandbox: None,
+                sandbox: self.intent(),
                 cwd: None,
             },
         )
         .await
-        .map(|_| ())
     }
 
     /// Stream a file of any size: `fs/open`, then `fs/readBlock` with up to
@@ -79,7 +163,7 @@ impl Client {
                 m::FS_OPEN,
                 &OpenParams {
                     path: path.into(),
-                    sandbox: None,
+                    sandbox: self.intent(),
                     cwd: None,
                 },
             )
@@ -122,7 +206,7 @@ impl Client {
                     path: path.into(),
                     mode,
                     create_parents: false,
-                    sandbox: None,
+                    sandbox: self.intent(),
                     cwd: None,
                 },
             )
@@ -150,7 +234,7 @@ impl Client {
                     }
                 }
                 inflight.push_back(
-                    self.call(
+                    self.start_call(
                         m::FS_WRITE_BLOCK,
                         &WriteBlockParams {
                             handle: h.handle,
@@ -168,14 +252,11 @@ impl Client {
                 c.result::<Empty>().await?;
             }
             let r: CommitResult = self
-                .request(
-                    m::FS_COMMIT,
-                    &HandleParams {
-                        handle: h.handle,
-                        sandbox: None,
-                        cwd: None,
-                    },
-                )
+                .call(&CommitParams {
+                    handle: h.handle,
+                    sandbox: None,
+                    cwd: None,
+                })
                 .await?;
             Ok::<u64, Error>(r.size)
         }
@@ -183,14 +264,11 @@ impl Client {
         if result.is_err() {
             // Discard the temp file; the error that matters is the first.
             let _ = self
-                .request::<_, Empty>(
-                    m::FS_CLOSE,
-                    &HandleParams {
-                        handle: h.handle,
-                        sandbox: None,
-                        cwd: None,
-                    },
-                )
+                .call(&CloseParams {
+                    handle: h.handle,
+                    sandbox: None,
+                    cwd: None,
+                })
                 .await;
         }
         result
@@ -202,12 +280,15 @@ impl Client {
     }
 
     /// A whole walk, page by page (following `next_cursor`), calling `each`
-    /// with every page. Stops at a truncation that has no cursor (max_depth).
+    /// with every page (under this client's intent when `params` has none). Stops at a truncation that has no cursor (max_depth).
     pub async fn walk(
         &self,
         mut params: WalkParams,
         mut each: impl FnMut(&WalkResult),
     ) -> Result<(), Error> {
+        if params.sandbox.is_none() {
+            params.sandbox = self.intent();
+        }
         loop {
             let page = self.walk_page(&params).await?;
             each(&page);
@@ -250,7 +331,7 @@ impl ReadState {
         while self.inflight.len() < WINDOW && self.next <= self.size {
             let call = self
                 .client
-                .call(
+                .start_call(
                     m::FS_READ_BLOCK,
                     &ReadBlockParams {
                         handle: self.handle,
@@ -304,14 +385,11 @@ impl ReadState {
     async fn close(&mut self) {
         let _ = self
             .client
-            .request::<_, Empty>(
-                m::FS_CLOSE,
-                &HandleParams {
-                    handle: self.handle,
-                    sandbox: None,
-                    cwd: None,
-                },
-            )
+            .call(&CloseParams {
+                handle: self.handle,
+                sandbox: None,
+                cwd: None,
+            })
             .await;
     }
 }

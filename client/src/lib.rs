@@ -5,7 +5,10 @@
 //! stdio of a command it spawns (the local `executor`, or
 //! `ssh devbox executor`), and does `initialize` for you.
 //!
-//! - many requests in flight, matched by id ([`Client::request`]);
+//! - many requests in flight, matched by id ([`Client::request`]), or
+//!   typed by the protocol's method table: [`Client::call`] takes any
+//!   params type and answers its result type (`client.call(&StatParams {
+//!   .. })` is `fs/stat`, answered as a `StatResult`);
 //! - notifications by subscription ([`Client::subscribe`]);
 //! - typed errors: [`Error::Remote`] carries the agent's [`WireError`] and its
 //!   [`ErrorCode`]; transport trouble is [`Error::Io`] / [`Error::Closed`];
@@ -43,14 +46,53 @@
 //! client.close().await?;
 //! # Ok::<(), executor_client::Error>(()) }).unwrap();
 //! ```
+//!
+//! Sandboxed, as `landrun --rw DIR cmd`: build an intent with
+//! [`sandbox::Intent`], give it to a job (`ProcessStartParams::sandbox`) or
+//! to every fs request of a client ([`Client::with_sandbox`]).
+//!
+//! ```
+//! # std::env::set_var("EXECUTOR_BIN", concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/executor"));
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use executor_client::sandbox::{Intent, Net};
+//! use executor_client::{Client, ErrorCode, Target};
+//! use executor_protocol::types::process::ProcessStartParams;
+//!
+//! let work = std::env::temp_dir().join(format!("executor-doc-sbx-{}", std::process::id()));
+//! std::fs::create_dir_all(&work).unwrap();
+//! let work = work.to_str().unwrap().to_string();
+//! let intent = Intent::new().write(work.as_str()).net(Net::Deny).build();
+//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
+//!
+//! let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())].into();
+//! let script = format!("touch {work}/ok && touch /etc/not-ok");
+//! let mut params = ProcessStartParams::new(vec!["sh".into(), "-c".into(), script], "/", env);
+//! params.sandbox = Some(intent.clone());
+//! let job = client.start(&params).await?;
+//! assert!(job.sandbox_degraded().is_empty(), "all of it enforced");
+//! let status = job.wait().await?;
+//! assert!(status.sandbox_denied && !status.success());
+//!
+//! // The fs helpers under the same intent.
+//! let confined = client.with_sandbox(Some(intent));
+//! confined.write_file(format!("{work}/f").as_str(), b"in").await?;
+//! let denied = confined.write_file("/etc/executor-doc", b"out").await.unwrap_err();
+//! assert_eq!(denied.code(), Some(ErrorCode::SandboxDenied));
+//! # std::fs::remove_dir_all(&work).unwrap();
+//! client.close().await?;
+//! # Ok::<(), executor_client::Error>(()) }).unwrap();
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+pub mod egress;
 pub mod fs;
 pub mod http;
 #[cfg(feature = "native-ssh")]
 pub mod native_ssh;
 mod process;
+pub mod sandbox;
+mod stderr_relay;
 pub mod target;
 
 pub use executor_protocol as protocol;
@@ -66,7 +108,6 @@ use executor_protocol::types::session::{
     ClientInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
     SessionParams, ToolsListResult,
 };
-use executor_protocol::types::Empty;
 use executor_protocol::{methods, MAX_PREAMBLE_NOISE, PREAMBLE, PROTOCOL_VERSION};
 use rmpv::Value;
 use serde::de::DeserializeOwned;
@@ -102,6 +143,20 @@ pub enum Error {
     /// A request could not be encoded (too large for a frame).
     #[error("cannot send {method}: {message}")]
     Encode { method: String, message: String },
+    /// The transport command (`ssh`, the local `executor`) ended before
+    /// the agent answered `initialize` (a configuration error, a refused
+    /// profile, no agent on the host, ssh's own failure): its exit code
+    /// (`None` when a signal ended it), its status as text and the last of
+    /// its stderr (already passed on to ours). `ssh` exits 255 for its own
+    /// failures and passes on 127 from a remote shell that did not find the
+    /// command.
+    #[error("{program} exited {} before the agent started: {stderr}", .code.map_or_else(|| status.clone(), |c| c.to_string()))]
+    Exited {
+        program: String,
+        code: Option<i32>,
+        status: String,
+        stderr: String,
+    },
     /// The transport command could not be started.
     #[error("cannot start {program}: {source}")]
     Spawn {
@@ -109,6 +164,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The preamble or `initialize` did not arrive in time
+    /// ([`ClientOptions::connect_timeout`]).
+    #[error("no answer from the agent within {after:?} ({what})")]
+    Timeout {
+        what: &'static str,
+        after: std::time::Duration,
+    },
+    /// The agent's preamble names another wire version.
+    #[error("the agent speaks wire {agent}, this client speaks {PROTOCOL_VERSION}")]
+    WireVersion { agent: String },
 }
 
 impl Error {
@@ -217,14 +282,40 @@ pub struct ClientOptions {
     pub client_name: String,
     /// Session options sent with `initialize`.
     pub session: Option<SessionParams>,
+    /// The bound on the preamble and on the `initialize` answer, each
+    /// ([`Error::Timeout`] past it); `None` waits for ever. Default 30 s.
+    pub connect_timeout: Option<std::time::Duration>,
+    /// Answers the agent's `network/policyRequest` (jobs with egress by
+    /// name and `"ask": true`); with it, `initialize` declares
+    /// `capabilities.agent_requests`.
+    pub egress_policy: Option<egress::EgressPolicy>,
 }
+
+/// The default [`ClientOptions::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             client_name: "executor-client".into(),
             session: None,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            egress_policy: None,
         }
+    }
+}
+
+/// `fut`, bounded by `limit` when there is one.
+async fn bounded<T>(
+    limit: Option<std::time::Duration>,
+    what: &'static str,
+    fut: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match limit {
+        Some(after) => tokio::time::timeout(after, fut)
+            .await
+            .map_err(|_| Error::Timeout { what, after })?,
+        None => fut.await,
     }
 }
 
@@ -249,6 +340,9 @@ struct Inner {
     next_id: AtomicU64,
     shared: Mutex<Shared>,
     max_frame: usize,
+    /// Answers requests from the agent, on the writer's queue (weak: the
+    /// connection closes when the client lets go of it).
+    answers: Option<(egress::EgressPolicy, mpsc::WeakSender<Vec<u8>>)>,
 }
 
 struct Conn {
@@ -267,6 +361,8 @@ struct Conn {
 #[derive(Clone)]
 pub struct Client {
     conn: Arc<Conn>,
+    /// The intent the fs helpers send ([`Client::with_sandbox`]).
+    intent: Option<Arc<executor_protocol::types::sandbox::SandboxIntent>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -381,12 +477,22 @@ impl Client {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let leftover = read_preamble(&mut reader).await?;
+        let limit = options.connect_timeout;
+        let leftover = bounded(
+            limit,
+            "waiting for the preamble",
+            read_preamble(&mut reader),
+        )
+        .await?;
         let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(1024);
         let inner = Arc::new(Inner {
             next_id: AtomicU64::new(1),
             shared: Mutex::new(Shared::default()),
             max_frame: MAX_FRAME_BYTES as usize,
+            answers: options
+                .egress_policy
+                .clone()
+                .map(|p| (p, out_tx.downgrade())),
         });
         tokio::spawn(write_loop(writer, out_rx, Arc::downgrade(&inner)));
         tokio::spawn(read_loop(reader, leftover, inner.clone()));
@@ -397,11 +503,19 @@ impl Client {
                 version: env!("CARGO_PKG_VERSION").into(),
             },
             session: options.session.clone(),
+            capabilities: options.egress_policy.is_some().then_some(
+                executor_protocol::types::session::ClientCapabilities {
+                    agent_requests: true,
+                },
+            ),
         };
-        let init: InitializeResult = send_call(&inner, &out_tx, methods::INITIALIZE, &params)
-            .await?
-            .result()
-            .await?;
+        let init: InitializeResult = bounded(limit, "waiting for the initialize answer", async {
+            send_call(&inner, &out_tx, methods::INITIALIZE, &params)
+                .await?
+                .result()
+                .await
+        })
+        .await?;
         Ok(Client {
             conn: Arc::new(Conn {
                 inner,
@@ -410,12 +524,36 @@ impl Client {
                 child: Mutex::new(None),
                 keep: Mutex::new(None),
             }),
+            intent: None,
         })
+    }
+
+    /// This client (the same connection) with `intent` sent on every
+    /// request of its fs helpers (`stat`, `read_stream`, `write_stream`,
+    /// `walk`, …); `None` sends none (the profile's default intent applies).
+    pub fn with_sandbox(
+        &self,
+        intent: Option<executor_protocol::types::sandbox::SandboxIntent>,
+    ) -> Client {
+        Client {
+            conn: self.conn.clone(),
+            intent: intent.map(Arc::new),
+        }
+    }
+
+    /// The intent the fs helpers send.
+    pub fn sandbox(&self) -> Option<&executor_protocol::types::sandbox::SandboxIntent> {
+        self.intent.as_deref()
+    }
+
+    pub(crate) fn intent(&self) -> Option<executor_protocol::types::sandbox::SandboxIntent> {
+        self.intent.as_deref().cloned()
     }
 
     /// Spawn `command` (which must speak the protocol on its stdio, e.g. the
     /// local `executor` or `ssh host executor`) and connect to it. Its stderr
-    /// is inherited.
+    /// is passed on to ours (see `stderr_relay`); when it ends before the
+    /// agent answered, the error is [`Error::Exited`] with its own words.
     pub async fn spawn(
         mut command: tokio::process::Command,
         options: ClientOptions,
@@ -428,11 +566,25 @@ impl Client {
         command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|source| Error::Spawn {
+        let child = command.spawn().map_err(|source| Error::Spawn {
             program: program.clone(),
             source,
         })?;
+        Client::from_child(child, &program, options).await
+    }
+
+    /// Connect to a transport command already spawned with piped stdin and
+    /// stdout (for a caller that must act between the spawn and the
+    /// preamble, e.g. hand it the terminal). When the connection fails
+    /// because the command exited first, the error is [`Error::Exited`]
+    /// with its exit status (and the last of its stderr when it is piped).
+    pub async fn from_child(
+        mut child: tokio::process::Child,
+        program: &str,
+        options: ClientOptions,
+    ) -> Result<Client, Error> {
         let stdin = child
             .stdin
             .take()
@@ -441,7 +593,17 @@ impl Client {
             .stdout
             .take()
             .ok_or_else(|| Error::Closed("child has no stdout".into()))?;
-        let client = Client::connect(stdout, stdin, options).await?;
+        let relay = child.stderr.take().map(stderr_relay::Relay::start);
+        let client = match Client::connect(stdout, stdin, options).await {
+            Ok(c) => c,
+            Err(e) if !ended_early(&e) => return Err(e),
+            Err(e) => {
+                return Err(match relay {
+                    Some(r) => r.explain(&mut child, program, e).await,
+                    None => stderr_relay::explain_inherited(&mut child, program, e).await,
+                })
+            }
+        };
         *client.conn.child.lock().expect("child lock") = Some(child);
         Ok(client)
     }
@@ -540,8 +702,9 @@ impl Client {
             .ok_or_else(|| Error::Closed("the client was closed".into()))
     }
 
-    /// Send a request; the returned [`Call`] resolves to its answer.
-    pub async fn call<P: Serialize>(&self, method: &str, params: &P) -> Result<Call, Error> {
+    /// Send a request by method name; the returned [`Call`] resolves to its
+    /// answer; its id is what [`Client::cancel`] takes.
+    pub async fn start_call<P: Serialize>(&self, method: &str, params: &P) -> Result<Call, Error> {
         send_call(&self.conn.inner, &self.sender()?, method, params).await
     }
 
@@ -551,7 +714,18 @@ impl Client {
         method: &str,
         params: &P,
     ) -> Result<R, Error> {
-        self.call(method, params).await?.result().await
+        self.start_call(method, params).await?.result().await
+    }
+
+    /// Send the request `params` belong to (the method comes from the
+    /// protocol's table, [`executor_protocol::methods::Request`]) and wait
+    /// for its typed result: `client.call(&StatParams { .. })` is
+    /// `fs/stat`, answered as a `StatResult`.
+    pub async fn call<P: executor_protocol::methods::Request>(
+        &self,
+        params: &P,
+    ) -> Result<P::Result, Error> {
+        self.request(P::METHOD, params).await
     }
 
     /// Send a notification.
@@ -651,13 +825,13 @@ impl Client {
 
     /// `environment/info`
     pub async fn environment_info(&self) -> Result<EnvironmentInfo, Error> {
-        self.request(methods::ENVIRONMENT_INFO, &EnvironmentInfoParams {})
-            .await
+        self.call(&EnvironmentInfoParams {}).await
     }
 
     /// `tools/list`
     pub async fn tools_list(&self) -> Result<ToolsListResult, Error> {
-        self.request(methods::TOOLS_LIST, &Empty {}).await
+        self.call(&executor_protocol::types::session::ToolsListParams {})
+            .await
     }
 
     /// Close the connection: the agent sees EOF and ends the session; wait
@@ -720,6 +894,9 @@ async fn send_call<P: Serialize>(
 async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut, Error> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     loop {
+        if let Some(agent) = other_wire_version(&buf) {
+            return Err(Error::WireVersion { agent });
+        }
         if let Some(at) = find(&buf, PREAMBLE) {
             if at > MAX_PREAMBLE_NOISE {
                 return Err(preamble_error(
@@ -739,9 +916,35 @@ async fn read_preamble<R: AsyncRead + Unpin>(reader: &mut R) -> Result<BytesMut,
         buf.reserve(8 * 1024);
         let n = reader.read_buf(&mut buf).await?;
         if n == 0 {
-            return Err(preamble_error(&buf, "the stream ended before the preamble"));
+            return Err(preamble_error(&buf, ENDED_BEFORE_PREAMBLE));
         }
     }
+}
+
+const ENDED_BEFORE_PREAMBLE: &str = "the stream ended before the preamble";
+
+/// Whether `e` says the transport ended (then its exit status and stderr
+/// say why), not that it spoke something else.
+fn ended_early(e: &Error) -> bool {
+    match e {
+        Error::Preamble { reason, .. } => reason == ENDED_BEFORE_PREAMBLE,
+        Error::Closed(_) | Error::Io(_) => true,
+        _ => false,
+    }
+}
+
+/// The version of a preamble of another wire version in `buf`
+/// (`\0EXECUTOR-WIRE<N>\n`, N not ours), once its newline arrived.
+fn other_wire_version(buf: &[u8]) -> Option<String> {
+    let stem = &PREAMBLE[..PREAMBLE.len() - 2];
+    let at = find(buf, stem)?;
+    let rest = &buf[at + stem.len()..];
+    let end = rest.iter().take(12).position(|&b| b == b'\n')?;
+    let version = &rest[..end];
+    (!version.is_empty()
+        && version.iter().all(u8::is_ascii_digit)
+        && version != PROTOCOL_VERSION.to_string().as_bytes())
+    .then(|| String::from_utf8_lossy(version).into_owned())
 }
 
 fn preamble_error(seen: &[u8], reason: &str) -> Error {
@@ -754,6 +957,52 @@ fn preamble_error(seen: &[u8], reason: &str) -> Error {
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Answer a request from the agent (only `network/policyRequest` exists),
+/// in a task of its own: the reader goes on meanwhile.
+fn answer_agent(inner: &Inner, id: u64, method: &str, frame: &[u8]) {
+    let Some((policy, out)) = inner.answers.clone() else {
+        tracing::debug!(
+            method,
+            "ignoring a request from the agent (no agent_requests capability)"
+        );
+        return;
+    };
+    let max = inner.max_frame;
+    let params = (method == methods::NETWORK_POLICY_REQUEST)
+        .then(|| executor_protocol::message::Incoming::decode(frame).ok())
+        .flatten()
+        .and_then(|m| match m {
+            executor_protocol::message::Incoming::Request { params, .. } => {
+                executor_protocol::message::from_params::<
+                    executor_protocol::types::network::PolicyRequestParams,
+                >(params)
+                .ok()
+            }
+            _ => None,
+        });
+    let method = method.to_string();
+    tokio::spawn(async move {
+        let mut bytes = Vec::new();
+        let encoded = match params {
+            Some(p) => {
+                let answer = policy.decide(p).await;
+                executor_protocol::message::encode_response(&mut bytes, Some(id), &answer, max)
+            }
+            None => executor_protocol::message::encode_error(
+                &mut bytes,
+                Some(id),
+                &WireError::method_not_found(&method),
+                max,
+            ),
+        };
+        if encoded.is_ok() {
+            if let Some(tx) = out.upgrade() {
+                let _ = tx.send(bytes).await;
+            }
+        }
+    });
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner: Arc<Inner>) {
@@ -822,8 +1071,9 @@ fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
         .map_err(|e| format!("undecodable message from the agent: {e}"))?;
     let mut shared = inner.shared.lock().expect("client lock");
     if let Some(method) = peek.method {
-        if peek.id.is_some() {
-            tracing::debug!(method, "ignoring a request from the agent");
+        if let Some(id) = peek.id {
+            drop(shared);
+            answer_agent(inner, id, &method, &frame);
             return Ok(());
         }
         let (process_id, stream_id) = peek

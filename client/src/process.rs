@@ -32,6 +32,9 @@ pub struct ExitStatus {
     pub code: Option<i32>,
     pub signal: Option<String>,
     pub signal_number: Option<i32>,
+    /// The job ran under a sandbox that denied it something
+    /// (`process/exited` `sandbox_denied`).
+    pub sandbox_denied: bool,
 }
 
 impl ExitStatus {
@@ -46,6 +49,15 @@ impl ExitStatus {
     }
 }
 
+/// The Linux number of a conventional signal name.
+fn signal_number(name: &str) -> Option<i32> {
+    const NAMES: [&str; 15] = [
+        "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
+        "SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM",
+    ];
+    NAMES.iter().position(|n| *n == name).map(|i| i as i32 + 1)
+}
+
 /// A job started with `process/start`. Output arrives as pushed
 /// `process/output` notifications; any gap (output produced before this
 /// handle subscribed, or while the agent had to stop pushing) is filled
@@ -55,11 +67,15 @@ pub struct Process {
     client: Client,
     id: String,
     pid: u32,
+    sandbox_degraded: Vec<String>,
     sub: Subscription,
     next_seq: u64,
     ready: VecDeque<Output>,
     exited: Option<ProcessExited>,
     done: bool,
+    /// Taken up again after it started ([`Client::attach_process`]): an
+    /// exit seen by `process/read` ends the stream.
+    attached: bool,
 }
 
 impl Client {
@@ -73,12 +89,51 @@ impl Client {
             client: self.clone(),
             id: r.process_id,
             pid: r.pid,
+            sandbox_degraded: r.sandbox_degraded.unwrap_or_default(),
             sub,
             next_seq: 0,
             ready: VecDeque::new(),
             exited: None,
             done: false,
+            attached: false,
         })
+    }
+
+    /// A handle on a job that already runs (or ran) in this session, for
+    /// example after resuming a detached session: its output from the
+    /// first chunk still held, then as it arrives.
+    pub async fn attach_process(&self, process_id: &str) -> Result<Process, Error> {
+        let sub = self.subscribe_process(
+            &[m::PROCESS_OUTPUT, m::PROCESS_EXITED, m::PROCESS_LAGGED],
+            process_id,
+        );
+        let pid = self
+            .process_list()
+            .await?
+            .processes
+            .into_iter()
+            .find(|p| p.process_id == process_id)
+            .map(|p| p.pid)
+            .ok_or_else(|| {
+                Error::Remote(crate::WireError::new(
+                    crate::ErrorCode::UnknownProcess,
+                    format!("no process {process_id:?} in this session"),
+                ))
+            })?;
+        let mut p = Process {
+            client: self.clone(),
+            id: process_id.to_string(),
+            pid,
+            sandbox_degraded: Vec::new(),
+            sub,
+            next_seq: 0,
+            ready: VecDeque::new(),
+            exited: None,
+            done: false,
+            attached: true,
+        };
+        p.catch_up().await?;
+        Ok(p)
     }
 
     /// `exec_command`
@@ -93,7 +148,7 @@ impl Client {
 
     /// `process/list`
     pub async fn process_list(&self) -> Result<ProcessListResult, Error> {
-        self.request(m::PROCESS_LIST, &Empty {}).await
+        self.call(&ProcessListParams {}).await
     }
 }
 
@@ -111,6 +166,12 @@ impl Process {
     /// The host pid of the program.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// What of the sandbox intent was not enforced (only with
+    /// `required: false`; empty when all of it was, or there was none).
+    pub fn sandbox_degraded(&self) -> &[String] {
+        &self.sandbox_degraded
     }
 
     /// Write to its stdin.
@@ -205,7 +266,18 @@ impl Process {
                 });
             }
         }
-        Ok(r.exited.is_some() && self.next_seq >= r.next_seq)
+        let all = r.exited.is_some() && self.next_seq >= r.next_seq;
+        if let (true, true, None, Some(e)) = (all, self.attached, &self.exited, &r.exited) {
+            self.exited = Some(ProcessExited {
+                process_id: self.id.clone(),
+                exit_code: e.exit_code,
+                signal: e.signal.clone(),
+                signal_number: e.signal.as_deref().and_then(signal_number),
+                final_seq: r.next_seq.checked_sub(1),
+                sandbox_denied: None,
+            });
+        }
+        Ok(all)
     }
 
     /// The next chunk of output, in seq order; `None` once the job exited
@@ -281,6 +353,7 @@ impl Process {
             code: e.exit_code,
             signal: e.signal.clone(),
             signal_number: e.signal_number,
+            sandbox_denied: e.sandbox_denied == Some(true),
         })
     }
 }

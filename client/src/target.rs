@@ -27,14 +27,31 @@ impl Target {
             Some((u, h)) => (Some(u.to_string()), h),
             None => (None, rest),
         };
-        let (host, port) = match hostport.rsplit_once(':') {
-            Some((h, p)) if !h.contains(':') => {
-                let port = p
-                    .parse::<u16>()
-                    .map_err(|_| format!("invalid port {p:?} in target {s:?}"))?;
-                (h.to_string(), Some(port))
+        let (host, port) = match hostport.strip_prefix('[') {
+            // `[v6]` or `[v6]:port`: the brackets are the URL's, not ssh's.
+            Some(inner) => {
+                let (h, after) = inner
+                    .split_once(']')
+                    .ok_or_else(|| format!("unclosed [ in target {s:?}"))?;
+                let port = match after {
+                    "" => None,
+                    p => Some(
+                        p.strip_prefix(':')
+                            .and_then(|p| p.parse::<u16>().ok())
+                            .ok_or_else(|| format!("invalid port {p:?} in target {s:?}"))?,
+                    ),
+                };
+                (h.to_string(), port)
             }
-            _ => (hostport.to_string(), None),
+            None => match hostport.rsplit_once(':') {
+                Some((h, p)) if !h.contains(':') => {
+                    let port = p
+                        .parse::<u16>()
+                        .map_err(|_| format!("invalid port {p:?} in target {s:?}"))?;
+                    (h.to_string(), Some(port))
+                }
+                _ => (hostport.to_string(), None),
+            },
         };
         let valid = |v: &str| {
             !v.is_empty()
@@ -58,7 +75,11 @@ impl Target {
         match self {
             Target::Local => {
                 let bin = local_executor()?;
-                Ok(tokio::process::Command::new(bin))
+                let mut cmd = tokio::process::Command::new(bin);
+                // Its own process group: a Ctrl-C on the terminal reaches
+                // the client only, which decides what the jobs get.
+                cmd.process_group(0);
+                Ok(cmd)
             }
             Target::Ssh { user, host, port } => {
                 let opts = SshOptions {
@@ -84,10 +105,18 @@ pub struct SshOptions {
     pub identity: Option<std::path::PathBuf>,
     /// Extra `-o KEY=VALUE` options, each passed as its own argument.
     pub options: Vec<String>,
+    /// `-F CONFIG`: the ssh configuration file.
+    pub config: Option<std::path::PathBuf>,
+    /// `-J DESTINATION[,…]`: ProxyJump hosts.
+    pub jump: Option<String>,
     /// Request the `executor` subsystem (`ssh -s`) instead of a command.
     pub subsystem: bool,
     /// The remote command (or subsystem name): a plain path, never a shell
-    /// string. Default `executor`.
+    /// string. Default `executor`, which runs the launcher of
+    /// `executor_protocol::launch`: the copy `bootstrap` installed for this
+    /// client's version (`~/.local/lib/executor/<version>/executor`) if the
+    /// host has it, else `executor` from the PATH (the one used is logged
+    /// at info level, target `executor_client`).
     pub remote_command: String,
     /// The ssh program. Default `ssh`.
     pub ssh_program: std::path::PathBuf,
@@ -100,6 +129,8 @@ impl Default for SshOptions {
             port: None,
             identity: None,
             options: Vec::new(),
+            config: None,
+            jump: None,
             subsystem: false,
             remote_command: "executor".into(),
             ssh_program: "ssh".into(),
@@ -132,7 +163,16 @@ impl SshOptions {
             return Err(bad("remote command", rc));
         }
         let mut cmd = self.base_command(host)?;
-        cmd.arg(rc);
+        match executor_protocol::launch::command(env!("CARGO_PKG_VERSION")) {
+            Some(launcher) if rc == "executor" && !self.subsystem => {
+                tracing::debug!(
+                    installed = %executor_protocol::launch::installed_path(env!("CARGO_PKG_VERSION")),
+                    "starting the agent: the bootstrapped copy if the host has it, else executor from the PATH"
+                );
+                cmd.arg(launcher)
+            }
+            _ => cmd.arg(rc),
+        };
         Ok(cmd)
     }
 
@@ -159,6 +199,15 @@ impl SshOptions {
         }
         if let Some(i) = &self.identity {
             cmd.arg("-i").arg(i);
+        }
+        if let Some(f) = &self.config {
+            cmd.arg("-F").arg(f);
+        }
+        if let Some(j) = &self.jump {
+            if j.is_empty() || j.starts_with('-') || j.chars().any(char::is_whitespace) {
+                return Err(bad("ProxyJump", j));
+            }
+            cmd.arg("-J").arg(j);
         }
         for o in &self.options {
             if !o.contains('=') || o.contains('\n') || o.starts_with('-') {
@@ -253,6 +302,47 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         assert_eq!(args, vec!["-T", "-p", "22", "-s", "--", "box", "executor"]);
+        // Not a subsystem, no path given: the launcher (installed copy first).
+        let cmd = SshOptions::default().command("box").unwrap();
+        let last = cmd
+            .as_std()
+            .get_args()
+            .last()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            executor_protocol::launch::version_of(&last),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+        // A path given: exactly that.
+        let o = SshOptions {
+            remote_command: "/opt/executor".into(),
+            ..Default::default()
+        };
+        let cmd = o.command("box").unwrap();
+        assert_eq!(cmd.as_std().get_args().last().unwrap(), "/opt/executor");
         assert!(Target::parse("ssh://a b").is_err());
+        assert_eq!(
+            Target::parse("ssh://me@[::1]:2222").unwrap(),
+            Target::Ssh {
+                user: Some("me".into()),
+                host: "::1".into(),
+                port: Some(2222)
+            }
+        );
+        assert_eq!(
+            Target::parse("[::1]").unwrap(),
+            Target::Ssh {
+                user: None,
+                host: "::1".into(),
+                port: None
+            }
+        );
+        let o = SshOptions {
+            jump: Some("-oProxyCommand=x".into()),
+            ..Default::default()
+        };
+        assert!(o.command("box").is_err());
     }
 }

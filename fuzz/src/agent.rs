@@ -62,6 +62,7 @@ pub fn initialize_frame() -> Vec<u8> {
             version: "0".into(),
         },
         session: None,
+        capabilities: None,
     };
     let mut out = Vec::new();
     encode_request(&mut out, 0, "initialize", &params, 1 << 24).expect("encode initialize");

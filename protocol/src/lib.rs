@@ -4,7 +4,11 @@
 //! the 16-byte [`PREAMBLE`], length-prefixed MessagePack [frames](codec),
 //! the [message envelope](message), the typed params and results of every
 //! method (one module per method family under [`types`]), the wire
-//! [error codes](error) and the [limits].
+//! [error codes](error) and the [limits]. [`methods`] is the one method
+//! table: each method's name, params type and result type, from which come
+//! the name constants, `ALL_REQUESTS`, params validation and the
+//! [`methods::Request`] impls a typed client call uses (one hop from a
+//! method to its wire types).
 //!
 //! This crate does **not** perform I/O: it never touches a file descriptor,
 //! a socket or an async runtime. It turns bytes into typed values and back,
@@ -70,6 +74,7 @@ mod wire_enum;
 
 pub mod codec;
 pub mod error;
+pub mod launch;
 pub mod limits;
 pub mod message;
 pub mod methods;

@@ -48,6 +48,13 @@ pub const MAX_DETACH_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 /// output for up to a day, so a client that detaches in a loop must not
 /// pile them up; a person or an orchestrator rarely needs more than a few.
 pub const MAX_DETACHED_SESSIONS: u64 = 16;
+/// Open proxied connections of one job (egress by name): each holds two
+/// sockets and at most 2 × [`EGRESS_BUFFER_BYTES`], so a job's egress costs
+/// the agent at most 32 MiB of buffers and 512 descriptors.
+pub const MAX_EGRESS_CONNECTIONS: u64 = 256;
+/// What one relayed connection buffers per direction: a slow reader slows
+/// the other side instead of growing the agent.
+pub const EGRESS_BUFFER_BYTES: usize = 64 * KIB as usize;
 /// MessagePack values in one incoming message: a decoded value costs up to
 /// 32 bytes, so this caps one message's decoded form near 32 MiB.
 pub const MAX_VALUES_PER_MESSAGE: u64 = 1 << 20;
@@ -75,6 +82,8 @@ pub struct Limits {
     /// Per user, not per session: the live session hosts of the agent's
     /// user, counted when a new `initialize` asks for `detach_ttl_ms`.
     pub max_detached_sessions: u64,
+    /// Per job with egress by name (docs/PROTOCOL.md §8).
+    pub max_egress_connections: u64,
 }
 
 impl Default for Limits {
@@ -95,6 +104,7 @@ impl Default for Limits {
             max_http_streams: MAX_HTTP_STREAMS,
             max_detach_ttl_ms: MAX_DETACH_TTL_MS,
             max_detached_sessions: MAX_DETACHED_SESSIONS,
+            max_egress_connections: MAX_EGRESS_CONNECTIONS,
         }
     }
 }

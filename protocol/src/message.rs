@@ -127,48 +127,9 @@ impl Incoming {
                 _ => {}
             }
         }
-        let id = match id {
-            None | Some(Value::Nil) => None,
-            Some(Value::Integer(i)) if i.as_u64().is_some() => i.as_u64(),
-            Some(other) => {
-                return Err(DecodeError::new(
-                    None,
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "\"id\" must be an unsigned integer, got {}",
-                        kind_of(&other)
-                    ),
-                ))
-            }
-        };
+        let id = message_id(id)?;
         if let Some(method) = method {
-            let method = match method {
-                Value::String(s) if s.as_str().is_some() => s.into_str().unwrap_or_default(),
-                other => {
-                    return Err(DecodeError::new(
-                        id,
-                        ErrorCode::InvalidRequest,
-                        format!("\"method\" must be a string, got {}", kind_of(&other)),
-                    ))
-                }
-            };
-            let params = match params {
-                None | Some(Value::Nil) => Value::Map(Vec::new()),
-                Some(p @ Value::Map(_)) => p,
-                Some(other) => {
-                    return Err(DecodeError {
-                        id,
-                        error: WireError::invalid_params(
-                            "params",
-                            format!("\"params\" must be a map, got {}", kind_of(&other)),
-                        ),
-                    })
-                }
-            };
-            return Ok(match id {
-                Some(id) => Incoming::Request { id, method, params },
-                None => Incoming::Notification { method, params },
-            });
+            return Self::request_or_notification(id, method, params);
         }
         if let Some(err) = error {
             let err: WireError = rmpv::ext::from_value(err).map_err(|e| {
@@ -201,6 +162,58 @@ impl Incoming {
             ErrorCode::InvalidRequest,
             "a message needs \"method\" (request, notification) or \"result\"/\"error\" (response)",
         ))
+    }
+    /// A message with a `method`: a request when it has an id, else a
+    /// notification; `params` absent or nil is `{}`, anything but a map is
+    /// `invalid_params`.
+    fn request_or_notification(
+        id: Option<u64>,
+        method: Value,
+        params: Option<Value>,
+    ) -> Result<Incoming, DecodeError> {
+        let method = match method {
+            Value::String(s) if s.as_str().is_some() => s.into_str().unwrap_or_default(),
+            other => {
+                return Err(DecodeError::new(
+                    id,
+                    ErrorCode::InvalidRequest,
+                    format!("\"method\" must be a string, got {}", kind_of(&other)),
+                ))
+            }
+        };
+        let params = match params {
+            None | Some(Value::Nil) => Value::Map(Vec::new()),
+            Some(p @ Value::Map(_)) => p,
+            Some(other) => {
+                return Err(DecodeError {
+                    id,
+                    error: WireError::invalid_params(
+                        "params",
+                        format!("\"params\" must be a map, got {}", kind_of(&other)),
+                    ),
+                })
+            }
+        };
+        Ok(match id {
+            Some(id) => Incoming::Request { id, method, params },
+            None => Incoming::Notification { method, params },
+        })
+    }
+}
+
+/// A message's `id`: absent or nil, or an unsigned integer.
+fn message_id(id: Option<Value>) -> Result<Option<u64>, DecodeError> {
+    match id {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::Integer(i)) if i.as_u64().is_some() => Ok(i.as_u64()),
+        Some(other) => Err(DecodeError::new(
+            None,
+            ErrorCode::InvalidRequest,
+            format!(
+                "\"id\" must be an unsigned integer, got {}",
+                kind_of(&other)
+            ),
+        )),
     }
 }
 

@@ -90,7 +90,19 @@ fn intent() -> impl Strategy<Value = SandboxIntent> {
         prop_oneof![
             Just(NetworkIntent::Deny),
             Just(NetworkIntent::Allow),
-            vec(any::<u16>(), 0..3).prop_map(NetworkIntent::AllowTcpConnect)
+            vec(any::<u16>(), 0..3).prop_map(NetworkIntent::AllowTcpConnect),
+            (
+                vec("[a-z*.:0-9]{1,12}", 0..3),
+                any::<bool>(),
+                0..=600_000u64
+            )
+                .prop_map(|(allow_hosts, ask, ask_timeout_ms)| {
+                    NetworkIntent::AllowHosts(executor_protocol::types::sandbox::EgressIntent {
+                        allow_hosts,
+                        ask,
+                        ask_timeout_ms,
+                    })
+                })
         ],
         any::<bool>(),
     )
@@ -162,6 +174,7 @@ rt!(
                 resume: r.map(|(session_id, token)| ResumeParams { session_id, token }),
                 detach_ttl_ms: ttl
             }),
+            capabilities: None,
         })
 );
 rt!(
@@ -224,6 +237,11 @@ rt!(
             network_rules: false,
             reason: None
         },
+        login_env: Some(executor_protocol::types::session::LoginEnvInfo {
+            taken: true,
+            duration_ms: Some(u64::from(uid)),
+            error: None,
+        }),
     })
 );
 rt!(
@@ -275,19 +293,21 @@ rt!(
                     notify,
                     output_buffer_bytes: obb,
                     tag,
+                    env_base: Default::default(),
                 }
             }
         )
 );
 rt!(
     process_start_result,
-    (s(), any::<u32>(), of(vec(s(), 0..3))).prop_map(|(process_id, pid, sandbox_degraded)| {
-        ProcessStartResult {
+    (s(), any::<u32>(), of(vec(s(), 0..3)), of(s())).prop_map(
+        |(process_id, pid, sandbox_degraded, proxy)| ProcessStartResult {
             process_id,
             pid,
             sandbox_degraded,
+            egress: proxy.map(|proxy| executor_protocol::types::network::EgressInfo { proxy }),
         }
-    })
+    )
 );
 rt!(
     process_output,
@@ -440,7 +460,8 @@ rt!(
                 additional_permissions,
                 additional_permissions_preapproved: pre,
                 justification,
-                exec_approval_requirement: None
+                exec_approval_requirement: None,
+                env_base: Default::default(),
             }
         )
 );
@@ -485,7 +506,8 @@ rt!(
                 process_id,
                 wall_time_ms,
                 sandbox_denied,
-                sandbox_degraded
+                sandbox_degraded,
+                egress: None,
             }
         )
 );

@@ -1,6 +1,10 @@
 //! # executor-sandbox
 //!
 //! Enforces an orchestrator's `SandboxIntent` with the host's own mechanism.
+//! Below the agent: its `sandbox_gate` turns a request's intent into a
+//! [`plan`], its spawn hands the plan to [`trampoline`] in a job spec, and
+//! the trampoline applies it before `execve`; this crate uses only the
+//! protocol crate's types.
 //! - [`Capabilities::probe`]: what this kernel can enforce (Landlock ABI,
 //!   seccomp filter mode, unprivileged user namespaces), reported in
 //!   `initialize.sandbox`;
@@ -47,18 +51,47 @@ pub const LANDLOCK_ABI_NET: u32 = 4;
 /// third layer: the PID and network namespaces already give both).
 pub const LANDLOCK_ABI_SCOPE: u32 = 6;
 
-/// The Landlock ABI the probe reports: the kernel's, or with the
-/// `test-hooks` feature, at most `EXECUTOR_TEST_LANDLOCK_ABI`.
-fn probed_landlock_abi() -> Option<u32> {
-    let real = sys::landlock_abi().ok();
+/// The Landlock ABI the probe reports (the kernel's, or with the
+/// `test-hooks` feature, at most `EXECUTOR_TEST_LANDLOCK_ABI`), or why
+/// there is none.
+fn probed_landlock_abi() -> Result<u32, String> {
+    let real = sys::landlock_abi().map_err(|e| landlock_missing(&e));
     #[cfg(feature = "test-hooks")]
     if let Some(n) = std::env::var("EXECUTOR_TEST_LANDLOCK_ABI")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
     {
-        return if n == 0 { None } else { real.map(|r| r.min(n)) };
+        return match n {
+            0 => Err(
+                "Landlock is not available in this kernel (EXECUTOR_TEST_LANDLOCK_ABI=0)".into(),
+            ),
+            n => real.map(|r| r.min(n)),
+        };
     }
     real
+}
+
+/// What the failed Landlock probe (`landlock_create_ruleset(VERSION)`)
+/// means.
+fn landlock_missing(e: &std::io::Error) -> String {
+    let why = match e.raw_os_error() {
+        Some(libc::ENOSYS) => "no Landlock in this kernel: older than Linux 5.13, or built without CONFIG_SECURITY_LANDLOCK".to_string(),
+        Some(libc::EOPNOTSUPP) => "Landlock is built in but disabled at boot (add landlock to the lsm= kernel parameter)".to_string(),
+        _ if !cfg!(target_os = "linux") => "Landlock is a Linux mechanism".to_string(),
+        _ => format!("the kernel refused the probe: {e}"),
+    };
+    format!(
+        "Landlock is not available: landlock_create_ruleset answered {} ({why})",
+        errno_name(e)
+    )
+}
+
+/// `ENOSYS (Function not implemented)`-style text for an OS error.
+fn errno_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => format!("{}", nix::errno::Errno::from_raw(n)),
+        None => e.to_string(),
+    }
 }
 
 /// What this host offers, as probed from the kernel.
@@ -68,17 +101,28 @@ pub struct Capabilities {
     pub landlock_abi: Option<u32>,
     /// seccomp in filter mode is available.
     pub seccomp_filter: bool,
-    /// An unprivileged process may create a user namespace.
+    /// This agent may create a user namespace (tried, not guessed).
     pub user_namespaces: bool,
+    /// For each mechanism above that is missing, what the probe met: the
+    /// call, the kernel's answer and the likely cause.
+    pub missing: Vec<String>,
 }
 
 impl Capabilities {
     /// Probe the running kernel. Cheap: a few syscalls and `/proc` reads.
     pub fn probe() -> Self {
+        let mut missing = Vec::new();
+        let landlock_abi = probed_landlock_abi().map_err(|m| missing.push(m)).ok();
+        let seccomp_filter = sys::seccomp_filter_available();
+        if !seccomp_filter {
+            missing.push("seccomp filter mode is not available (PR_GET_SECCOMP failed or /proc/sys/kernel/seccomp/actions_avail is absent: a kernel without CONFIG_SECCOMP_FILTER)".into());
+        }
+        let user_namespaces = user_namespaces().map_err(|m| missing.push(m)).is_ok();
         Capabilities {
-            landlock_abi: probed_landlock_abi(),
-            seccomp_filter: sys::seccomp_filter_available(),
-            user_namespaces: user_namespaces_allowed(),
+            landlock_abi,
+            seccomp_filter,
+            user_namespaces,
+            missing,
         }
     }
 
@@ -114,15 +158,7 @@ impl Capabilities {
         if !cfg!(target_os = "linux") {
             missing.push("this agent enforces sandboxes on Linux only");
         }
-        if self.landlock_abi.is_none() {
-            missing.push("Landlock is not available in this kernel");
-        }
-        if !self.seccomp_filter {
-            missing.push("seccomp filter mode is not available");
-        }
-        if !self.user_namespaces {
-            missing.push("unprivileged user namespaces are disabled (needed for the job's own root, PID, IPC and network namespaces)");
-        }
+        missing.extend(self.missing.iter().map(String::as_str));
         let enforceable = self.enforceable();
         let network_rules = enforceable && self.landlock_abi.is_some_and(|a| a >= LANDLOCK_ABI_NET);
         if enforceable && !network_rules {
@@ -144,20 +180,49 @@ fn read_trimmed(path: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-fn user_namespaces_allowed() -> bool {
-    if !cfg!(target_os = "linux") {
-        return false;
+/// Whether this agent can create the job's user namespace: tried with
+/// [`sys::try_user_namespace`]; on failure, the kernel's answer and the
+/// knobs that explain it.
+fn user_namespaces() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        let Err(e) = sys::try_user_namespace() else {
+            return Ok(());
+        };
+        let mut causes = Vec::new();
+        if read_trimmed("/proc/sys/user/max_user_namespaces").is_some_and(|s| s == "0") {
+            causes.push("user.max_user_namespaces is 0 (RHEL 7's default)");
+        }
+        // Debian/Ubuntu knob; absent on mainline kernels.
+        if read_trimmed("/proc/sys/kernel/unprivileged_userns_clone").is_some_and(|s| s == "0") {
+            causes.push("kernel.unprivileged_userns_clone is 0");
+        }
+        // Ubuntu 24.04's AppArmor restriction.
+        if read_trimmed("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+            .is_some_and(|s| s == "1")
+        {
+            causes.push("kernel.apparmor_restrict_unprivileged_userns is 1");
+        }
+        let seccomp_mode = read_trimmed("/proc/self/status").and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim().to_string()))
+        });
+        if causes.is_empty() && seccomp_mode.as_deref() == Some("2") {
+            causes.push("a seccomp filter this agent runs under refuses it: a container runtime's or a parent's");
+        }
+        if causes.is_empty() {
+            causes.push("a security module or a container runtime refuses it");
+        }
+        Err(format!(
+            "user namespaces are not available to this agent: clone(CLONE_NEWUSER) answered {} ({}); a sandboxed job needs one for its own root, PID, IPC and network namespaces",
+            errno_name(&e),
+            causes.join("; ")
+        ))
     }
-    let max = read_trimmed("/proc/sys/user/max_user_namespaces")
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(0);
-    // Debian/Ubuntu knob; absent on mainline kernels (= allowed).
-    let clone_ok =
-        read_trimmed("/proc/sys/kernel/unprivileged_userns_clone").is_none_or(|s| s != "0");
-    // Ubuntu 24.04's AppArmor restriction.
-    let apparmor_ok = read_trimmed("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
-        .is_none_or(|s| s != "1");
-    max > 0 && clone_ok && apparmor_ok
+    #[cfg(not(target_os = "linux"))]
+    {
+        Err("user namespaces are a Linux mechanism".into())
+    }
 }
 
 #[cfg(test)]

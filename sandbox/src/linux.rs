@@ -66,6 +66,7 @@ pub enum Step {
     LandlockRestrict = 16,
     Seccomp = 17,
     Fork = 18,
+    Egress = 19,
 }
 
 impl Step {
@@ -90,6 +91,7 @@ impl Step {
             16 => "enforcing Landlock",
             17 => "installing the seccomp filter",
             18 => "forking the job",
+            19 => "opening the egress proxy port in the job's network namespace",
             _ => "an unknown sandbox step",
         }
     }
@@ -104,7 +106,7 @@ fn at<E: Into<io::Error>>(step: Step) -> impl FnOnce(E) -> (Step, io::Error) {
 /// The namespaces the job's init is created in (`clone` flags).
 pub fn namespace_flags(p: &WirePlan) -> libc::c_int {
     let mut f = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC;
-    if p.net == WireNet::Deny {
+    if p.net.own_namespace() {
         f |= libc::CLONE_NEWNET;
     }
     f
@@ -293,140 +295,48 @@ fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
 }
 
+/// Egress by name, in the init (inside the job's network namespace, still
+/// holding its capabilities there, before any confinement): `lo` up, a
+/// listener on `127.0.0.1:port` sent to the agent over `to_agent`, and
+/// closed here, so that only the agent accepts on it and the job never
+/// holds it.
+pub fn hand_over_egress_listener(port: u16, to_agent: BorrowedFd<'_>) -> StepResult<()> {
+    sys::loopback_up().map_err(at(Step::Egress))?;
+    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+        .map_err(at(Step::Egress))?;
+    sys::send_fds(
+        to_agent,
+        b"L",
+        &[listener.as_fd()],
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .map_err(at(Step::Egress))?;
+    drop(listener);
+    Ok(())
+}
+
 /// The host's device nodes every job gets.
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// The empty mode-000 file bound over `deny_read` files, made in the fresh
+/// root and unlinked from it once bound.
+const HIDDEN: &str = ".executor-hidden";
 
 /// Steps 1-4, in the init (pid 1 of the new PID namespace, still holding
 /// its capabilities in the new user namespace). `uid`/`gid` are the
 /// agent's, read before the clone. On return the process is inside the
 /// job's root, in `cwd`.
 pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> StepResult<Prepared> {
-    use nix::mount::{mount, MsFlags};
     write_id_maps(uid, gid).map_err(at(Step::IdMaps))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(at(Step::PrivateMounts))?;
+    make_mounts_private()?;
 
     // Everything is opened before the first mount changes the tree.
-    let mut mounts: Vec<Mount> = Vec::new();
-    let mut symlinks: Vec<(PathBuf, PathBuf)> = p
-        .symlinks
-        .iter()
-        .map(|(a, b)| {
-            (
-                PathBuf::from(OsStr::from_bytes(a)),
-                PathBuf::from(OsStr::from_bytes(b)),
-            )
-        })
-        .collect();
-    let mut grants = Grants {
-        read: Vec::new(),
-        write: Vec::new(),
-    };
-    match &p.read {
-        Some(roots) => {
-            for n in roots {
-                let fd = open_node(n).map_err(at(Step::Identity))?;
-                grants
-                    .read
-                    .push(fd.try_clone().map_err(at(Step::Identity))?);
-                mounts.push(Mount {
-                    rel: relative(n.path()),
-                    fd,
-                    kind: Kind::Read,
-                    tree: None,
-                });
-            }
-        }
-        None => {
-            // Everything but what the job gets its own of. Top-level
-            // entries are root's; each is opened once, without following.
-            let entries = std::fs::read_dir("/").map_err(at(Step::NewRoot))?;
-            for e in entries {
-                let e = e.map_err(at(Step::NewRoot))?;
-                let name = e.file_name();
-                let skip: &[&str] = if p.tmp.is_some() {
-                    &["dev", "proc", "tmp"]
-                } else {
-                    &["dev", "proc"]
-                };
-                if skip.iter().any(|s| OsStr::new(s) == name) {
-                    continue;
-                }
-                let abs = Path::new("/").join(&name);
-                if let Ok(to) = std::fs::read_link(&abs) {
-                    symlinks.push((abs, to));
-                    continue;
-                }
-                let fd =
-                    openat2(nix::fcntl::AT_FDCWD, &abs, no_follow()).map_err(at(Step::NewRoot))?;
-                mounts.push(Mount {
-                    rel: PathBuf::from(&name),
-                    fd,
-                    kind: Kind::Read,
-                    tree: None,
-                });
-            }
-        }
-    }
-    for n in &p.write {
-        let fd = open_node(n).map_err(at(Step::Identity))?;
-        grants
-            .write
-            .push(fd.try_clone().map_err(at(Step::Identity))?);
-        mounts.push(Mount {
-            rel: relative(n.path()),
-            fd,
-            kind: Kind::Write,
-            tree: None,
-        });
-    }
-    if let Some(n) = &p.tmp {
-        let fd = open_node(n).map_err(at(Step::Identity))?;
-        grants
-            .write
-            .push(fd.try_clone().map_err(at(Step::Identity))?);
-        mounts.push(Mount {
-            rel: PathBuf::from("tmp"),
-            fd,
-            kind: Kind::Tmp,
-            tree: None,
-        });
-    }
-    for (list, kind) in [
-        (&p.pin, Kind::Pin),
-        (&p.deny_write, Kind::DenyWrite),
-        (&p.deny_read, Kind::DenyRead),
-    ] {
-        for n in list {
-            let fd = open_node(n).map_err(at(Step::Identity))?;
-            mounts.push(Mount {
-                rel: relative(n.path()),
-                fd,
-                kind,
-                tree: None,
-            });
-        }
-    }
-    // Parents before children; at one path, roots before what covers them.
-    mounts.sort_by(|a, b| {
-        (a.rel.components().count(), a.kind).cmp(&(b.rel.components().count(), b.kind))
-    });
-    let mut devices = Vec::new();
-    for d in DEVICES {
-        let fd = openat2(
-            nix::fcntl::AT_FDCWD,
-            Path::new("/dev").join(d).as_path(),
-            no_follow(),
-        )
-        .map_err(at(Step::Dev))?;
-        devices.push((d, fd));
-    }
+    let Opened {
+        mut mounts,
+        symlinks,
+        grants,
+    } = open_mounts(p)?;
+    let devices = open_devices()?;
     // The job's own pts, opened in this mount namespace (fd 0 belongs to
     // the agent's, which cannot be cloned from here) and checked to be fd 0.
     let pts = if tty {
@@ -437,79 +347,11 @@ pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> St
 
     // Every clone is made before the staging mount below exists (a
     // recursive clone of the host's /tmp would otherwise contain it).
-    let read_only: Vec<PathBuf> = mounts
-        .iter()
-        .filter(|m| m.kind == Kind::DenyWrite)
-        .map(|m| m.rel.clone())
-        .collect();
-    for m in &mut mounts {
-        if let Some(mut set) = m.kind.attrs() {
-            // Never writable inside a read-only carve-out.
-            if read_only.iter().any(|r| m.rel.starts_with(r)) {
-                set |= sys::MOUNT_ATTR_RDONLY;
-            }
-            let tree = clone_with(m.fd.as_fd(), set).map_err(|e| {
-                (
-                    m.kind.step(),
-                    io::Error::new(e.kind(), format!("/{}: {e}", m.rel.display())),
-                )
-            })?;
-            m.tree = Some(tree);
-        }
-    }
-
-    // The fresh root: a tmpfs, attached at /tmp of this (private) mount
-    // namespace only long enough to pivot into it.
-    let root_mnt = sys::new_mount(c"tmpfs", &[(c"mode", c"0755"), (c"size", c"1m")], RW)
-        .map_err(at(Step::NewRoot))?;
-    let staging = openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))?;
-    sys::attach(root_mnt.as_fd(), staging.as_fd()).map_err(at(Step::NewRoot))?;
-    drop(staging);
-    let root = openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))?;
-
-    // An empty mode-000 file to bind over `deny_read` files, unlinked from
-    // the root once bound.
-    const HIDDEN: &str = ".executor-hidden";
-    let hidden = nix::fcntl::openat(
-        root.as_fd(),
-        HIDDEN,
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .and_then(|f| {
-        drop(f);
-        nix::fcntl::openat(
-            root.as_fd(),
-            HIDDEN,
-            OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
-            Mode::empty(),
-        )
-    })
-    .map_err(at(Step::DenyRead))?;
-    for m in &mounts {
-        let step = m.kind.step();
-        match &m.tree {
-            Some(tree) => bind_at(root.as_fd(), &m.rel, m.fd.as_fd(), tree.as_fd()),
-            None => cover(root.as_fd(), &m.rel, m.fd.as_fd(), hidden.as_fd()),
-        }
-        .map_err(|e| {
-            (
-                step,
-                io::Error::new(e.kind(), format!("/{}: {e}", m.rel.display())),
-            )
-        })?;
-    }
-    for (at_, to) in &symlinks {
-        let rel = relative(at_);
-        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
-            continue;
-        };
-        let (dir, _) = ensure(root.as_fd(), parent, false).map_err(at(Step::NewRoot))?;
-        match nix::unistd::symlinkat(to.as_path(), dir.as_fd(), name) {
-            Ok(()) | Err(nix::errno::Errno::EEXIST) | Err(nix::errno::Errno::EROFS) => {}
-            Err(e) => return Err((Step::NewRoot, e.into())),
-        }
-    }
+    clone_trees(&mut mounts)?;
+    let root = stage_fresh_root()?;
+    let hidden = make_hidden(root.as_fd())?;
+    attach_mounts(root.as_fd(), &mounts, hidden.as_fd())?;
+    make_symlinks(root.as_fd(), &symlinks)?;
     drop(hidden);
     nix::unistd::unlinkat(
         root.as_fd(),
@@ -518,15 +360,266 @@ pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> St
     )
     .map_err(at(Step::DenyRead))?;
     make_dev(root.as_fd(), &devices, pts.as_ref()).map_err(at(Step::Dev))?;
-    let (proc_dir, _) = ensure(root.as_fd(), Path::new("proc"), false).map_err(at(Step::Proc))?;
-    let proc_mnt =
-        sys::new_mount(c"proc", &[], RW | sys::MOUNT_ATTR_NOEXEC).map_err(at(Step::Proc))?;
-    sys::attach(proc_mnt.as_fd(), proc_dir.as_fd()).map_err(at(Step::Proc))?;
+    mount_proc(root.as_fd())?;
     // Nothing more is created in the root itself.
     sys::set_mount_attr(root.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0)
         .map_err(at(Step::NewRoot))?;
+    enter_root(&root, cwd)?;
+    Ok(Prepared { grants, tty })
+}
 
-    nix::unistd::fchdir(&root).map_err(at(Step::PivotRoot))?;
+/// Step 1: every mount of the new mount namespace made private.
+fn make_mounts_private() -> StepResult<()> {
+    use nix::mount::{mount, MsFlags};
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(at(Step::PrivateMounts))
+}
+
+/// What step 2 opens: the mounts of the fresh root, the symlinks to
+/// recreate in it, and the roots Landlock grants.
+struct Opened {
+    mounts: Vec<Mount>,
+    symlinks: Vec<(PathBuf, PathBuf)>,
+    grants: Grants,
+}
+
+impl Opened {
+    /// Open the checked node `n` by identity, to mount at `rel` as `kind`.
+    fn open(&mut self, n: &Node, rel: PathBuf, kind: Kind) -> StepResult<BorrowedFd<'_>> {
+        let fd = open_node(n).map_err(at(Step::Identity))?;
+        self.mounts.push(Mount {
+            rel,
+            fd,
+            kind,
+            tree: None,
+        });
+        Ok(self.mounts.last().expect("pushed above").fd.as_fd())
+    }
+
+    /// Open the root `n` as [`Opened::open`] does and grant it to Landlock
+    /// (`write`: writable).
+    fn grant(&mut self, n: &Node, rel: PathBuf, kind: Kind, write: bool) -> StepResult<()> {
+        let fd = self
+            .open(n, rel, kind)?
+            .try_clone_to_owned()
+            .map_err(at(Step::Identity))?;
+        let list = if write {
+            &mut self.grants.write
+        } else {
+            &mut self.grants.read
+        };
+        list.push(fd);
+        Ok(())
+    }
+
+    /// `read: "all"`: every top-level entry of the host but what the job
+    /// gets its own of; top-level links are recreated, not bound.
+    fn open_host_top_level(&mut self, own_tmp: bool) -> StepResult<()> {
+        // Top-level entries are root's; each is opened once, without
+        // following.
+        let entries = std::fs::read_dir("/").map_err(at(Step::NewRoot))?;
+        for e in entries {
+            let e = e.map_err(at(Step::NewRoot))?;
+            let name = e.file_name();
+            let skip: &[&str] = if own_tmp {
+                &["dev", "proc", "tmp"]
+            } else {
+                &["dev", "proc"]
+            };
+            if skip.iter().any(|s| OsStr::new(s) == name) {
+                continue;
+            }
+            let abs = Path::new("/").join(&name);
+            if let Ok(to) = std::fs::read_link(&abs) {
+                self.symlinks.push((abs, to));
+                continue;
+            }
+            let fd = openat2(nix::fcntl::AT_FDCWD, &abs, no_follow()).map_err(at(Step::NewRoot))?;
+            self.mounts.push(Mount {
+                rel: PathBuf::from(&name),
+                fd,
+                kind: Kind::Read,
+                tree: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Step 2: open every root and carve-out of the plan by identity, the
+/// mounts sorted in the order they are made.
+fn open_mounts(p: &WirePlan) -> StepResult<Opened> {
+    let mut o = Opened {
+        mounts: Vec::new(),
+        symlinks: p
+            .symlinks
+            .iter()
+            .map(|(a, b)| {
+                (
+                    PathBuf::from(OsStr::from_bytes(a)),
+                    PathBuf::from(OsStr::from_bytes(b)),
+                )
+            })
+            .collect(),
+        grants: Grants {
+            read: Vec::new(),
+            write: Vec::new(),
+        },
+    };
+    match &p.read {
+        Some(roots) => {
+            for n in roots {
+                o.grant(n, relative(n.path()), Kind::Read, false)?;
+            }
+        }
+        // Everything but what the job gets its own of.
+        None => o.open_host_top_level(p.tmp.is_some())?,
+    }
+    for n in &p.write {
+        o.grant(n, relative(n.path()), Kind::Write, true)?;
+    }
+    if let Some(n) = &p.tmp {
+        o.grant(n, PathBuf::from("tmp"), Kind::Tmp, true)?;
+    }
+    for (list, kind) in [
+        (&p.pin, Kind::Pin),
+        (&p.deny_write, Kind::DenyWrite),
+        (&p.deny_read, Kind::DenyRead),
+    ] {
+        for n in list {
+            o.open(n, relative(n.path()), kind)?;
+        }
+    }
+    // Parents before children; at one path, roots before what covers them.
+    o.mounts.sort_by(|a, b| {
+        (a.rel.components().count(), a.kind).cmp(&(b.rel.components().count(), b.kind))
+    });
+    Ok(o)
+}
+
+/// The host's [`DEVICES`], opened without following.
+fn open_devices() -> StepResult<Vec<(&'static str, OwnedFd)>> {
+    let mut devices = Vec::new();
+    for d in DEVICES {
+        let fd = openat2(
+            nix::fcntl::AT_FDCWD,
+            Path::new("/dev").join(d).as_path(),
+            no_follow(),
+        )
+        .map_err(at(Step::Dev))?;
+        devices.push((d, fd));
+    }
+    Ok(devices)
+}
+
+/// The error of mounting `rel` at `step`, naming the path.
+fn mount_error(step: Step, rel: &Path, e: io::Error) -> (Step, io::Error) {
+    (
+        step,
+        io::Error::new(e.kind(), format!("/{}: {e}", rel.display())),
+    )
+}
+
+/// The detached clone of every mount that is bound (not covered), with
+/// its kind's attributes.
+fn clone_trees(mounts: &mut [Mount]) -> StepResult<()> {
+    let read_only: Vec<PathBuf> = mounts
+        .iter()
+        .filter(|m| m.kind == Kind::DenyWrite)
+        .map(|m| m.rel.clone())
+        .collect();
+    for m in mounts {
+        if let Some(mut set) = m.kind.attrs() {
+            // Never writable inside a read-only carve-out.
+            if read_only.iter().any(|r| m.rel.starts_with(r)) {
+                set |= sys::MOUNT_ATTR_RDONLY;
+            }
+            let tree =
+                clone_with(m.fd.as_fd(), set).map_err(|e| mount_error(m.kind.step(), &m.rel, e))?;
+            m.tree = Some(tree);
+        }
+    }
+    Ok(())
+}
+
+/// Step 3's fresh root: a tmpfs, attached at /tmp of this (private) mount
+/// namespace only long enough to pivot into it.
+fn stage_fresh_root() -> StepResult<OwnedFd> {
+    let root_mnt = sys::new_mount(c"tmpfs", &[(c"mode", c"0755"), (c"size", c"1m")], RW)
+        .map_err(at(Step::NewRoot))?;
+    let staging = openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))?;
+    sys::attach(root_mnt.as_fd(), staging.as_fd()).map_err(at(Step::NewRoot))?;
+    drop(staging);
+    openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))
+}
+
+/// The [`HIDDEN`] file in `root`, opened without following.
+fn make_hidden(root: BorrowedFd<'_>) -> StepResult<OwnedFd> {
+    nix::fcntl::openat(
+        root,
+        HIDDEN,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .and_then(|f| {
+        drop(f);
+        nix::fcntl::openat(
+            root,
+            HIDDEN,
+            OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+    })
+    .map_err(at(Step::DenyRead))
+}
+
+/// Bind every cloned mount into `root`, cover the rest with `hidden`.
+fn attach_mounts(root: BorrowedFd<'_>, mounts: &[Mount], hidden: BorrowedFd<'_>) -> StepResult<()> {
+    for m in mounts {
+        let step = m.kind.step();
+        match &m.tree {
+            Some(tree) => bind_at(root, &m.rel, m.fd.as_fd(), tree.as_fd()),
+            None => cover(root, &m.rel, m.fd.as_fd(), hidden),
+        }
+        .map_err(|e| mount_error(step, &m.rel, e))?;
+    }
+    Ok(())
+}
+
+/// Recreate the plan's symlinks in `root` (one already there, or in a
+/// read-only mount, is left as it is).
+fn make_symlinks(root: BorrowedFd<'_>, symlinks: &[(PathBuf, PathBuf)]) -> StepResult<()> {
+    for (at_, to) in symlinks {
+        let rel = relative(at_);
+        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+            continue;
+        };
+        let (dir, _) = ensure(root, parent, false).map_err(at(Step::NewRoot))?;
+        match nix::unistd::symlinkat(to.as_path(), dir.as_fd(), name) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) | Err(nix::errno::Errno::EROFS) => {}
+            Err(e) => return Err((Step::NewRoot, e.into())),
+        }
+    }
+    Ok(())
+}
+
+/// A `/proc` of the new PID namespace in `root`, without exec.
+fn mount_proc(root: BorrowedFd<'_>) -> StepResult<()> {
+    let (proc_dir, _) = ensure(root, Path::new("proc"), false).map_err(at(Step::Proc))?;
+    let proc_mnt =
+        sys::new_mount(c"proc", &[], RW | sys::MOUNT_ATTR_NOEXEC).map_err(at(Step::Proc))?;
+    sys::attach(proc_mnt.as_fd(), proc_dir.as_fd()).map_err(at(Step::Proc))
+}
+
+/// Step 4: pivot into `root`, detach the old root, enter `cwd`.
+fn enter_root(root: &OwnedFd, cwd: &Path) -> StepResult<()> {
+    nix::unistd::fchdir(root).map_err(at(Step::PivotRoot))?;
     sys::pivot_root_here().map_err(at(Step::PivotRoot))?;
     nix::mount::umount2(".", nix::mount::MntFlags::MNT_DETACH).map_err(at(Step::PivotRoot))?;
     std::env::set_current_dir("/").map_err(at(Step::PivotRoot))?;
@@ -535,8 +628,7 @@ pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> St
             Step::Cwd,
             io::Error::new(e.kind(), format!("{}: {e}", cwd.display())),
         )
-    })?;
-    Ok(Prepared { grants, tty })
+    })
 }
 
 /// Cover `rel` (the carve-out `src`): a directory with the empty,
@@ -690,10 +782,15 @@ fn landlock_ruleset(p: &WirePlan, prep: Prepared) -> StepResult<landlock::Rulese
             }
         }
     }
-    if let WireNet::Tcp(ports) = &p.net {
+    let ports = match &p.net {
+        WireNet::Tcp(ports) => ports.clone(),
+        WireNet::Egress { port } => vec![*port],
+        WireNet::Deny | WireNet::Allow => Vec::new(),
+    };
+    if p.landlock_abi >= crate::LANDLOCK_ABI_NET {
         for port in ports {
             created = created
-                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
                 .map_err(err)?;
         }
     }
@@ -753,51 +850,68 @@ pub fn x32_guard() -> Vec<seccompiler::sock_filter> {
     ]
 }
 
-/// Step 5c: the seccomp filters (EPERM list and socket allow-lists, and
-/// clone3 → ENOSYS so libc falls back to clone, whose flags can be
-/// inspected).
-pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram>> {
+/// Syscalls refused (EPERM) to every job, whatever its arguments.
+const ALWAYS_DENIED: &[libc::c_long] = &[
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    // io_uring opens files and sockets without the syscalls filtered here.
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_fsopen,
+    libc::SYS_fsmount,
+    libc::SYS_fsconfig,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
+    // Watching what was granted is fine; fanotify needs privileges the
+    // job does not have, refused outright for clarity.
+    libc::SYS_fanotify_init,
+];
+
+/// The `clone` flags that make new namespaces, refused to every job.
+const CLONE_NAMESPACE_FLAGS: &[libc::c_int] = &[
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWCGROUP,
+];
+
+/// The socket types a job may make `AF_UNIX` sockets of.
+const UNIX_TYPES: &[u64] = &[libc::SOCK_STREAM as u64, libc::SOCK_SEQPACKET as u64];
+
+/// Syscall number to the rules under which it is refused (no rule: always).
+type DenyMap = BTreeMap<i64, Vec<SeccompRule>>;
+
+/// The rules every job gets, whatever its network.
+fn base_denials() -> io::Result<DenyMap> {
     use libc::*;
-    let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let always = [
-        SYS_ptrace,
-        SYS_process_vm_readv,
-        SYS_process_vm_writev,
-        // io_uring opens files and sockets without the syscalls filtered here.
-        SYS_io_uring_setup,
-        SYS_io_uring_enter,
-        SYS_io_uring_register,
-        SYS_mount,
-        SYS_umount2,
-        SYS_pivot_root,
-        SYS_chroot,
-        SYS_unshare,
-        SYS_setns,
-        SYS_keyctl,
-        SYS_add_key,
-        SYS_request_key,
-        SYS_bpf,
-        SYS_perf_event_open,
-        SYS_userfaultfd,
-        SYS_kexec_load,
-        SYS_kexec_file_load,
-        SYS_init_module,
-        SYS_finit_module,
-        SYS_delete_module,
-        SYS_open_by_handle_at,
-        SYS_name_to_handle_at,
-        SYS_fsopen,
-        SYS_fsmount,
-        SYS_fsconfig,
-        SYS_fspick,
-        SYS_move_mount,
-        SYS_open_tree,
-        SYS_mount_setattr,
-        // Watching what was granted is fine; fanotify needs privileges the
-        // job does not have, refused outright for clarity.
-        SYS_fanotify_init,
-    ];
-    for nr in always {
+    let mut deny = DenyMap::new();
+    for &nr in ALWAYS_DENIED {
         deny.insert(nr, vec![]);
     }
     // Faking terminal input into the controlling terminal's other readers.
@@ -807,15 +921,7 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
     );
     // New namespaces through clone flags.
     let mut clone_rules = Vec::new();
-    for f in [
-        CLONE_NEWNS,
-        CLONE_NEWUSER,
-        CLONE_NEWPID,
-        CLONE_NEWNET,
-        CLONE_NEWIPC,
-        CLONE_NEWUTS,
-        CLONE_NEWCGROUP,
-    ] {
+    for &f in CLONE_NAMESPACE_FLAGS {
         clone_rules.push(rule(vec![cond(
             0,
             SeccompCmpOp::MaskedEq(f as u64),
@@ -823,93 +929,127 @@ pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram
         )?])?);
     }
     deny.insert(SYS_clone, clone_rules);
-    let unix_types = [SOCK_STREAM as u64, SOCK_SEQPACKET as u64];
+    Ok(deny)
+}
+
+/// Anything but `AF_UNIX` sockets of [`UNIX_TYPES`] refused.
+fn unix_only() -> io::Result<Vec<SeccompRule>> {
+    let mut rules = vec![rule(vec![cond(
+        0,
+        SeccompCmpOp::Ne,
+        libc::AF_UNIX as u64,
+    )?])?];
+    rules.extend(types_except(UNIX_TYPES, &[])?);
+    Ok(rules)
+}
+
+/// `network: "deny"`: no socket can address anything.
+fn deny_network(deny: &mut DenyMap) -> io::Result<()> {
+    use libc::*;
+    // AF_UNIX only, stream and seqpacket only: without connect or
+    // bind, such a socket can address nothing (a name on sendto /
+    // sendmsg is refused or ignored for these types); no datagram
+    // socket, which could send to any pathname socket by name.
+    let rules = unix_only()?;
+    deny.insert(SYS_socket, rules.clone());
+    deny.insert(SYS_socketpair, rules);
+    for nr in [SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4] {
+        deny.insert(nr, vec![]);
+    }
+    // A destination address on sendto, whatever the socket.
+    deny.insert(
+        SYS_sendto,
+        vec![rule(vec![cond64(4, SeccompCmpOp::Ne, 0)?])?],
+    );
+    Ok(())
+}
+
+/// Port allow-lists and egress: outgoing TCP streams only.
+fn tcp_connect_only(deny: &mut DenyMap) -> io::Result<()> {
+    use libc::*;
+    // TCP stream sockets (Landlock limits their ports; with egress
+    // the namespace has nothing but the proxy), IPv4 and
+    // IPv6, protocol 0 or IPPROTO_TCP (not MPTCP, not SCTP); Unix
+    // sockets only as connected pairs (connect is allowed here and
+    // could reach a pathname socket).
+    let mut rules = vec![rule(vec![
+        cond(0, SeccompCmpOp::Ne, AF_INET as u64)?,
+        cond(0, SeccompCmpOp::Ne, AF_INET6 as u64)?,
+    ])?];
+    rules.extend(types_except(&[SOCK_STREAM as u64], &[])?);
+    rules.push(rule(vec![
+        cond(2, SeccompCmpOp::Ne, 0)?,
+        cond(2, SeccompCmpOp::Ne, IPPROTO_TCP as u64)?,
+    ])?);
+    deny.insert(SYS_socket, rules);
+    deny.insert(SYS_socketpair, unix_only()?);
+    for nr in [SYS_listen, SYS_accept, SYS_accept4] {
+        deny.insert(nr, vec![]);
+    }
+    deny_tcp_fastopen(deny)
+}
+
+/// TCP Fast Open connects from a send call, around Landlock's connect
+/// rule: refused on the send calls and as a socket option.
+fn deny_tcp_fastopen(deny: &mut DenyMap) -> io::Result<()> {
+    use libc::*;
+    let fastopen = MSG_FASTOPEN as u64;
+    for (nr, flags_arg) in [(SYS_sendto, 3), (SYS_sendmsg, 2), (SYS_sendmmsg, 3)] {
+        deny.insert(
+            nr,
+            vec![rule(vec![cond(
+                flags_arg,
+                SeccompCmpOp::MaskedEq(fastopen),
+                fastopen,
+            )?])?],
+        );
+    }
+    const TCP_FASTOPEN_CONNECT: u64 = 30;
+    deny.insert(
+        SYS_setsockopt,
+        vec![
+            rule(vec![
+                cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64)?,
+                cond(2, SeccompCmpOp::Eq, TCP_FASTOPEN_CONNECT)?,
+            ])?,
+            rule(vec![
+                cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64)?,
+                cond(2, SeccompCmpOp::Eq, TCP_FASTOPEN as u64)?,
+            ])?,
+        ],
+    );
+    Ok(())
+}
+
+/// A filter allowing everything but `rules`, which get `errno`.
+fn filter(rules: DenyMap, errno: i32, arch: seccompiler::TargetArch) -> io::Result<SeccompFilter> {
+    SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno as u32),
+        arch,
+    )
+    .map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// Step 5c: the seccomp filters (EPERM list and socket allow-lists, and
+/// clone3 → ENOSYS so libc falls back to clone, whose flags can be
+/// inspected).
+pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram>> {
+    let mut deny = base_denials()?;
     match net {
         WireNet::Allow => {}
-        WireNet::Deny => {
-            // AF_UNIX only, stream and seqpacket only: without connect or
-            // bind, such a socket can address nothing (a name on sendto /
-            // sendmsg is refused or ignored for these types); no datagram
-            // socket, which could send to any pathname socket by name.
-            let mut rules = vec![rule(vec![cond(0, SeccompCmpOp::Ne, AF_UNIX as u64)?])?];
-            rules.extend(types_except(&unix_types, &[])?);
-            deny.insert(SYS_socket, rules.clone());
-            deny.insert(SYS_socketpair, rules);
-            for nr in [SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4] {
-                deny.insert(nr, vec![]);
-            }
-            // A destination address on sendto, whatever the socket.
-            deny.insert(
-                SYS_sendto,
-                vec![rule(vec![cond64(4, SeccompCmpOp::Ne, 0)?])?],
-            );
-        }
-        WireNet::Tcp(_) => {
-            // TCP stream sockets (Landlock limits their ports), IPv4 and
-            // IPv6, protocol 0 or IPPROTO_TCP (not MPTCP, not SCTP); Unix
-            // sockets only as connected pairs (connect is allowed here and
-            // could reach a pathname socket).
-            let mut rules = vec![rule(vec![
-                cond(0, SeccompCmpOp::Ne, AF_INET as u64)?,
-                cond(0, SeccompCmpOp::Ne, AF_INET6 as u64)?,
-            ])?];
-            rules.extend(types_except(&[SOCK_STREAM as u64], &[])?);
-            rules.push(rule(vec![
-                cond(2, SeccompCmpOp::Ne, 0)?,
-                cond(2, SeccompCmpOp::Ne, IPPROTO_TCP as u64)?,
-            ])?);
-            deny.insert(SYS_socket, rules);
-            let mut pair = vec![rule(vec![cond(0, SeccompCmpOp::Ne, AF_UNIX as u64)?])?];
-            pair.extend(types_except(&unix_types, &[])?);
-            deny.insert(SYS_socketpair, pair);
-            for nr in [SYS_listen, SYS_accept, SYS_accept4] {
-                deny.insert(nr, vec![]);
-            }
-            // TCP Fast Open connects from a send call, around Landlock's
-            // connect rule.
-            let fastopen = MSG_FASTOPEN as u64;
-            for (nr, flags_arg) in [(SYS_sendto, 3), (SYS_sendmsg, 2), (SYS_sendmmsg, 3)] {
-                deny.insert(
-                    nr,
-                    vec![rule(vec![cond(
-                        flags_arg,
-                        SeccompCmpOp::MaskedEq(fastopen),
-                        fastopen,
-                    )?])?],
-                );
-            }
-            const TCP_FASTOPEN_CONNECT: u64 = 30;
-            deny.insert(
-                SYS_setsockopt,
-                vec![
-                    rule(vec![
-                        cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64)?,
-                        cond(2, SeccompCmpOp::Eq, TCP_FASTOPEN_CONNECT)?,
-                    ])?,
-                    rule(vec![
-                        cond(1, SeccompCmpOp::Eq, IPPROTO_TCP as u64)?,
-                        cond(2, SeccompCmpOp::Eq, TCP_FASTOPEN as u64)?,
-                    ])?,
-                ],
-            );
-        }
+        WireNet::Deny => deny_network(&mut deny)?,
+        WireNet::Tcp(_) | WireNet::Egress { .. } => tcp_connect_only(&mut deny)?,
     }
     let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| io::Error::other(e.to_string()))?;
-    let eperm = SeccompFilter::new(
-        deny,
-        SeccompAction::Allow,
-        SeccompAction::Errno(EPERM as u32),
+    let eperm = filter(deny, libc::EPERM, arch)?;
+    let clone3 = filter(
+        BTreeMap::from([(libc::SYS_clone3, vec![])]),
+        libc::ENOSYS,
         arch,
-    )
-    .map_err(|e| io::Error::other(e.to_string()))?;
-    let clone3 = SeccompFilter::new(
-        BTreeMap::from([(SYS_clone3, vec![])]),
-        SeccompAction::Allow,
-        SeccompAction::Errno(ENOSYS as u32),
-        arch,
-    )
-    .map_err(|e| io::Error::other(e.to_string()))?;
+    )?;
     let mut out = Vec::new();
     #[cfg(target_arch = "x86_64")]
     out.push(x32_guard());

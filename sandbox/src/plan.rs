@@ -30,6 +30,38 @@ pub enum WireNet {
     Allow,
     /// TCP stream sockets to these ports (Landlock), nothing else.
     Tcp(Vec<u16>),
+    /// Egress by name (docs/PROTOCOL.md §8): a network namespace of its own
+    /// with `lo` up, where the job's init listens on `127.0.0.1:port` and
+    /// hands the listener to the agent (the job never holds it); TCP stream
+    /// sockets as for `Tcp`, connecting only to `port` (Landlock, where the
+    /// ABI has network rules). Nothing but the agent's proxy is reachable.
+    Egress {
+        port: u16,
+    },
+}
+
+impl WireNet {
+    /// The job gets a network namespace of its own.
+    pub fn own_namespace(&self) -> bool {
+        matches!(self, WireNet::Deny | WireNet::Egress { .. })
+    }
+}
+
+/// Ports the egress proxy listens on inside a job's network namespace
+/// (below the kernel's default ephemeral range, 32768-60999): any is free,
+/// the namespace is new.
+pub const EGRESS_PORTS: std::ops::Range<u16> = 10_000..30_000;
+
+fn egress_port() -> Result<u16, PlanError> {
+    let mut r = [0u8; 2];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))
+        .map_err(|source| PlanError::Io {
+            what: "reading /dev/urandom for the egress port".into(),
+            source,
+        })?;
+    let span = EGRESS_PORTS.end - EGRESS_PORTS.start;
+    Ok(EGRESS_PORTS.start + u16::from_be_bytes(r) % span)
 }
 
 /// A path the agent checked, with the identity it had then.
@@ -330,13 +362,14 @@ fn enclosing<'a>(p: &Path, write: &'a [PathBuf]) -> Option<&'a PathBuf> {
         .max_by_key(|w| w.as_os_str().len())
 }
 
-/// Make the plan for `policy` on a host with `caps`; `param` names the
-/// request field of the intent, for messages (`sandbox`).
-pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, PlanError> {
-    let required = policy.required;
-    let mut degraded = Vec::new();
-    let abi = caps.landlock_abi.unwrap_or(0);
-    let net = match &policy.network {
+/// The network part of the plan: a port allow-list the host's Landlock
+/// cannot enforce fails (`required`) or degrades to allowed.
+fn network_plan(
+    policy: &Policy,
+    abi: u32,
+    degraded: &mut Vec<String>,
+) -> Result<WireNet, PlanError> {
+    Ok(match &policy.network {
         NetworkIntent::Deny => WireNet::Deny,
         NetworkIntent::Allow => WireNet::Allow,
         NetworkIntent::AllowTcpConnect(ports) => {
@@ -345,7 +378,7 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                     "a TCP port allow-list needs Landlock ABI {}, this host has {abi}",
                     crate::LANDLOCK_ABI_NET
                 );
-                if required {
+                if policy.required {
                     return Err(PlanError::Unavailable(what));
                 }
                 degraded.push(format!(
@@ -356,201 +389,235 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
                 WireNet::Tcp(ports.clone())
             }
         }
-    };
-    let paths = root_paths;
-    let write_paths = paths(&policy.write);
-    let read = match &policy.read {
-        None => None,
-        Some(roots) => Some(
-            paths(roots)
-                .iter()
-                .map(|p| node(p, "read root"))
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-    };
-    let write = write_paths
-        .iter()
-        .map(|p| node(p, "write root"))
-        .collect::<Result<Vec<_>, _>>()?;
+        NetworkIntent::AllowHosts(_) => WireNet::Egress {
+            port: egress_port()?,
+        },
+    })
+}
 
-    let mut deny_write = Vec::new();
-    let mut deny_read = Vec::new();
-    let mut pinned_below: Vec<PathBuf> = Vec::new();
-    let carve_outs = policy
-        .deny_read
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (format!("{param}.filesystem.deny_read.{i}"), d, true))
-        .chain(
-            policy
-                .deny_write
-                .iter()
-                .enumerate()
-                .map(|(i, d)| (format!("{param}.filesystem.deny_write.{i}"), d, false)),
-        );
-    // Whether `p` is in the job's root at all (what is not there needs no
-    // carve-out, and covering it would fail: it would not be the checked
-    // inode). With :tmp the job's /tmp is its own directory, over the host's.
-    let needs_tmp = policy.write.contains(&Root::Tmp)
-        || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
-    let read_paths = policy.read.as_deref().map(paths);
-    let visible = |p: &Path| -> bool {
-        write_paths.iter().any(|w| p.starts_with(w))
-            || match &read_paths {
-                None => !(needs_tmp && p.starts_with("/tmp")),
+/// What of the host is in the job's root at all (what is not there needs
+/// no carve-out, and covering it would fail: it would not be the checked
+/// inode). With :tmp the job's /tmp is its own directory, over the host's.
+struct Visible<'a> {
+    write: &'a [PathBuf],
+    read: Option<Vec<PathBuf>>,
+    own_tmp: bool,
+}
+
+impl Visible<'_> {
+    /// Whether `p` is in the job's root.
+    fn contains(&self, p: &Path) -> bool {
+        self.write.iter().any(|w| p.starts_with(w))
+            || match &self.read {
+                None => !(self.own_tmp && p.starts_with("/tmp")),
                 Some(r) => r.iter().any(|r| p.starts_with(r)),
             }
-    };
-    // Placeholders for carve-outs not there yet, made under the lock of
-    // the jobs' directory (started at the first carve-out in a write root).
-    let mut maker: Option<Maker> = None;
-    let placeholder_io = |d: &Path| {
-        let what = format!("making a placeholder for the carve-out {}", d.display());
-        move |source| PlanError::Io { what, source }
-    };
-    let maker_for = |maker: &mut Option<Maker>, d: &Path| -> Result<(), PlanError> {
-        if maker.is_none() {
+    }
+}
+
+/// The error of making or holding a placeholder for the carve-out `d`.
+fn placeholder_io(d: &Path) -> impl FnOnce(std::io::Error) -> PlanError {
+    let what = format!("making a placeholder for the carve-out {}", d.display());
+    move |source| PlanError::Io { what, source }
+}
+
+/// The carve-outs of a plan, gathered one by one.
+struct CarveOuts<'a> {
+    write_paths: &'a [PathBuf],
+    required: bool,
+    deny_write: Vec<Node>,
+    deny_read: Vec<Node>,
+    /// Carve-outs whose ancestors inside a write root are pinned.
+    pinned_below: Vec<PathBuf>,
+    /// Placeholders for carve-outs not there yet, made under the lock of
+    /// the jobs' directory (started at the first carve-out in a write root).
+    maker: Option<Maker>,
+}
+
+impl<'a> CarveOuts<'a> {
+    /// No carve-outs yet, for a job with these write roots.
+    fn new(write_paths: &'a [PathBuf], required: bool) -> Self {
+        CarveOuts {
+            write_paths,
+            required,
+            deny_write: Vec::new(),
+            deny_read: Vec::new(),
+            pinned_below: Vec::new(),
+            maker: None,
+        }
+    }
+
+    /// The placeholder maker, started (and the jobs' directory locked) on first use.
+    fn maker(&mut self, d: &Path) -> Result<&mut Maker, PlanError> {
+        if self.maker.is_none() {
             let dir = private_jobs_parent()?;
-            *maker = Some(Maker::start(&dir).map_err(placeholder_io(d))?);
+            self.maker = Some(Maker::start(&dir).map_err(placeholder_io(d))?);
+        }
+        Ok(self.maker.as_mut().expect("started above"))
+    }
+
+    /// Record the carve-out `n` at `d` (deny_read when `is_read`), its ancestors to pin.
+    fn push(&mut self, n: Node, d: &Path, is_read: bool) {
+        if is_read {
+            self.deny_read.push(n);
+        } else {
+            self.deny_write.push(n);
+        }
+        self.pinned_below.push(d.to_path_buf());
+    }
+
+    /// Add the carve-out `d` named `field`, existing or not, if the job sees it.
+    fn add(
+        &mut self,
+        field: &str,
+        d: &Path,
+        is_read: bool,
+        visible: &Visible<'_>,
+        degraded: &mut Vec<String>,
+    ) -> Result<(), PlanError> {
+        match std::fs::symlink_metadata(d) {
+            Ok(_) if !visible.contains(d) => Ok(()),
+            Ok(m) => self.add_existing(field, d, &m, is_read, degraded),
+            Err(_) => self.add_missing(d, is_read),
+        }
+    }
+
+    /// An existing carve-out: covered by identity; one with other hard links
+    /// fails (`required`) or is reported as degraded.
+    fn add_existing(
+        &mut self,
+        field: &str,
+        d: &Path,
+        m: &std::fs::Metadata,
+        is_read: bool,
+        degraded: &mut Vec<String>,
+    ) -> Result<(), PlanError> {
+        if !m.is_dir() && m.nlink() > 1 {
+            let what = format!(
+                "{field}: {} has {} hard links; it stays {} through the others",
+                d.display(),
+                m.nlink(),
+                if is_read { "readable" } else { "writable" }
+            );
+            if self.required {
+                return Err(PlanError::Unavailable(what));
+            }
+            degraded.push(format!("filesystem: {what}"));
+        }
+        if let Some(w) = enclosing(d, self.write_paths) {
+            // It may be another live job's placeholder: hold it.
+            self.maker(d)?.hold(w, d).map_err(placeholder_io(d))?;
+        }
+        let n = node(d, "carve-out")?;
+        self.push(n, d, is_read);
+        Ok(())
+    }
+
+    /// A carve-out not there yet: inside a write root it gets a placeholder
+    /// (or, below a non-directory, that is covered read-only); elsewhere
+    /// it cannot be created and needs nothing.
+    fn add_missing(&mut self, d: &Path, is_read: bool) -> Result<(), PlanError> {
+        let (ancestor, kind) = nearest_existing(d)?;
+        let Some(w) = enclosing(ancestor, self.write_paths) else {
+            // Read-only in the sandbox: it cannot be created.
+            return Ok(());
+        };
+        if !kind.is_dir() {
+            // A file or a link where a directory would have to be
+            // (a git worktree's `.git` file): it is covered
+            // read-only, so it cannot be replaced by a directory
+            // holding the carve-out.
+            self.deny_write
+                .push(node(ancestor, "the nearest existing part of a carve-out")?);
+            self.pinned_below.push(ancestor.to_path_buf());
+            return Ok(());
+        }
+        let (dev, ino) = self
+            .maker(d)?
+            .make(w, ancestor, d)
+            .map_err(placeholder_io(d))?;
+        let n = Node {
+            path: bytes(d),
+            dev,
+            ino,
+        };
+        self.push(n, d, is_read);
+        Ok(())
+    }
+
+    /// Symlinks on the way to carve-outs, inside write roots: covered
+    /// read-only, so the names cannot be swapped (`rm .env` of a `.env`
+    /// link to the protected file is `EBUSY`).
+    fn add_links(&mut self, links: &[PathBuf], visible: &Visible<'_>) -> Result<(), PlanError> {
+        for link in links {
+            let is_link = std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink());
+            if is_link && visible.contains(link) && enclosing(link, self.write_paths).is_some() {
+                let covered = self.deny_write.iter().any(|n| n.path() == link.as_path());
+                if !covered {
+                    self.deny_write
+                        .push(node(link, "a symlink on the way to a carve-out")?);
+                    self.pinned_below.push(link.clone());
+                }
+            }
         }
         Ok(())
-    };
-    for (field, d, is_read) in carve_outs {
-        match std::fs::symlink_metadata(d) {
-            Ok(_) if !visible(d) => {}
-            Ok(m) => {
-                if !m.is_dir() && m.nlink() > 1 {
-                    let what = format!(
-                        "{field}: {} has {} hard links; it stays {} through the others",
-                        d.display(),
-                        m.nlink(),
-                        if is_read { "readable" } else { "writable" }
-                    );
-                    if required {
-                        return Err(PlanError::Unavailable(what));
-                    }
-                    degraded.push(format!("filesystem: {what}"));
-                }
-                if let Some(w) = enclosing(d, &write_paths) {
-                    // It may be another live job's placeholder: hold it.
-                    maker_for(&mut maker, d)?;
-                    let mk = maker.as_mut().expect("started above");
-                    mk.hold(w, d).map_err(placeholder_io(d))?;
-                }
-                let n = node(d, "carve-out")?;
-                if is_read {
-                    deny_read.push(n);
-                } else {
-                    deny_write.push(n);
-                }
-                pinned_below.push(d.to_path_buf());
-            }
-            Err(_) => {
-                let (ancestor, kind) = d
-                    .ancestors()
-                    .skip(1)
-                    .find_map(|a| {
-                        std::fs::symlink_metadata(a)
-                            .ok()
-                            .map(|m| (a, m.file_type()))
-                    })
-                    .unwrap_or((
-                        Path::new("/"),
-                        std::fs::metadata("/")
-                            .map_err(|source| PlanError::Io {
-                                what: "stat /".into(),
-                                source,
-                            })?
-                            .file_type(),
-                    ));
-                let Some(w) = enclosing(ancestor, &write_paths) else {
-                    // Read-only in the sandbox: it cannot be created.
-                    continue;
-                };
-                if !kind.is_dir() {
-                    // A file or a link where a directory would have to be
-                    // (a git worktree's `.git` file): it is covered
-                    // read-only, so it cannot be replaced by a directory
-                    // holding the carve-out.
-                    deny_write.push(node(ancestor, "the nearest existing part of a carve-out")?);
-                    pinned_below.push(ancestor.to_path_buf());
-                    continue;
-                }
-                maker_for(&mut maker, d)?;
-                let mk = maker.as_mut().expect("started above");
-                let (dev, ino) = mk.make(w, ancestor, d).map_err(placeholder_io(d))?;
-                let n = Node {
-                    path: bytes(d),
-                    dev,
-                    ino,
-                };
-                if is_read {
-                    deny_read.push(n);
-                } else {
-                    deny_write.push(n);
-                }
-                pinned_below.push(d.to_path_buf());
-            }
-        }
-    }
-    let placeholders = maker.and_then(Maker::finish);
-    // Symlinks on the way to carve-outs, inside write roots: covered
-    // read-only, so the names cannot be swapped (`rm .env` of a `.env`
-    // link to the protected file is `EBUSY`).
-    for link in &policy.carve_out_links {
-        let is_link = std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink());
-        if is_link && visible(link) && enclosing(link, &write_paths).is_some() {
-            let covered = deny_write.iter().any(|n| n.path() == link.as_path());
-            if !covered {
-                deny_write.push(node(link, "a symlink on the way to a carve-out")?);
-                pinned_below.push(link.clone());
-            }
-        }
     }
 
-    // Pins: every ancestor between a carve-out and its write root, except
-    // those inside a read-only (deny_write) tree, which cannot be renamed
-    // anyway and must not be bound writable over it.
-    let read_only: Vec<PathBuf> = deny_write.iter().map(|n| n.path().to_path_buf()).collect();
-    let mut pin: Vec<Node> = Vec::new();
-    let mut pin_paths: Vec<PathBuf> = Vec::new();
-    for carve in &pinned_below {
-        let Some(w) = enclosing(carve, &write_paths) else {
-            continue;
-        };
-        for a in carve.ancestors().skip(1) {
-            if a == w.as_path() || !a.starts_with(w) {
-                break;
-            }
-            if read_only.iter().any(|r| a.starts_with(r)) {
+    /// Pins: every ancestor between a carve-out and its write root, except
+    /// those inside a read-only (deny_write) tree, which cannot be renamed
+    /// anyway and must not be bound writable over it.
+    fn pins(&self) -> Result<Vec<Node>, PlanError> {
+        let read_only: Vec<PathBuf> = self
+            .deny_write
+            .iter()
+            .map(|n| n.path().to_path_buf())
+            .collect();
+        let mut pin: Vec<Node> = Vec::new();
+        let mut pin_paths: Vec<PathBuf> = Vec::new();
+        for carve in &self.pinned_below {
+            let Some(w) = enclosing(carve, self.write_paths) else {
                 continue;
-            }
-            if !pin_paths.iter().any(|p| p == a) {
-                pin_paths.push(a.to_path_buf());
-                pin.push(node(a, "ancestor of a carve-out")?);
+            };
+            for a in carve.ancestors().skip(1) {
+                if a == w.as_path() || !a.starts_with(w) {
+                    break;
+                }
+                if read_only.iter().any(|r| a.starts_with(r)) {
+                    continue;
+                }
+                if !pin_paths.iter().any(|p| p == a) {
+                    pin_paths.push(a.to_path_buf());
+                    pin.push(node(a, "ancestor of a carve-out")?);
+                }
             }
         }
+        Ok(pin)
     }
+}
 
-    // Other jobs' private directories are never visible to a job.
-    // (Made now if it is missing: a job must never be the one to make it.)
-    if visible(&jobs_parent()) {
-        let jobs = private_jobs_parent()?;
-        deny_read.push(node(&jobs, "the jobs' directory")?);
-    }
+/// The nearest existing ancestor of the missing `d` and its file type (`/` if none).
+fn nearest_existing(d: &Path) -> Result<(&Path, std::fs::FileType), PlanError> {
+    Ok(d.ancestors()
+        .skip(1)
+        .find_map(|a| {
+            std::fs::symlink_metadata(a)
+                .ok()
+                .map(|m| (a, m.file_type()))
+        })
+        .unwrap_or((
+            Path::new("/"),
+            std::fs::metadata("/")
+                .map_err(|source| PlanError::Io {
+                    what: "stat /".into(),
+                    source,
+                })?
+                .file_type(),
+        )))
+}
 
-    let job_dir = if needs_tmp {
-        Some(JobDir::create()?)
-    } else {
-        None
-    };
-    let tmp = match &job_dir {
-        Some(d) => Some(node(d.path(), "the job's :tmp")?),
-        None => None,
-    };
-
-    // Symlinks met on the way to the roots, and the host's top-level links
-    // into granted roots (`/bin` -> `usr/bin` when `/usr` is granted).
+/// Symlinks met on the way to the roots, and the host's top-level links
+/// into granted roots (`/bin` -> `usr/bin` when `/usr` is granted).
+fn job_symlinks(policy: &Policy, write_paths: &[PathBuf]) -> Vec<(ByteBuf, ByteBuf)> {
     let mut symlinks: Vec<(ByteBuf, ByteBuf)> = Vec::new();
     let mut push_link = |at: &Path, to: &Path| {
         let entry = (bytes(at), bytes(to));
@@ -562,9 +629,9 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
         push_link(at, to);
     }
     if let Some(roots) = &policy.read {
-        let granted: Vec<PathBuf> = paths(roots)
+        let granted: Vec<PathBuf> = root_paths(roots)
             .into_iter()
-            .chain(write_paths.clone())
+            .chain(write_paths.to_vec())
             .collect();
         if let Ok(dir) = std::fs::read_dir("/") {
             for e in dir.flatten() {
@@ -580,6 +647,67 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             }
         }
     }
+    symlinks
+}
+
+/// Make the plan for `policy` on a host with `caps`; `param` names the
+/// request field of the intent, for messages (`sandbox`).
+pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, PlanError> {
+    let mut degraded = Vec::new();
+    let abi = caps.landlock_abi.unwrap_or(0);
+    let net = network_plan(policy, abi, &mut degraded)?;
+    let write_paths = root_paths(&policy.write);
+    let read = match &policy.read {
+        None => None,
+        Some(roots) => Some(
+            root_paths(roots)
+                .iter()
+                .map(|p| node(p, "read root"))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let write = write_paths
+        .iter()
+        .map(|p| node(p, "write root"))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let needs_tmp = policy.write.contains(&Root::Tmp)
+        || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
+    let visible = Visible {
+        write: &write_paths,
+        read: policy.read.as_deref().map(root_paths),
+        own_tmp: needs_tmp,
+    };
+    let mut carve = CarveOuts::new(&write_paths, policy.required);
+    for (i, d) in policy.deny_read.iter().enumerate() {
+        let field = format!("{param}.filesystem.deny_read.{i}");
+        carve.add(&field, d, true, &visible, &mut degraded)?;
+    }
+    for (i, d) in policy.deny_write.iter().enumerate() {
+        let field = format!("{param}.filesystem.deny_write.{i}");
+        carve.add(&field, d, false, &visible, &mut degraded)?;
+    }
+    let placeholders = carve.maker.take().and_then(Maker::finish);
+    carve.add_links(&policy.carve_out_links, &visible)?;
+    let pin = carve.pins()?;
+
+    // Other jobs' private directories are never visible to a job.
+    // (Made now if it is missing: a job must never be the one to make it.)
+    if visible.contains(&jobs_parent()) {
+        let jobs = private_jobs_parent()?;
+        carve.deny_read.push(node(&jobs, "the jobs' directory")?);
+    }
+
+    let job_dir = if needs_tmp {
+        Some(JobDir::create()?)
+    } else {
+        None
+    };
+    let tmp = match &job_dir {
+        Some(d) => Some(node(d.path(), "the job's :tmp")?),
+        None => None,
+    };
+    let symlinks = job_symlinks(policy, &write_paths);
 
     Ok(Plan {
         wire: WirePlan {
@@ -587,8 +715,8 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             read,
             write,
             tmp,
-            deny_write,
-            deny_read,
+            deny_write: carve.deny_write,
+            deny_read: carve.deny_read,
             pin,
             symlinks,
             net,

@@ -98,6 +98,16 @@ impl PolicyError {
     }
 }
 
+/// The symbols a root may be instead of an absolute path.
+pub const SYMBOLS: [&str; 4] = [":cwd", ":workspace_roots", ":tmp", ":home"];
+
+/// Whether `p` is an absolute path or one of [`SYMBOLS`]: what [`resolve`]
+/// accepts before it looks anything up (for checking a configuration at
+/// load).
+pub fn well_formed_root(p: &WirePath) -> bool {
+    p.as_bytes().first() == Some(&b'/') || SYMBOLS.iter().any(|s| s.as_bytes() == p.as_bytes())
+}
+
 enum Expanded {
     Paths(Vec<PathBuf>),
     Tmp,

@@ -141,7 +141,9 @@ pub fn profile(policy: &Policy, tmp: Option<&Path>) -> Result<String, Error> {
         out.push_str(")\n");
     }
     match &policy.network {
-        NetworkIntent::Deny => {}
+        // Egress by name needs the job's own network namespace (Linux):
+        // here it is "deny" (the agent refuses or reports it degraded).
+        NetworkIntent::Deny | NetworkIntent::AllowHosts(_) => {}
         NetworkIntent::Allow => {
             out.push_str("(allow network-outbound)\n(allow network-inbound)\n(allow system-socket)\n(allow mach-lookup)\n")
         }

@@ -8,12 +8,14 @@
 //! `SOCK_SEQPACKET` socketpair as fd 0. Each request is one message: a
 //! [`Request`] and, for a fork, [`FORK_FDS`] descriptors by `SCM_RIGHTS`
 //! (the job's stdin, stdout, stderr, the lifeline's read end, the status
-//! channel's write end, the sealed job-spec memfd). The spawner holds them
-//! only until it has forked: the child closes the spawner's socket and
-//! signalfd first thing, makes the three stdio descriptors its 0-2 and runs
-//! [`crate::trampoline::run`] on the other three, exactly what
-//! `executor sandbox-exec --lifeline FD --status FD --spec FD` runs. Nothing
-//! of a request is read here: the spec stays sealed in its memfd.
+//! channel's write end, the sealed job-spec memfd), and a seventh for a job
+//! with egress by name (the socket on which its init hands the agent the
+//! proxy's listener). The spawner holds them only until it has forked: the
+//! child closes the spawner's socket and signalfd first thing, makes the
+//! three stdio descriptors its 0-2 and runs [`crate::trampoline::run`] on
+//! the others, exactly what `executor sandbox-exec --lifeline FD --status
+//! FD [--egress FD] --spec FD` runs. Nothing of a request is read here: the
+//! spec stays sealed in its memfd.
 //!
 //! Replies ([`Reply`]): `Forked` with the supervisor's pid (or the errno of
 //! `fork`) for every fork request, in order; `Exited` with the raw wait
@@ -31,15 +33,16 @@
 use crate::sys;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::socket::{recvmsg, send, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{send, MsgFlags};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 use std::collections::HashSet;
-use std::io::{self, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
 /// Descriptors a fork request carries, in this order: stdin, stdout,
-/// stderr, lifeline (read end), status (write end), job spec.
+/// stderr, lifeline (read end), status (write end), job spec; then, with
+/// `egress`, the egress socket (so at most `FORK_FDS + 1`).
 pub const FORK_FDS: usize = 6;
 
 /// Bytes of every message, both ways: a tag, a big-endian `u64`, a
@@ -49,9 +52,9 @@ pub const MSG_LEN: usize = 13;
 /// What the agent asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
-    /// Fork a supervisor for the [`FORK_FDS`] descriptors of the message;
-    /// `id` comes back in the reply.
-    Fork { id: u64 },
+    /// Fork a supervisor for the [`FORK_FDS`] descriptors of the message
+    /// (one more with `egress`); `id` comes back in the reply.
+    Fork { id: u64, egress: bool },
     /// SIGKILL this supervisor if it is still an unreaped child.
     Kill { pid: i32 },
 }
@@ -84,7 +87,7 @@ fn fields(m: &[u8; MSG_LEN]) -> (u8, u64, i32) {
 impl Request {
     pub fn encode(self) -> [u8; MSG_LEN] {
         match self {
-            Request::Fork { id } => encode(b'F', id, 0),
+            Request::Fork { id, egress } => encode(b'F', id, i32::from(egress)),
             Request::Kill { pid } => encode(b'K', pid as u32 as u64, 0),
         }
     }
@@ -92,7 +95,7 @@ impl Request {
     /// `None` for bytes the agent never sends.
     pub fn decode(m: &[u8; MSG_LEN]) -> Option<Request> {
         match fields(m) {
-            (b'F', id, 0) => Some(Request::Fork { id }),
+            (b'F', id, e @ (0 | 1)) => Some(Request::Fork { id, egress: e == 1 }),
             (b'K', pid, 0) => i32::try_from(pid)
                 .ok()
                 .filter(|p| *p > 0)
@@ -218,36 +221,23 @@ fn reply(sock: &OwnedFd, r: Reply) -> io::Result<()> {
 /// Take one request off the socket and answer it; `false` at EOF.
 fn answer(sock: &OwnedFd, sigfd: &SignalFd, children: &mut HashSet<i32>) -> io::Result<bool> {
     let mut buf = [0u8; MSG_LEN];
-    let mut cmsg = nix::cmsg_space!([RawFd; FORK_FDS]);
-    let (len, truncated, fds) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = match recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(m) => m,
-            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => return Ok(true),
-            Err(e) => return Err(e.into()),
-        };
-        let mut fds = Vec::new();
-        for c in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(received) = c {
-                // SAFETY: the kernel just installed these descriptors in
-                // this process for this message; nothing else owns them.
-                fds.extend(
-                    received
-                        .into_iter()
-                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                );
-            }
+    let msg = match sys::recv_fds::<{ FORK_FDS + 1 }>(sock.as_fd(), &mut buf, MsgFlags::empty()) {
+        Ok(m) => m,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ) =>
+        {
+            return Ok(true)
         }
-        let truncated = msg
-            .flags
-            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
-        (msg.bytes, truncated, fds)
+        Err(e) => return Err(e),
     };
+    let sys::Received {
+        bytes: len,
+        truncated,
+        fds,
+    } = msg;
     if len == 0 && fds.is_empty() {
         return Ok(false);
     }
@@ -255,14 +245,11 @@ fn answer(sock: &OwnedFd, sigfd: &SignalFd, children: &mut HashSet<i32>) -> io::
         .then(|| Request::decode(&buf))
         .flatten();
     match request {
-        Some(Request::Fork { id }) => {
-            let fds: [OwnedFd; FORK_FDS] = match fds.try_into() {
-                Ok(fds) => fds,
-                Err(_) => {
-                    let result = Err(libc::EINVAL);
-                    return reply(sock, Reply::Forked { id, result }).map(|()| true);
-                }
-            };
+        Some(Request::Fork { id, egress }) => {
+            if fds.len() != FORK_FDS + usize::from(egress) {
+                let result = Err(libc::EINVAL);
+                return reply(sock, Reply::Forked { id, result }).map(|()| true);
+            }
             // SAFETY: the spawner is single-threaded (`serve`'s contract).
             let result = match unsafe { sys::fork_single_threaded() } {
                 Ok(ForkResult::Child) => supervisor(sock, sigfd, fds),
@@ -292,7 +279,8 @@ fn answer(sock: &OwnedFd, sigfd: &SignalFd, children: &mut HashSet<i32>) -> io::
 }
 
 /// The forked child: become the job's supervisor.
-fn supervisor(sock: &OwnedFd, sigfd: &SignalFd, fds: [OwnedFd; FORK_FDS]) -> ! {
+/// `fds` holds [`FORK_FDS`] descriptors, or one more (the egress socket).
+fn supervisor(sock: &OwnedFd, sigfd: &SignalFd, fds: Vec<OwnedFd>) -> ! {
     // First thing: nothing of the spawner reaches the job.
     // SAFETY: these are the spawner's own descriptors, open, and this
     // child never uses them again (the borrowed owners are never dropped:
@@ -301,8 +289,22 @@ fn supervisor(sock: &OwnedFd, sigfd: &SignalFd, fds: [OwnedFd; FORK_FDS]) -> ! {
         libc::close(sock.as_raw_fd());
         libc::close(sigfd.as_fd().as_raw_fd());
     }
-    sys::set_process_name(c"sandbox-exec");
-    let [stdin, stdout, stderr, lifeline, status, spec] = fds;
+    // `executor` as every helper of the agent (the spawner alone is
+    // `executor-spawn`); argv stays the spawner's (`executor sandbox-exec
+    // --spawner`).
+    sys::set_process_name(c"executor");
+    let mut fds = fds.into_iter();
+    let (Some(stdin), Some(stdout), Some(stderr), Some(lifeline), Some(status), Some(spec)) = (
+        fds.next(),
+        fds.next(),
+        fds.next(),
+        fds.next(),
+        fds.next(),
+        fds.next(),
+    ) else {
+        std::process::exit(126)
+    };
+    let egress = fds.next();
     let stdio = nix::unistd::dup2_stdin(&stdin)
         .and_then(|()| nix::unistd::dup2_stdout(&stdout))
         .and_then(|()| nix::unistd::dup2_stderr(&stderr));
@@ -314,6 +316,7 @@ fn supervisor(sock: &OwnedFd, sigfd: &SignalFd, fds: [OwnedFd; FORK_FDS]) -> ! {
         lifeline: Some(lifeline.into_raw_fd()),
         status: Some(status.into_raw_fd()),
         spec: spec.into_raw_fd(),
+        egress: egress.map(IntoRawFd::into_raw_fd),
     };
     std::process::exit(crate::trampoline::run_reporting(Ok(spec)))
 }
@@ -325,7 +328,14 @@ mod tests {
     #[test]
     fn messages_round_trip() {
         for r in [
-            Request::Fork { id: u64::MAX },
+            Request::Fork {
+                id: u64::MAX,
+                egress: false,
+            },
+            Request::Fork {
+                id: 1,
+                egress: true,
+            },
             Request::Kill { pid: 4_194_303 },
         ] {
             assert_eq!(Request::decode(&r.encode()), Some(r));
@@ -349,6 +359,7 @@ mod tests {
         assert_eq!(Request::decode(&encode(b'K', 0, 0)), None, "pid 0");
         assert_eq!(Request::decode(&encode(b'K', 1 << 40, 0)), None);
         assert_eq!(Request::decode(&encode(b'Z', 1, 0)), None);
+        assert_eq!(Request::decode(&encode(b'F', 1, 2)), None, "egress 2");
         assert_eq!(
             Reply::decode(&encode(b'F', 1, 0)),
             None,

@@ -39,12 +39,8 @@ impl JobSpec {
     /// the flag on the copy it hands to the trampoline).
     pub fn to_memfd(&self) -> io::Result<OwnedFd> {
         use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-        use nix::sys::memfd::{memfd_create, MFdFlags};
         let bytes = rmp_serde::to_vec(self).map_err(io::Error::other)?;
-        let fd = memfd_create(
-            c"executor-job-spec",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )?;
+        let fd = crate::sys::memfd_sealable(c"executor-job-spec")?;
         let mut f = std::fs::File::from(fd);
         f.write_all(&bytes)?;
         f.rewind()?;

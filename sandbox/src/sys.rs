@@ -31,6 +31,42 @@ pub fn landlock_abi() -> io::Result<u32> {
     }
 }
 
+/// Try what a sandboxed job's start does first: create a child in a new
+/// user namespace (`clone(CLONE_NEWUSER)`). The child exits at once; the
+/// error is the kernel's answer (EPERM: refused by a sysctl, an LSM or a
+/// seccomp filter; EINVAL/ENOSYS: not built in; ENOSPC: the namespace limit
+/// is 0 or reached).
+#[cfg(target_os = "linux")]
+pub fn try_user_namespace() -> io::Result<()> {
+    // SAFETY: a fork-like clone with no new stack; the child only calls
+    // `_exit`, which is async-signal-safe, so no lock another thread held
+    // at the clone matters to it.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    match ret {
+        r if r < 0 => Err(io::Error::last_os_error()),
+        // SAFETY: see above: the child ends here without touching shared state.
+        0 => unsafe { libc::_exit(0) },
+        pid => {
+            let pid = nix::unistd::Pid::from_raw(pid as libc::pid_t);
+            loop {
+                match nix::sys::wait::waitpid(pid, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Ok(_) | Err(_) => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
 /// Whether seccomp filter mode exists (`PR_GET_SECCOMP` answers, and the
 /// kernel lists filter actions).
 pub fn seccomp_filter_available() -> bool {
@@ -219,6 +255,17 @@ pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
 pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
 /// `MOUNT_ATTR_NOEXEC`.
 pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
+
+/// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)` as a raw system
+/// call: glibc has the wrapper only from 2.27, and the portable build
+/// links against 2.17 (Linux has the call since 3.17).
+#[cfg(target_os = "linux")]
+pub fn memfd_sealable(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: a valid C string the kernel only reads, and integer flags;
+    // the kernel returns a new descriptor or -1.
+    fd_result(unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), flags) })
+}
 
 #[cfg(target_os = "linux")]
 fn fd_result(ret: libc::c_long) -> io::Result<OwnedFd> {
@@ -424,4 +471,131 @@ pub fn set_not_dumpable() -> io::Result<()> {
 pub fn set_process_name(name: &std::ffi::CStr) {
     // Only cosmetic: a kernel that refuses leaves the inherited name.
     let _ = nix::sys::prctl::set_name(name);
+}
+
+/// Bring the loopback interface of the calling process's network namespace
+/// up (`SIOCSIFFLAGS` with `IFF_UP`; needs `CAP_NET_ADMIN` there, which a
+/// job's init holds in its new user namespace until it confines itself).
+#[cfg(target_os = "linux")]
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() takes integers only; the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor we just opened and own alone.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `ifreq` is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads one `ifreq` through the pointer, which
+    // points at a live, initialised local for the duration of the call.
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Send one message with descriptors over a Unix socket (`SCM_RIGHTS`).
+/// `data` must not be empty: a zero-length message carries no control data
+/// on a stream socket, and reads as EOF on a `SOCK_SEQPACKET` one.
+pub fn send_fds(
+    sock: BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+    flags: nix::sys::socket::MsgFlags,
+) -> io::Result<usize> {
+    use nix::sys::socket::{sendmsg, ControlMessage};
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let iov = [io::IoSlice::new(data)];
+    Ok(sendmsg::<()>(
+        sock.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&raw)],
+        flags,
+        None,
+    )?)
+}
+
+/// One message taken by [`recv_fds`].
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes of data (0 with no descriptors: EOF).
+    pub bytes: usize,
+    /// The kernel cut the data or the descriptors to fit (`MSG_TRUNC`,
+    /// `MSG_CTRUNC`): the message is not what the sender sent.
+    pub truncated: bool,
+    /// The descriptors it carried (close-on-exec), owned here: dropping
+    /// the message closes them.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Receive one message sent by [`send_fds`] with room for up to `N`
+/// descriptors (close-on-exec). `flags` adds to `MSG_CMSG_CLOEXEC`, e.g.
+/// `MSG_DONTWAIT` (then `WouldBlock` when nothing was sent).
+pub fn recv_fds<const N: usize>(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: nix::sys::socket::MsgFlags,
+) -> io::Result<Received> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut space = nix::cmsg_space!([RawFd; N]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC | flags,
+    )?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = c {
+            // SAFETY: the kernel just installed these descriptors in this
+            // process for this message; nothing else knows their numbers.
+            fds.extend(
+                received
+                    .into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    Ok(Received {
+        bytes: msg.bytes,
+        truncated: msg
+            .flags
+            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC),
+        fds,
+    })
+}
+
+/// Move up to `len` bytes from `from` to `to` inside the kernel
+/// (`splice(2)`, one of them a pipe), without blocking: `WouldBlock` when
+/// the source has nothing or the destination has no room.
+#[cfg(target_os = "linux")]
+pub fn splice_nonblocking(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    len: usize,
+) -> io::Result<usize> {
+    // SAFETY: both descriptors are borrowed (open for the call); the
+    // offsets are NULL (pipes and sockets have none), so no memory of
+    // ours is read or written.
+    let ret = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            std::ptr::null_mut(),
+            to.as_raw_fd(),
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as usize)
 }

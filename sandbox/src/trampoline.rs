@@ -4,7 +4,7 @@
 //! The agent never forks for a job: its spawner ([`crate::spawner`], a
 //! small single-threaded process with an empty environment) forks the
 //! job's **supervisor**, which runs [`run`] directly; `executor
-//! sandbox-exec --lifeline FD --status FD --spec FD` runs the same
+//! sandbox-exec --lifeline FD --status FD [--egress FD] --spec FD` runs the same
 //! function as a command (for tests and tools). Either way the supervisor
 //! gets descriptor numbers only: what to run comes in a sealed memfd
 //! ([`crate::spec::JobSpec`]), so nothing of the request reaches its
@@ -101,6 +101,9 @@ pub struct Spec {
     pub status: Option<RawFd>,
     /// The sealed memfd holding the [`JobSpec`].
     pub spec: RawFd,
+    /// With egress by name: a Unix socket on which the job's init sends the
+    /// agent the proxy's listening socket (`SCM_RIGHTS`).
+    pub egress: Option<RawFd>,
 }
 
 /// Errors of the trampoline's setup, each naming its step.
@@ -128,12 +131,13 @@ pub enum Error {
 }
 
 impl Spec {
-    /// Parse `[--lifeline FD] [--status FD] --spec FD`.
+    /// Parse `[--lifeline FD] [--status FD] [--egress FD] --spec FD`.
     pub fn parse(args: &[OsString]) -> Result<Spec, Error> {
         let mut spec = Spec {
             lifeline: None,
             status: None,
             spec: -1,
+            egress: None,
         };
         let mut it = args.iter();
         let fd = |v: Option<&OsString>, name: &str| -> Result<RawFd, Error> {
@@ -149,6 +153,7 @@ impl Spec {
                 Some("--lifeline") => spec.lifeline = Some(fd(it.next(), "--lifeline")?),
                 Some("--status") => spec.status = Some(fd(it.next(), "--status")?),
                 Some("--spec") => spec.spec = fd(it.next(), "--spec")?,
+                Some("--egress") => spec.egress = Some(fd(it.next(), "--egress")?),
                 _ => return Err(Error::Usage(format!("unexpected argument {a:?}"))),
             }
         }
@@ -206,6 +211,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         .lifeline
         .iter()
         .chain(spec.status.iter())
+        .chain(spec.egress.iter())
         .chain(std::iter::once(&spec.spec))
         .copied()
         .collect();
@@ -219,10 +225,13 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         .map(|fd| unsafe { sys::own_inherited_fd(fd) }.into());
     // SAFETY: as above.
     let job_fd = unsafe { sys::own_inherited_fd(spec.spec) };
+    // SAFETY: as above.
+    let egress: Option<OwnedFd> = spec.egress.map(|fd| unsafe { sys::own_inherited_fd(fd) });
     for fd in lifeline
         .iter()
         .map(|f| f.as_fd())
         .chain(status.iter().map(|f| f.as_fd()))
+        .chain(egress.iter().map(|f| f.as_fd()))
     {
         // Our own fds must not reach the job either.
         let _ = nix::fcntl::fcntl(
@@ -284,8 +293,16 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     #[cfg(target_os = "linux")]
     if let Some(plan) = &job.sandbox {
         let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(&job.cwd));
-        return sandboxed(plan, &cwd, &exec, exec_r, exec_w, status, lifeline, sigfd);
+        let job = Job {
+            plan,
+            cwd: &cwd,
+            exec: &exec,
+            egress,
+        };
+        return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
     }
+    // Only a sandboxed plan has egress by name.
+    drop(egress);
 
     // 7. Fork the job.
     // SAFETY: `run` is documented to be called single-threaded (the
@@ -384,14 +401,21 @@ fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EPERM)
 }
 
+/// What the job's init needs.
+#[cfg(target_os = "linux")]
+struct Job<'a> {
+    plan: &'a crate::plan::WirePlan,
+    cwd: &'a std::path::Path,
+    exec: &'a Exec,
+    /// Where the egress listener goes (`--egress`).
+    egress: Option<OwnedFd>,
+}
+
 /// The sandboxed path: an init in new namespaces confines itself and forks
 /// the program; the supervisor reports and waits for the init.
 #[cfg(target_os = "linux")]
-#[allow(clippy::too_many_arguments)]
 fn sandboxed(
-    plan: &crate::plan::WirePlan,
-    cwd: &std::path::Path,
-    exec: &Exec,
+    job: Job<'_>,
     mut exec_r: std::fs::File,
     exec_w: OwnedFd,
     mut status: Option<std::fs::File>,
@@ -404,14 +428,14 @@ fn sandboxed(
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     );
-    let flags = crate::linux::namespace_flags(plan);
+    let flags = crate::linux::namespace_flags(job.plan);
     // SAFETY: `run` is documented to be called single-threaded.
     let init = match unsafe { sys::fork_into_namespaces(flags) } {
         Ok(Some(pid)) => pid,
         Ok(None) => {
             drop(exec_r);
             drop(ctl);
-            let code = job_init(plan, cwd, exec, uid, gid, exec_w, ctl_init);
+            let code = job_init(job, uid, gid, exec_w, ctl_init);
             std::process::exit(code);
         }
         Err(e) => {
@@ -427,6 +451,8 @@ fn sandboxed(
     };
     drop(exec_w);
     drop(ctl_init);
+    // The init has its own copy; the supervisor never needs it.
+    drop(job.egress);
     if report_start(&mut exec_r, &mut status, || program_of(init)).is_err() {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
         let _ = waitpid(init, None);
@@ -469,9 +495,7 @@ fn program_of(init: Pid) -> Option<Pid> {
 /// whatever is left in the namespace). Returns the init's exit code.
 #[cfg(target_os = "linux")]
 fn job_init(
-    plan: &crate::plan::WirePlan,
-    cwd: &std::path::Path,
-    exec: &Exec,
+    job: Job<'_>,
     uid: u32,
     gid: u32,
     exec_w: OwnedFd,
@@ -482,10 +506,32 @@ fn job_init(
         let _ = w.write_all(&failure(FAIL_SANDBOX, step as u8, errno_of(e)));
         127
     };
+    let Job {
+        plan,
+        cwd,
+        exec,
+        egress,
+    } = job;
     let prep = match crate::linux::build_root(plan, uid, gid, exec.tty, cwd) {
         Ok(p) => p,
         Err((step, e)) => return fail(&mut w, step, &e),
     };
+    // Egress by name: the proxy's listener goes to the agent now, while
+    // the init may still bring `lo` up and listen (confinement forbids
+    // both); the socket to the agent is closed before the program forks.
+    match (&plan.net, egress) {
+        (crate::plan::WireNet::Egress { port }, Some(to_agent)) => {
+            if let Err((step, e)) = crate::linux::hand_over_egress_listener(*port, to_agent.as_fd())
+            {
+                return fail(&mut w, step, &e);
+            }
+        }
+        (crate::plan::WireNet::Egress { .. }, None) => {
+            let e = io::Error::other("egress by name without a socket to the agent (--egress)");
+            return fail(&mut w, crate::linux::Step::Egress, &e);
+        }
+        _ => {}
+    }
     // Its /proc entries become root's: the job cannot read its init.
     if let Err(e) = sys::set_not_dumpable() {
         return fail(&mut w, crate::linux::Step::Capabilities, &e);

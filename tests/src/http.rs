@@ -37,6 +37,12 @@ pub struct TestCa {
 
 impl TestCa {
     pub fn new(dir: &std::path::Path) -> TestCa {
+        TestCa::with_names(dir, &["localhost", "127.0.0.1"])
+    }
+
+    /// A CA whose server certificate is for `names` (DNS names or
+    /// addresses).
+    pub fn with_names(dir: &std::path::Path, names: &[&str]) -> TestCa {
         use rcgen::{
             BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
         };
@@ -53,7 +59,7 @@ impl TestCa {
         let ca_cert = ca.self_signed(&ca_key).expect("self-sign the CA");
         let issuer = Issuer::new(ca, ca_key);
         let leaf_key = KeyPair::generate().expect("leaf key");
-        let leaf = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        let leaf = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
             .expect("leaf params");
         let leaf_cert = leaf.signed_by(&leaf_key, &issuer).expect("sign the leaf");
         let pem_path = dir.join("test-ca.pem");

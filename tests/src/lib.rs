@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: find and spawn the real
 //! `executor` binary, and talk to it in raw frames.
 
+pub mod cli;
 pub mod http;
 pub mod sshd;
 
@@ -10,7 +11,7 @@ use executor_protocol::message::{encode_request, Incoming};
 use executor_protocol::types::session::{ClientInfo, InitializeParams};
 use executor_protocol::PREAMBLE;
 use rmpv::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,6 +44,7 @@ pub fn executor_bin_for_any_user() -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     COPY.get_or_init(|| {
+        sweep_dead_test_dirs();
         let dir = std::env::temp_dir().join(format!("executor-tests-bin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -108,7 +110,9 @@ impl RawAgent {
     /// Spawn and initialize.
     pub async fn initialized() -> RawAgent {
         let mut a = RawAgent::spawn().await;
-        let r = a.request(0, "initialize", &init_params()).await;
+        let r = a
+            .request(0, executor_protocol::methods::INITIALIZE, &init_params())
+            .await;
         assert!(get(&r, "result").is_some(), "initialize failed: {r:?}");
         a
     }
@@ -237,8 +241,38 @@ pub fn current_uid() -> u32 {
         .expect("a Uid line")
 }
 
+/// Removes what earlier test processes left under the temp dir
+/// (`executor-test-TAG-PID-N` directories and `executor-tests-bin-PID`
+/// copies of the agent) once their process is gone: a test that fails
+/// leaves its files for a look, and the next run takes them away.
+fn sweep_dead_test_dirs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = if let Some(rest) = name.strip_prefix("executor-tests-bin-") {
+                rest.parse::<u32>().ok()
+            } else if name.starts_with("executor-test-") {
+                // executor-test-{tag}-{pid}-{nanos}: the pid is second to last.
+                name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok())
+            } else {
+                None
+            };
+            let Some(pid) = pid else { continue };
+            if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    });
+}
+
 /// A fresh, uniquely named directory under the temp dir.
 pub fn unique_tempdir(tag: &str) -> PathBuf {
+    sweep_dead_test_dirs();
     let d = std::env::temp_dir().join(format!(
         "executor-test-{tag}-{}-{}",
         std::process::id(),
@@ -260,6 +294,7 @@ pub fn init_params() -> InitializeParams {
             version: "0".into(),
         },
         session: None,
+        capabilities: None,
     }
 }
 
@@ -417,6 +452,17 @@ pub fn parent_pid(pid: u32) -> u32 {
 /// agent.
 pub fn agent_of_job(pid: u32) -> u32 {
     parent_pid(parent_pid(parent_pid(pid)))
+}
+
+/// `chown -R uid:uid p` (for a tree an unprivileged agent must own).
+pub fn chown_r(p: &Path, uid: u32) {
+    let st = std::process::Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success());
 }
 
 #[cfg(test)]

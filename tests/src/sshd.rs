@@ -101,9 +101,8 @@ impl Sshd {
             port: Some(self.port),
             identity: Some(self.client_key.clone()),
             options: self.ssh_o_options(),
-            subsystem: false,
             remote_command: remote_command.to_string_lossy().into_owned(),
-            ssh_program: "ssh".into(),
+            ..SshOptions::default()
         }
     }
 

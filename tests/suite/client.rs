@@ -83,7 +83,11 @@ async fn errors_are_typed_and_many_requests_fly_at_once() {
     assert_eq!(err.code(), Some(ErrorCode::MethodNotFound));
     let mut calls = Vec::new();
     for _ in 0..500 {
-        calls.push(c.call("environment/info", &Empty {}).await.unwrap());
+        calls.push(
+            c.start_call(executor_protocol::methods::ENVIRONMENT_INFO, &Empty {})
+                .await
+                .unwrap(),
+        );
     }
     let ids: std::collections::BTreeSet<u64> = calls.iter().map(|c| c.id()).collect();
     assert_eq!(ids.len(), 500);

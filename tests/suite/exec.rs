@@ -17,6 +17,7 @@ fn cmd(argv: &[&str], yield_ms: u64, tokens: u64) -> ExecCommandParams {
         additional_permissions_preapproved: false,
         justification: None,
         exec_approval_requirement: None,
+        env_base: Default::default(),
     }
 }
 

@@ -3,7 +3,6 @@
 use executor_client::fs::walk_params;
 use executor_client::{Client, ClientOptions, ErrorCode};
 use executor_protocol::types::fs::*;
-use executor_protocol::types::Empty;
 use executor_tests::*;
 use futures_util::StreamExt;
 use serde_bytes::ByteBuf;
@@ -69,54 +68,42 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
     }
     assert_eq!(std::fs::read_to_string(&f).unwrap(), "v4");
     let h: HandleResult = c
-        .request(
-            "fs/openWrite",
-            &OpenWriteParams {
-                path: p(&d.join("y")),
-                mode: None,
-                create_parents: false,
-                sandbox: None,
-                cwd: None,
-            },
-        )
-        .await
-        .unwrap();
-    c.request::<_, Empty>(
-        "fs/writeBlock",
-        &WriteBlockParams {
-            handle: h.handle,
-            offset: 0,
-            data: ByteBuf::from(b"secret".to_vec()),
+        .call(&OpenWriteParams {
+            path: p(&d.join("y")),
+            mode: None,
+            create_parents: false,
             sandbox: None,
             cwd: None,
-        },
-    )
+        })
+        .await
+        .unwrap();
+    c.call(&WriteBlockParams {
+        handle: h.handle,
+        offset: 0,
+        data: ByteBuf::from(b"secret".to_vec()),
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
     assert_eq!(names(&d).len(), 2, "a temp file exists while writing");
-    c.request::<_, Empty>(
-        "fs/close",
-        &HandleParams {
-            handle: h.handle,
-            sandbox: None,
-            cwd: None,
-        },
-    )
+    c.call(&CloseParams {
+        handle: h.handle,
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
     assert_eq!(names(&d), vec!["x"]);
     // The end of the session discards uncommitted writes too.
     let h: HandleResult = c
-        .request(
-            "fs/openWrite",
-            &OpenWriteParams {
-                path: p(&d.join("z")),
-                mode: None,
-                create_parents: false,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&OpenWriteParams {
+            path: p(&d.join("z")),
+            mode: None,
+            create_parents: false,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     let _ = h;
@@ -137,30 +124,24 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
     let f = d.join("target");
     std::fs::write(&f, "old").unwrap();
     let h: HandleResult = c
-        .request(
-            "fs/openWrite",
-            &OpenWriteParams {
-                path: p(&f),
-                mode: Some(0o640),
-                create_parents: false,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&OpenWriteParams {
+            path: p(&f),
+            mode: Some(0o640),
+            create_parents: false,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     for (i, chunk) in [&b"new "[..], b"content"].iter().enumerate() {
         let offset = if i == 0 { 0 } else { 4 };
-        c.request::<_, Empty>(
-            "fs/writeBlock",
-            &WriteBlockParams {
-                handle: h.handle,
-                offset,
-                data: ByteBuf::from(chunk.to_vec()),
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&WriteBlockParams {
+            handle: h.handle,
+            offset,
+            data: ByteBuf::from(chunk.to_vec()),
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
         assert_eq!(
@@ -170,14 +151,11 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
         );
     }
     let r: CommitResult = c
-        .request(
-            "fs/commit",
-            &HandleParams {
-                handle: h.handle,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&HandleParams {
+            handle: h.handle,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!(r.size, 11);
@@ -191,14 +169,11 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
     // Close after commit (a client's `finally`): `{}` once, then unknown;
     // the committed file stays.
     let close = |handle| async move {
-        c.request::<_, Empty>(
-            "fs/close",
-            &HandleParams {
-                handle,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&CloseParams {
+            handle,
+            sandbox: None,
+            cwd: None,
+        })
         .await
     };
     close(h.handle).await.unwrap();
@@ -239,15 +214,12 @@ pub async fn errors_name_the_path_on(c: &Client) {
     );
     assert_eq!(w.code, ErrorCode::NotFound);
     let w = remote(
-        c.request::<_, Empty>(
-            "fs/createDirectory",
-            &CreateDirectoryParams {
-                path: p(&d),
-                recursive: false,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&CreateDirectoryParams {
+            path: p(&d),
+            recursive: false,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -319,14 +291,11 @@ pub async fn non_utf8_names_are_walked_and_read_back_on(c: &Client) {
     assert_eq!(std::fs::read(&g).unwrap(), b"1");
     assert_eq!(c.stat(p(&g)).await.unwrap().size, 1);
     let canon: PathResult = c
-        .request(
-            "fs/canonicalize",
-            &CanonicalizeParams {
-                path: p(&g),
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&CanonicalizeParams {
+            path: p(&g),
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     assert!(canon.path.as_bytes().ends_with(b"\x80new"));
@@ -508,57 +477,45 @@ pub async fn a_5_mib_file_read_in_blocks_matches_its_sha256_on(c: &Client) {
     assert_eq!(sha256(&got), sha256(&data));
     // eof is set on a read ending exactly at the end.
     let o: OpenResult = c
-        .request(
-            "fs/open",
-            &OpenParams {
-                path: p(&d.join("f")),
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&OpenParams {
+            path: p(&d.join("f")),
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     let len = 1000u64;
     let r: ReadBlockResult = c
-        .request(
-            "fs/readBlock",
-            &ReadBlockParams {
-                handle: o.handle,
-                offset: data.len() as u64 - len,
-                length: len,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&ReadBlockParams {
+            handle: o.handle,
+            offset: data.len() as u64 - len,
+            length: len,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!(r.data.len() as u64, len);
     assert!(r.eof);
     let r: ReadBlockResult = c
-        .request(
-            "fs/readBlock",
-            &ReadBlockParams {
-                handle: o.handle,
-                offset: 0,
-                length: 10,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&ReadBlockParams {
+            handle: o.handle,
+            offset: 0,
+            length: 10,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     assert!(!r.eof);
     let w = remote(
-        c.request::<_, ReadBlockResult>(
-            "fs/readBlock",
-            &ReadBlockParams {
-                handle: o.handle,
-                offset: 0,
-                length: (1 << 20) + 1,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&ReadBlockParams {
+            handle: o.handle,
+            offset: 0,
+            length: (1 << 20) + 1,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -576,29 +533,23 @@ async fn reads_continue_from_the_old_inode_after_a_rename_over_the_path() {
     let f = d.join("f");
     std::fs::write(&f, "original content").unwrap();
     let o: OpenResult = c
-        .request(
-            "fs/open",
-            &OpenParams {
-                path: p(&f),
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&OpenParams {
+            path: p(&f),
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     std::fs::write(d.join("new"), "REPLACED").unwrap();
     std::fs::rename(d.join("new"), &f).unwrap();
     let r: ReadBlockResult = c
-        .request(
-            "fs/readBlock",
-            &ReadBlockParams {
-                handle: o.handle,
-                offset: 0,
-                length: 100,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&ReadBlockParams {
+            handle: o.handle,
+            offset: 0,
+            length: 100,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!(&r.data[..], b"original content");
@@ -620,27 +571,21 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
     let mut handles = Vec::new();
     for _ in 0..128 {
         let o: OpenResult = c
-            .request(
-                "fs/open",
-                &OpenParams {
-                    path: p(&f),
-                    sandbox: None,
-                    cwd: None,
-                },
-            )
+            .call(&OpenParams {
+                path: p(&f),
+                sandbox: None,
+                cwd: None,
+            })
             .await
             .unwrap();
         handles.push(o.handle);
     }
     let w = remote(
-        c.request::<_, OpenResult>(
-            "fs/open",
-            &OpenParams {
-                path: p(&f),
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&OpenParams {
+            path: p(&f),
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -651,52 +596,40 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
     );
     assert_eq!(w.data_get("max").and_then(|v| v.as_u64()), Some(128));
     let w = remote(
-        c.request::<_, HandleResult>(
-            "fs/openWrite",
-            &OpenWriteParams {
-                path: p(&d.join("w")),
-                mode: None,
-                create_parents: false,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&OpenWriteParams {
+            path: p(&d.join("w")),
+            mode: None,
+            create_parents: false,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::LimitExceeded);
-    c.request::<_, Empty>(
-        "fs/close",
-        &HandleParams {
-            handle: handles[5],
-            sandbox: None,
-            cwd: None,
-        },
-    )
+    c.call(&CloseParams {
+        handle: handles[5],
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
-    c.request::<_, OpenResult>(
-        "fs/open",
-        &OpenParams {
-            path: p(&f),
-            sandbox: None,
-            cwd: None,
-        },
-    )
+    c.call(&OpenParams {
+        path: p(&f),
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
     // A closed handle is unknown.
     let w = remote(
-        c.request::<_, ReadBlockResult>(
-            "fs/readBlock",
-            &ReadBlockParams {
-                handle: handles[5],
-                offset: 0,
-                length: 1,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&ReadBlockParams {
+            handle: handles[5],
+            offset: 0,
+            length: 1,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -729,16 +662,13 @@ pub async fn read_file_is_bounded_and_ranges_within_the_bound_work_on(c: &Client
     );
     assert!(w.message.contains("fs/open"), "{}", w.message);
     let r: ReadFileResult = c
-        .request(
-            "fs/readFile",
-            &ReadFileParams {
-                path: p(&f),
-                offset: Some(1 << 20),
-                length: Some(1000),
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        .call(&ReadFileParams {
+            path: p(&f),
+            offset: Some(1 << 20),
+            length: Some(1000),
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!((r.data.len(), r.size), (1000, 9 << 20));
@@ -748,18 +678,15 @@ pub async fn read_file_is_bounded_and_ranges_within_the_bound_work_on(c: &Client
 async fn mode_is_exact_and_remove_never_follows_symlinks() {
     let c = local_client().await;
     let d = unique_tempdir("mode");
-    c.request::<_, Empty>(
-        "fs/writeFile",
-        &WriteFileParams {
-            path: p(&d.join("sub/x")),
-            data: ByteBuf::from(b"x".to_vec()),
-            mode: Some(0o777),
-            create_parents: true,
-            atomic: true,
-            sandbox: None,
-            cwd: None,
-        },
-    )
+    c.call(&WriteFileParams {
+        path: p(&d.join("sub/x")),
+        data: ByteBuf::from(b"x".to_vec()),
+        mode: Some(0o777),
+        create_parents: true,
+        atomic: true,
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -787,15 +714,12 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
         .is_symlink());
     // Recursive remove of a tree holding a symlink to outside: the outside stays.
     std::os::unix::fs::symlink(&outside, d.join("sub/out")).unwrap();
-    c.request::<_, Empty>(
-        "fs/remove",
-        &RemoveParams {
-            path: p(&d.join("sub")),
-            recursive: true,
-            sandbox: None,
-            cwd: None,
-        },
-    )
+    c.call(&RemoveParams {
+        path: p(&d.join("sub")),
+        recursive: true,
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
     assert!(!d.join("sub").exists());
@@ -806,15 +730,12 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
     // Non-recursive removal of a non-empty dir fails; a symlink to a dir is removed as a link.
     std::fs::create_dir_all(d.join("full/x")).unwrap();
     let w = remote(
-        c.request::<_, Empty>(
-            "fs/remove",
-            &RemoveParams {
-                path: p(&d.join("full")),
-                recursive: false,
-                sandbox: None,
-                cwd: None,
-            },
-        )
+        c.call(&RemoveParams {
+            path: p(&d.join("full")),
+            recursive: false,
+            sandbox: None,
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -823,28 +744,22 @@ async fn mode_is_exact_and_remove_never_follows_symlinks() {
         d.join("full").to_str()
     );
     std::os::unix::fs::symlink(&outside, d.join("dirlink")).unwrap();
-    c.request::<_, Empty>(
-        "fs/remove",
-        &RemoveParams {
-            path: p(&d.join("dirlink")),
-            recursive: true,
-            sandbox: None,
-            cwd: None,
-        },
-    )
+    c.call(&RemoveParams {
+        path: p(&d.join("dirlink")),
+        recursive: true,
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
     assert!(outside.join("keep").exists());
     // rename
-    c.request::<_, Empty>(
-        "fs/rename",
-        &RenameParams {
-            from: p(&d.join("full")),
-            to: p(&d.join("moved")),
-            sandbox: None,
-            cwd: None,
-        },
-    )
+    c.call(&RenameParams {
+        from: p(&d.join("full")),
+        to: p(&d.join("moved")),
+        sandbox: None,
+        cwd: None,
+    })
     .await
     .unwrap();
     assert!(d.join("moved/x").is_dir());

@@ -98,7 +98,9 @@ async fn thousands_of_hostile_frames_never_panic_the_agent() {
         a.send_frame(&payload).await;
     }
     // Still serving, and in order of arrival it still answers new requests.
-    let ok = a.request(1, "tools/list", &Empty {}).await;
+    let ok = a
+        .request(1, executor_protocol::methods::TOOLS_LIST, &Empty {})
+        .await;
     assert!(get(&ok, "result").is_some(), "{ok:?}");
     assert_eq!(a.close_and_wait().await.code(), Some(0));
     let err = a.stderr().await;

@@ -336,7 +336,7 @@ async fn reads_in_flight(a: &mut RawAgent, tag: &str, size: u64, blocks: u64) {
     let r = a
         .request(
             2,
-            "fs/open",
+            executor_protocol::methods::FS_OPEN,
             &map(&[("path", big.to_str().unwrap().into())]),
         )
         .await;
@@ -354,7 +354,13 @@ async fn reads_in_flight(a: &mut RawAgent, tag: &str, size: u64, blocks: u64) {
 #[tokio::test]
 async fn sigkill_during_a_job_and_a_streaming_read_leaves_nothing_alive() {
     let mut a = RawAgent::initialized().await;
-    let r = a.request(1, "process/start", &sh("sleep 1000")).await;
+    let r = a
+        .request(
+            1,
+            executor_protocol::methods::PROCESS_START,
+            &sh("sleep 1000"),
+        )
+        .await;
     let pid = get(get(&r, "result").unwrap(), "pid")
         .unwrap()
         .as_u64()
@@ -394,8 +400,12 @@ async fn closing_the_transport_mid_read_block_ends_the_agent_cleanly() {
 async fn a_client_that_never_reads_keeps_the_agent_bounded() {
     let mut a = RawAgent::initialized().await;
     let pid = a.child.id().unwrap();
-    a.send_request(1, "process/start", &sh("head -c 1073741824 /dev/zero"))
-        .await;
+    a.send_request(
+        1,
+        executor_protocol::methods::PROCESS_START,
+        &sh("head -c 1073741824 /dev/zero"),
+    )
+    .await;
     // Read nothing for 5 s while the job writes as fast as it can.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rss = status_kib(pid, "VmRSS");
@@ -405,7 +415,8 @@ async fn a_client_that_never_reads_keeps_the_agent_bounded() {
     // answered.
     let r = a.response(1).await;
     assert!(get(&r, "result").is_some(), "{r:?}");
-    a.send_request(2, "environment/info", &map(&[])).await;
+    a.send_request(2, executor_protocol::methods::ENVIRONMENT_INFO, &map(&[]))
+        .await;
     let r = a.response(2).await;
     assert!(get(&r, "result").is_some(), "{r:?}");
 }
@@ -569,7 +580,10 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
         ),
     ] {
         let e = c
-            .call("process/start", &start_raw(&script, intent.clone()))
+            .start_call(
+                executor_protocol::methods::PROCESS_START,
+                &start_raw(&script, intent.clone()),
+            )
             .await
             .unwrap()
             .result::<Value>()
@@ -587,7 +601,7 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
                 (field, intent.clone()),
             ]);
             let e = remote(
-                c.call("exec_command", &p)
+                c.start_call(executor_protocol::methods::EXEC_COMMAND, &p)
                     .await
                     .unwrap()
                     .result::<Value>()
@@ -599,7 +613,7 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
         }
         let p = map(&[("path", s()), ("sandbox", intent.clone())]);
         let e = remote(
-            c.call("fs/readFile", &p)
+            c.start_call(executor_protocol::methods::FS_READ_FILE, &p)
                 .await
                 .unwrap()
                 .result::<Value>()
@@ -614,7 +628,10 @@ async fn misspelt_intent_keys_are_refused_naming_the_key() {
         ("deny_read", Value::Array(vec![s()])),
     ]);
     let r: Value = c
-        .call("process/start", &start_raw(&script, good))
+        .start_call(
+            executor_protocol::methods::PROCESS_START,
+            &start_raw(&script, good),
+        )
         .await
         .unwrap()
         .result()

@@ -921,7 +921,8 @@ async fn a_client_that_stops_reading_slows_the_server_not_the_agents_memory() {
         follow_redirects: 0,
         sandbox: None,
     };
-    a.send_request(2, "http/request", &params).await;
+    a.send_request(2, executor_protocol::methods::HTTP_REQUEST, &params)
+        .await;
     // Read nothing for a while.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let produced = server.sent.load(Ordering::Relaxed);
@@ -1008,13 +1009,13 @@ async fn the_cli_streams_a_body_to_stdout() {
     let head = String::from_utf8_lossy(&out.stderr);
     assert!(head.starts_with("200 "), "{head}");
     assert!(head.contains("x-rep-echo: a\nx-rep-echo: b\n"), "{head}");
-    // A 404 exits 1; a refused destination fails with the agent's message.
+    // A 404 exits 22 (curl's); a refused destination fails with the agent's message.
     let out = tokio::process::Command::new(&client_bin)
         .args(["http", &server.url("/nope")])
         .output()
         .await
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(22));
     let out = tokio::process::Command::new(&client_bin)
         .args(["http", "http://169.254.169.254/"])
         .env("RUST_BACKTRACE", "0")

@@ -363,7 +363,11 @@ async fn agent_with_escaping_grandchild() -> (RawAgent, u32, u32) {
     );
     let mut a = RawAgent::initialized().await;
     let r = a
-        .request(1, "process/start", &params(&["sh", "-c", &script]))
+        .request(
+            1,
+            executor_protocol::methods::PROCESS_START,
+            &params(&["sh", "-c", &script]),
+        )
         .await;
     let pid = path(&r, "result.pid")
         .and_then(|v| v.as_u64())
@@ -423,7 +427,7 @@ async fn a_job_ignoring_sigterm_is_killed_after_the_grace() {
     let r = a
         .request(
             1,
-            "process/start",
+            executor_protocol::methods::PROCESS_START,
             &params(&[
                 "sh",
                 "-c",
@@ -458,8 +462,12 @@ fn children(pid: u32) -> Vec<u32> {
 async fn a_flood_never_blocks_other_requests_and_memory_stays_bounded() {
     let mut a = RawAgent::initialized().await;
     let agent_pid = a.child.id().unwrap();
-    a.send_request(1, "process/start", &params(&["yes", "flood"]))
-        .await;
+    a.send_request(
+        1,
+        executor_protocol::methods::PROCESS_START,
+        &params(&["yes", "flood"]),
+    )
+    .await;
     // Do not read while `yes` writes 100 MiB: far more than the agent's
     // notification queue, output buffer and stdout pipe can hold together.
     let deadline = std::time::Instant::now() + WAIT;
@@ -496,10 +504,11 @@ async fn a_flood_never_blocks_other_requests_and_memory_stays_bounded() {
         "agent RSS {rss} KiB while the client ignores a flood"
     );
     // Now ask for something else and the kill; both must be answered.
-    a.send_request(2, "process/list", &Empty {}).await;
+    a.send_request(2, executor_protocol::methods::PROCESS_LIST, &Empty {})
+        .await;
     a.send_request(
         3,
-        "process/signal",
+        executor_protocol::methods::PROCESS_SIGNAL,
         &ProcessSignalParams {
             process_id: "proc-1".into(),
             signal: SignalName::Kill,
@@ -544,7 +553,7 @@ async fn a_flood_never_blocks_other_requests_and_memory_stays_bounded() {
     let r = a
         .request(
             4,
-            "process/read",
+            executor_protocol::methods::PROCESS_READ,
             &ProcessReadParams {
                 process_id: "proc-1".into(),
                 after_seq: None,
@@ -569,7 +578,9 @@ async fn read_long_polls_and_cancel_answers_cancelled() {
     let mut a = RawAgent::initialized().await;
     let mut p = params(&["sh", "-c", "sleep 1; echo late"]);
     p.notify = false;
-    let r = a.request(1, "process/start", &p).await;
+    let r = a
+        .request(1, executor_protocol::methods::PROCESS_START, &p)
+        .await;
     let id = path(&r, "result.process_id")
         .and_then(|v| v.as_str())
         .unwrap()
@@ -579,7 +590,7 @@ async fn read_long_polls_and_cancel_answers_cancelled() {
     let r = a
         .request(
             2,
-            "process/read",
+            executor_protocol::methods::PROCESS_READ,
             &ProcessReadParams {
                 process_id: id.clone(),
                 after_seq: None,
@@ -598,7 +609,11 @@ async fn read_long_polls_and_cancel_answers_cancelled() {
     );
     // A poll on a silent process, cancelled.
     let r = a
-        .request(3, "process/start", &params(&["sleep", "100"]))
+        .request(
+            3,
+            executor_protocol::methods::PROCESS_START,
+            &params(&["sleep", "100"]),
+        )
         .await;
     let id = path(&r, "result.process_id")
         .and_then(|v| v.as_str())
@@ -606,7 +621,7 @@ async fn read_long_polls_and_cancel_answers_cancelled() {
         .to_string();
     a.send_request(
         4,
-        "process/read",
+        executor_protocol::methods::PROCESS_READ,
         &ProcessReadParams {
             process_id: id,
             after_seq: None,
@@ -617,7 +632,9 @@ async fn read_long_polls_and_cancel_answers_cancelled() {
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Other requests are served meanwhile.
-    let r = a.request(5, "process/list", &Empty {}).await;
+    let r = a
+        .request(5, executor_protocol::methods::PROCESS_LIST, &Empty {})
+        .await;
     assert!(get(&r, "result").is_some());
     a.send_value(&rmpv::Value::Map(vec![
         ("method".into(), "$/cancel".into()),
@@ -684,13 +701,10 @@ pub async fn process_ids_are_unique_and_listed_with_tags_on(c: &Client) {
     assert!(entry.running);
     assert_eq!(entry.argv, vec!["sleep", "100"]);
     let e = c
-        .request::<_, Empty>(
-            "process/signal",
-            &ProcessSignalParams {
-                process_id: "proc-999".into(),
-                signal: SignalName::Kill,
-            },
-        )
+        .call(&ProcessSignalParams {
+            process_id: "proc-999".into(),
+            signal: SignalName::Kill,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::UnknownProcess));

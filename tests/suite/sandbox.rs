@@ -55,16 +55,6 @@ struct Env {
     agent_pid: u32,
 }
 
-fn chown_r(p: &Path, uid: u32) {
-    let st = std::process::Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{uid}"))
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(st.success());
-}
-
 async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     let base = unique_tempdir(if unprivileged { "sbx-user" } else { "sbx-root" });
     std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -140,6 +130,7 @@ fn exec_params(
         additional_permissions_preapproved: false,
         justification: None,
         exec_approval_requirement: None,
+        env_base: Default::default(),
     }
 }
 
@@ -439,6 +430,88 @@ both!(c16_c19_network_deny, |e: Env| async move {
     drop(l);
 });
 
+// 16-19, 36, 38 again under egress by name (§8): the job's only way out
+// is the proxy of its own network namespace; TCP to the host's listener,
+// UDP, DNS, raw/packet/netlink sockets and Unix datagrams to a host socket
+// all fail; the proxy's port is the positive control inside.
+both!(
+    c16_c19_c36_c38_network_under_allow_hosts,
+    |e: Env| async move {
+        let mut i = e.ws_write();
+        i.network = NetworkIntent::AllowHosts(executor_protocol::types::sandbox::EgressIntent {
+            allow_hosts: vec!["mirror.test".into()],
+            ask: false,
+            ask_timeout_ms: 1000,
+        });
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(
+            e.hostile(None, &format!("connect {port}")).await,
+            "ok",
+            "positive control"
+        );
+        let direct = e.hostile(Some(i.clone()), &format!("connect {port}")).await;
+        assert!(
+            direct == EACCES || direct == "errno=111",
+            "Landlock (EACCES) or nothing there (ECONNREFUSED): {direct}"
+        );
+        let (out, code) = e
+            .sh(
+                Some(i.clone()),
+                &format!("{} connect ${{HTTP_PROXY##*:}}", hostile().display()),
+            )
+            .await;
+        assert_eq!((out.trim(), code), ("ok", 0), "the proxy is reachable");
+        let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let uport = u.local_addr().unwrap().port();
+        assert_eq!(e.hostile(None, &format!("udp {uport}")).await, "ok");
+        for target in [uport, 53] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("udp {target}")).await,
+                EPERM,
+                "UDP / DNS to {target}: seccomp"
+            );
+        }
+        let (out, code) = e.sh(Some(i.clone()), "getent hosts example.com").await;
+        assert_ne!(code, 0, "no name resolution inside: {out}");
+        for (fam, ty, proto) in [
+            (17, 3, 0),
+            (16, 3, 0),
+            (2, 3, 1),
+            (10, 3, 58),
+            (10, 2, 0),
+            (1, 1, 0),
+        ] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("socket {fam} {ty} {proto}"))
+                    .await,
+                EPERM,
+                "family {fam} type {ty}"
+            );
+        }
+        for call in ["mptcp", "fastopen"] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("{call} {port}")).await,
+                EPERM,
+                "{call}: seccomp"
+            );
+        }
+        assert_eq!(e.hostile(Some(i.clone()), "socketpair").await, "ok");
+        let (_, dgram, rx) = outside_dgram_socket(&e, "egress-sockets").await;
+        let d = dgram.display();
+        let mut buf = [0u8; 4];
+        for call in ["dgram-sendto", "dgram-sendmsg", "seqpacket-connect"] {
+            assert_eq!(
+                e.hostile(Some(i.clone()), &format!("{call} {d}")).await,
+                EPERM,
+                "{call}: seccomp"
+            );
+        }
+        assert!(rx.recv(&mut buf).is_err(), "nothing was delivered");
+        drop(l);
+    }
+);
+
 // 20. A TCP port allow-list: that port only, no bind.
 both!(c20_allow_tcp_connect, |e: Env| async move {
     let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -708,12 +781,9 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
         cwd: None,
     };
     let ok: ReadFileResult =
-        e.c.request(
-            "fs/readFile",
-            &read(format!("{}/src/main.rs", e.ws.display())),
-        )
-        .await
-        .unwrap();
+        e.c.call(&read(format!("{}/src/main.rs", e.ws.display())))
+            .await
+            .unwrap();
     assert_eq!(&ok.data[..], b"fn main() {}\n", "positive control");
     for bad in [
         format!("{}/secret", e.outside.display()),
@@ -721,11 +791,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
         format!("{}/src/link-out", e.ws.display()),
         format!("/proc/self/root{}/src/main.rs", e.ws.display()),
     ] {
-        let w = fs_err(
-            e.c.request::<_, ReadFileResult>("fs/readFile", &read(bad.clone()))
-                .await
-                .unwrap_err(),
-        );
+        let w = fs_err(e.c.call(&read(bad.clone())).await.unwrap_err());
         assert_eq!(w.code, ErrorCode::SandboxDenied, "{bad}: {w:?}");
         assert!(w.data_get("rule").is_some());
     }
@@ -733,33 +799,27 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     let mut all = e.ws_write();
     all.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
     let w = fs_err(
-        e.c.request::<_, ReadFileResult>(
-            "fs/readFile",
-            &ReadFileParams {
-                path: format!("/proc/self/root{}/secrets/key", e.ws.display())
-                    .as_str()
-                    .into(),
-                offset: None,
-                length: None,
-                sandbox: Some(all.clone()),
-                cwd: None,
-            },
-        )
+        e.c.call(&ReadFileParams {
+            path: format!("/proc/self/root{}/secrets/key", e.ws.display())
+                .as_str()
+                .into(),
+            offset: None,
+            length: None,
+            sandbox: Some(all.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     let w = fs_err(
-        e.c.request::<_, ReadFileResult>(
-            "fs/readFile",
-            &ReadFileParams {
-                path: format!("{}/secrets/key", e.ws.display()).as_str().into(),
-                offset: None,
-                length: None,
-                sandbox: Some(all.clone()),
-                cwd: None,
-            },
-        )
+        e.c.call(&ReadFileParams {
+            path: format!("{}/secrets/key", e.ws.display()).as_str().into(),
+            offset: None,
+            length: None,
+            sandbox: Some(all.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -782,15 +842,12 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     let mut cwd_intent = e.ws_write();
     cwd_intent.filesystem.write = vec![":cwd".into()];
     let w = fs_err(
-        e.c.request::<_, StatResult>(
-            "fs/stat",
-            &StatParams {
-                path: wp(&e.ws),
-                follow_symlinks: true,
-                sandbox: Some(cwd_intent),
-                cwd: None,
-            },
-        )
+        e.c.call(&StatParams {
+            path: wp(&e.ws),
+            follow_symlinks: true,
+            sandbox: Some(cwd_intent),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -807,49 +864,40 @@ async fn c34_read_only_intent_on_fs_requests() {
     ro.filesystem.write = vec![];
     let target = e.ws.join("src/new");
     let w = fs_err(
-        e.c.request::<_, executor_protocol::types::Empty>(
-            "fs/writeFile",
-            &WriteFileParams {
-                path: wp(&target),
-                data: ByteBuf::from(b"x".to_vec()),
-                mode: None,
-                create_parents: false,
-                atomic: true,
-                sandbox: Some(ro.clone()),
-                cwd: None,
-            },
-        )
+        e.c.call(&WriteFileParams {
+            path: wp(&target),
+            data: ByteBuf::from(b"x".to_vec()),
+            mode: None,
+            create_parents: false,
+            atomic: true,
+            sandbox: Some(ro.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     let w = fs_err(
-        e.c.request::<_, HandleResult>(
-            "fs/openWrite",
-            &OpenWriteParams {
-                path: wp(&target),
-                mode: None,
-                create_parents: false,
-                sandbox: Some(ro.clone()),
-                cwd: None,
-            },
-        )
+        e.c.call(&OpenWriteParams {
+            path: wp(&target),
+            mode: None,
+            create_parents: false,
+            sandbox: Some(ro.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
     assert_eq!(w.code, ErrorCode::SandboxDenied);
     assert!(!target.exists());
     let r: ReadFileResult =
-        e.c.request(
-            "fs/readFile",
-            &ReadFileParams {
-                path: wp(&e.ws.join("src/main.rs")),
-                offset: None,
-                length: None,
-                sandbox: Some(ro.clone()),
-                cwd: None,
-            },
-        )
+        e.c.call(&ReadFileParams {
+            path: wp(&e.ws.join("src/main.rs")),
+            offset: None,
+            length: None,
+            sandbox: Some(ro.clone()),
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!(&r.data[..], b"fn main() {}\n");
@@ -857,18 +905,15 @@ async fn c34_read_only_intent_on_fs_requests() {
     params.sandbox = Some(ro);
     assert!(!e.c.walk_page(&params).await.unwrap().entries.is_empty());
     // Positive control: the same write with the workspace writable.
-    e.c.request::<_, executor_protocol::types::Empty>(
-        "fs/writeFile",
-        &WriteFileParams {
-            path: wp(&target),
-            data: ByteBuf::from(b"x".to_vec()),
-            mode: None,
-            create_parents: false,
-            atomic: true,
-            sandbox: Some(e.ws_write()),
-            cwd: None,
-        },
-    )
+    e.c.call(&WriteFileParams {
+        path: wp(&target),
+        data: ByteBuf::from(b"x".to_vec()),
+        mode: None,
+        create_parents: false,
+        atomic: true,
+        sandbox: Some(e.ws_write()),
+        cwd: None,
+    })
     .await
     .unwrap();
     assert_eq!(std::fs::read(&target).unwrap(), b"x");
@@ -876,18 +921,15 @@ async fn c34_read_only_intent_on_fs_requests() {
     let mut i = e.ws_write();
     i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
     let w = fs_err(
-        e.c.request::<_, executor_protocol::types::Empty>(
-            "fs/writeFile",
-            &WriteFileParams {
-                path: wp(&e.ws.join(".git/config")),
-                data: ByteBuf::from(b"x".to_vec()),
-                mode: None,
-                create_parents: false,
-                atomic: true,
-                sandbox: Some(i),
-                cwd: None,
-            },
-        )
+        e.c.call(&WriteFileParams {
+            path: wp(&e.ws.join(".git/config")),
+            data: ByteBuf::from(b"x".to_vec()),
+            mode: None,
+            create_parents: false,
+            atomic: true,
+            sandbox: Some(i),
+            cwd: None,
+        })
         .await
         .unwrap_err(),
     );
@@ -1063,26 +1105,39 @@ both!(c35_env_reaches_only_the_job, |e: Env| async move {
         .ok();
 });
 
-// 36. Network deny: no datagram, stream or seqpacket reaches a pathname
-// Unix socket outside the roots (EPERM: seccomp's socket-type allow-list
-// and connect ban); the abstract namespace is the job's own (network
-// namespace).
-both!(c36_unix_sockets_under_deny, |e: Env| async move {
-    let dir = e.base.join("sockets");
+/// A datagram socket outside every root (a stand-in for `/dev/log`) in a
+/// new world-writable directory `name` of the test's base, and the
+/// positive control: an unsandboxed job's `sendto` is delivered to it.
+async fn outside_dgram_socket(
+    e: &Env,
+    name: &str,
+) -> (PathBuf, PathBuf, std::os::unix::net::UnixDatagram) {
+    let dir = e.base.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let dgram = dir.join("log.sock");
     let rx = std::os::unix::net::UnixDatagram::bind(&dgram).unwrap();
     std::fs::set_permissions(&dgram, std::fs::Permissions::from_mode(0o777)).unwrap();
     rx.set_nonblocking(true).unwrap();
-    let d = dgram.display();
     assert_eq!(
-        e.hostile(None, &format!("dgram-sendto {d}")).await,
+        e.hostile(None, &format!("dgram-sendto {}", dgram.display()))
+            .await,
         "ok",
         "positive control"
     );
     let mut buf = [0u8; 4];
     assert!(rx.recv(&mut buf).is_ok(), "positive control: delivered");
+    (dir, dgram, rx)
+}
+
+// 36. Network deny: no datagram, stream or seqpacket reaches a pathname
+// Unix socket outside the roots (EPERM: seccomp's socket-type allow-list
+// and connect ban); the abstract namespace is the job's own (network
+// namespace).
+both!(c36_unix_sockets_under_deny, |e: Env| async move {
+    let (dir, dgram, rx) = outside_dgram_socket(&e, "sockets").await;
+    let d = dgram.display();
+    let mut buf = [0u8; 4];
     for call in ["dgram-sendto", "dgram-sendmsg"] {
         assert_eq!(
             e.hostile(Some(e.ws_write()), &format!("{call} {d}")).await,
@@ -1741,7 +1796,6 @@ fn write_params(
 both!(
     c46_agent_fs_writes_act_on_descriptors,
     |e: Env| async move {
-        use executor_protocol::types::Empty;
         let victim = e.outside.join("victim");
         std::fs::write(&victim, "untouched\n").unwrap();
         std::os::unix::fs::symlink(&victim, e.ws.join("src/to-victim")).unwrap();
@@ -1755,11 +1809,8 @@ both!(
         for atomic in [false, true] {
             for link in ["src/to-victim", "src/dangling", "src/to-config"] {
                 let r =
-                    e.c.request::<_, Empty>(
-                        "fs/writeFile",
-                        &write_params(&e.ws.join(link), b"EVIL\n", atomic, &i),
-                    )
-                    .await;
+                    e.c.call(&write_params(&e.ws.join(link), b"EVIL\n", atomic, &i))
+                        .await;
                 if atomic {
                     // Atomic: the link itself is replaced by the new file.
                     r.unwrap_or_else(|err| panic!("atomic {link}: {err}"));
@@ -1789,12 +1840,9 @@ both!(
         }
         // Positive control: a plain file in the root, both ways.
         for atomic in [false, true] {
-            e.c.request::<_, Empty>(
-                "fs/writeFile",
-                &write_params(&e.ws.join("src/new"), b"fine\n", atomic, &i),
-            )
-            .await
-            .unwrap();
+            e.c.call(&write_params(&e.ws.join("src/new"), b"fine\n", atomic, &i))
+                .await
+                .unwrap();
             assert_eq!(std::fs::read(e.ws.join("src/new")).unwrap(), b"fine\n");
         }
 
@@ -1830,7 +1878,7 @@ both!(
         for n in 0..300 {
             let mut p = write_params(&sub.join(format!("f{n}")), b"x", n % 2 == 0, &i);
             p.create_parents = n % 3 == 0;
-            if e.c.request::<_, Empty>("fs/writeFile", &p).await.is_ok() {
+            if e.c.call(&p).await.is_ok() {
                 landed += 1;
             }
         }
@@ -1868,15 +1916,12 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
     i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
     i.filesystem.write = vec![];
     let st: StatResult =
-        e.c.request(
-            "fs/stat",
-            &StatParams {
-                path: wp(&e.ws),
-                follow_symlinks: true,
-                sandbox: Some(i.clone()),
-                cwd: None,
-            },
-        )
+        e.c.call(&StatParams {
+            path: wp(&e.ws),
+            follow_symlinks: true,
+            sandbox: Some(i.clone()),
+            cwd: None,
+        })
         .await
         .unwrap();
     assert_eq!(st.kind, FileKind::Dir);
@@ -2001,7 +2046,6 @@ both!(
 // setuid files; absolute links resolve as the host's with `read: "all"`.
 both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
     use executor_protocol::types::fs::*;
-    use executor_protocol::types::Empty;
     std::os::unix::fs::symlink("nowhere", e.ws.join(".env")).unwrap();
     std::fs::create_dir_all(e.ws.join("realrepo/.git")).unwrap();
     std::os::unix::fs::symlink("realrepo", e.ws.join("repo")).unwrap();
@@ -2034,10 +2078,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         ("other", ".git"),
         ("repo", "repo-old"),
     ] {
-        let err =
-            e.c.request::<_, Empty>("fs/rename", &rename(from, to))
-                .await
-                .unwrap_err();
+        let err = e.c.call(&rename(from, to)).await.unwrap_err();
         assert_eq!(
             fs_err(err).code,
             ErrorCode::SandboxDenied,
@@ -2045,26 +2086,20 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         );
     }
     let err =
-        e.c.request::<_, Empty>(
-            "fs/remove",
-            &RemoveParams {
-                path: wp(&e.ws.join(".git")),
-                recursive: true,
-                sandbox: Some(i.clone()),
-                cwd: None,
-            },
-        )
+        e.c.call(&RemoveParams {
+            path: wp(&e.ws.join(".git")),
+            recursive: true,
+            sandbox: Some(i.clone()),
+            cwd: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "remove .git");
     assert!(e.ws.join(".git/config").exists());
     let err =
-        e.c.request::<_, Empty>(
-            "fs/writeFile",
-            &write_params(&e.ws.join(".env"), b"PWN", true, &i),
-        )
-        .await
-        .unwrap_err();
+        e.c.call(&write_params(&e.ws.join(".env"), b"PWN", true, &i))
+            .await
+            .unwrap_err();
     assert_eq!(
         fs_err(err).code,
         ErrorCode::SandboxDenied,
@@ -2075,9 +2110,7 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         .file_type()
         .is_symlink());
     // Positive control: what holds no carve-out moves.
-    e.c.request::<_, Empty>("fs/rename", &rename("other", "other2"))
-        .await
-        .unwrap();
+    e.c.call(&rename("other", "other2")).await.unwrap();
     let read = |path: &str| ReadFileParams {
         path: path.into(),
         offset: None,
@@ -2086,25 +2119,19 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         cwd: None,
     };
     for path in ["/proc/self/environ", "/dev/zero"] {
-        let err =
-            e.c.request::<_, ReadFileResult>("fs/readFile", &read(path))
-                .await
-                .unwrap_err();
+        let err = e.c.call(&read(path)).await.unwrap_err();
         assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied, "{path}");
     }
     let fifo = e.ws.join("fifo");
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(5),
-        e.c.request::<_, ReadFileResult>("fs/readFile", &read(fifo.to_str().unwrap())),
+        e.c.call(&read(fifo.to_str().unwrap())),
     )
     .await
     .expect("a FIFO does not hang the request");
     assert_eq!(fs_err(r.unwrap_err()).code, ErrorCode::Io);
     let abs = e.ws.join("src/abs");
-    let ok: ReadFileResult =
-        e.c.request("fs/readFile", &read(abs.to_str().unwrap()))
-            .await
-            .unwrap();
+    let ok: ReadFileResult = e.c.call(&read(abs.to_str().unwrap())).await.unwrap();
     assert_eq!(
         &ok.data[..],
         b"fn main() {}\n",
@@ -2112,25 +2139,19 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
     );
     let mut p = write_params(&e.ws.join("src/suid"), b"x", true, &i);
     p.mode = Some(0o4755);
-    let err =
-        e.c.request::<_, Empty>("fs/writeFile", &p)
-            .await
-            .unwrap_err();
+    let err = e.c.call(&p).await.unwrap_err();
     assert_eq!(fs_err(err).code, ErrorCode::InvalidParams);
     // A root inside a carve-out is not a way around it.
     let mut inner = e.ws_write();
     inner.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws.join("secrets"))]);
     inner.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
     let err =
-        e.c.request::<_, StatResult>(
-            "fs/stat",
-            &StatParams {
-                path: wp(&e.ws.join("secrets")),
-                follow_symlinks: true,
-                sandbox: Some(inner),
-                cwd: None,
-            },
-        )
+        e.c.call(&StatParams {
+            path: wp(&e.ws.join("secrets")),
+            follow_symlinks: true,
+            sandbox: Some(inner),
+            cwd: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(

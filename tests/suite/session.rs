@@ -126,15 +126,12 @@ async fn read_rest(c: &Client, id: &str, mut after: Option<u64>) -> (Vec<u8>, Ex
     loop {
         assert!(Instant::now() < deadline, "the process did not finish");
         let r: ProcessReadResult = c
-            .request(
-                "process/read",
-                &ProcessReadParams {
-                    process_id: id.to_string(),
-                    after_seq: after,
-                    max_bytes: None,
-                    wait_ms: Some(2000),
-                },
-            )
+            .call(&ProcessReadParams {
+                process_id: id.to_string(),
+                after_seq: after,
+                max_bytes: None,
+                wait_ms: Some(2000),
+            })
             .await
             .unwrap();
         assert_eq!(r.dropped_before, None, "output was lost");
@@ -448,7 +445,9 @@ async fn a_session_host_whose_first_initialize_failed_exits_with_its_connection(
         resume: None,
         detach_ttl_ms: Some(600_000),
     });
-    let r = a.request(1, "initialize", &params).await;
+    let r = a
+        .request(1, executor_protocol::methods::INITIALIZE, &params)
+        .await;
     assert_eq!(error_code(&r), Some("unsupported_version"), "{r:?}");
     let host = session_host_of(a.child.id().unwrap());
     // The client gives up: the host has no session to keep and exits
@@ -473,7 +472,9 @@ async fn a_wrong_token_does_not_delay_the_right_one() {
         let mut wrong = RawAgent::spawn_command(local()).await;
         let mut params = init_params();
         params.session = resume_with(&id, &"0".repeat(32)).session;
-        let r = wrong.request(1, "initialize", &params).await;
+        let r = wrong
+            .request(1, executor_protocol::methods::INITIALIZE, &params)
+            .await;
         assert_eq!(
             error_code(&r),
             Some("session_expired"),
@@ -701,7 +702,10 @@ async fn max_detached_sessions_bounds_live_session_hosts() {
     let c = Client::spawn(agent(), detach(60_000)).await.unwrap();
     assert_eq!(third().await.code, ErrorCode::LimitExceeded);
     // A host killed outright leaves its files; it does not count either.
-    kill9(session_host_of(c.transport_pid().unwrap()));
+    let c_host = session_host_of(c.transport_pid().unwrap());
+    kill9(c_host);
+    // Its lock is released once it is gone (not when the signal is sent).
+    assert!(wait_dead(c_host, Duration::from_secs(10)).await);
     let d = Client::spawn(agent(), detach(60_000)).await.unwrap();
     assert!(!d.initialize_result().resumed);
     assert_eq!(third().await.code, ErrorCode::LimitExceeded);

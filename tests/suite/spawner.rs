@@ -131,7 +131,7 @@ async fn sigkill_of_the_agent_while_the_spawner_forks_leaves_nothing() {
         .unwrap_or_else(|| panic!("first start: {first:?}")) as u32;
     let supervisor = executor_tests::parent_pid(job);
     let spawner = executor_tests::parent_pid(supervisor);
-    assert_eq!(comm(supervisor), "sandbox-exec");
+    assert_eq!(comm(supervisor), "executor");
     assert_eq!(comm(spawner), "executor-spawn");
     assert_eq!(executor_tests::parent_pid(spawner), agent);
     // The lifeline (and the first job's status pipe): held by the agent

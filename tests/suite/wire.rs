@@ -9,7 +9,9 @@ use rmpv::Value;
 #[tokio::test]
 async fn preamble_then_initialize_reports_every_field() {
     let mut a = RawAgent::spawn().await; // checks the 16-byte preamble
-    let r = a.request(1, "initialize", &init_params()).await;
+    let r = a
+        .request(1, executor_protocol::methods::INITIALIZE, &init_params())
+        .await;
     let res = get(&r, "result").expect("result");
     assert_eq!(
         get(res, "protocol_version").and_then(|v| v.as_u64()),
@@ -38,7 +40,7 @@ async fn preamble_then_initialize_reports_every_field() {
     let limits: Limits = rmpv::ext::from_value(get(res, "limits").unwrap().clone()).unwrap();
     assert_eq!(limits, Limits::default());
     let limit_keys = get(res, "limits").unwrap().as_map().unwrap().len();
-    assert_eq!(limit_keys, 15);
+    assert_eq!(limit_keys, 16);
     assert_eq!(
         path(res, "platform.os").and_then(|v| v.as_str()),
         Some(std::env::consts::OS)
@@ -73,10 +75,14 @@ async fn preamble_then_initialize_reports_every_field() {
 #[tokio::test]
 async fn every_listed_method_is_served_and_every_other_is_method_not_found() {
     let mut a = RawAgent::initialized().await;
-    let init = a.request(1, "environment/info", &Empty {}).await;
+    let init = a
+        .request(1, executor_protocol::methods::ENVIRONMENT_INFO, &Empty {})
+        .await;
     assert!(get(&init, "result").is_some());
     let mut b = RawAgent::spawn().await;
-    let r = b.request(1, "initialize", &init_params()).await;
+    let r = b
+        .request(1, executor_protocol::methods::INITIALIZE, &init_params())
+        .await;
     let listed: Vec<String> = path(&r, "result.methods")
         .and_then(|v| v.as_array())
         .unwrap()
@@ -105,13 +111,19 @@ async fn every_listed_method_is_served_and_every_other_is_method_not_found() {
 #[tokio::test]
 async fn request_before_initialize_is_not_initialized() {
     let mut a = RawAgent::spawn().await;
-    let r = a.request(5, "environment/info", &Empty {}).await;
+    let r = a
+        .request(5, executor_protocol::methods::ENVIRONMENT_INFO, &Empty {})
+        .await;
     assert_eq!(error_code(&r), Some("not_initialized"));
     // The connection goes on: initialize now works.
-    let r = a.request(6, "initialize", &init_params()).await;
+    let r = a
+        .request(6, executor_protocol::methods::INITIALIZE, &init_params())
+        .await;
     assert!(get(&r, "result").is_some());
     // A second initialize is invalid_request.
-    let r = a.request(7, "initialize", &init_params()).await;
+    let r = a
+        .request(7, executor_protocol::methods::INITIALIZE, &init_params())
+        .await;
     assert_eq!(error_code(&r), Some("invalid_request"));
 }
 
@@ -124,7 +136,9 @@ async fn unknown_method_then_the_connection_still_works() {
         path(&r, "error.data.method").and_then(|v| v.as_str()),
         Some("no/such")
     );
-    let r = a.request(10, "environment/info", &Empty {}).await;
+    let r = a
+        .request(10, executor_protocol::methods::ENVIRONMENT_INFO, &Empty {})
+        .await;
     assert!(path(&r, "result.hostname").is_some());
 }
 
@@ -139,7 +153,7 @@ async fn invalid_params_name_the_field() {
     let r = a
         .request(
             1,
-            "initialize",
+            executor_protocol::methods::INITIALIZE,
             &Partial {
                 protocol_version: 1,
                 client: Value::Map(vec![("name".into(), "x".into())]),
@@ -157,7 +171,7 @@ async fn invalid_params_name_the_field() {
     let r = a
         .request(
             2,
-            "initialize",
+            executor_protocol::methods::INITIALIZE,
             &Partial {
                 protocol_version: 1,
                 client: Value::from("not a map"),
@@ -184,7 +198,7 @@ async fn invalid_params_name_the_field() {
     let r = a
         .request(
             4,
-            "initialize",
+            executor_protocol::methods::INITIALIZE,
             &executor_protocol::types::session::InitializeParams {
                 protocol_version: 2,
                 client: ClientInfo {
@@ -192,6 +206,7 @@ async fn invalid_params_name_the_field() {
                     version: "0".into(),
                 },
                 session: None,
+                capabilities: None,
             },
         )
         .await;
@@ -200,7 +215,9 @@ async fn invalid_params_name_the_field() {
         path(&r, "error.data.client").and_then(|v| v.as_u64()),
         Some(2)
     );
-    let r = a.request(5, "initialize", &init_params()).await;
+    let r = a
+        .request(5, executor_protocol::methods::INITIALIZE, &init_params())
+        .await;
     assert!(get(&r, "result").is_some(), "connection survived: {r:?}");
 }
 
@@ -233,7 +250,9 @@ async fn non_map_messages_are_errors_and_the_connection_survives() {
     .await;
     let r = a.response(8).await;
     assert_eq!(error_code(&r), Some("invalid_request"));
-    let r = a.request(11, "tools/list", &Empty {}).await;
+    let r = a
+        .request(11, executor_protocol::methods::TOOLS_LIST, &Empty {})
+        .await;
     assert!(get(&r, "result").is_some());
 }
 

@@ -4,6 +4,9 @@
 //! Output is collected until the job exits or `yield_time_ms` passes. Beyond
 //! `max_output_tokens` (1 token = 4 bytes) the head and the tail are kept
 //! and the cut is marked in the text.
+//!
+//! A handler module: it uses [`crate::process`] (to start jobs) and the
+//! session; nothing above it.
 
 use crate::process::{self, Proc};
 use crate::session::Session;
@@ -46,6 +49,24 @@ pub fn widen(base: Option<SandboxIntent>, extra: Option<SandboxIntent>) -> Optio
                     NetworkIntent::AllowTcpConnect(a)
                 }
                 (NetworkIntent::Deny, NetworkIntent::Deny) => NetworkIntent::Deny,
+                (NetworkIntent::AllowHosts(mut a), NetworkIntent::AllowHosts(x)) => {
+                    for h in x.allow_hosts {
+                        if !a.allow_hosts.contains(&h) {
+                            a.allow_hosts.push(h);
+                        }
+                    }
+                    a.ask |= x.ask;
+                    a.ask_timeout_ms = a.ask_timeout_ms.max(x.ask_timeout_ms);
+                    NetworkIntent::AllowHosts(a)
+                }
+                (NetworkIntent::AllowHosts(a), NetworkIntent::Deny)
+                | (NetworkIntent::Deny, NetworkIntent::AllowHosts(a)) => {
+                    NetworkIntent::AllowHosts(a)
+                }
+                // Ports to any host and hosts by name do not combine (§8):
+                // the base stays, never silently wider than either asked.
+                (base @ NetworkIntent::AllowTcpConnect(_), NetworkIntent::AllowHosts(_))
+                | (base @ NetworkIntent::AllowHosts(_), NetworkIntent::AllowTcpConnect(_)) => base,
             };
             b.required = b.required || e.required;
             Some(b)
@@ -130,6 +151,7 @@ async fn collect(
                 wall_time_ms,
                 sandbox_denied: proc.sandbox_denied(),
                 sandbox_degraded: None,
+                egress: None,
             }
         }
         None => ExecResult {
@@ -141,6 +163,7 @@ async fn collect(
             wall_time_ms,
             sandbox_denied: None,
             sandbox_degraded: None,
+            egress: None,
         },
     }
 }
@@ -175,6 +198,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
             intent: intent.as_ref(),
             intent_param: "sandbox_permissions",
             argv_param: "command",
+            env_base: p.env_base,
         },
     )
     .await?;
@@ -187,6 +211,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
     )
     .await;
     r.sandbox_degraded = started.sandbox_degraded;
+    r.egress = started.egress;
     Ok(r)
 }
 

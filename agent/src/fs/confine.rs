@@ -118,16 +118,11 @@ impl Confinement {
 
     /// Resolve `path` beneath a root allowing `access`, once: the opened
     /// directory that holds it, its name there and the object itself (or
-    /// `denied`). `follow` says whether a final symlink is followed;
-    /// `create_parents` makes missing directories on the way (each checked
+    /// `denied`). `open.follow` says whether a final symlink is followed;
+    /// `open.create_parents` makes missing directories on the way (each checked
     /// against the carve-outs before it is made).
-    pub fn resolve(
-        &self,
-        path: &Path,
-        access: Access,
-        follow: bool,
-        create_parents: bool,
-    ) -> Result<Resolved, WireError> {
+    pub fn resolve(&self, path: &Path, open: Open) -> Result<Resolved, WireError> {
+        let access = open.access;
         let roots = match access {
             Access::Read => &self.read,
             Access::Write | Access::Move => &self.write,
@@ -137,75 +132,11 @@ impl Confinement {
             let Ok(rel) = path.strip_prefix(root) else {
                 continue;
             };
-            let root_fd: OwnedFd =
-                open_root(root).map_err(|e| io_error(&e, root, "cannot open sandbox root"))?;
-            if rel.as_os_str().is_empty() {
-                // The root itself: readable as a whole, never replaced.
-                if access != Access::Read {
-                    return Err(denied(
-                        path,
-                        "is a write root itself; only what is inside it may be changed".into(),
-                    ));
-                }
-                self.check_carve_outs(path, root, access)?;
-                return Resolved::whole(root, root_fd, true);
+            match self.resolve_in(root, rel, path, open)? {
+                InRoot::Found(r) => return Ok(r),
+                InRoot::Escaped => escaped = Some(root.clone()),
+                InRoot::NotHere => {}
             }
-            let (rel_parent, name) = match (rel.parent(), rel.file_name()) {
-                (Some(p), Some(n)) => (p, n.to_os_string()),
-                _ => continue,
-            };
-            let parent_fd =
-                match self.open_parent(&root_fd, root, rel_parent, access, create_parents) {
-                    Ok(fd) => fd,
-                    Err(Step::Escaped) => {
-                        escaped = Some(root.clone());
-                        continue;
-                    }
-                    Err(Step::Denied(w) | Step::Failed(w)) => return Err(w),
-                };
-            let real_parent =
-                real_path(&parent_fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
-            let flags = if follow {
-                OFlag::O_PATH
-            } else {
-                OFlag::O_PATH | OFlag::O_NOFOLLOW
-            };
-            let (node, real) = match openat2(&parent_fd, name.as_os_str(), how_beneath(flags)) {
-                Ok(fd) if follow => {
-                    let real = real_path(&fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
-                    (Some(fd), real)
-                }
-                Ok(fd) => (Some(fd), real_parent.join(&name)),
-                Err(nix::errno::Errno::ENOENT) => (None, real_parent.join(&name)),
-                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
-                    // A final symlink out of this directory: follow it
-                    // beneath the root instead.
-                    match openat2(&root_fd, rel, how_in(root, OFlag::O_PATH)) {
-                        Ok(fd) => {
-                            let real =
-                                real_path(&fd).map_err(|e| io_error(&e, path, "cannot resolve"))?;
-                            (Some(fd), real)
-                        }
-                        Err(_) => {
-                            escaped = Some(root.clone());
-                            continue;
-                        }
-                    }
-                }
-                Err(e) => return Err(io_error(&std::io::Error::from(e), path, "cannot resolve")),
-            };
-            if !real.starts_with(root) {
-                escaped = Some(root.clone());
-                continue;
-            }
-            self.check_carve_outs(path, &real, access)?;
-            return Ok(Resolved {
-                path: real,
-                parent: parent_fd,
-                name: Some(name),
-                node,
-                confined: true,
-            });
         }
         let what = match access {
             Access::Read => "read",
@@ -221,6 +152,55 @@ impl Confinement {
             ),
             None => denied(path, format!("outside every {what} root of the sandbox")),
         })
+    }
+
+    /// Resolve `path` (`rel` below `root`) beneath `root`.
+    fn resolve_in(
+        &self,
+        root: &Path,
+        rel: &Path,
+        path: &Path,
+        open: Open,
+    ) -> Result<InRoot, WireError> {
+        let root_fd: OwnedFd =
+            open_root(root).map_err(|e| io_error(&e, root, "cannot open sandbox root"))?;
+        if rel.as_os_str().is_empty() {
+            // The root itself: readable as a whole, never replaced.
+            if open.access != Access::Read {
+                return Err(denied(
+                    path,
+                    "is a write root itself; only what is inside it may be changed".into(),
+                ));
+            }
+            self.check_carve_outs(path, root, open.access)?;
+            return Resolved::whole(root, root_fd, true).map(InRoot::Found);
+        }
+        let (rel_parent, name) = match (rel.parent(), rel.file_name()) {
+            (Some(p), Some(n)) => (p, n.to_os_string()),
+            _ => return Ok(InRoot::NotHere),
+        };
+        let parent_fd =
+            match self.open_parent(&root_fd, root, rel_parent, open.access, open.create_parents) {
+                Ok(fd) => fd,
+                Err(Step::Escaped) => return Ok(InRoot::Escaped),
+                Err(Step::Denied(w) | Step::Failed(w)) => return Err(w),
+            };
+        let Some((node, real)) =
+            open_node(&root_fd, root, rel, &parent_fd, &name, open.follow, path)?
+        else {
+            return Ok(InRoot::Escaped);
+        };
+        if !real.starts_with(root) {
+            return Ok(InRoot::Escaped);
+        }
+        self.check_carve_outs(path, &real, open.access)?;
+        Ok(InRoot::Found(Resolved {
+            path: real,
+            parent: parent_fd,
+            name: Some(name),
+            node,
+            confined: true,
+        }))
     }
 
     fn check_carve_outs(&self, path: &Path, real: &Path, access: Access) -> Result<(), WireError> {
@@ -441,38 +421,114 @@ impl Resolved {
     }
 }
 
-/// A request path, absolute, resolved once under the request's sandbox
-/// (if any; without one, from `/` following symlinks as the host does).
+/// What resolving beneath one root found.
+enum InRoot {
+    Found(Resolved),
+    /// The path leads out of the root (`..`, a symlink, a magic link).
+    Escaped,
+    /// The path cannot be named below this root.
+    NotHere,
+}
+
+/// `name` in `parent_fd` (without following a final symlink unless
+/// `follow`; a final symlink out of the directory is followed beneath
+/// the root): its descriptor (`None`: it does not exist yet) and its real
+/// path; `None` when it leads out of the root.
+fn open_node(
+    root_fd: &OwnedFd,
+    root: &Path,
+    rel: &Path,
+    parent_fd: &OwnedFd,
+    name: &std::ffi::OsStr,
+    follow: bool,
+    path: &Path,
+) -> Result<Option<(Option<OwnedFd>, PathBuf)>, WireError> {
+    let resolve_err = |e: std::io::Error| io_error(&e, path, "cannot resolve");
+    let real_parent = real_path(parent_fd).map_err(resolve_err)?;
+    let flags = if follow {
+        OFlag::O_PATH
+    } else {
+        OFlag::O_PATH | OFlag::O_NOFOLLOW
+    };
+    Ok(Some(match openat2(parent_fd, name, how_beneath(flags)) {
+        Ok(fd) if follow => {
+            let real = real_path(&fd).map_err(resolve_err)?;
+            (Some(fd), real)
+        }
+        Ok(fd) => (Some(fd), real_parent.join(name)),
+        Err(nix::errno::Errno::ENOENT) => (None, real_parent.join(name)),
+        Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
+            // A final symlink out of this directory: follow it beneath the
+            // root instead.
+            match openat2(root_fd, rel, how_in(root, OFlag::O_PATH)) {
+                Ok(fd) => {
+                    let real = real_path(&fd).map_err(resolve_err)?;
+                    (Some(fd), real)
+                }
+                Err(_) => return Ok(None),
+            }
+        }
+        Err(e) => return Err(resolve_err(std::io::Error::from(e))),
+    }))
+}
+
+/// How a request opens its path: what it does with it, whether a final
+/// symlink is followed, whether missing parent directories are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Open {
+    pub access: Access,
+    pub follow: bool,
+    pub create_parents: bool,
+}
+
+impl Open {
+    /// Read what the path names, following a final symlink if `follow`.
+    pub fn read(follow: bool) -> Open {
+        Open {
+            access: Access::Read,
+            follow,
+            create_parents: false,
+        }
+    }
+
+    /// Create or replace the path itself (never through a final symlink),
+    /// making missing parents first if `create_parents`.
+    pub fn write(create_parents: bool) -> Open {
+        Open {
+            access: Access::Write,
+            follow: false,
+            create_parents,
+        }
+    }
+
+    /// Rename or remove the path itself.
+    pub fn moved() -> Open {
+        Open {
+            access: Access::Move,
+            follow: false,
+            create_parents: false,
+        }
+    }
+}
+
+/// A request path (its field `field`), absolute, resolved once under the
+/// request's sandbox and the profile's (if any; without one, from `/`
+/// following symlinks as the host does).
 pub fn confined(
     profile: &Profile,
     request: &impl Scoped,
     p: &WirePath,
     field: &str,
-    access: Access,
-    follow: bool,
-) -> Result<Resolved, WireError> {
-    confined_creating(profile, request, p, field, access, follow, false)
-}
-
-/// [`confined`], making missing parent directories first.
-pub fn confined_creating(
-    profile: &Profile,
-    request: &impl Scoped,
-    p: &WirePath,
-    field: &str,
-    access: Access,
-    follow: bool,
-    create_parents: bool,
+    open: Open,
 ) -> Result<Resolved, WireError> {
     let path = super::req_path(p, field)?;
     // `..` is resolved by the kernel beneath a root, never here.
     match Confinement::of(profile, request)? {
-        None => unconfined(&path, follow, create_parents),
-        Some(c) => c.resolve(&path, access, follow, create_parents),
+        None => unconfined(&path, open.follow, open.create_parents),
+        Some(c) => c.resolve(&path, open),
     }
 }
 
-/// Without a sandbox: the parent opened as the host resolves it, once.
 fn unconfined(path: &Path, follow: bool, create_parents: bool) -> Result<Resolved, WireError> {
     let (parent, name) = match (path.parent(), path.file_name()) {
         (Some(p), Some(n)) => (p, n.to_os_string()),

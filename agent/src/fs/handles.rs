@@ -8,8 +8,8 @@
 //! removes an uncommitted temp file. A committed handle's id is remembered
 //! (the last [`COMMITTED_KEPT`]) so that its `fs/close` answers `{}` once.
 
-use super::confine::{confined, confined_creating, Access};
-use super::{blocking, create_temp, io_error, read_at_most};
+use super::confine::Open;
+use super::{blocking, create_temp, io_error, read_at_most, target};
 use crate::outbound::Reply;
 use crate::session::Session;
 pub use crate::tables::handles::{Handle, HandleTable, WriteHandle, COMMITTED_KEPT};
@@ -31,7 +31,7 @@ fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
 
 /// `fs/open`
 pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireError> {
-    let path = confined(s.profile(), &p, &p.path, "path", Access::Read, true)?;
+    let path = target(s, &p, Open::read(true))?;
     let (file, size, path) = blocking({
         move || {
             let f = path.reopen(libc::O_RDONLY | libc::O_CLOEXEC)?;
@@ -90,15 +90,7 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
     super::check_mode(p.mode)?;
     // No temp file (nor parent directory) when no slot is free.
     s.handles().check_room(s.limits().max_open_files)?;
-    let target = confined_creating(
-        s.profile(),
-        &p,
-        &p.path,
-        "path",
-        Access::Write,
-        false,
-        p.create_parents,
-    )?;
+    let target = target(s, &p, Open::write(p.create_parents))?;
     super::check_confined_mode(p.mode, &target)?;
     let h = blocking(move || {
         Ok(WriteHandle {
@@ -129,7 +121,7 @@ pub async fn write_block(s: &Arc<Session>, p: WriteBlockParams) -> Result<Empty,
 }
 
 /// `fs/commit`: fsync, rename into place, release the handle.
-pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, WireError> {
+pub async fn commit(s: &Arc<Session>, p: CommitParams) -> Result<CommitResult, WireError> {
     let h = s.handles().take_writer(p.handle)?;
     s.handles().committed(p.handle);
     blocking(move || {
@@ -150,7 +142,7 @@ pub async fn commit(s: &Arc<Session>, p: HandleParams) -> Result<CommitResult, W
 }
 
 /// `fs/close`
-pub async fn close(s: &Arc<Session>, p: HandleParams) -> Result<Empty, WireError> {
+pub async fn close(s: &Arc<Session>, p: CloseParams) -> Result<Empty, WireError> {
     let h = s.handles().take(p.handle)?;
     // Dropping a write handle removes its uncommitted temp file.
     blocking(move || {

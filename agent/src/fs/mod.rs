@@ -5,12 +5,17 @@
 //! Blocking file I/O runs on the runtime's blocking pool, never on its core
 //! threads. Writes are atomic by default: a temp file beside the target,
 //! fsync, rename. Streaming handles are bounded per session.
+//!
+//! A handler module: it uses the session, its handle table
+//! ([`crate::tables::handles`]), [`crate::config`] and
+//! [`crate::sandbox_gate`] (through [`confine`]); nothing above it.
 
 pub mod confine;
 pub mod handles;
 pub mod walk;
 
 use crate::session::Session;
+use confine::{Open, Resolved};
 use executor_protocol::types::fs::*;
 use executor_protocol::types::Empty;
 use executor_protocol::{ErrorCode, WireError, WirePath};
@@ -22,6 +27,38 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// A request acting on one path, in its `path` field.
+pub trait OnePath: executor_protocol::types::fs::Scoped {
+    fn path(&self) -> &WirePath;
+}
+
+macro_rules! one_path {
+    ($($t:ty),*) => {
+        $(impl OnePath for $t {
+            fn path(&self) -> &WirePath {
+                &self.path
+            }
+        })*
+    };
+}
+
+one_path!(
+    StatParams,
+    CanonicalizeParams,
+    ReadFileParams,
+    WriteFileParams,
+    CreateDirectoryParams,
+    RemoveParams,
+    OpenParams,
+    OpenWriteParams
+);
+
+/// The request's `path`, resolved once under its sandbox and the
+/// session's profile ([`confine::confined`]).
+pub fn target(s: &Session, p: &impl OnePath, open: Open) -> Result<Resolved, WireError> {
+    confine::confined(s.profile(), p, p.path(), "path", open)
+}
 
 /// Map an I/O error on `path` to its wire error (`data.path`, `data.errno`).
 pub fn io_error(e: &io::Error, path: &Path, what: &str) -> WireError {
@@ -127,14 +164,7 @@ pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
 
 /// `fs/stat`
 pub async fn stat(s: &Arc<Session>, p: StatParams) -> Result<StatResult, WireError> {
-    let path = confine::confined(
-        s.profile(),
-        &p,
-        &p.path,
-        "path",
-        confine::Access::Read,
-        p.follow_symlinks,
-    )?;
+    let path = target(s, &p, Open::read(p.follow_symlinks))?;
     blocking(move || {
         let m = node_metadata(&path)?;
         Ok(StatResult {
@@ -154,14 +184,7 @@ pub async fn canonicalize(
     s: &Arc<Session>,
     p: CanonicalizeParams,
 ) -> Result<PathResult, WireError> {
-    let path = confine::confined(
-        s.profile(),
-        &p,
-        &p.path,
-        "path",
-        confine::Access::Read,
-        true,
-    )?;
+    let path = target(s, &p, Open::read(true))?;
     blocking(move || {
         let fd = path.node()?;
         let c = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
@@ -193,14 +216,7 @@ pub fn read_at_most(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Ve
 
 /// `fs/readFile`
 pub async fn read_file(s: &Arc<Session>, p: ReadFileParams) -> Result<ReadFileResult, WireError> {
-    let path = confine::confined(
-        s.profile(),
-        &p,
-        &p.path,
-        "path",
-        confine::Access::Read,
-        true,
-    )?;
+    let path = target(s, &p, Open::read(true))?;
     let max = s.limits().max_read_file_bytes;
     blocking(move || {
         let f = path.reopen(libc::O_RDONLY | libc::O_CLOEXEC)?;
@@ -339,15 +355,7 @@ impl TempFile {
 /// `fs/writeFile`
 pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
     check_mode(p.mode)?;
-    let path = confine::confined_creating(
-        s.profile(),
-        &p,
-        &p.path,
-        "path",
-        confine::Access::Write,
-        false,
-        p.create_parents,
-    )?;
+    let path = target(s, &p, Open::write(p.create_parents))?;
     check_confined_mode(p.mode, &path)?;
     blocking(move || {
         if p.atomic {
@@ -396,15 +404,7 @@ pub async fn create_directory(
     s: &Arc<Session>,
     p: CreateDirectoryParams,
 ) -> Result<Empty, WireError> {
-    let path = confine::confined_creating(
-        s.profile(),
-        &p,
-        &p.path,
-        "path",
-        confine::Access::Write,
-        false,
-        p.recursive,
-    )?;
+    let path = target(s, &p, Open::write(p.recursive))?;
     blocking(move || {
         match nix::sys::stat::mkdirat(
             &path.parent,
@@ -427,14 +427,7 @@ pub async fn create_directory(
 /// `fs/remove`: a symlink is removed itself, never what it points to;
 /// recursive removal never follows symlinks out of the tree.
 pub async fn remove(s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireError> {
-    let path = confine::confined(
-        s.profile(),
-        &p,
-        &p.path,
-        "path",
-        confine::Access::Move,
-        false,
-    )?;
+    let path = target(s, &p, Open::moved())?;
     blocking(move || {
         let name = path.name()?;
         let st =
@@ -462,15 +455,8 @@ pub async fn remove(s: &Arc<Session>, p: RemoveParams) -> Result<Empty, WireErro
 
 /// `fs/rename`
 pub async fn rename(s: &Arc<Session>, p: RenameParams) -> Result<Empty, WireError> {
-    let from = confine::confined(
-        s.profile(),
-        &p,
-        &p.from,
-        "from",
-        confine::Access::Move,
-        false,
-    )?;
-    let to = confine::confined(s.profile(), &p, &p.to, "to", confine::Access::Move, false)?;
+    let from = confine::confined(s.profile(), &p, &p.from, "from", Open::moved())?;
+    let to = confine::confined(s.profile(), &p, &p.to, "to", Open::moved())?;
     blocking(move || {
         nix::fcntl::renameat(&from.parent, from.name()?, &to.parent, to.name()?).map_err(|e| {
             let mut w = io_error(&e.into(), &from.path, "cannot rename");

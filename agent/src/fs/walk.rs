@@ -10,7 +10,7 @@
 //! root by descriptor without following any symlink, so a walk never
 //! leaves its root, whatever is renamed while it runs.
 
-use super::confine::{confined, Access, Confinement};
+use super::confine::{confined, Confinement, Open};
 use super::{blocking, io_error, kind_of, mtime_ns};
 use crate::session::Session;
 use executor_protocol::types::fs::*;
@@ -57,7 +57,7 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// `fs/walk`
 pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireError> {
-    let resolved = confined(s.profile(), &p, &p.root, "root", Access::Read, true)?;
+    let resolved = confined(s.profile(), &p, &p.root, "root", Open::read(true))?;
     let confinement = Confinement::of(s.profile(), &p)?;
     let max_entries = p.max_entries.min(s.limits().max_walk_entries);
     let max_bytes = p.max_response_bytes.min(s.limits().max_walk_response_bytes);
@@ -97,6 +97,259 @@ fn list_dir(root_fd: &OwnedFd, rel: &[u8]) -> std::io::Result<Vec<(Vec<u8>, std:
     })
 }
 
+/// Where a walk starts: the root alone, or where `cursor` says a previous
+/// page of the same walk stopped (the directories still to list, the last
+/// name given from the first).
+fn start_from(root: &Path, cursor: Option<&[u8]>) -> Result<(Queue, Option<Vec<u8>>), WireError> {
+    let Some(c) = cursor else {
+        return Ok((VecDeque::from([(Vec::new(), 0u32)]), None));
+    };
+    let c: Cursor = rmp_serde::from_slice(c).map_err(|e| {
+        WireError::invalid_params("cursor", format!("not a cursor of fs/walk: {e}"))
+    })?;
+    if c.v != 1 || c.root.as_slice() != root.as_os_str().as_bytes() {
+        return Err(WireError::invalid_params(
+            "cursor",
+            "the cursor belongs to another walk (pass it back with the same root)",
+        ));
+    }
+    // A cursor comes from the client: every directory in it must be a
+    // plain relative path (no `.`, `..` or `/` at the start).
+    for (r, _) in &c.queue {
+        let plain = Path::new(OsStr::from_bytes(r))
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(WireError::invalid_params(
+                "cursor",
+                format!(
+                    "the cursor names {:?}, not a directory below the walk's root",
+                    String::from_utf8_lossy(r)
+                ),
+            ));
+        }
+    }
+    let queue = c
+        .queue
+        .into_iter()
+        .map(|(r, d)| (r.into_vec(), d))
+        .collect();
+    Ok((queue, c.after.map(|a| a.into_vec())))
+}
+
+/// Upper bound of the encoding of `path` in an answer: as an entry (or an
+/// error entry, besides its message) and as a directory in the cursor.
+fn encoded_size(path: &[u8], as_entry: bool) -> u64 {
+    /// Upper bound of a queued directory's encoding besides its path bytes.
+    const QUEUED_OVERHEAD: u64 = 16;
+    path.len() as u64
+        + if as_entry {
+            ENTRY_OVERHEAD
+        } else {
+            QUEUED_OVERHEAD
+        }
+}
+
+/// A walk in progress: the directories still to list, what it found, and
+/// the estimated size of its answer (entries and errors so far, plus the
+/// cursor the queue would make).
+struct Walk<'a> {
+    root: &'a Path,
+    root_fd: &'a OwnedFd,
+    p: &'a WalkParams,
+    max_entries: u64,
+    max_bytes: u64,
+    confinement: Option<&'a Confinement>,
+    queue: Queue,
+    after: Option<Vec<u8>>,
+    entries: Vec<WalkEntry>,
+    errors: Vec<WalkErrorEntry>,
+    size_est: u64,
+    queue_est: u64,
+    dirs_read: u64,
+    truncated_by: Option<TruncatedBy>,
+    depth_cut: bool,
+}
+
+/// Whether the walk goes on after a directory.
+enum Next {
+    Continue,
+    Stop(TruncatedBy),
+}
+
+impl Walk<'_> {
+    fn error(&mut self, path: Vec<u8>, code: ErrorCode, message: String) {
+        self.size_est += encoded_size(&path, true) + message.len() as u64;
+        self.errors.push(WalkErrorEntry {
+            path: WirePath::from_bytes(path),
+            code,
+            message,
+        });
+    }
+
+    fn hidden_error(&mut self, path: Vec<u8>) {
+        let message = format!(
+            "{}: hidden by a deny_read carve-out",
+            String::from_utf8_lossy(&path)
+        );
+        self.error(path, ErrorCode::SandboxDenied, message);
+    }
+
+    fn enqueue(&mut self, rel: Vec<u8>, depth: u32) {
+        self.queue_est += encoded_size(&rel, false);
+        self.queue.push_back((rel, depth));
+    }
+
+    /// The first queued directory is done.
+    fn dequeue(&mut self) {
+        if let Some((rel, _)) = self.queue.pop_front() {
+            self.queue_est -= encoded_size(&rel, false);
+        }
+        self.after = None;
+    }
+
+    fn run(&mut self) -> Result<(), WireError> {
+        while let Some((rel, depth)) = self.queue.front().cloned() {
+            if self.dirs_read >= self.p.max_directories {
+                self.truncated_by = Some(TruncatedBy::MaxDirectories);
+                return Ok(());
+            }
+            self.dirs_read += 1;
+            if let Next::Stop(by) = self.list(rel, depth)? {
+                self.truncated_by = Some(by);
+                return Ok(());
+            }
+            self.dequeue();
+        }
+        Ok(())
+    }
+
+    /// List directory `rel` (from after the last name given), adding its
+    /// entries until a bound is reached.
+    fn list(&mut self, rel: Vec<u8>, depth: u32) -> Result<Next, WireError> {
+        let abs = if rel.is_empty() {
+            self.root.to_path_buf()
+        } else {
+            self.root.join(OsStr::from_bytes(&rel))
+        };
+        // (A cursor may name any directory: carve-outs are checked here
+        // too, not only when a directory is queued.)
+        if !rel.is_empty() && self.confinement.is_some_and(|c| c.hidden(&abs)) {
+            self.hidden_error(rel);
+            return Ok(Next::Continue);
+        }
+        let mut list = match list_dir(self.root_fd, &rel) {
+            Ok(l) => l,
+            Err(e) if rel.is_empty() => return Err(io_error(&e, &abs, "cannot walk")),
+            Err(e) => {
+                let w = io_error(&e, &abs, "cannot read directory");
+                self.error(rel, w.code, w.message);
+                return Ok(Next::Continue);
+            }
+        };
+        list.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let start = match &self.after {
+            None => 0,
+            Some(a) => list.partition_point(|e| e.0.as_slice() <= a.as_slice()),
+        };
+        for (name, entry) in &list[start..] {
+            if !self.p.include_hidden && name.first() == Some(&b'.') {
+                continue;
+            }
+            let path = join(&rel, name);
+            if self.entries.len() as u64 >= self.max_entries {
+                return Ok(Next::Stop(TruncatedBy::MaxEntries));
+            }
+            let room = self.size_est + self.queue_est;
+            if room + encoded_size(&path, true) + encoded_size(&path, false) > self.max_bytes {
+                return Ok(Next::Stop(TruncatedBy::MaxResponseBytes));
+            }
+            self.add(&abs, path, name, entry, depth);
+            self.after = Some(name.to_vec());
+        }
+        Ok(Next::Continue)
+    }
+
+    /// One listed entry: an entry (a carve-out by name only, never
+    /// entered), an error if it vanished, a directory queued below the
+    /// depth bound.
+    fn add(
+        &mut self,
+        abs: &Path,
+        path: Vec<u8>,
+        name: &[u8],
+        entry: &std::fs::DirEntry,
+        depth: u32,
+    ) {
+        let (kind, size, mtime) = match entry.metadata() {
+            Ok(m) => (kind_of(m.file_type()), m.len(), mtime_ns(&m)),
+            Err(e) => {
+                // Vanished between listing and stat: report, go on.
+                let w = io_error(&e, &abs.join(OsStr::from_bytes(name)), "cannot stat");
+                self.error(path, w.code, w.message);
+                return;
+            }
+        };
+        let hidden = self
+            .confinement
+            .is_some_and(|c| c.hidden(&abs.join(OsStr::from_bytes(name))));
+        let (size, mtime) = if hidden { (0, 0) } else { (size, mtime) };
+        if hidden {
+            self.hidden_error(path.clone());
+        } else if kind == FileKind::Dir {
+            let child_depth = depth + 1;
+            if child_depth < self.p.max_depth {
+                self.enqueue(path.clone(), child_depth);
+            } else if !self.depth_cut {
+                self.depth_cut = list_dir(self.root_fd, &path).is_ok_and(|d| !d.is_empty());
+            }
+        }
+        self.size_est += encoded_size(&path, true);
+        self.entries.push(WalkEntry {
+            path: WirePath::from_bytes(path),
+            kind,
+            size,
+            mtime_ns: mtime,
+        });
+    }
+
+    /// The answer: what was found, and a cursor if a bound cut the walk.
+    fn finish(self) -> Result<WalkResult, WireError> {
+        let next_cursor = match self.truncated_by {
+            Some(_) => {
+                let c = Cursor {
+                    v: 1,
+                    root: ByteBuf::from(self.root.as_os_str().as_bytes().to_vec()),
+                    queue: self
+                        .queue
+                        .into_iter()
+                        .map(|(r, d)| (ByteBuf::from(r), d))
+                        .collect(),
+                    after: self.after.map(ByteBuf::from),
+                };
+                Some(ByteBuf::from(rmp_serde::to_vec(&c).map_err(|e| {
+                    WireError::new(
+                        ErrorCode::Internal,
+                        format!("cannot encode the walk cursor: {e}"),
+                    )
+                })?))
+            }
+            None => None,
+        };
+        let truncated_by = match self.truncated_by {
+            None if self.depth_cut => Some(TruncatedBy::MaxDepth),
+            by => by,
+        };
+        Ok(WalkResult {
+            entries: self.entries,
+            errors: self.errors,
+            truncated: truncated_by.is_some(),
+            truncated_by,
+            next_cursor,
+        })
+    }
+}
+
 fn walk_blocking(
     root: &Path,
     root_fd: &OwnedFd,
@@ -105,199 +358,25 @@ fn walk_blocking(
     max_bytes: u64,
     confinement: Option<&Confinement>,
 ) -> Result<WalkResult, WireError> {
-    let (mut queue, mut after): (Queue, Option<Vec<u8>>) = match &p.cursor {
-        None => (VecDeque::from([(Vec::new(), 0u32)]), None),
-        Some(c) => {
-            let c: Cursor = rmp_serde::from_slice(c).map_err(|e| {
-                WireError::invalid_params("cursor", format!("not a cursor of fs/walk: {e}"))
-            })?;
-            if c.v != 1 || c.root.as_slice() != root.as_os_str().as_bytes() {
-                return Err(WireError::invalid_params(
-                    "cursor",
-                    "the cursor belongs to another walk (pass it back with the same root)",
-                ));
-            }
-            // A cursor comes from the client: every directory in it must
-            // be a plain relative path (no `.`, `..` or `/` at the start).
-            for (r, _) in &c.queue {
-                let plain = Path::new(OsStr::from_bytes(r))
-                    .components()
-                    .all(|c| matches!(c, std::path::Component::Normal(_)));
-                if !plain {
-                    return Err(WireError::invalid_params(
-                        "cursor",
-                        format!(
-                            "the cursor names {:?}, not a directory below the walk's root",
-                            String::from_utf8_lossy(r)
-                        ),
-                    ));
-                }
-            }
-            (
-                c.queue
-                    .into_iter()
-                    .map(|(r, d)| (r.into_vec(), d))
-                    .collect(),
-                c.after.map(|a| a.into_vec()),
-            )
-        }
+    let (queue, after) = start_from(root, p.cursor.as_ref().map(|c| c.as_slice()))?;
+    let queue_est = queue.iter().map(|(r, _)| encoded_size(r, false)).sum();
+    let mut walk = Walk {
+        root,
+        root_fd,
+        p,
+        max_entries,
+        max_bytes,
+        confinement,
+        queue,
+        after,
+        entries: Vec::new(),
+        errors: Vec::new(),
+        size_est: RESULT_OVERHEAD + root.as_os_str().len() as u64,
+        queue_est,
+        dirs_read: 0,
+        truncated_by: None,
+        depth_cut: false,
     };
-    let mut entries: Vec<WalkEntry> = Vec::new();
-    let mut errors: Vec<WalkErrorEntry> = Vec::new();
-    let mut size_est = RESULT_OVERHEAD + root.as_os_str().len() as u64;
-    let mut queue_est: u64 = queue.iter().map(|(r, _)| r.len() as u64 + 16).sum();
-    let mut dirs_read = 0u64;
-    let mut truncated_by = None;
-    let mut depth_cut = false;
-
-    'dirs: while let Some((rel, depth)) = queue.front().cloned() {
-        if dirs_read >= p.max_directories {
-            truncated_by = Some(TruncatedBy::MaxDirectories);
-            break;
-        }
-        dirs_read += 1;
-        let abs = if rel.is_empty() {
-            root.to_path_buf()
-        } else {
-            root.join(OsStr::from_bytes(&rel))
-        };
-        // (A cursor may name any directory: carve-outs are checked here
-        // too, not only when a directory is queued.)
-        if !rel.is_empty() && confinement.is_some_and(|c| c.hidden(&abs)) {
-            let message = format!(
-                "{}: hidden by a deny_read carve-out",
-                String::from_utf8_lossy(&rel)
-            );
-            size_est += rel.len() as u64 + ENTRY_OVERHEAD + message.len() as u64;
-            errors.push(WalkErrorEntry {
-                path: WirePath::from_bytes(rel.clone()),
-                code: ErrorCode::SandboxDenied,
-                message,
-            });
-            queue.pop_front();
-            queue_est -= rel.len() as u64 + 16;
-            after = None;
-            continue;
-        }
-        let read = list_dir(root_fd, &rel);
-        let mut list = match read {
-            Ok(l) => l,
-            Err(e) if rel.is_empty() => return Err(io_error(&e, &abs, "cannot walk")),
-            Err(e) => {
-                let w = io_error(&e, &abs, "cannot read directory");
-                size_est += rel.len() as u64 + ENTRY_OVERHEAD + w.message.len() as u64;
-                errors.push(WalkErrorEntry {
-                    path: WirePath::from_bytes(rel.clone()),
-                    code: w.code,
-                    message: w.message,
-                });
-                queue.pop_front();
-                queue_est -= rel.len() as u64 + 16;
-                after = None;
-                continue;
-            }
-        };
-        list.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let start = match &after {
-            None => 0,
-            Some(a) => list.partition_point(|e| e.0.as_slice() <= a.as_slice()),
-        };
-        for (name, entry) in &list[start..] {
-            let name = name.as_slice();
-            if !p.include_hidden && name.first() == Some(&b'.') {
-                continue;
-            }
-            let path = join(&rel, name);
-            let est = path.len() as u64 + ENTRY_OVERHEAD;
-            if entries.len() as u64 >= max_entries {
-                truncated_by = Some(TruncatedBy::MaxEntries);
-                break 'dirs;
-            }
-            if size_est + queue_est + est + path.len() as u64 + 16 > max_bytes {
-                truncated_by = Some(TruncatedBy::MaxResponseBytes);
-                break 'dirs;
-            }
-            let (kind, size, mtime) = match entry.metadata() {
-                Ok(m) => (kind_of(m.file_type()), m.len(), mtime_ns(&m)),
-                Err(e) => {
-                    // Vanished between listing and stat: report, go on.
-                    let w = io_error(&e, &abs.join(OsStr::from_bytes(name)), "cannot stat");
-                    size_est += est + w.message.len() as u64;
-                    errors.push(WalkErrorEntry {
-                        path: WirePath::from_bytes(path),
-                        code: w.code,
-                        message: w.message,
-                    });
-                    after = Some(name.to_vec());
-                    continue;
-                }
-            };
-            // A carve-out is listed by name only (no size, no time) and
-            // never entered.
-            let hidden = confinement.is_some_and(|c| c.hidden(&abs.join(OsStr::from_bytes(name))));
-            let (size, mtime) = if hidden { (0, 0) } else { (size, mtime) };
-            if hidden {
-                let message = format!(
-                    "{}: hidden by a deny_read carve-out",
-                    String::from_utf8_lossy(&path)
-                );
-                size_est += est + message.len() as u64;
-                errors.push(WalkErrorEntry {
-                    path: WirePath::from_bytes(path.clone()),
-                    code: ErrorCode::SandboxDenied,
-                    message,
-                });
-            } else if kind == FileKind::Dir {
-                let child_depth = depth + 1;
-                if child_depth < p.max_depth {
-                    queue_est += path.len() as u64 + 16;
-                    queue.push_back((path.clone(), child_depth));
-                } else if !depth_cut {
-                    depth_cut = list_dir(root_fd, &path).is_ok_and(|d| !d.is_empty());
-                }
-            }
-            size_est += est;
-            entries.push(WalkEntry {
-                path: WirePath::from_bytes(path),
-                kind,
-                size,
-                mtime_ns: mtime,
-            });
-            after = Some(name.to_vec());
-        }
-        queue.pop_front();
-        queue_est -= rel.len() as u64 + 16;
-        after = None;
-    }
-
-    let next_cursor = match truncated_by {
-        Some(_) => {
-            let c = Cursor {
-                v: 1,
-                root: ByteBuf::from(root.as_os_str().as_bytes().to_vec()),
-                queue: queue
-                    .into_iter()
-                    .map(|(r, d)| (ByteBuf::from(r), d))
-                    .collect(),
-                after: after.map(ByteBuf::from),
-            };
-            Some(ByteBuf::from(rmp_serde::to_vec(&c).map_err(|e| {
-                WireError::new(
-                    ErrorCode::Internal,
-                    format!("cannot encode the walk cursor: {e}"),
-                )
-            })?))
-        }
-        None => None,
-    };
-    if truncated_by.is_none() && depth_cut {
-        truncated_by = Some(TruncatedBy::MaxDepth);
-    }
-    Ok(WalkResult {
-        entries,
-        errors,
-        truncated: truncated_by.is_some(),
-        truncated_by,
-        next_cursor,
-    })
+    walk.run()?;
+    walk.finish()
 }

@@ -1,4 +1,5 @@
-//! Detached sessions: the session host and the stdio relay in front of it.
+//! Detached sessions: the session host (this file) and the stdio relay in
+//! front of it ([`relay`]); where the socket goes is [`dirs`].
 //!
 //! `initialize` with `session.detach_ttl_ms` > 0 makes the stdio `executor`
 //! (the one sshd started) start a **session host**: the same binary as
@@ -44,6 +45,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 pub mod dirs;
+pub mod relay;
+
+pub use relay::{begin_resume, resume_handshake, serve_stdio, Launch};
 
 /// First bytes of a relay's handshake (its layout: [`handshake`]).
 const MAGIC: &[u8; 4] = b"EXR2";
@@ -399,369 +403,55 @@ async fn read_hello(stream: &mut UnixStream) -> std::io::Result<Hello> {
     }
 }
 
-/// What a relay attaches as.
-#[derive(Clone, Copy)]
-enum Attach<'a> {
-    /// The relay that started the host, with the secret it handed it.
-    First(&'a [u8; SECRET_LEN]),
-    /// A resume, with the credentials of its `initialize`.
-    Resume { session_id: &'a str, token: &'a str },
-}
+#[cfg(test)]
+mod tests {
+    use super::relay::handshake_for_test;
+    use super::*;
 
-/// The first frame of a connection, if it asks for a detached session.
-/// No `Debug`: a resume's token is secret.
-enum Wants {
-    Detach,
-    Resume { session_id: String, token: String },
-    Plain,
-}
+    #[test]
+    fn a_socket_is_named_only_by_a_well_formed_session_id() {
+        let dir = Path::new("/run/x");
+        let id = "0123456789abcdef0123456789abcdef";
+        let p = socket_path(dir, id).unwrap();
+        assert!(p.starts_with(dir) && p.to_string_lossy().ends_with(&format!("-{id}.sock")));
+        for bad in ["", "../../etc/passwd", &id[1..], &format!("{}g", &id[1..])] {
+            assert!(socket_path(dir, bad).is_none(), "{bad:?}");
+        }
+    }
 
-fn wants(frame: &[u8]) -> Wants {
-    match Incoming::decode(frame) {
-        Ok(Incoming::Request { method, params, .. }) if method == methods::INITIALIZE => {
-            let p: Result<executor_protocol::types::session::InitializeParams, _> =
-                executor_protocol::message::from_params(params);
-            match p.ok().and_then(|p| p.session) {
-                Some(s) if s.resume.is_some() => {
-                    let r = s.resume.expect("checked");
-                    Wants::Resume {
-                        session_id: r.session_id,
-                        token: r.token,
-                    }
-                }
-                Some(s) if s.detach_ttl_ms.is_some_and(|t| t > 0) => Wants::Detach,
-                _ => Wants::Plain,
+    #[test]
+    fn host_args_survive_their_line() {
+        let args = HostArgs {
+            session_id: "ab".repeat(16),
+            secret: [7; SECRET_LEN],
+            socket: PathBuf::from("/tmp/a socket"),
+        };
+        let back = HostArgs::parse(&args.line()).unwrap();
+        assert_eq!(back.session_id, args.session_id);
+        assert_eq!(back.secret, args.secret);
+        assert_eq!(back.socket, args.socket);
+        assert!(HostArgs::parse("id short /s").is_err());
+        assert!(HostArgs::parse("just-one").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_handshake_reads_back_as_what_the_relay_sent() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let hello = handshake_for_test("sess", "tok", "reader");
+        a.write_all(&hello).await.unwrap();
+        match read_hello(&mut b).await.unwrap() {
+            Hello::Resume {
+                profile,
+                session_id,
+                token,
+            } => {
+                assert_eq!(profile, b"reader");
+                assert_eq!((session_id.as_str(), token.as_str()), ("sess", "tok"));
             }
+            Hello::FirstAttach { .. } => panic!("read as a first attach"),
         }
-        _ => Wants::Plain,
+        // Not a relay's: refused.
+        a.write_all(b"HTTP/1.1 ").await.unwrap();
+        assert!(read_hello(&mut b).await.is_err());
     }
-}
-
-/// Why resumes cannot work on this host, when it says so: systemd-logind
-/// set to kill a user's processes at logout.
-fn logind_kills_processes() -> bool {
-    let mut files = vec![PathBuf::from("/etc/systemd/logind.conf")];
-    if let Ok(dir) = std::fs::read_dir("/etc/systemd/logind.conf.d") {
-        files.extend(dir.filter_map(|e| e.ok()).map(|e| e.path()));
-    }
-    let mut kill = false;
-    for f in files {
-        for line in std::fs::read_to_string(f).unwrap_or_default().lines() {
-            if let Some(v) = line.trim().strip_prefix("KillUserProcesses=") {
-                kill = matches!(v.trim(), "yes" | "true" | "1");
-            }
-        }
-    }
-    kill
-}
-
-/// How the stdio process was started, to start a host the same way.
-#[derive(Debug, Clone, Default)]
-pub struct Launch {
-    pub config_path: Option<PathBuf>,
-    pub profile: Option<String>,
-}
-
-/// The stdio agent: serve in-process, or relay to a session host when the
-/// first request asks for a detached session or a resume.
-pub async fn serve_stdio<R, W>(
-    mut input: R,
-    mut output: W,
-    config: Config,
-    launch: Launch,
-) -> std::io::Result<Ending>
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    output.write_all(PREAMBLE).await?;
-    output.flush().await?;
-    // The first frame decides; it (and whatever came with it) is replayed.
-    let mut decoder = FrameDecoder::new(config.limits.max_frame_bytes as usize);
-    let mut buf = BytesMut::with_capacity(64 * 1024);
-    let first = loop {
-        match decoder.decode(&mut buf) {
-            Ok(Some(frame)) => break Some(frame),
-            Ok(None) => {}
-            Err(_) => break None,
-        }
-        if input.read_buf(&mut buf).await? == 0 {
-            break None;
-        }
-    };
-    let mut replay = Vec::with_capacity(buf.len() + 4 + first.as_ref().map_or(0, |f| f.len()));
-    if let Some(f) = &first {
-        replay.extend_from_slice(&(f.len() as u32).to_be_bytes());
-        replay.extend_from_slice(f);
-    }
-    replay.extend_from_slice(&buf);
-    let wants = first.as_deref().map_or(Wants::Plain, wants);
-    let profile = launch.profile.clone().unwrap_or_default();
-    let expired = |why: String| Refusal::new(ErrorCode::SessionExpired, why);
-    let env = RuntimeEnv::current();
-    let refusal = match wants {
-        Wants::Plain => None,
-        Wants::Detach => match start_host(&launch, &env, config.limits.max_detached_sessions).await
-        {
-            Ok((socket, secret)) => {
-                match connect(&socket, Attach::First(&secret), &profile).await {
-                    Ok(stream) => return relay(stream, replay, input, output).await,
-                    Err(e) => Some(expired(format!(
-                        "the session host did not take the connection: {}",
-                        e.why()
-                    ))),
-                }
-            }
-            Err(StartError::Limit { live, max }) => Some(Refusal::Limit {
-                name: "max_detached_sessions",
-                max,
-                why: format!("{live} session hosts of this user are alive"),
-            }),
-            Err(e) => Some(expired(format!("cannot start a session host: {e}"))),
-        },
-        Wants::Resume { session_id, token } => {
-            let attach = Attach::Resume {
-                session_id: &session_id,
-                token: &token,
-            };
-            match env.find_socket(&session_id) {
-                Some(s) => match connect(&s, attach, &profile).await {
-                    Ok(stream) => return relay(stream, replay, input, output).await,
-                    Err(e) => Some(e),
-                },
-                None => {
-                    let mut why = "no such session on this host (it expired, or it never existed)"
-                        .to_string();
-                    if logind_kills_processes() {
-                        why.push_str(
-                            "; note: this host's systemd-logind kills a user's processes at logout \
-                             (KillUserProcesses=yes), which ends detached sessions: \
-                             `loginctl enable-linger USER` keeps them",
-                        );
-                    }
-                    Some(expired(why))
-                }
-            }
-        }
-    };
-    let session = Arc::new(Session::from_config(config, Mode::Plain { refusal })?);
-    let input = std::io::Cursor::new(replay).chain(input);
-    let ending = serve_on(&session, input, output, false).await;
-    session.shutdown().await;
-    Ok(ending)
-}
-
-/// Why no session host was started.
-#[derive(Debug, thiserror::Error)]
-enum StartError {
-    #[error("{live} session hosts of this user are alive (max_detached_sessions {max})")]
-    Limit { live: usize, max: u64 },
-    #[error(transparent)]
-    NoDir(#[from] NoSocketDir),
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
-
-/// Start `executor session-host` detached, unless `max_hosts` of the
-/// user's are alive; its socket and secret.
-async fn start_host(
-    launch: &Launch,
-    env: &RuntimeEnv,
-    max_hosts: u64,
-) -> Result<(PathBuf, [u8; SECRET_LEN]), StartError> {
-    use ring::rand::SecureRandom;
-    let rng = ring::rand::SystemRandom::new();
-    let mut secret = [0u8; SECRET_LEN];
-    let mut id = [0u8; 16];
-    rng.fill(&mut secret)
-        .and_then(|()| rng.fill(&mut id))
-        .map_err(|_| std::io::Error::other("the OS random number generator failed"))?;
-    let session_id = hex(&id);
-    let dir = env.socket_dir()?;
-    // Counted and started under one lock: the host takes its own lock
-    // before it says it is ready, so the next relay counts it.
-    let _starting = dirs::StartingLock::take(&dir).await?;
-    let live = env.live_hosts();
-    if live as u64 >= max_hosts {
-        return Err(StartError::Limit {
-            live,
-            max: max_hosts,
-        });
-    }
-    let socket = socket_path(&dir, &session_id).expect("a fresh id is valid");
-    let args = HostArgs {
-        session_id,
-        secret,
-        socket: socket.clone(),
-    };
-    let log_path = dir.join(format!("{}.log", args.session_id));
-    let log = std::fs::OpenOptions::new()
-        .create_new(true)
-        .append(true)
-        .mode_0600()
-        .open(&log_path)?;
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.arg("session-host");
-    if let Some(c) = &launch.config_path {
-        cmd.arg("--config").arg(c);
-    }
-    if let Some(p) = &launch.profile {
-        cmd.arg("--profile").arg(p);
-    }
-    cmd.stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(log)
-        // Its own process group: a signal to the stdio agent's group (or
-        // the SSH session's) does not reach it.
-        .process_group(0)
-        .kill_on_drop(false);
-    let mut child = cmd.spawn()?;
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    stdin.write_all(args.line().as_bytes()).await?;
-    drop(stdin);
-    let mut stdout = child.stdout.take().expect("piped stdout");
-    let mut ready = [0u8; 6];
-    let not_started =
-        |why: String| std::io::Error::other(format!("{why} (its log: {})", log_path.display()));
-    tokio::time::timeout(Duration::from_secs(10), stdout.read_exact(&mut ready))
-        .await
-        .map_err(|_| not_started("the session host did not start in time".into()))?
-        .map_err(|e| not_started(format!("the session host did not start: {e}")))?;
-    if &ready != b"ready\n" {
-        return Err(not_started("the session host did not start".into()).into());
-    }
-    // Reaped by whoever adopts it; never waited for here.
-    drop(child);
-    Ok((socket, secret))
-}
-
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
-}
-
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
-    }
-}
-
-/// Connect to a session host and pass its handshake.
-async fn connect(socket: &Path, attach: Attach<'_>, profile: &str) -> Result<UnixStream, Refusal> {
-    let io = |e: std::io::Error| {
-        Refusal::new(
-            ErrorCode::SessionExpired,
-            format!("the session host is unreachable: {e}"),
-        )
-    };
-    let refused = |code, why: &str| Err(Refusal::new(code, why.to_string()));
-    let wrong = "wrong session id or token";
-    if matches!(attach, Attach::Resume { token, .. } if token.len() > MAX_TOKEN_LEN) {
-        return refused(ErrorCode::SessionExpired, wrong);
-    }
-    let hello = handshake(attach, profile).map_err(io)?;
-    let mut stream = UnixStream::connect(socket).await.map_err(io)?;
-    let host_uid = stream.peer_cred().map_err(io)?.uid();
-    let me = nix::unistd::getuid().as_raw();
-    if host_uid != me {
-        return Err(Refusal::new(
-            ErrorCode::SessionExpired,
-            format!("the session host runs as uid {host_uid}, not {me}"),
-        ));
-    }
-    stream.write_all(&hello).await.map_err(io)?;
-    let mut verdict = [0u8; 1];
-    stream.read_exact(&mut verdict).await.map_err(io)?;
-    match verdict[0] {
-        ACCEPTED => Ok(stream),
-        WRONG_CREDENTIALS => refused(ErrorCode::SessionExpired, wrong),
-        OTHER_PROFILE => refused(
-            ErrorCode::SessionExpired,
-            "the session was created under another configuration profile",
-        ),
-        BUSY => refused(
-            ErrorCode::SessionBusy,
-            "another resume of this session is being set up; retry",
-        ),
-        _ => refused(
-            ErrorCode::SessionExpired,
-            "the session host refused the connection",
-        ),
-    }
-}
-
-/// A relay's handshake: [`MAGIC`], the kind, the profile name's length
-/// (one byte) and the name; then for a first attach the 32-byte secret,
-/// for a resume the session id (one-byte length, then the id) and the
-/// token (two-byte big-endian length, then the token).
-fn handshake(attach: Attach<'_>, profile: &str) -> std::io::Result<Vec<u8>> {
-    let too_long = |what: &str| std::io::Error::other(format!("{what} too long"));
-    let profile = profile.as_bytes();
-    let mut head = Vec::with_capacity(6 + profile.len() + SECRET_LEN);
-    head.extend_from_slice(MAGIC);
-    head.push(match attach {
-        Attach::First(_) => FIRST_ATTACH,
-        Attach::Resume { .. } => RESUME,
-    });
-    head.push(u8::try_from(profile.len()).map_err(|_| too_long("profile name"))?);
-    head.extend_from_slice(profile);
-    match attach {
-        Attach::First(secret) => head.extend_from_slice(secret),
-        Attach::Resume { session_id, token } => {
-            head.push(u8::try_from(session_id.len()).map_err(|_| too_long("session id"))?);
-            head.extend_from_slice(session_id.as_bytes());
-            if token.len() > MAX_TOKEN_LEN {
-                return Err(too_long("token"));
-            }
-            head.extend_from_slice(&(token.len() as u16).to_be_bytes());
-            head.extend_from_slice(token.as_bytes());
-        }
-    }
-    Ok(head)
-}
-
-/// The handshake a resume of `session_id` with `token` sends under
-/// `profile`. For tests (a handshake cut short) and diagnostics.
-pub fn resume_handshake(profile: &str, session_id: &str, token: &str) -> std::io::Result<Vec<u8>> {
-    handshake(Attach::Resume { session_id, token }, profile)
-}
-
-/// Start a resume of the session at `socket` and stop before its
-/// `initialize`. When the id and token verify, the host counts it as a
-/// resume being set up (and answers other resumes `session_busy`) until
-/// this connection's `initialize` succeeds or it closes, or
-/// [`RESUME_SETUP`] passes; otherwise it is refused at once. For tests and
-/// diagnostics.
-pub async fn begin_resume(
-    socket: &Path,
-    profile: &str,
-    session_id: &str,
-    token: &str,
-) -> std::io::Result<UnixStream> {
-    connect(socket, Attach::Resume { session_id, token }, profile)
-        .await
-        .map_err(|r| std::io::Error::other(r.why().to_string()))
-}
-
-/// Bytes both ways between the SSH side and the host, until either ends.
-async fn relay<R, W>(
-    stream: UnixStream,
-    replay: Vec<u8>,
-    mut input: R,
-    mut output: W,
-) -> std::io::Result<Ending>
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut from_host, mut to_host) = stream.into_split();
-    let up = tokio::spawn(async move {
-        to_host.write_all(&replay).await?;
-        tokio::io::copy(&mut input, &mut to_host).await?;
-        // Our input ended (the SSH side closed): the host detaches.
-        to_host.shutdown().await
-    });
-    let down = tokio::io::copy(&mut from_host, &mut output).await;
-    let _ = output.flush().await;
-    up.abort();
-    down.map(|_| Ending::Eof)
 }

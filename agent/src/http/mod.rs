@@ -3,6 +3,10 @@
 //!
 //! Where PROTOCOL.md is silent, the choices are documented in
 //! `executor_protocol::types::http`; the destination policy is in [`policy`].
+//!
+//! A handler module: it uses the session, its stream table
+//! ([`crate::tables::streams`]), [`crate::http_client`] and `outbound`
+//! (a stream's body deltas); nothing above it.
 
 pub use crate::destinations as policy;
 pub use crate::http_client as transport;
@@ -60,58 +64,8 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
             "CONNECT is not supported by http/request",
         ));
     }
-    let url = Url::parse(&p.url)
-        .map_err(|e| WireError::invalid_params("url", format!("{:?} is not a URL: {e}", p.url)))?;
-    if url.scheme() != "http" && url.scheme() != "https" {
-        return Err(WireError::invalid_params(
-            "url",
-            format!(
-                "{:?}: scheme {:?} is not supported (only http and https)",
-                p.url,
-                url.scheme()
-            ),
-        ));
-    }
-    if url.host().is_none() {
-        return Err(WireError::invalid_params(
-            "url",
-            format!("{:?} has no host", p.url),
-        ));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(WireError::invalid_params(
-            "url",
-            "credentials in the URL are not supported: send an Authorization header",
-        ));
-    }
-    let mut headers = http::HeaderMap::with_capacity(p.headers.len());
-    let mut host_at = None;
-    for (i, (name, value)) in p.headers.iter().enumerate() {
-        let n = header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-            WireError::invalid_params(
-                &format!("headers.{i}"),
-                format!("{name:?} is not a valid header name"),
-            )
-        })?;
-        // The value is never echoed: it may be a credential.
-        let v = header::HeaderValue::from_str(value).map_err(|_| {
-            WireError::invalid_params(
-                &format!("headers.{i}"),
-                format!("the value of header {name:?} is not a valid header value"),
-            )
-        })?;
-        if n == header::HOST {
-            if let Some(first) = host_at {
-                return Err(WireError::invalid_params(
-                    &format!("headers.{i}"),
-                    format!("a second Host header (the first is headers.{first}): a request names one authority"),
-                ));
-            }
-            check_host_header(&url, i, name, value)?;
-            host_at = Some(i);
-        }
-        headers.append(n, v);
-    }
+    let url = check_url(&p.url)?;
+    let headers = request_headers(&url, &p.headers)?;
     if p.timeout_ms == 0 || p.timeout_ms > MAX_TIMEOUT_MS {
         return Err(WireError::invalid_params(
             "timeout_ms",
@@ -156,6 +110,69 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
         follow: p.follow_redirects,
         sandbox: p.sandbox,
     })
+}
+
+/// `url` parsed: http or https, with a host, without credentials.
+fn check_url(text: &str) -> Result<Url, WireError> {
+    let url = Url::parse(text)
+        .map_err(|e| WireError::invalid_params("url", format!("{text:?} is not a URL: {e}")))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(WireError::invalid_params(
+            "url",
+            format!(
+                "{:?}: scheme {:?} is not supported (only http and https)",
+                text,
+                url.scheme()
+            ),
+        ));
+    }
+    if url.host().is_none() {
+        return Err(WireError::invalid_params(
+            "url",
+            format!("{:?} has no host", text),
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(WireError::invalid_params(
+            "url",
+            "credentials in the URL are not supported: send an Authorization header",
+        ));
+    }
+    Ok(url)
+}
+
+/// The request's headers, each name and value valid, at most one `Host`
+/// and that one naming the URL's authority ([`check_host_header`]).
+fn request_headers(url: &Url, given: &[(String, String)]) -> Result<http::HeaderMap, WireError> {
+    let mut headers = http::HeaderMap::with_capacity(given.len());
+    let mut host_at = None;
+    for (i, (name, value)) in given.iter().enumerate() {
+        let n = header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            WireError::invalid_params(
+                &format!("headers.{i}"),
+                format!("{name:?} is not a valid header name"),
+            )
+        })?;
+        // The value is never echoed: it may be a credential.
+        let v = header::HeaderValue::from_str(value).map_err(|_| {
+            WireError::invalid_params(
+                &format!("headers.{i}"),
+                format!("the value of header {name:?} is not a valid header value"),
+            )
+        })?;
+        if n == header::HOST {
+            if let Some(first) = host_at {
+                return Err(WireError::invalid_params(
+                    &format!("headers.{i}"),
+                    format!("a second Host header (the first is headers.{first}): a request names one authority"),
+                ));
+            }
+            check_host_header(url, i, name, value)?;
+            host_at = Some(i);
+        }
+        headers.append(n, v);
+    }
+    Ok(headers)
 }
 
 /// A `Host` header (any case of the name) must name the URL's authority:

@@ -9,14 +9,18 @@
 //! `process/output` only while the connection's notification queue has
 //! room; otherwise the job is marked lagged, `process/lagged` is sent once,
 //! and the client catches up with `process/read`.
+//!
+//! A handler module: it uses the session, its job table, `outbound` and
+//! [`crate::sandbox_gate`]; nothing above it.
 
+mod egress;
 pub mod spawn;
 pub mod spawner;
 
 use crate::outbound::Outbound;
 use crate::session::Session;
 pub use crate::tables::jobs::{signal_name, Exit, Proc, LAG_PATIENCE, REAP_AFTER, TERM_GRACE};
-use crate::tables::jobs::{ProcSpec, ProcessTable, Slot, StdinSink};
+use crate::tables::jobs::{Live, ProcessTable, Slot, StdinSink};
 pub use crate::tables::output;
 use bytes::BytesMut;
 use executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;
@@ -51,6 +55,8 @@ pub struct StartOptions<'a> {
     pub intent_param: &'a str,
     /// The request field holding `argv` (`argv`, `command`), for messages.
     pub argv_param: &'a str,
+    /// What `env` is applied on top of ([`crate::login_env`]).
+    pub env_base: executor_protocol::types::process::EnvBase,
 }
 
 /// A started job, and what of its sandbox intent was not enforced (only
@@ -59,6 +65,8 @@ pub struct StartOptions<'a> {
 pub struct Started {
     pub proc: Arc<Proc>,
     pub sandbox_degraded: Option<Vec<String>>,
+    /// With egress by name: where the job's proxy listens.
+    pub egress: Option<executor_protocol::types::network::EgressInfo>,
 }
 
 /// Start a job and its tasks; register it in the session. The request is
@@ -68,19 +76,32 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let cap = check_options(s, &o)?;
     let table = s.processes();
     let slot = table.reserve_slot(s.limits().max_processes)?;
+    // A login shell runs the user's dotfiles unconfined (and a sandboxed
+    // job may have written them): never for a job that is to be confined.
+    let confined = s.profile().sandbox.is_some() || o.intent.is_some();
+    let mut env = crate::login_env::compose(o.env_base, o.env, s.login_env(), confined).await?;
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
-    let (sandbox, files, sandbox_degraded) = crate::sandbox_gate::gate(
+    let mut decision = crate::sandbox_gate::gate(
         s.capabilities(),
         o.intent,
         Some(&cwd),
         o.intent_param,
         s.profile(),
-    )?
-    .into_parts();
+    )?;
+    let egress_rules = decision.take_egress();
+    let (sandbox, files, sandbox_degraded) = decision.into_parts();
+    // Egress by name: the job's environment names its proxy (§8).
+    let egress_port = match sandbox.as_ref().map(|p| &p.net) {
+        Some(executor_sandbox::plan::WireNet::Egress { port }) => Some(*port),
+        _ => None,
+    };
+    if let Some(port) = egress_port {
+        env = crate::egress::job_env(&env, port);
+    }
     let req = spawn::SpawnRequest {
         argv: o.argv,
         cwd: &cwd,
-        env: o.env,
+        env: &env,
         arg0: o.arg0,
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
@@ -88,23 +109,26 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     };
     // On an error the job's files are dropped here, and removed.
     let mut spawned = spawn::spawn(&req).await?;
+    let id = table.next_id();
+    let egress = match (egress_rules, spawned.egress_listener.take()) {
+        (Some(rules), Some(listener)) => egress::serve(s, &id, rules, listener),
+        _ => None,
+    };
     let (stdin, pty, pty_reader) = split_terminal(&mut spawned)?;
-    let proc = Arc::new(Proc::new(ProcSpec {
-        id: table.next_id(),
+    let streams = if pty.is_some() { 1 } else { 2 };
+    let proc = Arc::new(Proc {
+        id,
         pid: spawned.pid,
         argv: o.argv.to_vec(),
         tag: o.tag,
         tty: o.tty,
         sandboxed: sandbox.is_some(),
         notify: o.notify,
-        buffer_bytes: cap as usize,
-        streams: if pty.is_some() { 1 } else { 2 },
-        stdin,
-        pty,
-    }));
+        live: Live::new(cap as usize, streams, stdin, pty),
+    });
     table.insert(proc.clone());
     tracing::info!(
-        session_id = ?s.id(),
+        session_id = s.id().unwrap_or_default(),
         process_id = %proc.id,
         pid = spawned.pid,
         argv = ?o.argv,
@@ -119,11 +143,14 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         s.outbound().clone(),
         Arc::downgrade(s.processes()),
         slot,
-        files,
+        JobHeld { files, egress },
     ));
     Ok(Started {
         proc,
         sandbox_degraded,
+        egress: egress_port.map(|port| executor_protocol::types::network::EgressInfo {
+            proxy: crate::egress::proxy_url(port),
+        }),
     })
 }
 
@@ -264,15 +291,25 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
     }
 }
 
+/// What a job owns on the agent's side until it ends: its files on the
+/// host, and its egress proxy.
+struct JobHeld {
+    files: executor_sandbox::plan::JobFiles,
+    egress: Option<crate::egress::Server>,
+}
+
 async fn wait_job(
     proc: Arc<Proc>,
     mut spawned: spawn::Spawned,
     outbound: Outbound,
     table: Weak<ProcessTable>,
     slot: Slot,
-    files: executor_sandbox::plan::JobFiles,
+    held: JobHeld,
 ) {
+    let JobHeld { files, egress } = held;
     let exit = job_exit(&mut spawned).await;
+    // The job is gone: its proxy stops, and its namespace with it.
+    drop(egress);
     drop(slot);
     // A finished job's record stays readable for a while; its descriptors
     // must not (a thousand finished jobs would hold a thousand fds).
@@ -284,8 +321,8 @@ async fn wait_job(
     }
     // All output first: `process/exited` follows the last `process/output`.
     let (final_seq, lag_note) = proc.record_exit(exit).await;
-    tracing::info!(process_id = %proc.id, exit_code = ?exit.code, signal = ?exit.signal, "process exited");
-    if !proc.notifies() {
+    tracing::info!(process_id = %proc.id, exit_code = exit.code, signal = exit.signal, "process exited");
+    if !proc.notify {
         return;
     }
     // `process/lagged` (if any) goes out before `process/exited`.
@@ -330,6 +367,7 @@ pub async fn handle_start(
             intent: p.sandbox.as_ref(),
             intent_param: "sandbox",
             argv_param: "argv",
+            env_base: p.env_base,
         },
     )
     .await?;
@@ -337,6 +375,7 @@ pub async fn handle_start(
         process_id: started.proc.id.clone(),
         pid: started.proc.pid,
         sandbox_degraded: started.sandbox_degraded,
+        egress: started.egress,
     })
 }
 
@@ -415,7 +454,10 @@ pub async fn handle_resize(s: &Arc<Session>, p: ProcessResizeParams) -> Result<E
 }
 
 /// `process/list`
-pub async fn handle_list(s: &Arc<Session>, _p: Empty) -> Result<ProcessListResult, WireError> {
+pub async fn handle_list(
+    s: &Arc<Session>,
+    _p: ProcessListParams,
+) -> Result<ProcessListResult, WireError> {
     Ok(ProcessListResult {
         processes: s
             .processes()
@@ -430,4 +472,80 @@ pub async fn handle_list(s: &Arc<Session>, _p: Empty) -> Result<ProcessListResul
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::WirePath;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_bad_start_is_refused_naming_its_field_before_anything_is_reserved() {
+        let s = crate::session::test_session();
+        let env = BTreeMap::new();
+        let (argv, cwd) = (vec!["true".to_string()], WirePath::from("/"));
+        let options = |argv, cwd| StartOptions {
+            argv,
+            cwd,
+            env: &env,
+            arg0: None,
+            tty: false,
+            pty_size: None,
+            stdin_null: true,
+            notify: false,
+            output_buffer_bytes: None,
+            tag: None,
+            intent: None,
+            intent_param: "sandbox",
+            argv_param: "command",
+            env_base: Default::default(),
+        };
+        let field = |r: Result<u64, WireError>| {
+            let e = r.unwrap_err();
+            e.data_get("field")
+                .or_else(|| e.data_get("limit"))
+                .and_then(|v| v.as_str().map(str::to_string))
+        };
+        assert_eq!(
+            field(check_options(&s, &options(&[], &cwd))),
+            Some("command".into())
+        );
+        let relative = WirePath::from("tmp");
+        assert_eq!(
+            field(check_options(&s, &options(&argv, &relative))),
+            Some("cwd".into())
+        );
+        let mut big = options(&argv, &cwd);
+        big.output_buffer_bytes = Some(MAX_OUTPUT_BUFFER_BYTES + 1);
+        assert_eq!(
+            field(check_options(&s, &big)),
+            Some("output_buffer_bytes".into())
+        );
+        let mut flat = options(&argv, &cwd);
+        flat.pty_size = Some(PtySize { rows: 0, cols: 80 });
+        assert_eq!(
+            field(check_options(&s, &flat)),
+            Some("pty_size.rows".into())
+        );
+        // The positive control: the default buffer size.
+        let ok = check_options(&s, &options(&argv, &cwd)).unwrap();
+        assert_eq!(ok, s.limits().output_buffer_bytes);
+        assert!(s.processes().all().is_empty());
+    }
+
+    #[test]
+    fn wire_signal_names_map_to_their_host_signals() {
+        assert_eq!(to_signal(SignalName::Terminate), Signal::SIGTERM);
+        assert_eq!(to_signal(SignalName::Interrupt), Signal::SIGINT);
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(
+            Exit {
+                code: None,
+                signal: Some(15)
+            }
+            .shell_code(),
+            143
+        );
+    }
 }

@@ -51,6 +51,10 @@ pub struct Spawned {
     pub stderr: Option<ChildStderr>,
     /// The PTY master, for tty jobs.
     pub pty_master: Option<OwnedFd>,
+    /// With egress by name: the proxy's listening socket, made by the job's
+    /// init inside the job's network namespace and handed over before the
+    /// program started (the job never holds it).
+    pub egress_listener: Option<OwnedFd>,
 }
 
 /// The read end every supervisor gets; the agent alone holds the write
@@ -291,8 +295,119 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     // What to run travels in a sealed memfd; the supervisor gets
     // descriptors only (nothing of the request may run code in it, or be
     // read in its /proc/PID/cmdline or environ).
+    let spec_fd = job_spec(req, &program)
+        .to_memfd()
+        .map_err(|e| io_err("writing the job spec", e))?;
+    // Egress by name: a socket pair on which the job's init sends the
+    // proxy's listener; the supervisor gets one end with the others.
+    let egress = match req.sandbox.map(|p| &p.net) {
+        Some(executor_sandbox::plan::WireNet::Egress { .. }) => Some(
+            std::os::unix::net::UnixStream::pair().map_err(|e| io_err("egress socket pair", e))?,
+        ),
+        _ => None,
+    };
+    let Stdio {
+        job: job_stdio,
+        stdin,
+        stdout,
+        mut stderr,
+        pty_master,
+    } = stdio(req)?;
+
+    let started = tokio::time::timeout(START_TIMEOUT, async {
+        let [i, o, e] = &job_stdio;
+        let mut fds = vec![
+            i.as_fd(),
+            o.as_fd(),
+            e.as_fd(),
+            lifeline.read.as_fd(),
+            status_w.as_fd(),
+            spec_fd.as_fd(),
+        ];
+        fds.extend(egress.as_ref().map(|(_, theirs)| theirs.as_fd()));
+        let supervisor = spawner::fork(&fds).await;
+        // Our copies of the job's ends must go, or EOF would never come.
+        drop(fds);
+        drop((job_stdio, status_w, spec_fd, turn));
+        let supervisor = supervisor?;
+        Ok::<_, WireError>((supervisor, first_status(&mut status).await))
+    })
+    .await;
+    let egress = egress.map(|(ours, _theirs)| ours);
+    let (mut supervisor, first) = match started {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(WireError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the job supervisor did not report within {}s; nothing was run",
+                    START_TIMEOUT.as_secs()
+                ),
+            ))
+        }
+    };
+    let pid = match first {
+        Ok(Some(Status::Started { pid })) => pid,
+        first => {
+            return Err(start_failed(first, &mut supervisor, stderr.as_mut(), req, &program).await)
+        }
+    };
+    let mut spawned = Spawned {
+        pid,
+        status,
+        stdin,
+        stdout,
+        stderr,
+        supervisor,
+        pty_master,
+        egress_listener: None,
+    };
+    if let Some(sock) = egress {
+        spawned.egress_listener = Some(receive_egress_listener(&mut spawned, &sock).await?);
+    }
+    Ok(spawned)
+}
+
+/// The listener the job's init sent before it forked the program. When it
+/// did not arrive, the program (its pid leads its group) is killed, the
+/// init with it, and the supervisor reaped.
+async fn receive_egress_listener(
+    spawned: &mut Spawned,
+    sock: &std::os::unix::net::UnixStream,
+) -> Result<OwnedFd, WireError> {
+    let mut byte = [0u8; 1];
+    let got = executor_sandbox::sys::recv_fds::<1>(
+        sock.as_fd(),
+        &mut byte,
+        nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+    )
+    .and_then(|m| {
+        m.fds
+            .into_iter()
+            .next()
+            .ok_or_else(|| std::io::Error::other("the message carried no descriptor"))
+    });
+    match got {
+        Ok(fd) => Ok(fd),
+        Err(e) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(spawned.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = reap(&mut spawned.supervisor).await;
+            Err(WireError::new(
+                ErrorCode::Internal,
+                format!("the job's init did not hand over the egress listener: {e}"),
+            ))
+        }
+    }
+}
+
+/// What the trampoline runs: the resolved program, argv (with `arg0`),
+/// the environment, cwd, terminal and sandbox plan.
+fn job_spec(req: &SpawnRequest<'_>, program: &Path) -> JobSpec {
     let b = |s: &[u8]| ByteBuf::from(s.to_vec());
-    let job = JobSpec {
+    JobSpec {
         exec: b(program.as_os_str().as_bytes()),
         argv: std::iter::once(req.arg0.unwrap_or(&req.argv[0]))
             .chain(req.argv[1..].iter().map(String::as_str))
@@ -306,60 +421,24 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         cwd: b(req.cwd.as_os_str().as_bytes()),
         tty: req.tty.is_some(),
         sandbox: req.sandbox.cloned(),
-    };
-    let spec_fd = job
-        .to_memfd()
-        .map_err(|e| io_err("writing the job spec", e))?;
-    let Stdio {
-        job: job_stdio,
-        stdin,
-        stdout,
-        mut stderr,
-        pty_master,
-    } = stdio(req)?;
+    }
+}
 
-    let started = tokio::time::timeout(START_TIMEOUT, async {
-        let [i, o, e] = &job_stdio;
-        let fds = [
-            i.as_fd(),
-            o.as_fd(),
-            e.as_fd(),
-            lifeline.read.as_fd(),
-            status_w.as_fd(),
-            spec_fd.as_fd(),
-        ];
-        let supervisor = spawner::fork(fds).await;
-        // Our copies of the job's ends must go, or EOF would never come.
-        drop((job_stdio, status_w, spec_fd, turn));
-        let supervisor = supervisor?;
-        Ok::<_, WireError>((supervisor, first_status(&mut status).await))
-    })
-    .await;
-    let (mut supervisor, first) = match started {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(WireError::new(
-                ErrorCode::Internal,
-                format!(
-                    "the job supervisor did not report within {}s; nothing was run",
-                    START_TIMEOUT.as_secs()
-                ),
-            ))
-        }
-    };
+/// The error of a start whose supervisor's first message was not
+/// `Started`: the sandbox or the exec failed (nothing ran: the error says
+/// why), or the supervisor itself failed (it is killed). The supervisor is
+/// reaped in every case.
+async fn start_failed(
+    first: std::io::Result<Option<Status>>,
+    supervisor: &mut Supervisor,
+    stderr: Option<&mut ChildStderr>,
+    req: &SpawnRequest<'_>,
+    program: &Path,
+) -> WireError {
     match first {
-        Ok(Some(Status::Started { pid })) => Ok(Spawned {
-            pid,
-            status,
-            stdin,
-            stdout,
-            stderr,
-            supervisor,
-            pty_master,
-        }),
         Ok(Some(Status::SandboxFailed { step, errno })) => {
-            reap(&mut supervisor).await;
-            Err(WireError::new(
+            reap(supervisor).await;
+            WireError::new(
                 ErrorCode::SandboxUnavailable,
                 format!(
                     "the sandbox could not be set up ({}: {}); nothing was run",
@@ -367,28 +446,25 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
                     std::io::Error::from_raw_os_error(errno)
                 ),
             )
-            .with("errno", errno))
+            .with("errno", errno)
         }
         Ok(Some(Status::ExecFailed { errno })) => {
-            reap(&mut supervisor).await;
+            reap(supervisor).await;
             // The job enters its cwd just before exec: it may have gone.
-            check_cwd(req.cwd)?;
-            Err(errno_error(
-                exec_errno_code(errno),
-                &program,
-                errno,
-                "cannot execute",
-            ))
+            if let Err(e) = check_cwd(req.cwd) {
+                return e;
+            }
+            errno_error(exec_errno_code(errno), program, errno, "cannot execute")
         }
         other => {
             supervisor.start_kill();
-            let st = reap(&mut supervisor).await;
+            let st = reap(supervisor).await;
             let mut text = String::new();
-            if let Some(e) = stderr.as_mut() {
+            if let Some(e) = stderr {
                 let _ =
                     tokio::time::timeout(Duration::from_secs(1), e.read_to_string(&mut text)).await;
             }
-            Err(WireError::new(
+            WireError::new(
                 ErrorCode::Internal,
                 format!(
                     "the job supervisor (executor sandbox-exec) failed before starting the program ({}; status {st:?}): {}",
@@ -398,7 +474,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
                     },
                     text.trim()
                 ),
-            ))
+            )
         }
     }
 }

@@ -18,12 +18,10 @@
 
 use executor_protocol::{ErrorCode, WireError};
 use executor_sandbox::spawner::{Reply, Request, FORK_FDS, MSG_LEN};
-use nix::sys::socket::{
-    send, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
-};
+use nix::sys::socket::{send, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 use std::collections::HashMap;
-use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -266,10 +264,20 @@ impl Supervisor {
 }
 
 /// Ask the spawner to fork a supervisor for these descriptors (stdin,
-/// stdout, stderr, lifeline read end, status write end, job spec). They
-/// are the caller's still: it closes its copies once this returns.
-pub async fn fork(fds: [BorrowedFd<'_>; FORK_FDS]) -> Result<Supervisor, WireError> {
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+/// stdout, stderr, lifeline read end, status write end, job spec, and the
+/// egress socket for a job with egress by name). They are the caller's
+/// still: it closes its copies once this returns.
+pub async fn fork(fds: &[BorrowedFd<'_>]) -> Result<Supervisor, WireError> {
+    let egress = match fds.len() {
+        FORK_FDS => false,
+        n if n == FORK_FDS + 1 => true,
+        n => {
+            return Err(internal(
+                "a fork request with the wrong number of descriptors",
+                n,
+            ))
+        }
+    };
     let mut last = None;
     // A second try only when the first spawner never took the request.
     for _ in 0..2 {
@@ -283,18 +291,11 @@ pub async fn fork(fds: [BorrowedFd<'_>; FORK_FDS]) -> Result<Supervisor, WireErr
             }
             st.forks.insert(id, tx);
         }
-        let msg = Request::Fork { id }.encode();
+        let msg = Request::Fork { id, egress }.encode();
         let sent = c
             .sock
             .async_io(Interest::WRITABLE, || {
-                sendmsg::<()>(
-                    c.sock.as_raw_fd(),
-                    &[IoSlice::new(&msg)],
-                    &[ControlMessage::ScmRights(&raw)],
-                    MsgFlags::MSG_NOSIGNAL,
-                    None,
-                )
-                .map_err(io::Error::from)
+                executor_sandbox::sys::send_fds(c.sock.as_fd(), &msg, fds, MsgFlags::MSG_NOSIGNAL)
             })
             .await;
         if let Err(e) = sent {

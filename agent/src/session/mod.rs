@@ -138,6 +138,7 @@ pub struct Session {
     streams: Arc<Streams>,
     profile: Profile,
     audit: Audit,
+    login_env: crate::login_env::LoginEnv,
 }
 
 impl std::fmt::Debug for Session {
@@ -193,7 +194,13 @@ impl Session {
             limits,
             profile,
             audit,
+            login_env: Default::default(),
         }
+    }
+
+    /// The session's login-shell environment snapshot (`env_base`).
+    pub fn login_env(&self) -> &crate::login_env::LoginEnv {
+        &self.login_env
     }
 
     /// The configuration profile this session runs under.
@@ -460,7 +467,7 @@ impl Session {
         self.handles.close_all();
         // Every HTTP stream: a final `cancelled` delta, connection closed.
         self.streams.cancel_all();
-        tracing::debug!(session_id = ?self.id(), "session ended");
+        tracing::debug!(session_id = self.id().unwrap_or_default(), "session ended");
     }
 }
 
@@ -473,6 +480,23 @@ pub fn random_hex<const N: usize>() -> Result<String, WireError> {
         WireError::new(ErrorCode::Internal, "the OS random number generator failed")
     })?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A plain session with the default limits and profile, no audit log and
+/// no connection: for unit tests of what sits on a session.
+#[cfg(test)]
+pub(crate) fn test_session() -> Arc<Session> {
+    let limits = Limits::default();
+    let outbound = Outbound::new(limits.max_frame_bytes as usize);
+    let http = Arc::new(HttpContext::new(Default::default()));
+    Arc::new(Session::new(
+        limits,
+        http,
+        Profile::default(),
+        Audit::disabled(),
+        outbound,
+        Mode::Plain { refusal: None },
+    ))
 }
 
 fn hostname() -> String {
@@ -522,5 +546,6 @@ pub async fn environment_info(
         path_separator: "/".into(),
         agent_version: AGENT_VERSION.into(),
         sandbox: s.sandbox_capabilities(),
+        login_env: Some(s.login_env().info()),
     })
 }

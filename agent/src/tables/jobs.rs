@@ -84,26 +84,6 @@ struct State {
     exec_cursor: u64,
 }
 
-/// What a new job is, for [`Proc::new`].
-#[derive(Debug)]
-pub struct ProcSpec {
-    pub id: String,
-    pub pid: u32,
-    pub argv: Vec<String>,
-    pub tag: Option<String>,
-    pub tty: bool,
-    pub sandboxed: bool,
-    /// Whether output and the exit are pushed as notifications.
-    pub notify: bool,
-    /// The output buffer's size in bytes.
-    pub buffer_bytes: usize,
-    /// How many output streams feed the buffer (1 for a PTY, else 2).
-    pub streams: usize,
-    pub stdin: Option<StdinSink>,
-    /// The PTY master (for resize); released when the job ends.
-    pub pty: Option<OwnedFd>,
-}
-
 /// One job of the session.
 pub struct Proc {
     pub id: String,
@@ -113,13 +93,49 @@ pub struct Proc {
     pub tty: bool,
     /// Started under an enforced sandbox policy.
     pub sandboxed: bool,
-    notify: bool,
+    /// Whether output and the exit are pushed as notifications.
+    pub notify: bool,
+    /// What changes while the job lives.
+    pub live: Live,
+}
+
+/// A job's changing state: buffered output, exit, stdin, terminal.
+#[derive(Debug)]
+pub struct Live {
     state: Mutex<State>,
     changed: watch::Sender<u64>,
     push_order: tokio::sync::Mutex<()>,
     stdin: tokio::sync::Mutex<Option<StdinSink>>,
     /// The PTY master (for resize); released when the job ends.
     pty: Mutex<Option<OwnedFd>>,
+}
+
+impl Live {
+    /// A running job's state: an output buffer of `buffer_bytes` fed by
+    /// `streams` output streams (1 for a PTY, else 2).
+    pub fn new(
+        buffer_bytes: usize,
+        streams: usize,
+        stdin: Option<StdinSink>,
+        pty: Option<OwnedFd>,
+    ) -> Live {
+        let (changed, _) = watch::channel(0u64);
+        Live {
+            state: Mutex::new(State {
+                out: OutputBuffer::new(buffer_bytes),
+                exit: None,
+                streams_open: streams,
+                lagged: false,
+                lag_note: None,
+                delivered: false,
+                exec_cursor: 0,
+            }),
+            changed,
+            push_order: tokio::sync::Mutex::new(()),
+            stdin: tokio::sync::Mutex::new(stdin),
+            pty: Mutex::new(pty),
+        }
+    }
 }
 
 impl std::fmt::Debug for Proc {
@@ -132,50 +148,18 @@ impl std::fmt::Debug for Proc {
 }
 
 impl Proc {
-    /// A running job with empty output.
-    pub fn new(spec: ProcSpec) -> Proc {
-        let (changed, _) = watch::channel(0u64);
-        Proc {
-            id: spec.id,
-            pid: spec.pid,
-            argv: spec.argv,
-            tag: spec.tag,
-            tty: spec.tty,
-            sandboxed: spec.sandboxed,
-            notify: spec.notify,
-            state: Mutex::new(State {
-                out: OutputBuffer::new(spec.buffer_bytes),
-                exit: None,
-                streams_open: spec.streams,
-                lagged: false,
-                lag_note: None,
-                delivered: false,
-                exec_cursor: 0,
-            }),
-            changed,
-            push_order: tokio::sync::Mutex::new(()),
-            stdin: tokio::sync::Mutex::new(spec.stdin),
-            pty: Mutex::new(spec.pty),
-        }
-    }
-
     fn bump(&self) {
-        self.changed.send_modify(|v| *v = v.wrapping_add(1));
-    }
-
-    /// Whether output and the exit are pushed as notifications.
-    pub fn notifies(&self) -> bool {
-        self.notify
+        self.live.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     /// Whether the job is still running.
     pub fn running(&self) -> bool {
-        self.state.lock().expect("proc state").exit.is_none()
+        self.live.state.lock().expect("proc state").exit.is_none()
     }
 
     /// The exit, once the job ended *and* all its output is buffered.
     pub fn finished(&self) -> Option<Exit> {
-        let st = self.state.lock().expect("proc state");
+        let st = self.live.state.lock().expect("proc state");
         if st.streams_open == 0 {
             st.exit
         } else {
@@ -190,9 +174,9 @@ impl Proc {
     /// retained (bounded) until the client reads it.
     pub async fn append(&self, stream: OutputStream, data: Bytes, outbound: &Outbound) {
         // Per job, pushes leave in seq order (stdout and stderr pumps race).
-        let _order = self.push_order.lock().await;
+        let _order = self.live.push_order.lock().await;
         let (seq, push) = {
-            let mut st = self.state.lock().expect("proc state");
+            let mut st = self.live.state.lock().expect("proc state");
             let seq = st.out.push(stream, data.clone());
             (seq, self.notify && !st.lagged)
         };
@@ -212,7 +196,7 @@ impl Proc {
     /// earlier one) and push no more output until it reads.
     fn mark_lagged(&self, seq: u64, outbound: &Outbound) {
         tracing::debug!(process_id = %self.id, seq, "client not keeping up: process lagged");
-        let mut st = self.state.lock().expect("proc state");
+        let mut st = self.live.state.lock().expect("proc state");
         st.lagged = true;
         let outbound = outbound.clone();
         let lagged = ProcessLagged {
@@ -231,15 +215,15 @@ impl Proc {
 
     /// One of the job's output streams ended.
     pub fn stream_closed(&self) {
-        self.state.lock().expect("proc state").streams_open -= 1;
+        self.live.state.lock().expect("proc state").streams_open -= 1;
         self.bump();
     }
 
     /// The job's descriptors (stdin, terminal) are released: a finished
     /// job's record stays readable for a while, its descriptors must not.
     pub async fn release_io(&self) {
-        self.stdin.lock().await.take();
-        self.pty.lock().expect("pty lock").take();
+        self.live.stdin.lock().await.take();
+        self.live.pty.lock().expect("pty lock").take();
     }
 
     /// Record the exit once every output stream is drained (so
@@ -253,7 +237,7 @@ impl Proc {
         let mut rx = self.subscribe();
         loop {
             {
-                let mut st = self.state.lock().expect("proc state");
+                let mut st = self.live.state.lock().expect("proc state");
                 if st.streams_open == 0 {
                     st.exit = Some(exit);
                     break;
@@ -264,7 +248,7 @@ impl Proc {
             }
         }
         self.bump();
-        let mut st = self.state.lock().expect("proc state");
+        let mut st = self.live.state.lock().expect("proc state");
         (st.out.next_seq().checked_sub(1), st.lag_note.take())
     }
 
@@ -276,7 +260,7 @@ impl Proc {
         max_bytes: usize,
         may_wait: bool,
     ) -> Option<ProcessReadResult> {
-        let mut st = self.state.lock().expect("proc state");
+        let mut st = self.live.state.lock().expect("proc state");
         let chunks = st.out.read(after_seq, max_bytes);
         let finished = st.streams_open == 0 && st.exit.is_some();
         if chunks.is_empty() && !finished && may_wait {
@@ -316,13 +300,13 @@ impl Proc {
 
     /// A receiver of state changes (new output, exit).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
+        self.live.changed.subscribe()
     }
 
     /// Take the output not yet handed to `exec_command`/`write_stdin`, and
     /// how many chunks were dropped from the buffer before they could be.
     pub fn take_exec_output(&self) -> (Vec<Chunk>, u64) {
-        let mut st = self.state.lock().expect("proc state");
+        let mut st = self.live.state.lock().expect("proc state");
         let cursor = st.exec_cursor;
         let missed = st.out.first_seq().saturating_sub(cursor);
         let chunks = st.out.read(cursor.checked_sub(1), usize::MAX);
@@ -338,7 +322,7 @@ impl Proc {
         if !self.sandboxed {
             return None;
         }
-        let st = self.state.lock().expect("proc state");
+        let st = self.live.state.lock().expect("proc state");
         let exit = st.exit?;
         if exit.code == Some(0) {
             return None;
@@ -364,7 +348,7 @@ impl Proc {
     /// Mark the exit as given to a client; true the first time (reaping
     /// starts then: see [`ProcessTable::delivered`]).
     fn first_delivery(&self) -> bool {
-        let mut st = self.state.lock().expect("proc state");
+        let mut st = self.live.state.lock().expect("proc state");
         !std::mem::replace(&mut st.delivered, true)
     }
 
@@ -385,7 +369,7 @@ impl Proc {
 
     /// Set the terminal's size (`invalid_params` once the job exited).
     pub fn resize(&self, rows: u16, cols: u16) -> Result<(), WireError> {
-        let pty = self.pty.lock().expect("pty lock");
+        let pty = self.live.pty.lock().expect("pty lock");
         let Some(fd) = pty.as_ref() else {
             return Err(WireError::invalid_params(
                 "process_id",
@@ -403,7 +387,7 @@ impl Proc {
 
     /// Write to the job's stdin (pipe or PTY).
     pub async fn write_stdin(&self, data: &[u8], close: bool) -> Result<(), WireError> {
-        let mut guard = self.stdin.lock().await;
+        let mut guard = self.live.stdin.lock().await;
         if !data.is_empty() {
             let written = match guard.as_mut() {
                 None => {
@@ -550,5 +534,135 @@ impl ProcessTable {
                 while p.running() && p.changed_until(&mut rx, deadline).await {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::message::Incoming;
+
+    fn job(notify: bool) -> Proc {
+        Proc {
+            id: "proc-1".into(),
+            pid: u32::MAX,
+            argv: vec!["true".into()],
+            tag: None,
+            tty: false,
+            sandboxed: false,
+            notify,
+            live: Live::new(1 << 10, 2, None, None),
+        }
+    }
+
+    /// A notifying job whose session has a connection queueing `room`
+    /// notifications.
+    fn attached_job(
+        room: usize,
+    ) -> (
+        Proc,
+        Outbound,
+        tokio::sync::mpsc::Receiver<crate::outbound::OutFrame>,
+    ) {
+        let out = Outbound::new(1 << 20);
+        let (tx, rx) = tokio::sync::mpsc::channel(room);
+        out.attach(tx);
+        (job(true), out, rx)
+    }
+
+    fn decode(frame: &crate::outbound::OutFrame) -> Incoming {
+        let mut bytes = frame.bytes[4..].to_vec();
+        bytes.extend_from_slice(frame.tail.as_deref().unwrap_or_default());
+        Incoming::decode(&bytes).unwrap()
+    }
+
+    #[test]
+    fn slots_are_bounded_and_come_back_when_a_job_ends() {
+        let t = ProcessTable::default();
+        let a = t.reserve_slot(2).unwrap();
+        let _b = t.reserve_slot(2).unwrap();
+        let e = t.reserve_slot(2).unwrap_err();
+        assert_eq!(e.code, ErrorCode::LimitExceeded);
+        assert_eq!(
+            e.data_get("limit").and_then(|v| v.as_str()),
+            Some("max_processes")
+        );
+        drop(a);
+        assert!(t.reserve_slot(2).is_ok());
+        assert_eq!(
+            (t.next_id(), t.next_id()),
+            ("proc-1".into(), "proc-2".into())
+        );
+        let e = t.get("proc-9").unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnknownProcess);
+    }
+
+    #[tokio::test]
+    async fn output_is_pushed_in_order_then_the_exit_follows_the_last_chunk() {
+        let (p, out, mut rx) = attached_job(8);
+        p.append(OutputStream::Stdout, Bytes::from_static(b"one"), &out)
+            .await;
+        p.append(OutputStream::Stderr, Bytes::from_static(b"two"), &out)
+            .await;
+        for (seq, stream) in [(0u64, "stdout"), (1, "stderr")] {
+            let Incoming::Notification { method, params } = decode(&rx.recv().await.unwrap())
+            else {
+                panic!("not a notification");
+            };
+            assert_eq!(method, m::PROCESS_OUTPUT);
+            let o: executor_protocol::types::process::ProcessOutput =
+                executor_protocol::message::from_params(params).unwrap();
+            assert_eq!((o.seq, o.stream.as_str()), (seq, stream));
+        }
+        assert!(p.running() && p.finished().is_none());
+        // The exit is recorded once both streams closed.
+        let exit = Exit {
+            code: Some(3),
+            signal: None,
+        };
+        let p = Arc::new(p);
+        p.stream_closed();
+        let recorded = tokio::spawn({
+            let p = p.clone();
+            async move { p.record_exit(exit).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!recorded.is_finished(), "recorded with a stream open");
+        assert!(p.running());
+        p.stream_closed();
+        let (final_seq, lag) = recorded.await.unwrap();
+        assert_eq!((final_seq, lag.is_none()), (Some(1), true));
+        assert_eq!(p.finished(), Some(exit));
+        let r = p.read(None, 1 << 20, true).unwrap();
+        assert_eq!(r.exited.and_then(|e| e.exit_code), Some(3));
+        assert_eq!(r.chunks.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_marks_the_job_lagged_and_is_told_once() {
+        let (p, out, mut rx) = attached_job(1);
+        p.append(OutputStream::Stdout, Bytes::from_static(b"a"), &out)
+            .await;
+        // The queue is full now: this push waits LAG_PATIENCE, then lags.
+        p.append(OutputStream::Stdout, Bytes::from_static(b"b"), &out)
+            .await;
+        // Lagged: no more pushes, the output is only retained.
+        p.append(OutputStream::Stdout, Bytes::from_static(b"c"), &out)
+            .await;
+        let first = rx.recv().await.unwrap();
+        assert!(
+            matches!(decode(&first), Incoming::Notification { method, .. } if method == m::PROCESS_OUTPUT)
+        );
+        let Incoming::Notification { method, params } = decode(&rx.recv().await.unwrap()) else {
+            panic!("not a notification");
+        };
+        assert_eq!(method, m::PROCESS_LAGGED);
+        let l: ProcessLagged = executor_protocol::message::from_params(params).unwrap();
+        assert_eq!(l.next_seq, 1);
+        assert!(rx.try_recv().is_err(), "told once, nothing pushed after");
+        // A read clears the mark and gets everything retained.
+        let r = p.read(None, 1 << 20, false).unwrap();
+        assert_eq!(r.chunks.len(), 3);
+        assert_eq!(r.next_seq, 3);
     }
 }

@@ -40,6 +40,9 @@ pub struct ExecCommandParams {
     pub justification: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec_approval_requirement: Option<rmpv::Value>,
+    /// What `env` is applied on top of (as in `process/start`).
+    #[serde(default, skip_serializing_if = "super::process::EnvBase::is_none")]
+    pub env_base: super::process::EnvBase,
 }
 
 impl std::fmt::Debug for ExecCommandParams {
@@ -51,6 +54,7 @@ impl std::fmt::Debug for ExecCommandParams {
             .field("tty", &self.tty)
             .field("yield_time_ms", &self.yield_time_ms)
             .field("max_output_tokens", &self.max_output_tokens)
+            .field("env_base", &self.env_base)
             .finish_non_exhaustive()
     }
 }
@@ -80,4 +84,7 @@ pub struct ExecResult {
     pub sandbox_denied: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_degraded: Option<Vec<String>>,
+    /// With egress by name: where the job's proxy listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::types::network::EgressInfo>,
 }

@@ -250,11 +250,22 @@ fs_params! {
 }
 
 fs_params! {
-    /// `fs/commit` and `fs/close`.
-    pub struct HandleParams {
+    /// `fs/commit`.
+    pub struct CommitParams {
         pub handle: u64,
     }
 }
+
+fs_params! {
+    /// `fs/close`.
+    pub struct CloseParams {
+        pub handle: u64,
+    }
+}
+
+/// The params of `fs/commit` (and, with the same fields, `fs/close`), by
+/// the name they had when both methods shared one type.
+pub type HandleParams = CommitParams;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitResult {

@@ -99,6 +99,15 @@ pub struct HttpStreamHead {
     pub stream_id: u64,
 }
 
+/// What `http/request` answers: a stream's head when the request asked
+/// for `stream`, the whole response otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HttpRequestResult {
+    Stream(HttpStreamHead),
+    Buffered(HttpResponse),
+}
+
 /// `http/request/bodyDelta` notification. `data` is encoded last, so that
 /// the agent can send the bytes after a prepared head without copying them
 /// (`message::encode_body_delta_head`).

@@ -25,6 +25,32 @@ crate::wire_enum! {
     }
 }
 
+crate::wire_enum! {
+    /// What a request's `env` is applied on top of (docs/PROTOCOL.md §3).
+    pub enum EnvBase {
+        /// Nothing: `env` is the complete environment (the default).
+        None = "none",
+        /// The agent's own environment.
+        Agent = "agent",
+        /// The user's login-shell environment, snapshot once per session.
+        Login = "login",
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the variant lives in a macro
+impl Default for EnvBase {
+    fn default() -> Self {
+        EnvBase::None
+    }
+}
+
+impl EnvBase {
+    /// `none` (skipped when serializing: the default).
+    pub fn is_none(&self) -> bool {
+        *self == EnvBase::None
+    }
+}
+
 /// Never log `env` values: they may hold secrets.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessStartParams {
@@ -47,6 +73,8 @@ pub struct ProcessStartParams {
     pub output_buffer_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    #[serde(default, skip_serializing_if = "EnvBase::is_none")]
+    pub env_base: EnvBase,
 }
 
 impl std::fmt::Debug for ProcessStartParams {
@@ -60,6 +88,7 @@ impl std::fmt::Debug for ProcessStartParams {
             .field("stdin", &self.stdin)
             .field("sandbox", &self.sandbox)
             .field("tag", &self.tag)
+            .field("env_base", &self.env_base)
             .finish_non_exhaustive()
     }
 }
@@ -79,6 +108,7 @@ impl ProcessStartParams {
             notify: true,
             output_buffer_bytes: None,
             tag: None,
+            env_base: EnvBase::None,
         }
     }
 }
@@ -89,6 +119,9 @@ pub struct ProcessStartResult {
     pub pid: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_degraded: Option<Vec<String>>,
+    /// With egress by name: where the job's proxy listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::types::network::EgressInfo>,
 }
 
 crate::wire_enum! {
@@ -212,6 +245,10 @@ pub struct ProcessInfo {
     pub tag: Option<String>,
     pub running: bool,
 }
+
+/// `process/list` params: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessListParams {}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessListResult {

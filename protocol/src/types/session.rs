@@ -15,6 +15,16 @@ pub struct InitializeParams {
     pub client: ClientInfo,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionParams>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<ClientCapabilities>,
+}
+
+/// What the client can do beyond answering the agent's responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClientCapabilities {
+    /// The client answers requests from the agent (`network/policyRequest`).
+    #[serde(default)]
+    pub agent_requests: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -99,6 +109,10 @@ impl std::fmt::Debug for InitializeResult {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvironmentInfoParams {}
 
+/// `tools/list` params: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolsListParams {}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShellInfo {
     pub path: String,
@@ -118,6 +132,22 @@ pub struct EnvironmentInfo {
     pub path_separator: String,
     pub agent_version: String,
     pub sandbox: SandboxCapabilities,
+    /// The session's login-shell environment snapshot (`env_base: "login"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_env: Option<LoginEnvInfo>,
+}
+
+/// Whether this session took its login-shell environment snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LoginEnvInfo {
+    /// A snapshot was taken (and is cached for the session).
+    pub taken: bool,
+    /// How long the login shell took, once it was run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Why the snapshot failed (then `env_base: "login"` is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

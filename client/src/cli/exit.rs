@@ -1,0 +1,117 @@
+//! Exit statuses, as ssh sets them: the command's own status when it ran,
+//! 255 for anything that failed before or outside it, 127/126 for a program
+//! not found / not executable, and [`SANDBOX`] when the sandbox refused or
+//! denied. Every error is printed once, on stderr, naming what it was about.
+
+use executor_client::{Error, ErrorCode};
+
+/// A request failed (a missing remote file, a local file that cannot be
+/// written, an entry `walk` could not read).
+pub const FAILED: i32 = 1;
+/// Bad usage (an unknown flag, a missing argument).
+pub const USAGE: i32 = 2;
+/// `http`: the server answered with a status of 400 or more (curl's 22).
+pub const HTTP_STATUS: i32 = 22;
+/// `http`: the agent could not reach the server (DNS, connect, TLS,
+/// timeout: curl's 7).
+pub const HTTP_CONNECT: i32 = 7;
+/// The sandbox could not be enforced (`sandbox_unavailable`) or denied the
+/// command or request something (`sandbox_denied`).
+pub const SANDBOX: i32 = 125;
+/// The program exists but could not be executed.
+pub const NOT_EXECUTABLE: i32 = 126;
+/// The program was not found.
+pub const NOT_FOUND: i32 = 127;
+/// Connecting, the handshake, the transport or the connection failed, or
+/// the client itself did (ssh's 255).
+pub const CONNECTION: i32 = 255;
+
+/// The EXIT STATUS summary of `--help`.
+pub const SUMMARY: &str = "\
+Exit status: the command's own (run, shell, attach; 128+N for signal N), \
+0 on success, 1 when a request failed, 2 for bad usage, 7/22 for http \
+connection failures / HTTP statuses >= 400, 125 when the sandbox was \
+unavailable or denied something, 126/127 for a program not executable / \
+not found, 130/143 when interrupted (SIGINT/SIGTERM), 255 when connecting \
+or the connection failed.";
+
+/// A failure before or outside the command that is not the library's
+/// (a target that does not parse, a second Ctrl-C): status 255.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Outside(pub String);
+
+/// The status for an error (see the constants).
+pub fn code_of(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if cause.downcast_ref::<Outside>().is_some() {
+            return CONNECTION;
+        }
+        if let Some(err) = cause.downcast_ref::<Error>() {
+            return match err {
+                Error::Remote(w) => remote_code(w.code),
+                _ => CONNECTION,
+            };
+        }
+    }
+    FAILED
+}
+
+fn remote_code(code: ErrorCode) -> i32 {
+    match code {
+        ErrorCode::SandboxUnavailable | ErrorCode::SandboxDenied => SANDBOX,
+        // The agent refused the conversation, not the request.
+        ErrorCode::UnsupportedVersion
+        | ErrorCode::NotInitialized
+        | ErrorCode::SessionExpired
+        | ErrorCode::SessionTakenOver
+        | ErrorCode::SessionBusy
+        | ErrorCode::Internal => CONNECTION,
+        _ => FAILED,
+    }
+}
+
+/// Print an error (with a hint where one helps) and return its status.
+pub fn report(result: anyhow::Result<i32>) -> i32 {
+    match result {
+        Ok(code) => code,
+        // Like ripgrep: a closed stdout (`| head`) is a clean exit.
+        Err(e) if is_broken_pipe(&e) => 0,
+        Err(e) => {
+            let code = code_of(&e);
+            eprintln!("executor-client: {e:#}");
+            if let Some(hint) = hint(&e) {
+                eprintln!("executor-client: {hint}");
+            }
+            code
+        }
+    }
+}
+
+fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    e.chain().find_map(|c| match c.downcast_ref::<Error>()? {
+        Error::Exited {
+            code: Some(127), ..
+        } => Some(
+            "the remote shell did not find the agent: install it with \
+             `executor-client bootstrap --from DIR`, or name it with --remote-command PATH",
+        ),
+        Error::Exited {
+            code: Some(255), ..
+        } => Some("ssh failed before the agent started (its message is above)"),
+        Error::Timeout { .. } => {
+            Some("is an executor agent at the other end? (--connect-timeout SECS sets the bound)")
+        }
+        _ => None,
+    })
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>()
+                .and_then(|j| j.io_error_kind())
+                .is_some_and(|k| k == std::io::ErrorKind::BrokenPipe)
+    })
+}

@@ -1,0 +1,164 @@
+//! `generate man|bash|zsh|fish`: the man page (clap_mangen for NAME,
+//! SYNOPSIS, DESCRIPTION and OPTIONS; every command's flags in COMMANDS;
+//! EXIT STATUS, ENVIRONMENT, FILES and EXAMPLES written here) and the shell
+//! completions, for packaging. The page names no other page of this
+//! project: only this one is shipped per binary.
+
+use super::Cli;
+use clap::CommandFactory;
+use std::io::Write;
+
+const EXIT_STATUS: &str = r#".SH "EXIT STATUS"
+.TP
+\fB0\fR
+Success (for \fBrun\fR, \fBshell\fR and \fBattach\fR: the command exited 0).
+.TP
+\fIN\fR
+\fBrun\fR, \fBshell\fR, \fBattach\fR: the command's own exit status; 128+\fIn\fR when signal \fIn\fR killed it.
+.TP
+\fB1\fR
+A request failed (a missing remote file, a local file that cannot be written); \fBwalk\fR: an entry could not be read.
+.TP
+\fB2\fR
+Bad usage.
+.TP
+\fB7\fR, \fB28\fR
+\fBhttp\fR: the agent could not reach the server (DNS, connect, TLS) / timed out.
+.TP
+\fB22\fR
+\fBhttp\fR: the server answered with a status of 400 or more (\fBHTTP\fR \fINNN\fR on stderr).
+.TP
+\fB125\fR
+The sandbox could not be enforced on the host (sandbox_unavailable) or denied the command or request something (sandbox_denied).
+.TP
+\fB126\fR, \fB127\fR
+\fBrun\fR: the program is not executable / was not found.
+.TP
+\fB130\fR, \fB143\fR, \fB129\fR
+Interrupted by SIGINT, SIGTERM or SIGHUP (a transfer leaves no temp file behind).
+.TP
+\fB255\fR
+Connecting, the handshake or the connection failed (ssh's own failures included), or the client failed outside the command.
+"#;
+
+const ENVIRONMENT: &str = r#".SH ENVIRONMENT
+.TP
+\fBEXECUTOR_TARGET\fR
+The default \fB\-\-target\fR.
+.TP
+\fBEXECUTOR_SSH\fR
+The ssh program (default \fBssh\fR).
+.TP
+\fBEXECUTOR_BIN\fR
+The local agent (default: \fBexecutor\fR next to this binary).
+.TP
+\fBRUST_LOG\fR
+The log filter when neither \fB\-v\fR nor \fB\-q\fR is given (default warn). With \fB\-v\fR/\fB\-q\fR the level is also set for the agent (and \fB\-\-log\-json\fR its format, as \fBEXECUTOR_LOG_JSON=1\fR): through the environment locally, through ssh's SetEnv remotely (where sshd has AcceptEnv RUST_LOG EXECUTOR_LOG_JSON).
+.TP
+\fBNO_COLOR\fR
+No colours in logs (there are none unless stderr is a terminal).
+.TP
+\fBXDG_RUNTIME_DIR\fR, \fBHOME\fR
+Where \fBrun \-\-detach\fR keeps resume tokens.
+"#;
+
+const FILES: &str = r#".SH FILES
+.TP
+\fI~/.ssh/config\fR
+Read by ssh (unless \fB\-F\fR names another): Host aliases, ProxyJump, keys.
+.TP
+\fI$XDG_RUNTIME_DIR/executor\-client/SESSION\fR (else \fI~/.cache/executor\-client/SESSION\fR)
+The resume token of a session started with \fBrun \-\-detach\fR (mode 0600), read by \fBattach\fR.
+.TP
+\fI.NAME.partPID\-N\fR
+\fBget\fR's temp file beside the destination, renamed over it when complete, removed on any error or signal.
+"#;
+
+const EXAMPLES: &str = r#".SH EXAMPLES
+.TP
+\fBexecutor\-client run \-\- cargo \-\-version\fR
+Run on this machine (the local agent), in the user's login environment.
+.TP
+\fBexecutor\-client \-\-target devbox run \-\-ro /usr \-\-rw /tmp/work \-\- make \-C /tmp/work\fR
+Run on devbox (a Host of ~/.ssh/config), reading /usr, writing only /tmp/work, without network.
+.TP
+\fBexecutor\-client \-i ~/.ssh/ci \-p 2222 \-o StrictHostKeyChecking=accept\-new \-\-target ci@build1 run \-t \-\- htop\fR
+ssh flags as ssh takes them; \fB\-t\fR gives the command a terminal.
+.TP
+\fBexecutor\-client \-\-target devbox get \-r \-p logs .\fR
+Copy ~/logs from devbox into ./logs, keeping modes and mtimes.
+.TP
+\fBtar c src | executor\-client \-\-target devbox run \-\- tar x \-C /tmp\fR
+stdin is forwarded (\fB\-n\fR: /dev/null).
+.TP
+\fBexecutor\-client \-\-target devbox http \-d '{"a":1}' \-H 'Content\-Type: application/json' http://10.0.0.5/api\fR
+POST from devbox's side of the network.
+"#;
+
+/// Print the man page or a completion script.
+pub fn generate(kind: &str) -> anyhow::Result<()> {
+    let (mut cmd, mut text) = (Cli::command(), Vec::new());
+    match kind {
+        "man" => page(cmd, &mut text)?,
+        shell => {
+            let shell: clap_complete::Shell = shell
+                .parse()
+                .map_err(|_| anyhow::anyhow!("{shell:?} is not man, bash, zsh or fish"))?;
+            clap_complete::generate(shell, &mut cmd, "executor-client", &mut text);
+        }
+    }
+    std::io::stdout().lock().write_all(&text)?;
+    Ok(())
+}
+
+fn page(mut cmd: clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
+    cmd.build();
+    let man = clap_mangen::Man::new(cmd.clone());
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    man.render_description_section(out)?;
+    man.render_options_section(out)?;
+    out.extend_from_slice(b".SH COMMANDS\n");
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        command(sub, out)?;
+    }
+    for section in [EXIT_STATUS, ENVIRONMENT, FILES, EXAMPLES] {
+        out.extend_from_slice(section.as_bytes());
+    }
+    man.render_version_section(out)
+}
+
+/// One command: its usage, what it does, its flags (headings as paragraphs).
+fn command(sub: &clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let usage = sub
+        .clone()
+        .render_usage()
+        .to_string()
+        .trim_start_matches("Usage: ")
+        .replace('-', "\\-");
+    writeln!(out, ".SS \"{}\"\n\\fB{usage}\\fR\n.PP", sub.get_name())?;
+    if let Some(about) = sub.get_long_about().or_else(|| sub.get_about()) {
+        writeln!(out, "{}", about.to_string().replace('-', "\\-"))?;
+    }
+    // The global flags are described once, under OPTIONS.
+    let mut own = sub.clone();
+    let globals: Vec<String> = sub
+        .get_arguments()
+        .filter(|a| a.is_global_set() || a.get_id() == "help")
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in globals {
+        own = own.mut_arg(id, |a| a.hide(true));
+    }
+    let mut flags = Vec::new();
+    clap_mangen::Man::new(own).render_options_section(&mut flags)?;
+    for line in String::from_utf8_lossy(&flags).lines() {
+        match line.strip_prefix(".SH ") {
+            Some("OPTIONS") => writeln!(out, ".PP")?,
+            Some(heading) => writeln!(out, ".PP\n{}:", heading.trim_matches('"'))?,
+            None => writeln!(out, "{line}")?,
+        }
+    }
+    Ok(())
+}

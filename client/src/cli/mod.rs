@@ -1,0 +1,189 @@
+//! The `executor-client` command line: the flags (clap) and the verbs, one
+//! module per verb family. Depends on the client library only.
+//!
+//! - `connect`: the target and the ssh options; connecting, bounded.
+//! - `exit`: exit statuses (ssh's convention) and error messages.
+//! - `run`: `run`, `shell`, `attach` (jobs, stdin, signals).
+//! - `files`: `cat`, `walk`, `stat`, `rm`, `mv`, `mkdir`, `realpath`.
+//! - `transfer`: `get`, `put` (scp habits; no leftovers).
+//! - `web`: `http`.
+//! - `sandbox`: the sandbox flags shared by the verbs.
+//! - `logging`, `signals`, `man`.
+
+mod connect;
+mod exit;
+mod files;
+mod logging;
+mod man;
+mod run;
+mod sandbox;
+mod signals;
+mod transfer;
+mod web;
+
+use clap::{Parser, Subcommand};
+use executor_client::Client;
+
+/// Drive an executor agent, locally or over ssh: run commands (optionally
+/// sandboxed), copy files, make HTTP requests from the agent's host.
+#[derive(Debug, Parser)]
+#[command(name = "executor-client", version, after_help = exit::SUMMARY)]
+pub struct Cli {
+    #[command(flatten)]
+    pub conn: connect::ConnectArgs,
+    #[command(flatten)]
+    pub log: logging::LogArgs,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Show the agent's initialize answer and environment as JSON.
+    Info,
+    /// Run a command on the agent's host, streaming its output and
+    /// forwarding stdin; exits with its exit code (128+n when killed by
+    /// signal n).
+    Run(run::RunArgs),
+    /// An interactive login shell in a terminal on the host.
+    Shell,
+    /// Resume a detached session (see `run --detach`) and follow its job.
+    Attach(run::AttachArgs),
+    /// Write remote files to stdout.
+    Cat(files::CatArgs),
+    /// Copy remote files to a local path (`-` for stdout), like scp.
+    Get(transfer::GetArgs),
+    /// Copy local files (`-` for stdin) to a remote path, like scp.
+    Put(transfer::PutArgs),
+    /// List a remote tree, one `KIND SIZE PATH` line per entry.
+    Walk(files::WalkArgs),
+    /// Show a remote path's metadata.
+    Stat(files::StatArgs),
+    /// Remove remote files or directories.
+    Rm(files::RmArgs),
+    /// Rename a remote path (replacing an existing file at the target).
+    Mv(files::MvArgs),
+    /// Create remote directories.
+    Mkdir(files::MkdirArgs),
+    /// Print remote paths with every symlink, `.` and `..` resolved.
+    Realpath(files::RealpathArgs),
+    /// Make an HTTP request from the agent's host; the body goes to stdout
+    /// as it arrives.
+    Http(web::HttpArgs),
+    /// Install the agent on the `--target` host over SSH (no network needed
+    /// there): picks `FROM/<os>-<arch>/executor` after probing `uname -sm`,
+    /// uploads it, checks its SHA-256 on the host, then renames it into
+    /// `~/.local/lib/executor/<version>/executor`, which later connections
+    /// to the host try before `executor` on its PATH.
+    Bootstrap {
+        /// A folder of release builds: `<os>-<arch>/executor` (e.g. `linux-x86_64/executor`).
+        #[arg(long, value_name = "DIR", required_unless_present = "check")]
+        from: Option<std::path::PathBuf>,
+        /// Install nothing: report the host's agent (path, SHA-256, version
+        /// and sandbox capabilities) as JSON.
+        #[arg(long)]
+        check: bool,
+        /// The base directory on the host.
+        #[arg(long, value_name = "DIR", default_value = executor_client::bootstrap::DEFAULT_REMOTE_DIR)]
+        remote_dir: String,
+    },
+    /// Print the man page (`man`) or a shell completion script (`bash`,
+    /// `zsh`, `fish`), for packaging.
+    #[command(hide = true)]
+    Generate { kind: String },
+}
+
+/// Parse, run, and return the exit status.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::USAGE } else { 0 };
+        }
+    };
+    logging::init(&cli.log);
+    if let Cmd::Generate { kind } = &cli.command {
+        return exit::report(man::generate(kind).map(|()| 0));
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return exit::report(Err(anyhow::anyhow!("starting the async runtime: {e}"))),
+    };
+    let code = exit::report(rt.block_on(dispatch(cli)));
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let mut signals = signals::Signals::install()?;
+    if let Cmd::Bootstrap {
+        from,
+        check,
+        remote_dir,
+    } = &cli.command
+    {
+        let from = from.as_deref().filter(|_| !check);
+        return connect::bootstrap(&cli.conn, from, remote_dir).await;
+    }
+    let session = match &cli.command {
+        Cmd::Run(r) => r.session_params(),
+        Cmd::Attach(a) => Some(a.session_params()?),
+        _ => None,
+    };
+    let client = tokio::select! {
+        c = connect::connect(&cli.conn, &cli.log, session) => c?,
+        sig = signals.recv() => return Ok(sig.exit_code()),
+    };
+    let code = match cli.command {
+        Cmd::Run(args) => run::run(&client, args, &mut signals).await,
+        Cmd::Shell => run::shell(&client, &mut signals).await,
+        Cmd::Attach(args) => run::attach(&client, args, &mut signals).await,
+        other => interruptible(&client, other, &mut signals).await,
+    };
+    // The connection ends with this client's clones; the agent ends the
+    // session (and removes what an unfinished transfer left).
+    let closed = client.close().await;
+    let code = code?;
+    closed?;
+    Ok(code)
+}
+
+/// A verb that a signal stops: its future is dropped (so its temp files
+/// are removed) and the status is 128 + the signal.
+async fn interruptible(
+    client: &Client,
+    cmd: Cmd,
+    signals: &mut signals::Signals,
+) -> anyhow::Result<i32> {
+    let verb = async {
+        match cmd {
+            Cmd::Info => files::info(client).await,
+            Cmd::Cat(a) => files::cat(client, a).await,
+            Cmd::Get(a) => transfer::get(client, a).await,
+            Cmd::Put(a) => transfer::put(client, a).await,
+            Cmd::Walk(a) => files::walk(client, a).await,
+            Cmd::Stat(a) => files::stat(client, a).await,
+            Cmd::Rm(a) => files::rm(client, a).await,
+            Cmd::Mv(a) => files::mv(client, a).await,
+            Cmd::Mkdir(a) => files::mkdir(client, a).await,
+            Cmd::Realpath(a) => files::realpath(client, a).await,
+            Cmd::Http(a) => web::http(client, a).await,
+            Cmd::Run(_)
+            | Cmd::Shell
+            | Cmd::Attach(_)
+            | Cmd::Bootstrap { .. }
+            | Cmd::Generate { .. } => unreachable!("dispatched before"),
+        }
+    };
+    tokio::select! {
+        r = verb => r,
+        sig = signals.recv() => {
+            tracing::debug!(signal = sig.name(), "interrupted");
+            Ok(sig.exit_code())
+        }
+    }
+}
