@@ -1032,15 +1032,67 @@ fn filter(rules: DenyMap, errno: i32, arch: seccompiler::TargetArch) -> io::Resu
     .map_err(|e| io::Error::other(e.to_string()))
 }
 
+/// The network shapes the seccomp programs differ by (a port list is
+/// Landlock's, not seccomp's): allow, deny, TCP connect only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NetShape {
+    Allow = 0,
+    Deny = 1,
+    TcpOnly = 2,
+}
+
+impl NetShape {
+    const ALL: [NetShape; 3] = [NetShape::Allow, NetShape::Deny, NetShape::TcpOnly];
+
+    fn of(net: &WireNet) -> NetShape {
+        match net {
+            WireNet::Allow => NetShape::Allow,
+            WireNet::Deny => NetShape::Deny,
+            WireNet::Tcp(_) | WireNet::Egress { .. } => NetShape::TcpOnly,
+        }
+    }
+}
+
+/// The programs of every [`NetShape`], compiled once by
+/// [`precompile_seccomp`] (the spawner, before it forks any supervisor;
+/// every job's init inherits them by fork).
+static PROGRAMS: std::sync::OnceLock<[Vec<seccompiler::BpfProgram>; 3]> =
+    std::sync::OnceLock::new();
+
+/// Compile the seccomp programs of every network shape now, so that a job
+/// installs them without compiling (the spawner calls this once; the
+/// programs are the ones [`seccomp_programs`] would compile per job).
+pub fn precompile_seccomp() -> io::Result<()> {
+    let [a, d, t] = NetShape::ALL;
+    let all = [
+        compile_seccomp(a)?,
+        compile_seccomp(d)?,
+        compile_seccomp(t)?,
+    ];
+    let _ = PROGRAMS.set(all);
+    Ok(())
+}
+
 /// Step 5c: the seccomp filters (EPERM list and socket allow-lists, and
 /// clone3 → ENOSYS so libc falls back to clone, whose flags can be
-/// inspected).
-pub fn seccomp_programs(net: &WireNet) -> io::Result<Vec<seccompiler::BpfProgram>> {
+/// inspected): precompiled when [`precompile_seccomp`] ran in this process
+/// or an ancestor it forked from, else compiled now.
+pub fn seccomp_programs(
+    net: &WireNet,
+) -> io::Result<std::borrow::Cow<'static, [seccompiler::BpfProgram]>> {
+    let shape = NetShape::of(net);
+    match PROGRAMS.get() {
+        Some(all) => Ok(std::borrow::Cow::Borrowed(&all[shape as usize])),
+        None => compile_seccomp(shape).map(std::borrow::Cow::Owned),
+    }
+}
+
+fn compile_seccomp(shape: NetShape) -> io::Result<Vec<seccompiler::BpfProgram>> {
     let mut deny = base_denials()?;
-    match net {
-        WireNet::Allow => {}
-        WireNet::Deny => deny_network(&mut deny)?,
-        WireNet::Tcp(_) | WireNet::Egress { .. } => tcp_connect_only(&mut deny)?,
+    match shape {
+        NetShape::Allow => {}
+        NetShape::Deny => deny_network(&mut deny)?,
+        NetShape::TcpOnly => tcp_connect_only(&mut deny)?,
     }
     let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| io::Error::other(e.to_string()))?;
@@ -1084,7 +1136,7 @@ pub fn confine(p: &WirePlan, prep: Prepared) -> StepResult<()> {
             ));
         }
     }
-    for f in &filters {
+    for f in filters.iter() {
         sys::install_bpf(f).map_err(at(Step::Seccomp))?;
     }
     Ok(())

@@ -160,6 +160,9 @@ pub fn serve() -> io::Result<i32> {
     // Signals aimed at the agent's process group or terminal are not ours.
     let _ = nix::unistd::setsid();
     sys::set_process_name(c"executor-spawn");
+    // Once here instead of in every job's init (each inherits them).
+    #[cfg(target_os = "linux")]
+    crate::linux::precompile_seccomp()?;
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     mask.thread_block().map_err(io::Error::from)?;

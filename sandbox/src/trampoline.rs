@@ -466,6 +466,14 @@ fn sandboxed(
     release_stdio();
     let raw = supervise_init(init, &mut ctl, lifeline.as_ref(), &sigfd);
     send(&mut status, Status::Exited { raw });
+    // The init reported (or is gone): reap it (its namespaces' teardown)
+    // after the agent heard of the exit.
+    loop {
+        match waitpid(init, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => break,
+        }
+    }
     Ok(0)
 }
 
@@ -565,8 +573,30 @@ fn job_init(
             Err(_) => break 0,
         }
     };
+    end_namespace();
+    // Nothing of the job runs any more: the supervisor may report the exit
+    // now, while this init's exit tears the namespaces down.
     let _ = ctl.write_all(&raw.to_be_bytes());
     0
+}
+
+/// In the job's init (pid 1 of its PID namespace): SIGKILL every other
+/// process of the namespace and reap them all, so that none is left when
+/// the init reports the program's exit (what the kernel does at the init's
+/// exit anyway, done before the report instead of after it).
+#[cfg(target_os = "linux")]
+fn end_namespace() {
+    loop {
+        // kill(-1) from a PID namespace's init reaches every process of the
+        // namespace but the init; none can fork once it is signalled.
+        let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // ECHILD: every process of the namespace descends from the init
+            // (orphans are re-parented to it), so none is left.
+            Err(_) => return,
+        }
+    }
 }
 
 /// Wait for the init, killing it (and with it the whole job) if the agent
@@ -597,7 +627,10 @@ fn supervise_init(
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => return 0,
         }
-        let mut fds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![
+            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(ctl.as_fd(), PollFlags::POLLIN),
+        ];
         if let Some(l) = lifeline {
             fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
         }
@@ -607,12 +640,34 @@ fn supervise_init(
                 let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
             }
         }
-        let agent_gone = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| {
-            r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLIN)
-        });
+        let ready = |i: usize| {
+            fds.get(i)
+                .and_then(|f| f.revents())
+                .is_some_and(|r| !r.is_empty())
+        };
+        let (reported, agent_gone) = (ready(1), ready(2));
         while let Ok(Some(_)) = sigfd.read_signal() {}
         if agent_gone {
             let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+        } else if reported {
+            // The init wrote the program's status after every other process
+            // of the job was reaped (or hung up: it died). The status is the
+            // answer; the init's own exit (the namespaces' teardown) is
+            // reaped after the report.
+            let mut raw = [0u8; 4];
+            if ctl.read_exact(&mut raw).is_ok() {
+                return i32::from_be_bytes(raw);
+            }
+            let st = loop {
+                match waitpid(init, None) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    st => break st,
+                }
+            };
+            return match st {
+                Ok(st) => finish(ctl, st),
+                Err(_) => 0,
+            };
         }
     }
 }

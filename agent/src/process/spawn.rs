@@ -325,12 +325,20 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             spec_fd.as_fd(),
         ];
         fds.extend(egress.as_ref().map(|(_, theirs)| theirs.as_fd()));
-        let supervisor = spawner::fork(&fds).await;
+        let supervisor = spawner::fork(&fds, turn).await;
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
-        drop((job_stdio, status_w, spec_fd, turn));
-        let supervisor = supervisor?;
-        Ok::<_, WireError>((supervisor, first_status(&mut status).await))
+        drop((job_stdio, status_w, spec_fd));
+        let mut supervisor = supervisor?;
+        let first = first_status(&mut status).await;
+        // No status: the spawner may have failed to fork (then it says
+        // why), or the supervisor failed.
+        if !matches!(first, Ok(Some(_))) {
+            if let Some(e) = supervisor.fork_error().await {
+                return Err(e);
+            }
+        }
+        Ok::<_, WireError>((supervisor, first))
     })
     .await;
     let egress = egress.map(|(ours, _theirs)| ours);
@@ -457,7 +465,7 @@ async fn start_failed(
             errno_error(exec_errno_code(errno), program, errno, "cannot execute")
         }
         other => {
-            supervisor.start_kill();
+            supervisor.kill().await;
             let st = reap(supervisor).await;
             let mut text = String::new();
             if let Some(e) = stderr {

@@ -50,7 +50,10 @@ struct Conn {
 #[derive(Debug, Default)]
 struct State {
     /// Fork requests sent and not yet answered.
-    forks: HashMap<u64, oneshot::Sender<Result<Forked, i32>>>,
+    /// Fork requests sent and not yet answered, each with its start's
+    /// [`turn`] (released with the answer: the spawner holds the request's
+    /// descriptors until then).
+    forks: HashMap<u64, (oneshot::Sender<Result<Forked, i32>>, Turn)>,
     /// Supervisors forked and not yet reaped.
     exits: HashMap<i32, oneshot::Sender<i32>>,
     dead: bool,
@@ -68,10 +71,13 @@ struct Forked {
 /// `RLIMIT_NOFILE`).
 static STARTING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(16);
 
+/// A start's turn (`None` only if the semaphore were closed, which it
+/// never is).
+pub type Turn = Option<tokio::sync::SemaphorePermit<'static>>;
+
 /// Wait for a turn to prepare a job's descriptors and ask the spawner;
-/// hold it until [`fork`] returns.
-/// (`None` only if the semaphore were closed, which it never is.)
-pub async fn turn() -> Option<tokio::sync::SemaphorePermit<'static>> {
+/// [`fork`] takes it and releases it when the spawner answers.
+pub async fn turn() -> Turn {
     STARTING.acquire().await.ok()
 }
 
@@ -158,7 +164,7 @@ impl Conn {
                     st.exits.insert(pid, tx);
                     Forked { pid, exit }
                 });
-                if let Some(tx) = st.forks.remove(&id) {
+                if let Some((tx, _turn)) = st.forks.remove(&id) {
                     let _ = tx.send(result);
                 }
             }
@@ -205,39 +211,61 @@ async fn read_replies(c: Arc<Conn>, mut child: std::process::Child) {
     .await;
 }
 
-/// A job's supervisor as the agent sees it: its exit comes from the
-/// spawner that forked it.
+/// A job's supervisor as the agent sees it: its pid and exit come from
+/// the spawner that forked it. The spawner's answer to the fork is taken
+/// when it is needed (to wait for or kill the supervisor, or to explain a
+/// start that failed), not before the job's own status is read.
 #[derive(Debug)]
 pub struct Supervisor {
+    /// The spawner's answer to the fork, until it is taken.
+    answer: Option<oneshot::Receiver<Result<Forked, i32>>>,
     pid: Option<i32>,
+    /// `fork`'s errno, when the spawner could not fork.
+    fork_errno: Option<i32>,
     exit: Option<oneshot::Receiver<i32>>,
     status: Option<ExitStatus>,
     conn: Option<Arc<Conn>>,
 }
 
 impl Supervisor {
-    /// A supervisor the spawner may have forked before it died without
-    /// answering: the job's status channel says whether it runs.
-    fn unknown() -> Supervisor {
-        Supervisor {
-            pid: None,
-            exit: None,
-            status: None,
-            conn: None,
+    /// Take the spawner's answer to the fork (once). A spawner that died
+    /// without answering leaves the pid unknown: the job's status channel
+    /// says whether it runs.
+    async fn settle(&mut self) {
+        let Some(answer) = self.answer.take() else {
+            return;
+        };
+        match answer.await {
+            Ok(Ok(f)) => {
+                self.pid = Some(f.pid);
+                self.exit = Some(f.exit);
+            }
+            Ok(Err(errno)) => self.fork_errno = Some(errno),
+            Err(_) => {}
         }
     }
 
-    /// Its pid (unknown when its spawner died before answering).
-    pub fn id(&self) -> Option<u32> {
-        self.pid.map(|p| p as u32)
+    /// The error of a fork the spawner could not make (then nothing ran:
+    /// the job's descriptors were closed unused).
+    pub async fn fork_error(&mut self) -> Option<WireError> {
+        self.settle().await;
+        self.fork_errno.map(|errno| {
+            WireError::new(
+                ErrorCode::Io,
+                format!("starting the job: {}", io::Error::from_raw_os_error(errno)),
+            )
+            .with("errno", errno)
+        })
     }
 
     /// Its exit status, once its spawner reaped it; an error when that
-    /// spawner is gone (the job's status channel is the real answer).
+    /// spawner is gone or never forked it (the job's status channel is the
+    /// real answer).
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         if let Some(st) = self.status {
             return Ok(st);
         }
+        self.settle().await;
         let exit = self
             .exit
             .as_mut()
@@ -252,7 +280,8 @@ impl Supervisor {
     }
 
     /// SIGKILL it (through its spawner, which knows it is not reaped yet).
-    pub fn start_kill(&self) {
+    pub async fn kill(&mut self) {
+        self.settle().await;
         if let (Some(pid), Some(c), None) = (self.pid, &self.conn, self.status) {
             let _ = send(
                 c.sock.as_raw_fd(),
@@ -265,9 +294,11 @@ impl Supervisor {
 
 /// Ask the spawner to fork a supervisor for these descriptors (stdin,
 /// stdout, stderr, lifeline read end, status write end, job spec, and the
-/// egress socket for a job with egress by name). They are the caller's
-/// still: it closes its copies once this returns.
-pub async fn fork(fds: &[BorrowedFd<'_>]) -> Result<Supervisor, WireError> {
+/// egress socket for a job with egress by name). Returns once the request
+/// is sent (the descriptors are in flight: the caller closes its copies);
+/// the spawner's answer is taken by the [`Supervisor`] when needed.
+pub async fn fork(fds: &[BorrowedFd<'_>], turn: Turn) -> Result<Supervisor, WireError> {
+    let mut turn = Some(turn);
     let egress = match fds.len() {
         FORK_FDS => false,
         n if n == FORK_FDS + 1 => true,
@@ -289,7 +320,7 @@ pub async fn fork(fds: &[BorrowedFd<'_>]) -> Result<Supervisor, WireError> {
             if st.dead {
                 continue;
             }
-            st.forks.insert(id, tx);
+            st.forks.insert(id, (tx, turn.take().flatten()));
         }
         let msg = Request::Fork { id, egress }.encode();
         let sent = c
@@ -299,7 +330,7 @@ pub async fn fork(fds: &[BorrowedFd<'_>]) -> Result<Supervisor, WireError> {
             })
             .await;
         if let Err(e) = sent {
-            lock(&c.state).forks.remove(&id);
+            turn = lock(&c.state).forks.remove(&id).map(|(_, t)| t);
             let gone = matches!(
                 e.raw_os_error(),
                 Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN | libc::ECONNREFUSED)
@@ -311,20 +342,14 @@ pub async fn fork(fds: &[BorrowedFd<'_>]) -> Result<Supervisor, WireError> {
             last = Some(e);
             continue;
         }
-        return match answer.await {
-            Ok(Ok(f)) => Ok(Supervisor {
-                pid: Some(f.pid),
-                exit: Some(f.exit),
-                status: None,
-                conn: Some(c),
-            }),
-            Ok(Err(errno)) => Err(WireError::new(
-                ErrorCode::Io,
-                format!("starting the job: {}", io::Error::from_raw_os_error(errno)),
-            )
-            .with("errno", errno)),
-            Err(_) => Ok(Supervisor::unknown()),
-        };
+        return Ok(Supervisor {
+            answer: Some(answer),
+            pid: None,
+            fork_errno: None,
+            exit: None,
+            status: None,
+            conn: Some(c),
+        });
     }
     Err(internal(
         "the spawner went away twice before taking the request",
