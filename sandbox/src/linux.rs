@@ -1146,3 +1146,46 @@ pub fn confine(p: &WirePlan, prep: Prepared) -> StepResult<()> {
 pub fn cstr(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a job installs is the same program whether the spawner
+    /// compiled it ahead or the job compiles it, for every network intent
+    /// (a port list changes Landlock's rules, not seccomp's).
+    #[test]
+    fn precompiled_seccomp_programs_are_the_compiled_ones() {
+        let nets = [
+            WireNet::Allow,
+            WireNet::Deny,
+            WireNet::Tcp(vec![443]),
+            WireNet::Tcp(Vec::new()),
+            WireNet::Egress { port: 8080 },
+        ];
+        let fresh: Vec<Vec<seccompiler::BpfProgram>> = nets
+            .iter()
+            .map(|n| seccomp_programs(n).unwrap().into_owned())
+            .collect();
+        precompile_seccomp().unwrap();
+        for (n, f) in nets.iter().zip(&fresh) {
+            let pre = seccomp_programs(n).unwrap();
+            assert!(matches!(pre, std::borrow::Cow::Borrowed(_)), "{n:?}");
+            let same = pre.len() == f.len()
+                && pre.iter().zip(f).all(|(a, b)| {
+                    a.len() == b.len()
+                        && a.iter()
+                            .zip(b)
+                            .all(|(x, y)| (x.code, x.jt, x.jf, x.k) == (y.code, y.jt, y.jf, y.k))
+                });
+            assert!(same, "{n:?}");
+        }
+        // Allow, deny and a port list are three different programs.
+        let size = |i: usize| fresh[i].iter().map(|p| p.len()).sum::<usize>();
+        assert!(
+            size(0) < size(1) && size(0) < size(2),
+            "{:?}",
+            [size(0), size(1), size(2)]
+        );
+    }
+}

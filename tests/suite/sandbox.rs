@@ -2160,3 +2160,50 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
         "root inside a carve-out"
     );
 });
+
+// 49. When a sandboxed job's exit is reported, nothing it started is left:
+// a descendant that left the job's session and process group (setsid)
+// and holds a lock is gone (its init kills and reaps every process of the
+// namespace before it reports; the supervisor no longer waits for the
+// namespaces' teardown). The control: while the job runs, the lock is held.
+both!(
+    c49_nothing_of_a_job_outlives_its_reported_exit,
+    |e: Env| async move {
+        if !std::path::Path::new("/usr/bin/python3").exists() {
+            prerequisite_missing("python3, for a descendant that holds a lock");
+            return;
+        }
+        let lock = e.ws.join("held.lock");
+        std::fs::write(&lock, b"").unwrap();
+        if e.uid != current_uid() {
+            chown_r(&lock, e.uid);
+        }
+        let holder = "import fcntl,time; f=open('held.lock','w'); fcntl.flock(f, fcntl.LOCK_EX); \
+                  print('held', flush=True); time.sleep(1000)";
+        let mut p = ProcessStartParams::new(
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("setsid /usr/bin/python3 -c \"{holder}\" </dev/null & read x"),
+            ],
+            wp(&e.ws),
+            path_env(),
+        );
+        p.sandbox = Some(e.ws_write());
+        let mut proc = e.c.start(&p).await.expect("start");
+        let ch = proc.next_output().await.unwrap().unwrap();
+        assert_eq!(&ch.data[..], b"held\n");
+        let try_lock = || {
+            let f = std::fs::File::open(&lock).unwrap();
+            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+        };
+        assert!(
+            !try_lock(),
+            "positive control: the descendant holds the lock"
+        );
+        proc.write(b"\n").await.unwrap();
+        let st = proc.wait().await.unwrap();
+        assert!(st.success(), "{st:?}");
+        assert!(try_lock(), "a descendant outlived the reported exit");
+    }
+);
