@@ -468,13 +468,19 @@ fn sandboxed(
     send(&mut status, Status::Exited { raw });
     // The init reported (or is gone): reap it (its namespaces' teardown)
     // after the agent heard of the exit.
+    let _ = wait_for(init);
+    Ok(0)
+}
+
+/// `waitpid(pid)`, blocking, retried when a signal interrupts it.
+#[cfg(target_os = "linux")]
+fn wait_for(pid: Pid) -> nix::Result<WaitStatus> {
     loop {
-        match waitpid(init, None) {
+        match waitpid(pid, None) {
             Err(nix::errno::Errno::EINTR) => continue,
-            _ => break,
+            st => return st,
         }
     }
-    Ok(0)
 }
 
 /// The program's pid as the agent sees it: the init's child that is pid 2
@@ -658,13 +664,7 @@ fn supervise_init(
             if ctl.read_exact(&mut raw).is_ok() {
                 return i32::from_be_bytes(raw);
             }
-            let st = loop {
-                match waitpid(init, None) {
-                    Err(nix::errno::Errno::EINTR) => continue,
-                    st => break st,
-                }
-            };
-            return match st {
+            return match wait_for(init) {
                 Ok(st) => finish(ctl, st),
                 Err(_) => 0,
             };
