@@ -23,6 +23,10 @@
 //! supervisor). `Kill` SIGKILLs a supervisor that is still an unreaped
 //! child (its pid cannot have been reused).
 //!
+//! At start it compiles the seccomp programs of every network shape
+//! ([`crate::linux::precompile_seccomp`]): each job's init inherits them by
+//! fork and installs them without compiling.
+//!
 //! It dies with the agent: `PR_SET_PDEATHSIG` (SIGKILL), and EOF on its
 //! socket (the agent alone holds the other end). Jobs do not depend on it:
 //! each supervisor watches the agent's lifeline itself, so a spawner that

@@ -17,9 +17,11 @@
 //!   agent's *thread* that forked exits, and covers only the direct child.)
 //! - a sandboxed job runs under an init of its own, created by `clone` in
 //!   new namespaces ([`crate::linux`]): the init confines itself, forks the
-//!   program (pid 2 of the new PID namespace), and exits when the program
-//!   does, which kills everything left in the namespace. Killing the init
-//!   kills the job.
+//!   program (pid 2 of the new PID namespace), and when the program exits
+//!   kills and reaps everything left in the namespace before it reports
+//!   the exit to the supervisor (which reports it to the agent at once, and
+//!   reaps the init, whose exit tears the namespaces down, after). Killing
+//!   the init kills the job.
 //! - an unconfined job is forked directly; the supervisor is a child
 //!   subreaper, so descendants that double-fork or `setsid` are re-parented
 //!   to it and killed when the program exits.
