@@ -13,7 +13,9 @@ fn client_bin() -> PathBuf {
 }
 
 /// A host whose sessions run with `HOME=home` and a PATH of only the tools
-/// the installer and the launcher use (plus `extra` programs).
+/// the installer, the launcher and the agent's login-shell snapshot
+/// (`printf`, `env`: builtins of bash and fish, not of tcsh) use (plus
+/// `extra` programs).
 struct Host {
     sshd: Sshd,
     /// Removed with the host (it holds an installed agent).
@@ -24,6 +26,12 @@ struct Host {
 }
 
 fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
+    host_as(tag, extra, None)
+}
+
+/// [`host`], logging in as `user` (whose login shell sshd runs the
+/// remote command with) instead of the test's own user.
+fn host_as(tag: &str, extra: &[(&str, &Path)], user: Option<&str>) -> Host {
     let base = unique_tempdir(tag);
     let home = base.join("home");
     let bin = base.join("bin");
@@ -43,6 +51,8 @@ fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
         "id",
         "ls",
         "mktemp",
+        "printf",
+        "env",
     ] {
         let real = ["/usr/bin", "/bin"]
             .iter()
@@ -54,10 +64,18 @@ fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
     for (name, target) in extra {
         std::os::unix::fs::symlink(target, bin.join(name)).unwrap();
     }
-    let sshd = Sshd::start(
+    let mut sshd = Sshd::start(
         "",
         &format!("SetEnv HOME={} PATH={}", home.display(), bin.display()),
     );
+    if let Some(user) = user {
+        sshd.user = user.to_string();
+        let uid = nix::unistd::User::from_name(user)
+            .unwrap()
+            .expect("the user exists")
+            .uid;
+        chown_r(&home, uid.as_raw());
+    }
     // The client side: `ssh` is the real one with this server's settings.
     let wrap = base.join("client-bin");
     std::fs::create_dir_all(&wrap).unwrap();
@@ -182,6 +200,60 @@ fn after_bootstrap_into_an_empty_home_run_works_with_no_other_flag() {
         std::fs::metadata(&installed).unwrap().modified().unwrap(),
         before
     );
+}
+
+/// The installer, `--check` and the launcher are `sh -c '…'` one-liners:
+/// they work for a user whose login shell is fish or tcsh (neither parses
+/// POSIX `if`/`case`; tcsh refuses a newline inside quotes). `.ci/run`
+/// creates the users `executor-fish` and `executor-tcsh`.
+#[test]
+fn bootstrap_check_and_run_work_under_fish_and_tcsh_login_shells() {
+    if current_uid() != 0 {
+        return prerequisite_missing("root (to log in as executor-fish / executor-tcsh)");
+    }
+    for (user, shell) in [("executor-fish", "fish"), ("executor-tcsh", "tcsh")] {
+        match nix::unistd::User::from_name(user) {
+            Ok(Some(u)) if u.shell.ends_with(shell) => {}
+            _ => {
+                prerequisite_missing(&format!(
+                    "user {user} with login shell {shell} (.ci/run creates it)"
+                ));
+                continue;
+            }
+        }
+        let h = host_as(&format!("boot-{shell}"), &[], Some(user));
+        // The login shell really is the one under test (fish and tcsh set
+        // `$version`; a POSIX shell does not).
+        let out = h.sshd.ssh("echo $version").output().expect("ssh");
+        assert!(
+            !text(&out.stdout).trim().is_empty(),
+            "{user}'s login shell is not {shell}: {}",
+            text(&out.stderr)
+        );
+        let dist = dist(&h);
+        let out = h.cli(&["bootstrap", "--from", dist.to_str().unwrap()]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let installed = h
+            .home
+            .join(".local/lib/executor")
+            .join(env!("CARGO_PKG_VERSION"))
+            .join("executor");
+        assert!(installed.is_file(), "{shell}: {}", text(&out.stdout));
+        let out = h.cli(&["run", "--", "sh", "-c", "id -un"]);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{shell}: {err}");
+        assert_eq!(text(&out.stdout), format!("{user}\n"));
+        assert!(err.contains(installed.to_str().unwrap()), "{shell}: {err}");
+        let out = h.cli(&["bootstrap", "--check"]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["source"], "bootstrapped copy", "{shell}: {report}");
+        assert_eq!(
+            report["sha256"].as_str().map(str::len),
+            Some(64),
+            "{report}"
+        );
+    }
 }
 
 #[test]
