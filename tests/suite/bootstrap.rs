@@ -346,3 +346,41 @@ fn a_missing_build_names_the_build_to_make() {
         .join(env!("CARGO_PKG_VERSION"));
     assert!(!version_dir.exists(), "nothing left on the host");
 }
+
+/// A version directory owned by another user is refused even when the
+/// installing user may write to it (root may write anywhere): its owner
+/// could swap the installed agent.
+#[test]
+fn a_remote_dir_owned_by_another_user_is_refused() {
+    if current_uid() != 0 {
+        return prerequisite_missing("root (to make a directory another user owns)");
+    }
+    let h = host("boot-owned", &[]);
+    let dist = dist(&h);
+    let base = h.base.join("owned");
+    let dir = base.join(env!("CARGO_PKG_VERSION"));
+    std::fs::create_dir_all(&dir).unwrap();
+    chown_r(&dir, 65534);
+    let install = || {
+        h.cli(&[
+            "bootstrap",
+            "--from",
+            dist.to_str().unwrap(),
+            "--remote-dir",
+            base.to_str().unwrap(),
+        ])
+    };
+    let out = install();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("is not owned by root; nothing installed"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing in it");
+    // Control: the same directory, owned by the installing user.
+    chown_r(&dir, 0);
+    let out = install();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("executor").is_file());
+}
