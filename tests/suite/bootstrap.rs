@@ -384,3 +384,49 @@ fn a_remote_dir_owned_by_another_user_is_refused() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(dir.join("executor").is_file());
 }
+
+/// The native (russh) transport asked for the default `executor` sends the
+/// same launcher as the OpenSSH one: after a bootstrap it starts the
+/// installed copy on a host whose PATH has no `executor`.
+#[test]
+fn the_native_transport_starts_the_bootstrapped_copy_by_default() {
+    use executor_client::native_ssh::NativeSshOptions;
+    use executor_client::{Client, ClientOptions};
+    let h = host("boot-native", &[]);
+    let host_pub = std::fs::read_to_string(h.sshd.dir.join("host_key.pub")).unwrap();
+    let mut fields = host_pub.split_whitespace();
+    let (kind, key) = (fields.next().unwrap(), fields.next().unwrap());
+    let known = h.sshd.dir.join("native_known_hosts");
+    std::fs::write(
+        &known,
+        format!("[127.0.0.1]:{} {kind} {key}\n", h.sshd.port),
+    )
+    .unwrap();
+    let opts = NativeSshOptions {
+        user: h.sshd.user.clone(),
+        port: h.sshd.port,
+        identity: h.sshd.client_key.clone(),
+        known_hosts: Some(known),
+        remote_command: "executor".into(),
+        subsystem: false,
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let connect = || {
+        rt.block_on(async {
+            let c =
+                Client::connect_native_ssh("127.0.0.1", &opts, ClientOptions::default()).await?;
+            let version = c.initialize_result().agent.version.clone();
+            c.close().await?;
+            Ok::<_, executor_client::Error>(version)
+        })
+    };
+    // Control: before the install there is no agent to start (the host's
+    // PATH has no `executor`).
+    let e = connect().expect_err("no agent before the install");
+    assert!(e.to_string().contains("executor"), "{e}");
+    let dist = dist(&h);
+    let out = h.cli(&["bootstrap", "--from", dist.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let version = connect().expect("the launcher started the installed copy");
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
+}
