@@ -673,22 +673,6 @@ fn ctrl_c_on_a_terminal_reaches_the_job_and_not_ssh() {
     }
 }
 
-/// A one-answer-per-connection HTTP server on 127.0.0.1 (`200 ok`).
-fn tiny_http_server() -> u16 {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
-        }
-    });
-    port
-}
-
 #[test]
 fn net_host_allows_the_named_host_and_net_ask_denies_without_a_terminal() {
     if std::process::Command::new("curl")
