@@ -436,15 +436,15 @@ fn system_time(ns: i64) -> std::time::SystemTime {
 /// Set the times given on the open file (`futimens`: the descriptor, not a
 /// path); an absent one is left as it is.
 fn set_times(f: &std::fs::File, times: FileTimes) -> io::Result<()> {
+    if times == FileTimes::default() {
+        return Ok(());
+    }
     let mut t = std::fs::FileTimes::new();
     if let Some(ns) = times.mtime_ns {
         t = t.set_modified(system_time(ns));
     }
     if let Some(ns) = times.atime_ns {
         t = t.set_accessed(system_time(ns));
-    }
-    if times == FileTimes::default() {
-        return Ok(());
     }
     f.set_times(t)
 }
