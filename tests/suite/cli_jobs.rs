@@ -619,6 +619,57 @@ fn best_effort_runs_unconfined_where_nothing_can_be_enforced_and_says_so() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sandbox not enforced: filesystem"), "{err}");
+    // fs and http requests on the same host: the agent enforces their
+    // intent itself, whole, so `--best-effort` still denies and has
+    // nothing to report.
+    let inside = d.join("inside");
+    std::fs::create_dir(&inside).unwrap();
+    std::fs::write(inside.join("f"), "in\n").unwrap();
+    std::fs::write(d.join("out"), "out\n").unwrap();
+    let verb = |args: &[&str]| {
+        let mut cmd = Via::Local.cmd(args);
+        cmd.env("EXECUTOR_TEST_LANDLOCK_ABI", "0");
+        cmd.output().unwrap()
+    };
+    let ro = ["--best-effort", "--ro", s(&inside)];
+    for (args, code) in [
+        ([&["cat"][..], &ro, &[s(&inside.join("f"))]].concat(), 0),
+        ([&["cat"][..], &ro, &[s(&d.join("out"))]].concat(), 125),
+        (
+            [&["get"][..], &ro, &[s(&d.join("out")), s(&d.join("got"))]].concat(),
+            125,
+        ),
+        ([&["walk"][..], &ro, &[s(&inside)]].concat(), 0),
+        (
+            [
+                &["put"][..],
+                &ro,
+                &[s(&d.join("out")), s(&inside.join("put"))],
+            ]
+            .concat(),
+            125,
+        ),
+        (
+            vec![
+                "http",
+                "--best-effort",
+                "--net",
+                "deny",
+                "http://127.0.0.1:9/",
+            ],
+            125,
+        ),
+    ] {
+        let out = verb(&args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("not enforced"), "{args:?}: {err}");
+    }
+    assert_eq!(
+        verb(&[&["cat"][..], &ro, &[s(&inside.join("f"))]].concat()).stdout,
+        b"in\n"
+    );
+    assert!(!d.join("got").exists() && !inside.join("put").exists());
 }
 
 /// Run `argv` on a new PTY (its controlling terminal), wait for `ready`,

@@ -40,7 +40,10 @@ pub struct SandboxArgs {
     #[arg(long = "sandbox", value_name = "FILE.json")]
     pub file: Option<std::path::PathBuf>,
     /// Run with what this host can enforce (`required: false`); what is
-    /// not enforced is printed on stderr.
+    /// not enforced is printed on stderr. Only `run` can be degraded: the
+    /// agent enforces the intent of `cat`, `get`, `put`, `walk`, `stat`,
+    /// `rm`, `mv`, `mkdir`, `realpath` and `http` itself, whole, on every
+    /// host, so for those it changes nothing and prints nothing.
     #[arg(long)]
     pub best_effort: bool,
 }
