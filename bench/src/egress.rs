@@ -47,15 +47,9 @@ async fn download(
     Ok(d)
 }
 
-/// 1 GiB from a loopback server (chunked, 64 KiB chunks) through the job's
-/// proxy, vs the same `curl` without a sandbox.
-pub async fn egress_download(bytes: u64) -> anyhow::Result<Row> {
-    // 127.0.0.2: loopback, but not in the job's NO_PROXY, so curl uses the
-    // proxy the environment names.
-    let server = TestServer::start_on("127.0.0.2:0").await;
-    let port = server.addr.port();
-    let url = format!("http://127.0.0.2:{port}/bytes-chunked?n={bytes}");
-    let intent = SandboxIntent {
+/// The intent of the sandboxed side: the server's address and port only.
+fn intent_for(port: u16) -> SandboxIntent {
+    SandboxIntent {
         filesystem: FilesystemIntent {
             read: ReadRoots::All,
             ..Default::default()
@@ -66,19 +60,36 @@ pub async fn egress_download(bytes: u64) -> anyhow::Result<Row> {
             ask_timeout_ms: 1000,
         }),
         required: true,
-    };
+    }
+}
+
+/// One trial of one side: a fresh loopback server (chunked, 64 KiB
+/// chunks), `bytes` from it with `curl` to /dev/null, through the job's
+/// proxy (`sandboxed`) or directly.
+async fn trial(c: &Client, bytes: u64, sandboxed: bool) -> anyhow::Result<Duration> {
+    // 127.0.0.2: loopback, but not in the job's NO_PROXY, so curl uses the
+    // proxy the environment names.
+    let server = TestServer::start_on("127.0.0.2:0").await;
+    let port = server.addr.port();
+    let url = format!("http://127.0.0.2:{port}/bytes-chunked?n={bytes}");
+    download(c, &url, bytes, sandboxed.then(|| intent_for(port))).await
+}
+
+/// 1 GiB from a loopback server through the job's proxy, vs the same
+/// `curl` without a sandbox: each trial with a fresh server, the two sides
+/// alternating which goes first.
+pub async fn egress_download(bytes: u64) -> anyhow::Result<Row> {
     let c = connect().await?;
-    download(
-        &c,
-        &url.replace(&bytes.to_string(), "1000"),
-        1000,
-        Some(intent.clone()),
-    )
-    .await?;
+    trial(&c, 1000, true).await?;
     let (mut ours, mut base) = (Vec::new(), Vec::new());
-    for _ in 0..TRIALS {
-        ours.push(download(&c, &url, bytes, Some(intent.clone())).await?);
-        base.push(download(&c, &url, bytes, None).await?);
+    for i in 0..TRIALS {
+        if i % 2 == 0 {
+            ours.push(trial(&c, bytes, true).await?);
+            base.push(trial(&c, bytes, false).await?);
+        } else {
+            base.push(trial(&c, bytes, false).await?);
+            ours.push(trial(&c, bytes, true).await?);
+        }
     }
     c.close().await?;
     let (o, b) = (best(ours), best(base));
