@@ -96,7 +96,7 @@ pub async fn egress_download(bytes: u64) -> anyhow::Result<Row> {
     let ratio = mbps(bytes, o) / mbps(bytes, b);
     Ok(Row {
         what: format!(
-            "`curl` of {} MiB from a loopback server through a sandboxed job's egress proxy (best of {TRIALS}, alternating)",
+            "`curl` of {} MiB from a loopback server through a sandboxed job's egress proxy (best of {TRIALS}, alternating, fresh server each)",
             bytes >> 20
         ),
         ours: format!("{:.0} MB/s", mbps(bytes, o)),
@@ -105,19 +105,19 @@ pub async fn egress_download(bytes: u64) -> anyhow::Result<Row> {
         goal: "≥ 0.8×".into(),
         met: ratio >= 0.8,
         note: format!(
-            "the agent relays with splice(2) through one 64 KiB kernel pipe per direction (the bytes never enter \
-             its memory); each side includes the job's start and exit, the sandboxed one its namespaces and the \
-             listener hand-over{}",
+            "each trial with a fresh server and a fresh job, the sides alternating which goes first; the \
+             agent relays with splice(2) through one 64 KiB kernel pipe per direction (F_SETPIPE_SZ; the \
+             bytes never enter its memory); each side includes the job's start and exit, the sandboxed one \
+             its namespaces and the listener hand-over{}",
             if ratio >= 0.8 {
                 ""
             } else {
-                ". Missed in this run: a proxy is two loopback TCP connections where the baseline is one (twice \
-                 the kernel's TCP work per byte, plus the agent's wakeups per 64 KiB), on a 2-core machine shared \
-                 with the server, curl and other work; an earlier run with a userspace copy (tokio copy_bidirectional, 64 KiB \
-                 buffers) gave 0.46×. What would close it: a larger pipe per direction (fewer \
-                 wakeups; the 64 KiB bound is the protocol's), or handing the job a connected socket after the \
-                 decision for CONNECT (no relay at all, but the job would then hold a socket of the host's \
-                 network)"
+                ". Missed in this run: a proxied download is three busy processes (server, agent, curl) and \
+                 two loopback TCP connections where the baseline is two and one; profiled, the agent's \
+                 share is kernel TCP and splice work (about 0.85x the client's CPU per GiB), not its copy \
+                 loop or wakeups, and on 2 cores shared with other work it cannot overlap. What would close \
+                 it: no relay for CONNECT (handing the job the connected socket after the decision, which \
+                 would give the job a socket of the host's network), or a core per process"
             }
         ),
     })
