@@ -20,7 +20,9 @@
 //!   kills the job.
 //! - an unconfined job is forked directly; the supervisor is a child
 //!   subreaper, so descendants that double-fork or `setsid` are re-parented
-//!   to it and killed when the program exits.
+//!   to it and killed when the program exits. With `deny_network` (a
+//!   degraded `allow_hosts` intent) the forked job installs the seccomp
+//!   filters of `network: "deny"` before its exec.
 //!
 //! The status pipe carries 5-byte messages to the agent: `P` + pid (the job
 //! runs; its pid as the agent sees it), `E` + errno (exec failed, nothing
