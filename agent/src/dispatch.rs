@@ -93,6 +93,8 @@ table! {
     m::FS_REMOVE => fs::remove,
     m::FS_RENAME => fs::rename,
     m::FS_WALK => fs::walk::walk,
+    m::FS_READ_LINK => fs::read_link,
+    m::FS_CREATE_SYMLINK => fs::create_symlink,
     m::FS_OPEN => fs::handles::open,
     m::FS_READ_BLOCK => fs::handles::read_block,
     m::FS_OPEN_WRITE => fs::handles::open_write,

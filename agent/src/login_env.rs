@@ -1,8 +1,11 @@
 //! The environment a job's `env` is applied on top of (`env_base`,
 //! docs/PROTOCOL.md §3): nothing, the agent's own, or a snapshot of the
 //! user's login-shell environment, taken once per session by running the
-//! passwd shell as `SHELL -l -c 'printf MARK; exec env -0'` with a time
-//! bound, and cached for the session ([`LoginEnv`]).
+//! passwd shell as a login shell, `-NAME -c 'printf MARK; exec env -0'`
+//! (argv\[0\] starting with `-`, as login(1) and sshd start one: bash, zsh,
+//! dash, fish and tcsh all read their login files then, where `-l -c` is
+//! an error for tcsh), with a time bound, and cached for the session
+//! ([`LoginEnv`]).
 //!
 //! A bottom module: it depends on no other module of the agent.
 
@@ -108,8 +111,11 @@ fn shell_and_home() -> (String, Option<std::path::PathBuf>) {
 async fn snapshot() -> Result<Vars, String> {
     use tokio::io::AsyncReadExt;
     let (shell, home) = shell_and_home();
+    let name = std::path::Path::new(&shell)
+        .file_name()
+        .map_or_else(|| shell.clone(), |n| n.to_string_lossy().into_owned());
     let mut cmd = tokio::process::Command::new(&shell);
-    cmd.arg("-l")
+    cmd.arg0(format!("-{name}"))
         .arg("-c")
         .arg(format!("printf '{MARK}'; exec env -0"))
         .stdin(std::process::Stdio::null())

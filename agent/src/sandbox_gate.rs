@@ -55,8 +55,10 @@ pub enum Decision {
     /// placeholders until the job ends), with the egress rules of a
     /// `network: {"allow_hosts": ...}` intent (§8).
     Enforce(Box<Plan>, Option<Box<crate::egress::Rules>>),
-    /// Nothing can be enforced here and the intent allows that.
-    Degraded(Vec<String>),
+    /// Nothing can be enforced here and the intent allows that: what was
+    /// not enforced, and whether the job's network is denied anyway (an
+    /// `allow_hosts` intent, §8: seccomp alone).
+    Degraded(Vec<String>, DenyNetwork),
 }
 
 fn unavailable(what: String) -> WireError {
@@ -186,10 +188,16 @@ pub fn gate(
                 "this host cannot enforce a sandbox ({why})"
             )));
         }
-        return Ok(Decision::Degraded(vec![
-            format!("filesystem: not enforced ({why})"),
-            format!("network: not enforced ({why})"),
-        ]));
+        if egress.is_some() {
+            return degraded_egress(caps, &why);
+        }
+        return Ok(Decision::Degraded(
+            vec![
+                format!("filesystem: not enforced ({why})"),
+                format!("network: not enforced ({why})"),
+            ],
+            DenyNetwork(false),
+        ));
     }
     match executor_sandbox::plan::plan(&policy, caps, param) {
         Ok(plan) => Ok(Decision::Enforce(Box::new(plan), egress)),
@@ -199,6 +207,33 @@ pub fn gate(
     }
 }
 
+/// Whether a degraded job's network is denied by seccomp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenyNetwork(pub bool);
+
+/// `allow_hosts` with `required: false` where no network namespace can be
+/// made (§8): the job runs with its filesystem unconfined but its network
+/// denied (the seccomp filters of `network: "deny"`), never with the
+/// host's network; where seccomp is missing too, nothing runs.
+fn degraded_egress(caps: &Capabilities, why: &str) -> Result<Decision, WireError> {
+    if !caps.seccomp_filter {
+        return Err(unavailable(format!(
+            "this host cannot enforce a sandbox ({why}), and without seccomp the \
+             network of an allow_hosts intent cannot be denied either"
+        )));
+    }
+    Ok(Decision::Degraded(
+        vec![
+            format!("filesystem: not enforced ({why})"),
+            format!(
+                "network: allow_hosts not enforced ({why}); network denied instead \
+                 (seccomp: no IP sockets, no connect)"
+            ),
+        ],
+        DenyNetwork(true),
+    ))
+}
+
 impl Decision {
     /// The egress rules of the job, taken out (before [`Decision::into_parts`]).
     pub fn take_egress(&mut self) -> Option<crate::egress::Rules> {
@@ -206,6 +241,11 @@ impl Decision {
             Decision::Enforce(_, e) => e.take().map(|e| *e),
             _ => None,
         }
+    }
+
+    /// Whether the job's network is to be denied without a plan.
+    pub fn denies_network_unconfined(&self) -> bool {
+        matches!(self, Decision::Degraded(_, DenyNetwork(true)))
     }
 
     /// (the plan for the trampoline, what the job owns on the host, what
@@ -221,7 +261,7 @@ impl Decision {
                     (!p.degraded.is_empty()).then_some(p.degraded),
                 )
             }
-            Decision::Degraded(d) => (None, JobFiles::default(), Some(d)),
+            Decision::Degraded(d, _) => (None, JobFiles::default(), Some(d)),
         }
     }
 }

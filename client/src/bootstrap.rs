@@ -124,48 +124,43 @@ fn script(remote_dir: &str) -> Result<String, BootstrapError> {
         return Err(BootstrapError::BadRemoteDir(remote_dir.into()));
     }
     let version = env!("CARGO_PKG_VERSION");
-    Ok(format!(
-        r#"set -e
-umask 077
-d="{remote_dir}/{version}"
-if ! err=$(mkdir -p "$d" 2>&1); then
-  echo "$err" >&2
-  exit 4
-fi
-if [ ! -w "$d" ]; then
-  echo "$d is not writable by $(id -un)" >&2
-  exit 4
-fi
-# Another user must not be able to swap what is installed here.
-if [ ! -O "$d" ]; then
-  echo "$d is not owned by $(id -un); nothing installed" >&2
-  exit 4
-fi
-case $(ls -ld "$d") in
-  ?????w*|????????w*)
-    echo "$d is writable by others; nothing installed" >&2
-    exit 4;;
-esac
-uname -sm
-if ! IFS= read -r want; then
-  rmdir "$d" 2>/dev/null || true
-  exit 5
-fi
-t=$(mktemp "$d/.executor.upload.XXXXXX")
-trap 'rm -f "$t"' EXIT
-cat > "$t"
-got=$(sha256sum "$t" | cut -d' ' -f1)
-if [ "$got" != "$want" ]; then
-  echo "checksum mismatch: expected $want, got $got; nothing installed" >&2
-  exit 3
-fi
-chmod 0755 "$t"
-mv -f "$t" "$d/executor"
-trap - EXIT
-echo "$d/executor"
-"$d/executor" --version
-"#
-    ))
+    Ok(one_line_sh(&[
+        "set -e",
+        "umask 077",
+        &format!("d=\"{remote_dir}/{version}\""),
+        "err=$(mkdir -p \"$d\" 2>&1) || { echo \"$err\" >&2; exit 4; }",
+        "[ -w \"$d\" ] || { echo \"$d is not writable by $(id -un)\" >&2; exit 4; }",
+        // Another user must not be able to swap what is installed here.
+        "[ -O \"$d\" ] || { echo \"$d is not owned by $(id -un); nothing installed\" >&2; exit 4; }",
+        "case $(ls -ld \"$d\") in ?????w*|????????w*) echo \"$d is writable by others; nothing installed\" >&2; exit 4;; esac",
+        "uname -sm",
+        "IFS= read -r want || { rmdir \"$d\" 2>/dev/null || true; exit 5; }",
+        "t=$(mktemp \"$d/.executor.upload.XXXXXX\")",
+        "trap \"rm -f -- \\\"$t\\\"\" EXIT",
+        "cat > \"$t\"",
+        SHA256_FN,
+        "got=$(sha256 \"$t\")",
+        "[ \"$got\" = \"$want\" ] || { echo \"checksum mismatch: expected $want, got $got; nothing installed\" >&2; exit 3; }",
+        "chmod 0755 \"$t\"",
+        "mv -f \"$t\" \"$d/executor\"",
+        "trap - EXIT",
+        "echo \"$d/executor\"",
+        "\"$d/executor\" --version",
+    ]))
+}
+
+/// A shell function `sha256 FILE` printing the hex digest: `sha256sum`
+/// (GNU, BusyBox) or `shasum -a 256` (macOS, BSD).
+const SHA256_FN: &str = "sha256() { if command -v sha256sum >/dev/null 2>&1; then sha256sum \"$1\"; else shasum -a 256 \"$1\"; fi | cut -d\" \" -f1; }";
+
+/// `sh -c '<statements joined by "; ">'`: one line with no `'`, `!` or
+/// `\\`, so that the same text reaches `sh` whatever the user's login
+/// shell is (sshd runs the command with it): bash, zsh and dash, fish
+/// (which would not parse POSIX syntax itself) and tcsh (which refuses a
+/// newline inside quotes and expands `!` for history).
+fn one_line_sh(statements: &[&str]) -> String {
+    let body = statements.join("; ");
+    format!("sh -c '{body}'")
 }
 
 /// Install the agent from `dist` on `host` (see the module docs).
@@ -256,16 +251,13 @@ fn check_script(remote_dir: &str) -> Result<String, BootstrapError> {
     // The same validation as the installer's directory.
     script(remote_dir)?;
     let version = env!("CARGO_PKG_VERSION");
-    Ok(format!(
-        r#"uname -sm
-p="{remote_dir}/{version}/executor"
-if [ -x "$p" ]; then echo "installed $p"
-elif p=$(command -v executor); then echo "path $p"
-else echo none; exit 0
-fi
-sha256sum "$p" | cut -d' ' -f1
-"#
-    ))
+    Ok(one_line_sh(&[
+        "uname -sm",
+        &format!("p=\"{remote_dir}/{version}/executor\""),
+        "if [ -x \"$p\" ]; then echo \"installed $p\"; elif p=$(command -v executor); then echo \"path $p\"; else echo none; exit 0; fi",
+        SHA256_FN,
+        "sha256 \"$p\"",
+    ]))
 }
 
 /// Report what `host` has, without installing: the agent a connection
@@ -503,6 +495,21 @@ mod tests {
             "$HOME/../`x`",
         ] {
             assert!(script(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn remote_scripts_are_one_line_for_any_login_shell() {
+        for text in [
+            script("$HOME/.local/lib/executor").unwrap(),
+            check_script("/opt/executor").unwrap(),
+        ] {
+            let body = text
+                .strip_prefix("sh -c '")
+                .and_then(|b| b.strip_suffix('\''))
+                .expect(&text);
+            assert!(!body.contains(['\'', '!', '\n']), "{body}");
+            assert!(!body.contains("\\\\"), "{body}");
         }
     }
 }

@@ -117,6 +117,41 @@ impl Client {
         .await
     }
 
+    /// `fs/readLink`: what the symlink at `path` holds (the link itself
+    /// is never followed; a path that is not a link is an `io` error).
+    pub async fn read_link(&self, path: impl Into<WirePath>) -> Result<WirePath, Error> {
+        let r: ReadLinkResult = self
+            .request(
+                m::FS_READ_LINK,
+                &ReadLinkParams {
+                    path: path.into(),
+                    sandbox: self.intent(),
+                    cwd: None,
+                },
+            )
+            .await?;
+        Ok(r.target)
+    }
+
+    /// `fs/createSymlink`: a new symlink at `path` holding `target` (not
+    /// resolved; an existing entry at `path` is `already_exists`).
+    pub async fn create_symlink(
+        &self,
+        path: impl Into<WirePath>,
+        target: impl Into<WirePath>,
+    ) -> Result<(), Error> {
+        self.empty_request(
+            m::FS_CREATE_SYMLINK,
+            &CreateSymlinkParams {
+                path: path.into(),
+                target: target.into(),
+                sandbox: self.intent(),
+                cwd: None,
+            },
+        )
+        .await
+    }
+
     /// `fs/readFile` of a whole (small) file.
     pub async fn read_file(&self, path: impl Into<WirePath>) -> Result<Vec<u8>, Error> {
         let r: ReadFileResult = self
@@ -196,16 +231,33 @@ impl Client {
     pub async fn write_stream<R: AsyncRead + Unpin>(
         &self,
         path: impl Into<WirePath>,
-        mut reader: R,
+        reader: R,
         mode: Option<u32>,
+    ) -> Result<u64, Error> {
+        let meta = NewFile {
+            mode,
+            ..NewFile::default()
+        };
+        self.write_stream_with(path, reader, meta).await
+    }
+
+    /// [`Client::write_stream`], the committed file given `meta`'s mode
+    /// and times (as `cp -p` / `scp -p` keep them).
+    pub async fn write_stream_with<R: AsyncRead + Unpin>(
+        &self,
+        path: impl Into<WirePath>,
+        mut reader: R,
+        meta: NewFile,
     ) -> Result<u64, Error> {
         let h: HandleResult = self
             .request(
                 m::FS_OPEN_WRITE,
                 &OpenWriteParams {
                     path: path.into(),
-                    mode,
+                    mode: meta.mode,
                     create_parents: false,
+                    mtime_ns: meta.mtime_ns,
+                    atime_ns: meta.atime_ns,
                     sandbox: self.intent(),
                     cwd: None,
                 },
@@ -298,6 +350,18 @@ impl Client {
             }
         }
     }
+}
+
+/// What a file written by [`Client::write_stream_with`] gets besides its
+/// bytes; `None` leaves each as the agent would set it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NewFile {
+    /// Permission bits (`0o7777` at most).
+    pub mode: Option<u32>,
+    /// Modification time, ns since the epoch.
+    pub mtime_ns: Option<i64>,
+    /// Access time, ns since the epoch.
+    pub atime_ns: Option<i64>,
 }
 
 /// Default walk params for `root`.

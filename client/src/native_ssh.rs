@@ -17,7 +17,9 @@ pub struct NativeSshOptions {
     pub identity: PathBuf,
     /// Known host keys; default `~/.ssh/known_hosts`.
     pub known_hosts: Option<PathBuf>,
-    /// The remote command (a plain path), or the subsystem name.
+    /// The remote command (a plain path; the default `executor` starts the
+    /// bootstrapped copy when the host has one, as with the OpenSSH
+    /// transport), or the subsystem name.
     pub remote_command: String,
     /// Request the subsystem `remote_command` instead of running it.
     pub subsystem: bool,
@@ -127,16 +129,15 @@ impl Client {
                 ssh.identity.display()
             )));
         }
+        let command = crate::target::remote_command_text(&ssh.remote_command, ssh.subsystem)?;
         let channel = handle
             .channel_open_session()
             .await
             .map_err(|e| closed(format!("ssh channel: {e}")))?;
         if ssh.subsystem {
-            channel
-                .request_subsystem(true, ssh.remote_command.clone())
-                .await
+            channel.request_subsystem(true, command).await
         } else {
-            channel.exec(true, ssh.remote_command.clone()).await
+            channel.exec(true, command).await
         }
         .map_err(|e| closed(format!("ssh: starting {:?}: {e}", ssh.remote_command)))?;
         let (reader, writer) = tokio::io::split(channel.into_stream());

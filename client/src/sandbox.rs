@@ -17,7 +17,7 @@
 //! ```
 
 use executor_protocol::types::sandbox::{
-    FilesystemIntent, NetworkIntent, ReadRoots, SandboxIntent,
+    EgressIntent, FilesystemIntent, NetworkIntent, ReadRoots, SandboxIntent, DEFAULT_ASK_TIMEOUT_MS,
 };
 use executor_protocol::WirePath;
 
@@ -33,8 +33,13 @@ pub enum Net {
     /// Egress by name (docs/PROTOCOL.md §8): only these destinations
     /// (`host`, `*.suffix`, `addr/len`, each with an optional `:port`),
     /// through the job's proxy; with `ask`, another destination is put to
-    /// the client's [`crate::egress::EgressPolicy`].
-    Hosts { hosts: Vec<String>, ask: bool },
+    /// the client's [`crate::egress::EgressPolicy`], which has
+    /// `ask_timeout_ms` to answer before the agent denies.
+    Hosts {
+        hosts: Vec<String>,
+        ask: bool,
+        ask_timeout_ms: u64,
+    },
 }
 
 /// A [`SandboxIntent`] under construction. Without any [`Intent::read`]
@@ -74,6 +79,7 @@ impl Intent {
                 NetworkIntent::AllowHosts(e) => Net::Hosts {
                     hosts: e.allow_hosts,
                     ask: e.ask,
+                    ask_timeout_ms: e.ask_timeout_ms,
                 },
             }),
             best_effort: !intent.required,
@@ -141,7 +147,15 @@ impl Intent {
                 Net::Deny => NetworkIntent::Deny,
                 Net::Allow => NetworkIntent::Allow,
                 Net::TcpConnect(p) => NetworkIntent::AllowTcpConnect(p),
-                Net::Hosts { hosts, ask } => crate::egress::allow_hosts(hosts, ask),
+                Net::Hosts {
+                    hosts,
+                    ask,
+                    ask_timeout_ms,
+                } => NetworkIntent::AllowHosts(EgressIntent {
+                    allow_hosts: hosts,
+                    ask,
+                    ask_timeout_ms,
+                }),
             },
             required: !self.best_effort,
         }
@@ -169,6 +183,7 @@ impl std::str::FromStr for Net {
             "ask" => Ok(Net::Hosts {
                 hosts: Vec::new(),
                 ask: true,
+                ask_timeout_ms: DEFAULT_ASK_TIMEOUT_MS,
             }),
             _ if s.starts_with("host:") => {
                 let list = hosts(&s["host:".len()..])?;
@@ -178,11 +193,13 @@ impl std::str::FromStr for Net {
                 Ok(Net::Hosts {
                     hosts: list,
                     ask: false,
+                    ask_timeout_ms: DEFAULT_ASK_TIMEOUT_MS,
                 })
             }
             _ if s.starts_with("ask:") => Ok(Net::Hosts {
                 hosts: hosts(&s["ask:".len()..])?,
                 ask: true,
+                ask_timeout_ms: DEFAULT_ASK_TIMEOUT_MS,
             }),
             _ => {
                 let ports = s
@@ -202,5 +219,24 @@ impl std::str::FromStr for Net {
                     .map(Net::TcpConnect)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod round_trip {
+    use super::*;
+
+    #[test]
+    fn a_whole_intent_round_trips_through_the_builder() {
+        let whole = SandboxIntent {
+            network: NetworkIntent::AllowHosts(EgressIntent {
+                allow_hosts: vec!["mirror.internal".into()],
+                ask: true,
+                ask_timeout_ms: 1500,
+            }),
+            required: false,
+            ..SandboxIntent::default()
+        };
+        assert_eq!(Intent::from_intent(whole.clone()).build(), whole);
     }
 }

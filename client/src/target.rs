@@ -148,31 +148,40 @@ fn bad(what: &str, v: &str) -> Error {
     }
 }
 
+/// What the host is asked to run (or the subsystem's name): `remote` must
+/// be one plain word (the remote shell would split or expand anything
+/// else); the default `executor` (not as a subsystem) becomes the launcher
+/// of `executor_protocol::launch`, which runs the bootstrapped copy for this
+/// client's version when the host has it. Both transports send this text.
+pub(crate) fn remote_command_text(remote: &str, subsystem: bool) -> Result<String, Error> {
+    if remote.is_empty()
+        || remote.starts_with('-')
+        || !remote
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-~+".contains(c))
+    {
+        return Err(bad("remote command", remote));
+    }
+    match executor_protocol::launch::command(env!("CARGO_PKG_VERSION")) {
+        Some(launcher) if remote == "executor" && !subsystem => {
+            tracing::debug!(
+                installed = %executor_protocol::launch::installed_path(env!("CARGO_PKG_VERSION")),
+                "starting the agent: the bootstrapped copy if the host has it, else executor from the PATH"
+            );
+            Ok(launcher)
+        }
+        _ => Ok(remote.to_string()),
+    }
+}
+
 impl SshOptions {
     /// The `ssh` command line for `host`. Every part is validated: the
     /// remote side receives one plain word (the remote shell would split or
     /// expand anything else), and nothing can be taken for an ssh option.
     pub fn command(&self, host: &str) -> Result<tokio::process::Command, Error> {
-        let rc = &self.remote_command;
-        if rc.is_empty()
-            || rc.starts_with('-')
-            || !rc
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "/._-~+".contains(c))
-        {
-            return Err(bad("remote command", rc));
-        }
+        let text = remote_command_text(&self.remote_command, self.subsystem)?;
         let mut cmd = self.base_command(host)?;
-        match executor_protocol::launch::command(env!("CARGO_PKG_VERSION")) {
-            Some(launcher) if rc == "executor" && !self.subsystem => {
-                tracing::debug!(
-                    installed = %executor_protocol::launch::installed_path(env!("CARGO_PKG_VERSION")),
-                    "starting the agent: the bootstrapped copy if the host has it, else executor from the PATH"
-                );
-                cmd.arg(launcher)
-            }
-            _ => cmd.arg(rc),
-        };
+        cmd.arg(text);
         Ok(cmd)
     }
 

@@ -36,6 +36,8 @@ pub fn decode_typed(method: &str, params: Value) {
         m::FS_REMOVE => try_as!(fs::RemoveParams),
         m::FS_RENAME => try_as!(fs::RenameParams),
         m::FS_WALK => try_as!(fs::WalkParams),
+        m::FS_READ_LINK => try_as!(fs::ReadLinkParams),
+        m::FS_CREATE_SYMLINK => try_as!(fs::CreateSymlinkParams),
         m::FS_OPEN => try_as!(fs::OpenParams),
         m::FS_READ_BLOCK => try_as!(fs::ReadBlockParams),
         m::FS_OPEN_WRITE => try_as!(fs::OpenWriteParams),

@@ -113,6 +113,10 @@ method_table! {
     FS_REMOVE = "fs/remove", fs::RemoveParams => Empty;
     FS_RENAME = "fs/rename", fs::RenameParams => Empty;
     FS_WALK = "fs/walk", fs::WalkParams => fs::WalkResult;
+    /// What a symlink holds, the link itself never followed.
+    FS_READ_LINK = "fs/readLink", fs::ReadLinkParams => fs::ReadLinkResult;
+    /// A new symlink; an existing entry at `path` is `already_exists`.
+    FS_CREATE_SYMLINK = "fs/createSymlink", fs::CreateSymlinkParams => Empty;
     FS_OPEN = "fs/open", fs::OpenParams => fs::OpenResult;
     FS_READ_BLOCK = "fs/readBlock", fs::ReadBlockParams => fs::ReadBlockResult;
     FS_OPEN_WRITE = "fs/openWrite", fs::OpenWriteParams => fs::HandleResult;
@@ -160,7 +164,7 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), n);
-        assert_eq!(ALL_REQUESTS.len(), 26);
+        assert_eq!(ALL_REQUESTS.len(), 28);
     }
 
     #[test]

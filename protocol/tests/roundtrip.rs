@@ -710,14 +710,44 @@ rt!(
 );
 rt!(
     fs_open_write,
-    (wpath(), of(any::<u32>()), any::<bool>()).prop_map(|(path, mode, create_parents)| {
-        OpenWriteParams {
-            path,
-            mode,
-            create_parents,
-            sandbox: None,
-            cwd: None,
-        }
+    (
+        wpath(),
+        of(any::<u32>()),
+        any::<bool>(),
+        of(any::<i64>()),
+        of(any::<i64>())
+    )
+        .prop_map(|(path, mode, create_parents, mtime_ns, atime_ns)| {
+            OpenWriteParams {
+                path,
+                mode,
+                create_parents,
+                mtime_ns,
+                atime_ns,
+                sandbox: None,
+                cwd: None,
+            }
+        })
+);
+rt!(
+    fs_read_link,
+    wpath().prop_map(|path| ReadLinkParams {
+        path,
+        sandbox: None,
+        cwd: None,
+    })
+);
+rt!(
+    fs_read_link_result,
+    wpath().prop_map(|target| ReadLinkResult { target })
+);
+rt!(
+    fs_create_symlink,
+    (wpath(), wpath()).prop_map(|(path, target)| CreateSymlinkParams {
+        path,
+        target,
+        sandbox: None,
+        cwd: None,
     })
 );
 rt!(

@@ -32,6 +32,12 @@ pub struct JobSpec {
     pub tty: bool,
     /// The sandbox; `None`: unconfined.
     pub sandbox: Option<WirePlan>,
+    /// Without a sandbox plan: deny the job's network anyway, with the
+    /// seccomp filters of `network: "deny"` (and `no_new_privs`). What a
+    /// degraded `allow_hosts` intent gets where no network namespace can
+    /// be made (docs/PROTOCOL.md §8): never unconfined network.
+    #[serde(default)]
+    pub deny_network: bool,
 }
 
 impl JobSpec {
@@ -87,6 +93,7 @@ mod tests {
             cwd: ByteBuf::from(b"/".to_vec()),
             tty: false,
             sandbox: None,
+            deny_network: true,
         };
         let fd = spec.to_memfd().unwrap();
         let copy = fd.try_clone().unwrap();

@@ -24,7 +24,9 @@
 //!   the init kills the job.
 //! - an unconfined job is forked directly; the supervisor is a child
 //!   subreaper, so descendants that double-fork or `setsid` are re-parented
-//!   to it and killed when the program exits.
+//!   to it and killed when the program exits. With `deny_network` (a
+//!   degraded `allow_hosts` intent) the forked job installs the seccomp
+//!   filters of `network: "deny"` before its exec.
 //!
 //! The status pipe carries 5-byte messages to the agent: `P` + pid (the job
 //! runs; its pid as the agent sees it), `E` + errno (exec failed, nothing
@@ -130,6 +132,8 @@ pub enum Error {
     Fork(io::Error),
     #[error("sandbox policies cannot be enforced on this platform; refusing to run unconfined")]
     PolicyUnsupported,
+    #[error("compiling the seccomp filters that deny the job's network: {0}")]
+    NetworkFilter(io::Error),
 }
 
 impl Spec {
@@ -305,6 +309,12 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     }
     // Only a sandboxed plan has egress by name.
     drop(egress);
+    // A degraded `allow_hosts` job: no namespaces, but no network either.
+    let net_filters = if job.deny_network {
+        Some(network_denial()?)
+    } else {
+        None
+    };
 
     // 7. Fork the job.
     // SAFETY: `run` is documented to be called single-threaded (the
@@ -312,7 +322,10 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let child = match unsafe { sys::fork_single_threaded() }.map_err(Error::Fork)? {
         ForkResult::Child => {
             drop(exec_r);
-            let failure = exec_job(&exec);
+            let failure = match net_filters.as_deref().map(deny_network_here) {
+                Some(Err(e)) => failure(FAIL_SANDBOX, SECCOMP_STEP, errno_of(&e)),
+                _ => exec_job(&exec),
+            };
             let mut w = std::fs::File::from(exec_w);
             let _ = w.write_all(&failure);
             // Only async-signal-safe exit: no destructors, no atexit.
@@ -333,6 +346,35 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let raw_status = supervise(child, lifeline.as_ref(), &sigfd);
     send(&mut status, Status::Exited { raw: raw_status });
     Ok(0)
+}
+
+/// The seccomp filters of `network: "deny"`, ready before the fork
+/// (compiled by the spawner, or here).
+#[cfg(target_os = "linux")]
+fn network_denial() -> Result<std::borrow::Cow<'static, [seccompiler::BpfProgram]>, Error> {
+    crate::linux::seccomp_programs(&crate::plan::WireNet::Deny).map_err(Error::NetworkFilter)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn network_denial() -> Result<Vec<Vec<u8>>, Error> {
+    Err(Error::PolicyUnsupported)
+}
+
+#[cfg(target_os = "linux")]
+const SECCOMP_STEP: u8 = crate::linux::Step::Seccomp as u8;
+#[cfg(not(target_os = "linux"))]
+const SECCOMP_STEP: u8 = 0;
+
+/// In the forked job, before exec: `no_new_privs` and the filters.
+#[cfg(target_os = "linux")]
+fn deny_network_here(filters: &[seccompiler::BpfProgram]) -> io::Result<()> {
+    nix::sys::prctl::set_no_new_privs()?;
+    filters.iter().try_for_each(|f| sys::install_bpf(f))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn deny_network_here(_: &[Vec<u8>]) -> io::Result<()> {
+    Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 
 /// Read the exec pipe: a failure record (reported, `Err`), or EOF when the

@@ -13,7 +13,9 @@ fn client_bin() -> PathBuf {
 }
 
 /// A host whose sessions run with `HOME=home` and a PATH of only the tools
-/// the installer and the launcher use (plus `extra` programs).
+/// the installer, the launcher and the agent's login-shell snapshot
+/// (`printf`, `env`: builtins of bash and fish, not of tcsh) use (plus
+/// `extra` programs).
 struct Host {
     sshd: Sshd,
     /// Removed with the host (it holds an installed agent).
@@ -24,6 +26,12 @@ struct Host {
 }
 
 fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
+    host_as(tag, extra, None)
+}
+
+/// [`host`], logging in as `user` (whose login shell sshd runs the
+/// remote command with) instead of the test's own user.
+fn host_as(tag: &str, extra: &[(&str, &Path)], user: Option<&str>) -> Host {
     let base = unique_tempdir(tag);
     let home = base.join("home");
     let bin = base.join("bin");
@@ -43,6 +51,8 @@ fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
         "id",
         "ls",
         "mktemp",
+        "printf",
+        "env",
     ] {
         let real = ["/usr/bin", "/bin"]
             .iter()
@@ -54,10 +64,18 @@ fn host(tag: &str, extra: &[(&str, &Path)]) -> Host {
     for (name, target) in extra {
         std::os::unix::fs::symlink(target, bin.join(name)).unwrap();
     }
-    let sshd = Sshd::start(
+    let mut sshd = Sshd::start(
         "",
         &format!("SetEnv HOME={} PATH={}", home.display(), bin.display()),
     );
+    if let Some(user) = user {
+        sshd.user = user.to_string();
+        let uid = nix::unistd::User::from_name(user)
+            .unwrap()
+            .expect("the user exists")
+            .uid;
+        chown_r(&home, uid.as_raw());
+    }
     // The client side: `ssh` is the real one with this server's settings.
     let wrap = base.join("client-bin");
     std::fs::create_dir_all(&wrap).unwrap();
@@ -184,6 +202,60 @@ fn after_bootstrap_into_an_empty_home_run_works_with_no_other_flag() {
     );
 }
 
+/// The installer, `--check` and the launcher are `sh -c '…'` one-liners:
+/// they work for a user whose login shell is fish or tcsh (neither parses
+/// POSIX `if`/`case`; tcsh refuses a newline inside quotes). `.ci/run`
+/// creates the users `executor-fish` and `executor-tcsh`.
+#[test]
+fn bootstrap_check_and_run_work_under_fish_and_tcsh_login_shells() {
+    if current_uid() != 0 {
+        return prerequisite_missing("root (to log in as executor-fish / executor-tcsh)");
+    }
+    for (user, shell) in [("executor-fish", "fish"), ("executor-tcsh", "tcsh")] {
+        match nix::unistd::User::from_name(user) {
+            Ok(Some(u)) if u.shell.ends_with(shell) => {}
+            _ => {
+                prerequisite_missing(&format!(
+                    "user {user} with login shell {shell} (.ci/run creates it)"
+                ));
+                continue;
+            }
+        }
+        let h = host_as(&format!("boot-{shell}"), &[], Some(user));
+        // The login shell really is the one under test (fish and tcsh set
+        // `$version`; a POSIX shell does not).
+        let out = h.sshd.ssh("echo $version").output().expect("ssh");
+        assert!(
+            !text(&out.stdout).trim().is_empty(),
+            "{user}'s login shell is not {shell}: {}",
+            text(&out.stderr)
+        );
+        let dist = dist(&h);
+        let out = h.cli(&["bootstrap", "--from", dist.to_str().unwrap()]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let installed = h
+            .home
+            .join(".local/lib/executor")
+            .join(env!("CARGO_PKG_VERSION"))
+            .join("executor");
+        assert!(installed.is_file(), "{shell}: {}", text(&out.stdout));
+        let out = h.cli(&["run", "--", "sh", "-c", "id -un"]);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{shell}: {err}");
+        assert_eq!(text(&out.stdout), format!("{user}\n"));
+        assert!(err.contains(installed.to_str().unwrap()), "{shell}: {err}");
+        let out = h.cli(&["bootstrap", "--check"]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["source"], "bootstrapped copy", "{shell}: {report}");
+        assert_eq!(
+            report["sha256"].as_str().map(str::len),
+            Some(64),
+            "{report}"
+        );
+    }
+}
+
 #[test]
 fn without_a_bootstrapped_copy_the_path_executor_is_used_and_said() {
     let h = host("boot-path", &[("executor", &executor_bin())]);
@@ -273,4 +345,88 @@ fn a_missing_build_names_the_build_to_make() {
         .join(".local/lib/executor")
         .join(env!("CARGO_PKG_VERSION"));
     assert!(!version_dir.exists(), "nothing left on the host");
+}
+
+/// A version directory owned by another user is refused even when the
+/// installing user may write to it (root may write anywhere): its owner
+/// could swap the installed agent.
+#[test]
+fn a_remote_dir_owned_by_another_user_is_refused() {
+    if current_uid() != 0 {
+        return prerequisite_missing("root (to make a directory another user owns)");
+    }
+    let h = host("boot-owned", &[]);
+    let dist = dist(&h);
+    let base = h.base.join("owned");
+    let dir = base.join(env!("CARGO_PKG_VERSION"));
+    std::fs::create_dir_all(&dir).unwrap();
+    chown_r(&dir, 65534);
+    let install = || {
+        h.cli(&[
+            "bootstrap",
+            "--from",
+            dist.to_str().unwrap(),
+            "--remote-dir",
+            base.to_str().unwrap(),
+        ])
+    };
+    let out = install();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("is not owned by root; nothing installed"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing in it");
+    // Control: the same directory, owned by the installing user.
+    chown_r(&dir, 0);
+    let out = install();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("executor").is_file());
+}
+
+/// The native (russh) transport asked for the default `executor` sends the
+/// same launcher as the OpenSSH one: after a bootstrap it starts the
+/// installed copy on a host whose PATH has no `executor`.
+#[test]
+fn the_native_transport_starts_the_bootstrapped_copy_by_default() {
+    use executor_client::native_ssh::NativeSshOptions;
+    use executor_client::{Client, ClientOptions};
+    let h = host("boot-native", &[]);
+    let host_pub = std::fs::read_to_string(h.sshd.dir.join("host_key.pub")).unwrap();
+    let mut fields = host_pub.split_whitespace();
+    let (kind, key) = (fields.next().unwrap(), fields.next().unwrap());
+    let known = h.sshd.dir.join("native_known_hosts");
+    std::fs::write(
+        &known,
+        format!("[127.0.0.1]:{} {kind} {key}\n", h.sshd.port),
+    )
+    .unwrap();
+    let opts = NativeSshOptions {
+        user: h.sshd.user.clone(),
+        port: h.sshd.port,
+        identity: h.sshd.client_key.clone(),
+        known_hosts: Some(known),
+        remote_command: "executor".into(),
+        subsystem: false,
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let connect = || {
+        rt.block_on(async {
+            let c =
+                Client::connect_native_ssh("127.0.0.1", &opts, ClientOptions::default()).await?;
+            let version = c.initialize_result().agent.version.clone();
+            c.close().await?;
+            Ok::<_, executor_client::Error>(version)
+        })
+    };
+    // Control: before the install there is no agent to start (the host's
+    // PATH has no `executor`).
+    let e = connect().expect_err("no agent before the install");
+    assert!(e.to_string().contains("executor"), "{e}");
+    let dist = dist(&h);
+    let out = h.cli(&["bootstrap", "--from", dist.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let version = connect().expect("the launcher started the installed copy");
+    assert_eq!(version, env!("CARGO_PKG_VERSION"));
 }

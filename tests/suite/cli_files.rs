@@ -157,6 +157,8 @@ fn get_and_put_have_scps_habits() {
             .permissions()
             .mode();
         assert_eq!(mode & 0o7777, 0o751);
+        let meta = std::fs::metadata(d.join("there/f")).unwrap();
+        assert_eq!(meta.modified().unwrap(), old, "put -p keeps the mtime");
         let mut child = via
             .cmd(&["put", "-", s(&d.join("there/from-stdin"))])
             .stdin(std::process::Stdio::piped())
@@ -323,4 +325,102 @@ fn walk_exits_1_when_an_entry_cannot_be_read() {
     // The positive control: as root every entry is read, exit 0.
     let out = Via::Local.output(&["walk", s(&d)]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+/// The link at `p`'s target, asserting it is a link.
+fn link_at(p: &Path) -> std::path::PathBuf {
+    let m = std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    assert!(m.file_type().is_symlink(), "{} is not a link", p.display());
+    std::fs::read_link(p).unwrap()
+}
+
+// Issue 16, item 7: `-r` keeps symlinks as links both ways (never
+// followed: what a link points to is not copied), `-p` keeps each file's
+// mode and mtime both ways; no temp file is left.
+#[test]
+fn r_keeps_symlinks_and_p_keeps_mode_and_mtime_both_ways() {
+    for via in Via::both() {
+        let d = unique_tempdir("cli-links");
+        let tree = d.join("tree");
+        std::fs::create_dir_all(tree.join("sub")).unwrap();
+        std::fs::create_dir(d.join("outside")).unwrap();
+        std::fs::write(d.join("outside/secret"), "secret").unwrap();
+        let f = tree.join("sub/f");
+        std::fs::write(&f, "f").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let old = std::time::UNIX_EPOCH + Duration::from_nanos(1_234_567_890_123_456_789);
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        std::os::unix::fs::symlink("sub/f", tree.join("rel")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent/abs", tree.join("dangling")).unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), tree.join("sub/out")).unwrap();
+        let check = |root: &Path, what: &str| {
+            assert_eq!(link_at(&root.join("rel")), Path::new("sub/f"), "{what}");
+            assert_eq!(
+                link_at(&root.join("dangling")),
+                Path::new("/nonexistent/abs"),
+                "{what}"
+            );
+            assert_eq!(link_at(&root.join("sub/out")), d.join("outside"), "{what}");
+            assert_eq!(listing(root), vec!["dangling", "rel", "sub"], "{what}");
+            assert_eq!(listing(&root.join("sub")), vec!["f", "out"], "{what}");
+            let m = std::fs::metadata(root.join("sub/f")).unwrap();
+            assert_eq!(m.permissions().mode() & 0o7777, 0o640, "{what}");
+            assert_eq!(m.modified().unwrap(), old, "{what}");
+            assert_eq!(std::fs::read(root.join("rel")).unwrap(), b"f", "{what}");
+        };
+        let copy = d.join("copy");
+        let out = via.output(&["get", "-r", "-p", s(&tree), s(&copy)]);
+        assert!(out.status.success(), "{}: {}", via.name(), text(&out));
+        check(&copy, &format!("get -r, {}", via.name()));
+        let back = d.join("back");
+        let out = via.output(&["put", "-r", "-p", s(&copy), s(&back)]);
+        assert!(out.status.success(), "{}: {}", via.name(), text(&out));
+        check(&back, &format!("put -r, {}", via.name()));
+        // What the links point to was never copied.
+        assert_eq!(listing(&d.join("outside")), vec!["secret"]);
+        assert_eq!(listing(&d), vec!["back", "copy", "outside", "tree"]);
+    }
+}
+
+// `put -r` under a sandbox: the tree (its links too) is made only inside a
+// `--rw` root; the same copy outside it is denied (exit 125) and leaves
+// nothing; a link made to /etc/passwd gives nothing under the same sandbox.
+#[test]
+fn put_r_makes_links_only_inside_a_rw_root() {
+    let via = Via::Local;
+    let d = unique_tempdir("cli-links-rw");
+    let tree = d.join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", tree.join("pw")).unwrap();
+    std::fs::create_dir(d.join("root")).unwrap();
+    std::fs::create_dir(d.join("elsewhere")).unwrap();
+    let rw = d.join("root");
+    let out = via.output(&[
+        "put",
+        "-r",
+        "--rw",
+        s(&rw),
+        s(&tree),
+        s(&d.join("elsewhere/t")),
+    ]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sandbox"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(listing(&d.join("elsewhere")), Vec::<String>::new());
+    // Positive control: into the root, the link is made as it was.
+    let out = via.output(&["put", "-r", "--rw", s(&rw), s(&tree), s(&rw.join("t"))]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(link_at(&rw.join("t/pw")), Path::new("/etc/passwd"));
+    // Reading through it under the same sandbox gives nothing.
+    let out = via.output(&["cat", "--ro", s(&rw), "--rw", s(&rw), s(&rw.join("t/pw"))]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(out.stdout.is_empty(), "{}", text(&out));
 }

@@ -619,6 +619,57 @@ fn best_effort_runs_unconfined_where_nothing_can_be_enforced_and_says_so() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sandbox not enforced: filesystem"), "{err}");
+    // fs and http requests on the same host: the agent enforces their
+    // intent itself, whole, so `--best-effort` still denies and has
+    // nothing to report.
+    let inside = d.join("inside");
+    std::fs::create_dir(&inside).unwrap();
+    std::fs::write(inside.join("f"), "in\n").unwrap();
+    std::fs::write(d.join("out"), "out\n").unwrap();
+    let verb = |args: &[&str]| {
+        let mut cmd = Via::Local.cmd(args);
+        cmd.env("EXECUTOR_TEST_LANDLOCK_ABI", "0");
+        cmd.output().unwrap()
+    };
+    let ro = ["--best-effort", "--ro", s(&inside)];
+    for (args, code) in [
+        ([&["cat"][..], &ro, &[s(&inside.join("f"))]].concat(), 0),
+        ([&["cat"][..], &ro, &[s(&d.join("out"))]].concat(), 125),
+        (
+            [&["get"][..], &ro, &[s(&d.join("out")), s(&d.join("got"))]].concat(),
+            125,
+        ),
+        ([&["walk"][..], &ro, &[s(&inside)]].concat(), 0),
+        (
+            [
+                &["put"][..],
+                &ro,
+                &[s(&d.join("out")), s(&inside.join("put"))],
+            ]
+            .concat(),
+            125,
+        ),
+        (
+            vec![
+                "http",
+                "--best-effort",
+                "--net",
+                "deny",
+                "http://127.0.0.1:9/",
+            ],
+            125,
+        ),
+    ] {
+        let out = verb(&args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("not enforced"), "{args:?}: {err}");
+    }
+    assert_eq!(
+        verb(&[&["cat"][..], &ro, &[s(&inside.join("f"))]].concat()).stdout,
+        b"in\n"
+    );
+    assert!(!d.join("got").exists() && !inside.join("put").exists());
 }
 
 /// Run `argv` on a new PTY (its controlling terminal), wait for `ready`,
@@ -671,22 +722,6 @@ fn ctrl_c_on_a_terminal_reaches_the_job_and_not_ssh() {
         assert!(screen.contains("got-int"), "{}: {screen}", via.name());
         assert_eq!(code, Some(3), "{}: {screen}", via.name());
     }
-}
-
-/// A one-answer-per-connection HTTP server on 127.0.0.1 (`200 ok`).
-fn tiny_http_server() -> u16 {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let _ = conn.read(&mut buf);
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
-        }
-    });
-    port
 }
 
 #[test]

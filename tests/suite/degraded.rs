@@ -155,3 +155,104 @@ fn the_launcher_filter_is_inherited() {
         "without the filter, unshare --user works here"
     );
 }
+
+/// A script that connects to 127.0.0.1:`port` with Python (exit 0 when it
+/// connected, 3 with the error when it could not).
+fn connect_to(port: u16, sandbox: Option<SandboxIntent>) -> ExecCommandParams {
+    let script = format!(
+        "import socket,sys\ntry:\n socket.create_connection(('127.0.0.1',{port}),5).close()\n\
+         except OSError as e:\n print('connect:',e); sys.exit(3)\n"
+    );
+    ExecCommandParams {
+        command: vec!["python3".into(), "-c".into(), script],
+        ..touch(Path::new("/"), sandbox)
+    }
+}
+
+/// Connections accepted so far on `l` (non-blocking).
+fn accepted(l: &std::net::TcpListener) -> usize {
+    l.set_nonblocking(true).unwrap();
+    std::iter::from_fn(|| l.accept().ok()).count()
+}
+
+/// `allow_hosts` with `required: false` where no network namespace can be
+/// made (§8): the job runs, but with its network denied, never with the
+/// host's; `sandbox_degraded` says exactly that. Positive controls: the
+/// same connect works unsandboxed and under a degraded `network: "allow"`.
+#[tokio::test]
+async fn a_degraded_allow_hosts_intent_denies_the_network_instead_of_allowing_it() {
+    use executor_protocol::types::sandbox::{EgressIntent, NetworkIntent};
+    if std::process::Command::new("python3")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        prerequisite_missing("python3");
+        return;
+    }
+    let c = agent_without("userns").await;
+    assert!(!c.initialize_result().sandbox.enforceable);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let hosts = |required| SandboxIntent {
+        network: NetworkIntent::AllowHosts(EgressIntent {
+            allow_hosts: vec![format!("127.0.0.1:{port}")],
+            ask: false,
+            ask_timeout_ms: 1000,
+        }),
+        required,
+        ..Default::default()
+    };
+    // Positive control: the connect works where the network is allowed.
+    let r = c.exec_command(&connect_to(port, None)).await.unwrap();
+    assert_eq!(r.exit_code, Some(0), "{}", r.output);
+    assert_eq!(accepted(&l), 1);
+    let allow = SandboxIntent {
+        network: NetworkIntent::Allow,
+        required: false,
+        ..Default::default()
+    };
+    let r = c
+        .exec_command(&connect_to(port, Some(allow)))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{}", r.output);
+    assert_eq!(accepted(&l), 1);
+    // required (the default): refused, nothing run.
+    let e = c
+        .exec_command(&connect_to(port, Some(hosts(true))))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::SandboxUnavailable), "{e}");
+    // Not required: it runs, and cannot connect even to the allowed host.
+    let r = c
+        .exec_command(&connect_to(port, Some(hosts(false))))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, Some(3), "{}", r.output);
+    assert!(r.output.contains("Operation not permitted"), "{}", r.output);
+    assert_eq!(accepted(&l), 0, "the degraded job reached the listener");
+    let degraded = r.sandbox_degraded.unwrap_or_default();
+    assert_eq!(degraded.len(), 2, "{degraded:?}");
+    assert!(
+        degraded[0].starts_with("filesystem: not enforced (")
+            && degraded[0].contains("user namespaces are not available"),
+        "{degraded:?}"
+    );
+    assert!(
+        degraded[1].starts_with("network: allow_hosts not enforced (")
+            && degraded[1].contains("network denied instead"),
+        "{degraded:?}"
+    );
+    // The job itself ran (its filesystem is not confined: it is degraded,
+    // not refused).
+    let dir = unique_tempdir("degraded-egress");
+    let marker = dir.join("marker");
+    let r = c
+        .exec_command(&touch(&marker, Some(hosts(false))))
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{}", r.output);
+    assert!(marker.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -651,3 +651,401 @@ impl ProcessStartParamsBuilder {
         p
     }
 }
+
+/// xorshift64*: a deterministic generator for the proxy fuzz cases.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len())]
+    }
+}
+
+/// What the player does with a case, and what the judge expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    /// Send, shut down the write side, read the answer: a refusal, an
+    /// answer or a close; never a hang.
+    Hostile,
+    /// A good absolute-URI request for `/bytes?n=5` (no shutdown: the test
+    /// server drops a half-closed connection): 200 and the bytes.
+    GoodHttp,
+    /// A good SOCKS5 request and the same GET through it.
+    GoodSocks,
+    /// Positive control of the hang detector: a head that never ends,
+    /// without a shutdown; the player waits 1 s and must see nothing.
+    Held,
+}
+
+/// Requests to start the mutations from (`auth`: the allowed host:port).
+fn templates(auth: &str) -> Vec<Vec<u8>> {
+    let (host, port) = auth.rsplit_once(':').unwrap();
+    let port: u16 = port.parse().unwrap();
+    let get =
+        format!("GET http://{auth}/bytes?n=5 HTTP/1.1\r\nHost: {auth}\r\nAccept: */*\r\n\r\n");
+    let mut socks_name = vec![5, 1, 0, 5, 1, 0, 3, host.len() as u8];
+    socks_name.extend_from_slice(host.as_bytes());
+    socks_name.extend_from_slice(&port.to_be_bytes());
+    let mut socks_v4 = vec![5, 2, 0, 2, 5, 1, 0, 1, 127, 0, 0, 2];
+    socks_v4.extend_from_slice(&port.to_be_bytes());
+    let mut socks_v6 = vec![5, 1, 0, 5, 1, 0, 4];
+    socks_v6.extend_from_slice(&[0; 15]);
+    socks_v6.push(1);
+    socks_v6.extend_from_slice(&port.to_be_bytes());
+    vec![
+        get.clone().into_bytes(),
+        format!("CONNECT {auth} HTTP/1.1\r\nHost: {auth}\r\n\r\n").into_bytes(),
+        format!("POST http://{auth}/echo HTTP/1.0\r\nContent-Length: 4\r\n\r\nbody").into_bytes(),
+        format!("CONNECT other.test:{port} HTTP/1.1\r\n\r\n").into_bytes(),
+        socks_name,
+        socks_v4,
+        socks_v6,
+    ]
+}
+
+/// Heads no parser should accept as they stand.
+const NASTY: &[&str] = &[
+    "GET http://[::1 HTTP/1.1\r\n\r\n",
+    "GET http://a b/ HTTP/1.1\r\n\r\n",
+    "GET http://%41%42/ HTTP/1.1\r\n\r\n",
+    "GET http://user:pw@127.0.0.2:{p}/ HTTP/1.1\r\n\r\n",
+    "GET http://127.0.0.2:{p}/ HTTP/1.1\r\nHost: 127.0.0.2:{p}\r\nHost: x\r\n\r\n",
+    "GET http://127.0.0.2:99999/ HTTP/1.1\r\n\r\n",
+    "GET http://127.0.0.2:-1/ HTTP/1.1\r\n\r\n",
+    "GET http://127.0.0.2:{p}/ HTTP/9.9\r\n\r\n",
+    "GET https://127.0.0.2:{p}/ HTTP/1.1\r\n\r\n",
+    "GET /relative HTTP/1.1\r\nHost: 127.0.0.2:{p}\r\n\r\n",
+    "CONNECT :0 HTTP/1.1\r\n\r\n",
+    "CONNECT 127.0.0.2 HTTP/1.1\r\n\r\n",
+    "CONNECT [fe80::1%eth0]:80 HTTP/1.1\r\n\r\n",
+    "CONNECT [::ffff:169.254.169.254]:80 HTTP/1.1\r\n\r\n",
+    "CONNECT 0x7f.1:{p} HTTP/1.1\r\n\r\n",
+    "CONNECT xn--:80 HTTP/1.1\r\n\r\n",
+    "CONNECT a..b:80 HTTP/1.1\r\n\r\n",
+    "CONNECT aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.test:80 HTTP/1.1\r\n\r\n",
+    "CONNECT mirror\u{0}.test:80 HTTP/1.1\r\n\r\n",
+    "CONNECT ex\u{e4}mple.test:80 HTTP/1.1\r\n\r\n",
+    "\r\n\r\n",
+    " \r\n\r\n",
+    "GET\r\n\r\n",
+    "GET http://127.0.0.2:{p}/\r\n\r\n",
+    "GET  http://127.0.0.2:{p}/  HTTP/1.1 \r\n\r\n",
+    "GET http://127.0.0.2:{p}/ HTTP/1.1\r\nNo-colon-header\r\n\r\n",
+    "GET http://127.0.0.2:{p}/ HTTP/1.1\r\n: empty-name\r\n\r\n",
+    "GET http://127.0.0.2:{p}/ HTTP/1.1\r\n Folded: header\r\n\r\n",
+    "GET http://127.0.0.2:{p}/ HTTP/1.1\nHost: 127.0.0.2:{p}\n\n",
+];
+
+/// Byte strings the mutations insert.
+const SPECIAL: &[&[u8]] = &[
+    b":", b"/", b"[", b"]", b"%", b"@", b" ", b"\r\n", b"\0", b"\xff", b"\x05", b"..", b"\t",
+];
+
+fn mutate(r: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
+    for _ in 0..1 + r.below(8) {
+        let at = r.below(b.len() + 1);
+        match r.below(4) {
+            0 if at < b.len() => b[at] = r.next() as u8,
+            1 if at < b.len() => {
+                b.remove(at);
+            }
+            2 => {
+                let s = r.pick(SPECIAL).to_vec();
+                b.splice(at..at, s);
+            }
+            _ => {
+                let n = r.below(6);
+                let junk: Vec<u8> = (0..n).map(|_| r.next() as u8).collect();
+                b.splice(at..at, junk);
+            }
+        }
+    }
+    b
+}
+
+/// One hostile case.
+fn hostile(r: &mut Rng, auth: &str, port: u16) -> Vec<u8> {
+    let t = templates(auth);
+    let base = r.pick(&t).clone();
+    match r.below(8) {
+        0 => base[..r.below(base.len())].to_vec(),
+        1 | 2 => mutate(r, base),
+        3 => {
+            let n = r.below(600);
+            let mut b: Vec<u8> = (0..n).map(|_| r.next() as u8).collect();
+            if r.below(2) == 0 && !b.is_empty() {
+                b[0] = 5;
+            }
+            b
+        }
+        4 => {
+            // Over the 64 KiB head: one huge header, a huge URI, or many
+            // headers.
+            let big = 65_536 + r.below(150_000);
+            match r.below(3) {
+                0 => format!(
+                    "GET http://{auth}/ HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+                    "a".repeat(big)
+                ),
+                1 => format!("GET http://{auth}/{} HTTP/1.1\r\n\r\n", "b".repeat(big)),
+                _ => format!(
+                    "GET http://{auth}/ HTTP/1.1\r\n{}\r\n",
+                    "H: v\r\n".repeat(200 + r.below(20_000))
+                ),
+            }
+            .into_bytes()
+        }
+        5 => r.pick(NASTY).replace("{p}", &port.to_string()).into_bytes(),
+        6 => {
+            // SOCKS5 with random fields.
+            let nmethods = r.below(256);
+            let mut b = vec![5, nmethods as u8];
+            b.extend((0..r.below(nmethods + 2)).map(|_| r.below(3) as u8));
+            let cmd = *r.pick(&[1u8, 1, 2, 3, 0, 9]);
+            let atyp = *r.pick(&[1u8, 3, 4, 0, 2, 5, 0xff]);
+            b.extend_from_slice(&[*r.pick(&[5u8, 5, 4]), cmd, 0, atyp]);
+            let len = r.below(256);
+            b.push(len as u8);
+            b.extend((0..r.below(len + 4)).map(|_| r.next() as u8));
+            b
+        }
+        _ => {
+            // Two templates spliced.
+            let other = r.pick(&t).clone();
+            let mut b = base[..r.below(base.len())].to_vec();
+            b.extend_from_slice(&other[r.below(other.len())..]);
+            b
+        }
+    }
+}
+
+/// The cases for the player: `[u32 len][u8 case][bytes]` each. Hostile
+/// cases aim at the sink (`auth`, `port`), good ones at the HTTP server.
+fn fuzz_cases(
+    seed: u64,
+    n: usize,
+    (auth, port): (&str, u16),
+    good: &str,
+) -> (Vec<u8>, Vec<(Case, Vec<u8>)>) {
+    let mut r = Rng(seed);
+    let t = templates(good);
+    // Through SOCKS the head is not rewritten: the server is to close.
+    let mut good_socks = t[4].clone();
+    good_socks.extend_from_slice(
+        &String::from_utf8_lossy(&t[0])
+            .replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n")
+            .into_bytes(),
+    );
+    let mut cases = vec![(
+        Case::Held,
+        b"GET http://127.0.0.2/ HTTP/1.1\r\nX: ".to_vec(),
+    )];
+    for i in 0..n {
+        cases.push(match i % 25 {
+            0 => (Case::GoodHttp, t[0].clone()),
+            12 => (Case::GoodSocks, good_socks.clone()),
+            _ => (Case::Hostile, hostile(&mut r, auth, port)),
+        });
+    }
+    cases.push((Case::GoodHttp, t[0].clone()));
+    let mut file = Vec::new();
+    for (case, bytes) in &cases {
+        file.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        file.push(*case as u8);
+        file.extend_from_slice(bytes);
+    }
+    (file, cases)
+}
+
+/// Plays the cases against the job's proxy: one line per case, `i kind
+/// hex total` (kind: `data`, `closed`, `reset` or `hang`; hex: the first
+/// 40 and the last 8 bytes of the answer).
+const PLAYER: &str = r#"
+import os, socket, struct, sys, time
+port = int(os.environ['HTTP_PROXY'].rsplit(':', 1)[1])
+data = open(sys.argv[1], 'rb').read()
+i = off = 0
+while off < len(data):
+    n, case = struct.unpack('>IB', data[off:off + 5]); off += 5
+    req = data[off:off + n]; off += n
+    s = socket.create_connection(('127.0.0.1', port))
+    s.settimeout(1 if case == 3 else 10)
+    got, kind = b'', 'closed'
+    try:
+        s.sendall(req)
+        if case == 0:
+            try:
+                s.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+    except socket.timeout:
+        kind = 'hang'
+    except (ConnectionResetError, BrokenPipeError):
+        kind = 'reset'
+    if got and kind != 'hang':
+        kind = 'data'
+    s.close()
+    print(i, kind, (got[:40] + got[-8:]).hex() if got else '-', len(got), flush=True)
+    i += 1
+"#;
+
+/// A destination that reads until EOF, then answers and closes: a tunnel
+/// a hostile case happens to open ends as soon as the job's side does.
+async fn sink() -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::AsyncWriteExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut s, &mut tokio::io::sink()).await;
+                let _ = s.write_all(b"HTTP/1.0 200 OK\r\n\r\nsink").await;
+            });
+        }
+    });
+    (port, task)
+}
+
+/// Hostile HTTP-proxy and SOCKS5 requests (truncated, mutated, random,
+/// oversized, hand-picked nasty heads, random SOCKS fields) against the
+/// real proxy: each connection gets a refusal or an answer or is closed,
+/// never a hang, the good request interleaved every 25 cases is served
+/// each time, and the agent neither panics nor stops answering. The held
+/// case is the positive control of the hang detector.
+#[tokio::test]
+async fn hostile_proxy_requests_are_refused_or_closed_and_the_proxy_keeps_serving() {
+    if !Path::new("/usr/bin/python3").exists() {
+        prerequisite_missing("python3");
+        return;
+    }
+    let dir = unique_tempdir("egress-fuzz");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stderr = dir.join("agent.stderr");
+    let mut cmd = tokio::process::Command::new(executor_bin());
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .kill_on_drop(true);
+    let child = cmd.spawn().unwrap();
+    let c = Client::from_child(child, "executor", ClientOptions::default())
+        .await
+        .unwrap();
+    if !c.initialize_result().sandbox.enforceable {
+        prerequisite_missing("an enforceable sandbox");
+        return;
+    }
+    let server = TestServer::start_on("127.0.0.2:0").await;
+    let good = format!("127.0.0.2:{}", server.addr.port());
+    let (port, sink) = sink().await;
+    let auth = format!("127.0.0.2:{port}");
+    let (file, cases) = fuzz_cases(0x5eed_e9e5, 1500, (&auth, port), &good);
+    let cases_path = dir.join("cases");
+    std::fs::write(&cases_path, &file).unwrap();
+    std::fs::write(dir.join("player.py"), PLAYER).unwrap();
+    let intent = egress(&[auth, good], false, 1000);
+    let mut p = executor_protocol::types::process::ProcessStartParams::new(
+        vec![
+            "/usr/bin/python3".into(),
+            dir.join("player.py").display().to_string(),
+            cases_path.display().to_string(),
+        ],
+        "/",
+        path_env(),
+    );
+    p.sandbox = Some(intent);
+    let mut job = c.start(&p).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(ch) = job.next_output().await.unwrap() {
+        out.extend_from_slice(&ch.data);
+    }
+    let out = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), cases.len(), "the player stopped: {out}");
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    for (line, (case, req)) in lines.iter().zip(&cases) {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (kind, head) = (f[1], f[2]);
+        let shown = String::from_utf8_lossy(&req[..req.len().min(120)]).into_owned();
+        match case {
+            Case::Held => assert_eq!(kind, "hang", "the hang detector: {line}"),
+            Case::GoodHttp | Case::GoodSocks => {
+                let tail = "7878787878"; // xxxxx
+                let start = if *case == Case::GoodHttp {
+                    hex("HTTP/1.1 200")
+                } else {
+                    "05000500".to_string()
+                };
+                assert!(
+                    kind == "data" && head.starts_with(&start) && head.ends_with(tail),
+                    "a good request after hostile ones: {line}"
+                );
+            }
+            Case::Hostile => {
+                assert_ne!(kind, "hang", "held after EOF: {line} for {shown:?}");
+                if kind == "data" {
+                    let want = if req.first() == Some(&5) {
+                        "05".to_string()
+                    } else {
+                        hex("HTTP/1.")
+                    };
+                    assert!(head.starts_with(&want), "{line} for {shown:?}");
+                    let got = unhex(head);
+                    let total: usize = f[3].parse().unwrap();
+                    let first = &got[..total.min(4)];
+                    let label = if req.first() == Some(&5) {
+                        format!("socks {}", hex_of(first))
+                    } else {
+                        let text = String::from_utf8_lossy(&got);
+                        format!("http {}", text.get(9..12).unwrap_or("?"))
+                    };
+                    *seen.entry(label).or_default() += 1;
+                } else {
+                    *seen.entry(kind.to_string()).or_default() += 1;
+                }
+            }
+        }
+    }
+    // The parsers really answered: typed refusals of each kind were seen.
+    for want in ["http 400", "http 403", "http 431", "socks 05ff", "closed"] {
+        assert!(seen.contains_key(want), "no {want:?} in {seen:?}");
+    }
+    assert!(
+        seen.keys().any(|k| k.starts_with("socks 050005")),
+        "no SOCKS reply past the greeting in {seen:?}"
+    );
+    // The agent still serves, and never panicked.
+    c.environment_info().await.unwrap();
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(!log.contains("panicked"), "{log}");
+    c.close().await.unwrap();
+    sink.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn hex(s: &str) -> String {
+    hex_of(s.as_bytes())
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}

@@ -72,6 +72,8 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
             path: p(&d.join("y")),
             mode: None,
             create_parents: false,
+            mtime_ns: None,
+            atime_ns: None,
             sandbox: None,
             cwd: None,
         })
@@ -101,6 +103,8 @@ async fn atomic_writes_and_uncommitted_closes_leave_no_temp_files() {
             path: p(&d.join("z")),
             mode: None,
             create_parents: false,
+            mtime_ns: None,
+            atime_ns: None,
             sandbox: None,
             cwd: None,
         })
@@ -128,6 +132,8 @@ pub async fn open_write_content_is_invisible_before_commit_on(c: &Client) {
             path: p(&f),
             mode: Some(0o640),
             create_parents: false,
+            mtime_ns: None,
+            atime_ns: None,
             sandbox: None,
             cwd: None,
         })
@@ -600,6 +606,8 @@ pub async fn the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on(c: &
             path: p(&d.join("w")),
             mode: None,
             create_parents: false,
+            mtime_ns: None,
+            atime_ns: None,
             sandbox: None,
             cwd: None,
         })
@@ -818,4 +826,85 @@ pub mod on {
     pub use super::read_file_is_bounded_and_ranges_within_the_bound_work_on as read_file_is_bounded_and_ranges_within_the_bound_work;
     pub use super::the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot_on as the_129th_handle_is_limit_exceeded_and_closing_frees_a_slot;
     pub use super::walk_limits_truncate_and_cursors_resume_exactly_on as walk_limits_truncate_and_cursors_resume_exactly;
+}
+
+// Issue 16: links are read and made as bytes (a target that is not UTF-8
+// round-trips), never followed, and an existing entry is `already_exists`.
+#[tokio::test]
+async fn symlinks_are_read_and_made_as_bytes_never_followed() {
+    let c = local_client().await;
+    let d = unique_tempdir("links");
+    let odd = OsStr::from_bytes(b"caf\xe9/../t\x01arget");
+    std::os::unix::fs::symlink(odd, d.join("odd")).unwrap();
+    let got = c.read_link(p(&d.join("odd"))).await.unwrap();
+    assert_eq!(got.as_bytes(), odd.as_bytes());
+    c.create_symlink(p(&d.join("copy")), got).await.unwrap();
+    assert_eq!(std::fs::read_link(d.join("copy")).unwrap().as_os_str(), odd);
+    // An existing dangling link is not followed: its target is not made.
+    std::os::unix::fs::symlink(d.join("would-be"), d.join("dangling")).unwrap();
+    let w = remote(
+        c.create_symlink(p(&d.join("dangling")), "x")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::AlreadyExists, "{w:?}");
+    assert!(w.message.contains("dangling"), "{w:?}");
+    assert!(!d.join("would-be").exists());
+    // A link to a directory is read as the link, not what it points to.
+    std::os::unix::fs::symlink(&d, d.join("self")).unwrap();
+    let got = c.read_link(p(&d.join("self"))).await.unwrap();
+    assert_eq!(got.as_bytes(), d.as_os_str().as_bytes());
+    // A file is no link; a missing path is not_found.
+    std::fs::write(d.join("plain"), "x").unwrap();
+    let w = remote(c.read_link(p(&d.join("plain"))).await.unwrap_err());
+    assert_eq!(w.code, ErrorCode::Io, "{w:?}");
+    let w = remote(c.read_link(p(&d.join("missing"))).await.unwrap_err());
+    assert_eq!(w.code, ErrorCode::NotFound, "{w:?}");
+    // A target longer than the kernel stores is limit_exceeded.
+    let long = "a".repeat(4096);
+    let w = remote(
+        c.create_symlink(p(&d.join("long")), long.as_str())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(w.code, ErrorCode::LimitExceeded, "{w:?}");
+    c.close().await.unwrap();
+}
+
+// Issue 16 (`put -p`): a streamed write can give the committed file its
+// mtime and atime (before the epoch too); without them the kernel's stand.
+#[tokio::test]
+async fn open_write_sets_the_times_it_is_given() {
+    use std::os::unix::fs::MetadataExt;
+    let c = local_client().await;
+    let d = unique_tempdir("times");
+    let meta = executor_client::fs::NewFile {
+        mode: Some(0o640),
+        mtime_ns: Some(1_000_000_000_123_456_789),
+        atime_ns: Some(-86_400_000_000_001),
+    };
+    c.write_stream_with(p(&d.join("f")), &b"data"[..], meta)
+        .await
+        .unwrap();
+    let m = std::fs::metadata(d.join("f")).unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec()), (1_000_000_000, 123_456_789));
+    assert_eq!((m.atime(), m.atime_nsec()), (-86_401, 999_999_999));
+    assert_eq!(m.mode() & 0o7777, 0o640);
+    // Only the mtime: the atime is left to the kernel.
+    let only = executor_client::fs::NewFile {
+        mtime_ns: Some(5_000_000_000),
+        ..Default::default()
+    };
+    c.write_stream_with(p(&d.join("g")), &b"data"[..], only)
+        .await
+        .unwrap();
+    let m = std::fs::metadata(d.join("g")).unwrap();
+    assert_eq!(m.mtime(), 5);
+    assert!(m.atime() > 1_700_000_000, "{}", m.atime());
+    // None: the time of the write.
+    c.write_stream(p(&d.join("h")), &b"data"[..], None)
+        .await
+        .unwrap();
+    assert!(std::fs::metadata(d.join("h")).unwrap().mtime() > 1_700_000_000);
+    c.close().await.unwrap();
 }

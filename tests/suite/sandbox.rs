@@ -882,6 +882,8 @@ async fn c34_read_only_intent_on_fs_requests() {
             path: wp(&target),
             mode: None,
             create_parents: false,
+            mtime_ns: None,
+            atime_ns: None,
             sandbox: Some(ro.clone()),
             cwd: None,
         })
@@ -2161,13 +2163,146 @@ both!(c48_agent_fs_requests_keep_carve_outs, |e: Env| async move {
     );
 });
 
-// 49. When a sandboxed job's exit is reported, nothing it started is left:
+// Issue 16 (`-r` keeps symlinks): `fs/readLink` and `fs/createSymlink`
+// resolve as every fs request does. A link is read only beneath a read
+// root, made only beneath a write root (never through a parent that is a
+// link out of it, never in a carve-out, never over an existing entry); a
+// link made to a path outside the roots gives nothing, because every later
+// request through it is resolved beneath the roots again.
+both!(
+    c49_symlink_requests_resolve_beneath_the_roots,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        let mut i = e.ws_write();
+        i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
+        i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+        let read_link = |path: &Path| ReadLinkParams {
+            path: wp(path),
+            sandbox: Some(i.clone()),
+            cwd: None,
+        };
+        let create = |path: &Path, target: &[u8]| CreateSymlinkParams {
+            path: wp(path),
+            target: executor_protocol::WirePath::from_bytes(target.to_vec()),
+            sandbox: Some(i.clone()),
+            cwd: None,
+        };
+        std::os::unix::fs::symlink("main.rs", e.ws.join("src/rel")).unwrap();
+        std::os::unix::fs::symlink("f", e.outside.join("lnk")).unwrap();
+        std::os::unix::fs::symlink(&e.outside, e.ws.join("up")).unwrap();
+        // Positive control: a link inside the root is read as stored.
+        let r: ReadLinkResult = e.c.call(&read_link(&e.ws.join("src/rel"))).await.unwrap();
+        assert_eq!(r.target.as_bytes(), b"main.rs");
+        // Reading a link outside the read roots, directly or through a
+        // parent that leads out, is denied.
+        for bad in [e.outside.join("lnk"), e.ws.join("up/lnk")] {
+            let w = fs_err(e.c.call(&read_link(&bad)).await.unwrap_err());
+            assert_eq!(w.code, ErrorCode::SandboxDenied, "{bad:?}: {w:?}");
+            assert!(w.data_get("rule").is_some(), "{w:?}");
+        }
+        // A file that is no link: `io` naming it.
+        let w = fs_err(
+            e.c.call(&read_link(&e.ws.join("src/main.rs")))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(w.code, ErrorCode::Io, "{w:?}");
+        assert!(w.message.contains("not a symbolic link"), "{w:?}");
+        // Creating outside the write roots, through a parent link out of
+        // the root, in a carve-out, or as the root itself: denied, nothing
+        // made.
+        for bad in [
+            e.outside.join("made"),
+            e.ws.join("up/made"),
+            e.ws.join(".git/made"),
+            e.ws.clone(),
+        ] {
+            let w = fs_err(e.c.call(&create(&bad, b"x")).await.unwrap_err());
+            assert_eq!(w.code, ErrorCode::SandboxDenied, "{bad:?}: {w:?}");
+        }
+        assert!(!e.outside.join("made").exists());
+        assert!(std::fs::symlink_metadata(e.ws.join(".git/made")).is_err());
+        // An existing entry is never replaced or followed: already_exists
+        // naming it (a link, a dangling link, a file).
+        std::os::unix::fs::symlink(e.outside.join("dangling-target"), e.ws.join("src/dangling"))
+            .unwrap();
+        for existing in ["src/rel", "src/dangling", "src/main.rs"] {
+            let w = fs_err(
+                e.c.call(&create(&e.ws.join(existing), b"elsewhere"))
+                    .await
+                    .unwrap_err(),
+            );
+            assert_eq!(w.code, ErrorCode::AlreadyExists, "{existing}: {w:?}");
+            assert!(w.data_get("path").is_some(), "{w:?}");
+        }
+        assert!(!e.outside.join("dangling-target").exists());
+        assert_eq!(
+            std::fs::read_link(e.ws.join("src/rel")).unwrap(),
+            Path::new("main.rs")
+        );
+        // A bad target is invalid_params naming it.
+        let w = fs_err(
+            e.c.call(&create(&e.ws.join("src/nul"), b"a\0b"))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(w.code, ErrorCode::InvalidParams, "{w:?}");
+        assert_eq!(
+            w.data_get("field")
+                .and_then(|f| f.as_str().map(String::from)),
+            Some("target".to_string())
+        );
+        // Positive control: a link inside the write root, then a link to
+        // a file outside every root: made (a target is bytes), but reading
+        // through it under the same intent is denied.
+        e.c.call(&create(&e.ws.join("src/made"), b"main.rs"))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(e.ws.join("src/made")).unwrap(),
+            "fn main() {}\n"
+        );
+        e.c.call(&create(&e.ws.join("src/to-passwd"), b"/etc/passwd"))
+            .await
+            .unwrap();
+        e.c.call(&create(
+            &e.ws.join("src/to-secret"),
+            wp(&e.outside.join("secret")).as_bytes(),
+        ))
+        .await
+        .unwrap();
+        let read_file = |path: &Path| ReadFileParams {
+            path: wp(path),
+            offset: None,
+            length: None,
+            sandbox: Some(i.clone()),
+            cwd: None,
+        };
+        let ok: ReadFileResult = e.c.call(&read_file(&e.ws.join("src/made"))).await.unwrap();
+        assert_eq!(&ok.data[..], b"fn main() {}\n", "positive control");
+        for through in ["src/to-passwd", "src/to-secret"] {
+            let w = fs_err(e.c.call(&read_file(&e.ws.join(through))).await.unwrap_err());
+            assert_eq!(w.code, ErrorCode::SandboxDenied, "{through}: {w:?}");
+        }
+        // Writing through the link is no way out either: an atomic write
+        // replaces the link itself.
+        e.c.call(&write_params(&e.ws.join("src/to-secret"), b"new", true, &i))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(e.outside.join("secret")).unwrap(),
+            "OUTSIDE-SECRET\n"
+        );
+    }
+);
+
+// 50. When a sandboxed job's exit is reported, nothing it started is left:
 // a descendant that left the job's session and process group (setsid)
 // and holds a lock is gone (its init kills and reaps every process of the
 // namespace before it reports; the supervisor no longer waits for the
 // namespaces' teardown). The control: while the job runs, the lock is held.
 both!(
-    c49_nothing_of_a_job_outlives_its_reported_exit,
+    c50_nothing_of_a_job_outlives_its_reported_exit,
     |e: Env| async move {
         if !std::path::Path::new("/usr/bin/python3").exists() {
             prerequisite_missing("python3, for a descendant that holds a lock");

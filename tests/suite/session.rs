@@ -713,3 +713,142 @@ async fn max_detached_sessions_bounds_live_session_hosts() {
     a2.close().await.unwrap();
     drop((a, c));
 }
+
+/// `ask` while the session is detached (docs/PROTOCOL.md §8): there is no
+/// one to ask, so a destination off the list is denied at once (source
+/// `no_client`, an audit line), the job's connection is not held for
+/// `ask_timeout_ms`, and the resuming client is not asked afterwards.
+/// Positive control: attached, the same destination is put to the client
+/// and allowed.
+#[tokio::test]
+async fn ask_while_detached_denies_at_once_with_an_audit_line() {
+    use executor_client::egress::EgressPolicy;
+    use executor_protocol::types::network::{EgressScope, EgressVerdict, PolicyRequestResult};
+    use executor_protocol::types::sandbox::{
+        EgressIntent, FilesystemIntent, NetworkIntent, ReadRoots, SandboxIntent,
+    };
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let counting = |n: Arc<AtomicU32>| {
+        EgressPolicy::new(move |_req| {
+            n.fetch_add(1, Ordering::SeqCst);
+            async {
+                PolicyRequestResult {
+                    decision: EgressVerdict::Allow,
+                    scope: EgressScope::Once,
+                }
+            }
+        })
+    };
+    let dir = unique_tempdir("session-ask");
+    let audit = dir.join("audit.jsonl");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[audit]\nfile = \"{}\"\n", audit.display()),
+    )
+    .unwrap();
+    let agent = || {
+        let mut c = local();
+        c.arg("--config").arg(&config);
+        c
+    };
+    let asked_a = Arc::new(AtomicU32::new(0));
+    let a = Client::spawn(
+        agent(),
+        ClientOptions {
+            egress_policy: Some(counting(asked_a.clone())),
+            ..detach(60_000)
+        },
+    )
+    .await
+    .unwrap();
+    if !a.initialize_result().sandbox.enforceable {
+        prerequisite_missing("an enforceable sandbox (user namespaces, Landlock, seccomp)");
+        return;
+    }
+    // 127.0.0.2: loopback, but not in the job's NO_PROXY.
+    let server = executor_tests::http::TestServer::start_on("127.0.0.2:0").await;
+    let url = format!("http://127.0.0.2:{}/headers", server.addr.port());
+    let intent = SandboxIntent {
+        filesystem: FilesystemIntent {
+            read: ReadRoots::All,
+            ..Default::default()
+        },
+        network: NetworkIntent::AllowHosts(EgressIntent {
+            allow_hosts: vec!["listed.test".into()],
+            ask: true,
+            ask_timeout_ms: 60_000,
+        }),
+        required: true,
+    };
+    let curl = format!("curl -sS -o /dev/null -w '%{{http_code}} %{{time_total}}' {url}");
+    let job = |script: String| {
+        let mut p =
+            ProcessStartParams::new(vec!["/bin/sh".into(), "-c".into(), script], "/", env());
+        p.sandbox = Some(intent.clone());
+        p
+    };
+    // Attached: asked, allowed.
+    let mut p = a.start(&job(curl.clone())).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(ch) = p.next_output().await.unwrap() {
+        out.extend_from_slice(&ch.data);
+    }
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.starts_with("200 "), "{out}");
+    assert_eq!(asked_a.load(Ordering::SeqCst), 1);
+    // Detached before the job connects.
+    let p = a.start(&job(format!("sleep 2; {curl}"))).await.unwrap();
+    let id = p.id().to_string();
+    kill9(a.transport_pid().unwrap());
+    let started = Instant::now();
+    let denied = |l: &serde_json::Value| {
+        l["method"] == "network/decision"
+            && l["host"] == "127.0.0.2"
+            && l["decision"] == "deny"
+            && l["source"] == "no_client"
+            && l["outcome"] == "sandbox_denied"
+            && l["process_id"] == id.as_str()
+    };
+    let line = loop {
+        let found = std::fs::read_to_string(&audit)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(denied);
+        if let Some(l) = found {
+            break l;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no no_client audit line for the detached job: {}",
+            std::fs::read_to_string(&audit).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(line["port"], server.addr.port());
+    // Resumed: the job got its 403 promptly, and nobody is asked now.
+    let asked_b = Arc::new(AtomicU32::new(0));
+    let b = Client::spawn(
+        agent(),
+        ClientOptions {
+            egress_policy: Some(counting(asked_b.clone())),
+            ..resume(&a)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(b.initialize_result().resumed);
+    let (out, exit) = read_rest(&b, &id, None).await;
+    assert_eq!(exit.exit_code, Some(0));
+    let out = String::from_utf8(out).unwrap();
+    let (code, secs) = out.split_once(' ').expect("code and time");
+    assert_eq!(code, "403", "{out}");
+    let secs: f64 = secs.parse().unwrap();
+    assert!(secs < 10.0, "held {secs} s (ask_timeout_ms is 60 s)");
+    assert_eq!(asked_b.load(Ordering::SeqCst), 0);
+    assert_eq!(asked_a.load(Ordering::SeqCst), 1);
+    b.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -187,3 +187,41 @@ async fn on_a_terminal_the_agent_says_what_it_is_on_stderr_only() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The audit file the agent creates is its owner's only (it names paths,
+/// commands and hosts), whatever the umask it was started with.
+#[tokio::test]
+async fn an_audit_file_the_agent_creates_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = unique_tempdir("audit-mode");
+    let log = dir.join("audit.log");
+    let config = dir.join("config.toml");
+    std::fs::write(&config, format!("[audit]\nfile = \"{}\"\n", log.display())).unwrap();
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("umask 000; exec \"$0\" --config \"$1\"")
+        .arg(executor_bin())
+        .arg(&config);
+    let c = Client::spawn(cmd, ClientOptions::default()).await.unwrap();
+    let info = c.environment_info().await.unwrap();
+    assert!(!info.home.is_empty());
+    c.close().await.unwrap();
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "audit log mode {mode:o}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("environment/info"), "{text}");
+    // Control: the umask really was 000 (a file the shell makes is 0666).
+    let probe = dir.join("probe");
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("umask 000; : > \"$0\"")
+        .arg(&probe)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(
+        std::fs::metadata(&probe).unwrap().permissions().mode() & 0o777,
+        0o666
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -12,7 +12,7 @@ use super::confine::Open;
 use super::{blocking, create_temp, io_error, read_at_most, target};
 use crate::outbound::Reply;
 use crate::session::Session;
-pub use crate::tables::handles::{Handle, HandleTable, WriteHandle, COMMITTED_KEPT};
+pub use crate::tables::handles::{FileTimes, Handle, HandleTable, WriteHandle, COMMITTED_KEPT};
 use bytes::Bytes;
 use executor_protocol::types::fs::*;
 use executor_protocol::types::Empty;
@@ -96,6 +96,10 @@ pub async fn open_write(s: &Arc<Session>, p: OpenWriteParams) -> Result<HandleRe
         Ok(WriteHandle {
             temp: create_temp(target)?,
             mode: p.mode,
+            times: FileTimes {
+                mtime_ns: p.mtime_ns,
+                atime_ns: p.atime_ns,
+            },
             done: AtomicBool::new(false),
         })
     })
@@ -131,7 +135,7 @@ pub async fn commit(s: &Arc<Session>, p: CommitParams) -> Result<CommitResult, W
             .metadata()
             .map_err(|e| io_error(&e, &h.temp.target, "cannot stat"))?
             .len();
-        let r = h.temp.finish(h.mode);
+        let r = h.temp.finish(h.mode, h.times);
         // Committed or failed (then finish_temp removed the temp): either
         // way the temp file is no longer ours to delete.
         h.done.store(true, Ordering::SeqCst);

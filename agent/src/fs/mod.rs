@@ -51,7 +51,9 @@ one_path!(
     CreateDirectoryParams,
     RemoveParams,
     OpenParams,
-    OpenWriteParams
+    OpenWriteParams,
+    ReadLinkParams,
+    CreateSymlinkParams
 );
 
 /// The request's `path`, resolved once under its sandbox and the
@@ -198,6 +200,73 @@ pub async fn canonicalize(
 
 use std::os::unix::ffi::OsStringExt;
 
+/// `fs/readLink`: the bytes of the symlink the resolution opened (its last
+/// component never followed), read through that descriptor.
+pub async fn read_link(s: &Arc<Session>, p: ReadLinkParams) -> Result<ReadLinkResult, WireError> {
+    let path = target(s, &p, Open::read(false))?;
+    blocking(move || {
+        let fd = path.node()?;
+        let st = nix::sys::stat::fstat(fd)
+            .map_err(|e| io_error(&e.into(), &path.path, "cannot stat"))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
+            return Err(WireError::new(
+                ErrorCode::Io,
+                format!(
+                    "cannot read the link {}: not a symbolic link",
+                    path.path.display()
+                ),
+            )
+            .with("path", wire_path_value(&path.path))
+            .with("errno", libc::EINVAL));
+        }
+        // An empty name: the link the O_PATH descriptor itself is.
+        let target = nix::fcntl::readlinkat(fd, "")
+            .map_err(|e| io_error(&e.into(), &path.path, "cannot read the link"))?;
+        Ok(ReadLinkResult {
+            target: WirePath::from_bytes(target.into_vec()),
+        })
+    })
+    .await
+}
+
+/// The longest symlink target the kernel stores (PATH_MAX less the NUL).
+const MAX_LINK_TARGET: usize = libc::PATH_MAX as usize - 1;
+
+/// `fs/createSymlink`: a new link named by `path` (resolved for writing,
+/// never through an existing final component: one there is
+/// `already_exists`), holding `target` as given. The target is bytes, not
+/// resolved here: every later request through the link resolves it anew
+/// under that request's own intent.
+pub async fn create_symlink(s: &Arc<Session>, p: CreateSymlinkParams) -> Result<Empty, WireError> {
+    let link = p.target.as_bytes();
+    if link.is_empty() || link.contains(&0) {
+        return Err(WireError::invalid_params(
+            "target",
+            format!(
+                "target {:?} is empty or holds a NUL byte",
+                p.target.display()
+            ),
+        ));
+    }
+    if link.len() > MAX_LINK_TARGET {
+        return Err(
+            WireError::limit("PATH_MAX", MAX_LINK_TARGET as u64, Some(link.len() as u64))
+                .with("field", "target"),
+        );
+    }
+    let path = target(s, &p, Open::write(false))?;
+    blocking(move || {
+        nix::unistd::symlinkat(
+            OsStr::from_bytes(p.target.as_bytes()),
+            &path.parent,
+            path.name()?,
+        )
+        .map_err(|e| io_error(&e.into(), &path.path, "cannot create the symlink"))?;
+        Ok(Empty {})
+    })
+    .await
+}
+
 /// Read up to `len` bytes at `offset` (fewer only at EOF).
 pub fn read_at_most(f: &std::fs::File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; len];
@@ -280,7 +349,7 @@ fn stat_at(dir: &OwnedFd, name: &OsStr) -> Option<nix::sys::stat::FileStat> {
     nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).ok()
 }
 
-pub use crate::tables::handles::TempFile;
+pub use crate::tables::handles::{FileTimes, TempFile};
 
 /// Create a temp file beside the resolved `target`.
 pub fn create_temp(target: confine::Resolved) -> Result<TempFile, WireError> {
@@ -315,9 +384,9 @@ pub fn create_temp(target: confine::Resolved) -> Result<TempFile, WireError> {
 
 /// Finishing an atomic replace (the type is the handle table's).
 impl TempFile {
-    /// fsync, set the mode, rename over the target in the same directory;
-    /// removes the temp on failure.
-    pub fn finish(&self, mode: Option<u32>) -> Result<(), WireError> {
+    /// Set the mode and the times given, fsync, rename over the target in
+    /// the same directory; removes the temp on failure.
+    pub fn finish(&self, mode: Option<u32>, times: FileTimes) -> Result<(), WireError> {
         let target = &self.target;
         let r = (|| {
             // The mode a new version gets: `mode` if given, else the
@@ -333,6 +402,8 @@ impl TempFile {
                     .set_permissions(std::fs::Permissions::from_mode(mode))
                     .map_err(|e| io_error(&e, target, "cannot set the mode of"))?;
             }
+            set_times(&self.file, times)
+                .map_err(|e| io_error(&e, target, "cannot set the times of"))?;
             self.file
                 .sync_all()
                 .map_err(|e| io_error(&e, target, "cannot fsync"))?;
@@ -352,6 +423,32 @@ impl TempFile {
     }
 }
 
+/// A time in ns since the epoch (before it when negative).
+fn system_time(ns: i64) -> std::time::SystemTime {
+    let d = std::time::Duration::from_nanos(ns.unsigned_abs());
+    if ns < 0 {
+        std::time::UNIX_EPOCH - d
+    } else {
+        std::time::UNIX_EPOCH + d
+    }
+}
+
+/// Set the times given on the open file (`futimens`: the descriptor, not a
+/// path); an absent one is left as it is.
+fn set_times(f: &std::fs::File, times: FileTimes) -> io::Result<()> {
+    if times == FileTimes::default() {
+        return Ok(());
+    }
+    let mut t = std::fs::FileTimes::new();
+    if let Some(ns) = times.mtime_ns {
+        t = t.set_modified(system_time(ns));
+    }
+    if let Some(ns) = times.atime_ns {
+        t = t.set_accessed(system_time(ns));
+    }
+    f.set_times(t)
+}
+
 /// `fs/writeFile`
 pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, WireError> {
     check_mode(p.mode)?;
@@ -364,7 +461,7 @@ pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, W
                 t.discard();
                 return Err(io_error(&e, &t.target, "cannot write"));
             }
-            t.finish(p.mode)?;
+            t.finish(p.mode, FileTimes::default())?;
         } else {
             // In place; under a sandbox never through a final symlink.
             let mut flags = nix::fcntl::OFlag::O_WRONLY

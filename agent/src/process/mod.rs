@@ -89,6 +89,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         s.profile(),
     )?;
     let egress_rules = decision.take_egress();
+    let deny_network = decision.denies_network_unconfined();
     let (sandbox, files, sandbox_degraded) = decision.into_parts();
     // Egress by name: the job's environment names its proxy (§8).
     let egress_port = match sandbox.as_ref().map(|p| &p.net) {
@@ -106,6 +107,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
         stdin_null: o.stdin_null,
         sandbox: sandbox.as_ref(),
+        deny_network,
     };
     // On an error the job's files are dropped here, and removed.
     let mut spawned = spawn::spawn(&req).await?;

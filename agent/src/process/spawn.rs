@@ -35,6 +35,9 @@ pub struct SpawnRequest<'a> {
     pub stdin_null: bool,
     /// The sandbox plan for the trampoline (`None`: unconfined).
     pub sandbox: Option<&'a WirePlan>,
+    /// Without a plan: deny the job's network anyway (a degraded
+    /// `allow_hosts` intent).
+    pub deny_network: bool,
 }
 
 /// A started job.
@@ -429,6 +432,7 @@ fn job_spec(req: &SpawnRequest<'_>, program: &Path) -> JobSpec {
         cwd: b(req.cwd.as_os_str().as_bytes()),
         tty: req.tty.is_some(),
         sandbox: req.sandbox.cloned(),
+        deny_network: req.deny_network,
     }
 }
 

@@ -37,6 +37,13 @@ impl TempFile {
     }
 }
 
+/// The modification and access times a committed write gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileTimes {
+    pub mtime_ns: Option<i64>,
+    pub atime_ns: Option<i64>,
+}
+
 /// An uncommitted write: its temp file (made in the target's directory,
 /// held open by descriptor) goes away with it.
 #[derive(Debug)]
@@ -44,6 +51,8 @@ pub struct WriteHandle {
     pub temp: TempFile,
     /// The mode the committed file gets.
     pub mode: Option<u32>,
+    /// The times it gets (ns since the epoch; `None`: as the kernel sets them).
+    pub times: FileTimes,
     /// Committed (or failed): the temp file is no longer ours to delete.
     pub done: AtomicBool,
 }

@@ -72,6 +72,9 @@ The resume token of a session started with \fBrun \-\-detach\fR (mode 0600), rea
 .TP
 \fI.NAME.partPID\-N\fR
 \fBget\fR's temp file beside the destination, renamed over it when complete, removed on any error or signal.
+.TP
+\fI.NAME.linkPID\fR
+\fBget \-r\fR's and \fBput \-r\fR's new symlink (locally / on the agent's host), made beside \fINAME\fR after every file of the tree and renamed over it, so a copied link replaces what was there and nothing of the copy is written through one.
 "#;
 
 const EXAMPLES: &str = r#".SH EXAMPLES
@@ -86,7 +89,10 @@ Run on devbox (a Host of ~/.ssh/config), reading /usr, writing only /tmp/work, w
 ssh flags as ssh takes them; \fB\-t\fR gives the command a terminal.
 .TP
 \fBexecutor\-client \-\-target devbox get \-r \-p logs .\fR
-Copy ~/logs from devbox into ./logs, keeping modes and mtimes.
+Copy ~/logs from devbox into ./logs, keeping modes and mtimes; a symlink inside stays a link with the same target (never followed).
+.TP
+\fBexecutor\-client \-\-target devbox put \-r \-p \-\-rw /srv/site site /srv/site/\fR
+Copy ./site into /srv/site on devbox, keeping the files' modes and times and symlinks as links, writing nowhere outside /srv/site (exit 125 if asked to).
 .TP
 \fBtar c src | executor\-client \-\-target devbox run \-\- tar x \-C /tmp\fR
 stdin is forwarded (\fB\-n\fR: /dev/null).

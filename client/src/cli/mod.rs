@@ -19,6 +19,7 @@ mod run;
 mod sandbox;
 mod signals;
 mod transfer;
+mod tty_question;
 mod web;
 
 use clap::{Parser, Subcommand};

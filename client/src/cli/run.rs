@@ -354,8 +354,23 @@ async fn output_until_exit(
     }
 }
 
-/// Our stdin to the job's, then EOF.
+/// Our stdin to the job's, then EOF. When stdin is the terminal this is
+/// its only reader: a question of the CLI's own (`--net ask`) gets the
+/// next line instead of the job (`tty_question`).
 async fn forward(job: Job) {
+    struct Forwarding(bool);
+    impl Drop for Forwarding {
+        fn drop(&mut self) {
+            if self.0 {
+                super::tty_question::forwarding_terminal(false);
+            }
+        }
+    }
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdin());
+    let _forwarding = Forwarding(terminal);
+    if terminal {
+        super::tty_question::forwarding_terminal(true);
+    }
     let mut stdin = tokio::io::stdin();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -365,7 +380,12 @@ async fn forward(job: Job) {
                 return;
             }
             Ok(n) => {
-                if job.write(&buf[..n], false).await.is_err() {
+                let data = if terminal {
+                    std::borrow::Cow::Owned(super::tty_question::route(&buf[..n]))
+                } else {
+                    std::borrow::Cow::Borrowed(&buf[..n])
+                };
+                if !data.is_empty() && job.write(&data, false).await.is_err() {
                     return;
                 }
             }
@@ -387,9 +407,13 @@ async fn follow_size(job: Job) {
     }
 }
 
+/// The local terminal's size; `None` (the agent's default size) without a
+/// terminal or for one that reports 0 rows or columns (a fresh PTY whose
+/// size was never set, as `script` or a CI runner makes).
 fn terminal_size() -> Option<PtySize> {
     crossterm::terminal::size()
         .ok()
+        .filter(|&(cols, rows)| cols > 0 && rows > 0)
         .map(|(cols, rows)| PtySize { rows, cols })
 }
 

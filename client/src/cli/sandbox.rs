@@ -3,7 +3,9 @@
 //! same thing), turned into one intent.
 
 use anyhow::Context;
-use executor_client::protocol::types::sandbox::SandboxIntent;
+use executor_client::protocol::types::sandbox::{
+    NetworkIntent, SandboxIntent, DEFAULT_ASK_TIMEOUT_MS,
+};
 use executor_client::sandbox::{Intent, Net};
 
 /// Confine the command or request (any flag turns the sandbox on).
@@ -38,7 +40,10 @@ pub struct SandboxArgs {
     #[arg(long = "sandbox", value_name = "FILE.json")]
     pub file: Option<std::path::PathBuf>,
     /// Run with what this host can enforce (`required: false`); what is
-    /// not enforced is printed on stderr.
+    /// not enforced is printed on stderr. Only `run` can be degraded: the
+    /// agent enforces the intent of `cat`, `get`, `put`, `walk`, `stat`,
+    /// `rm`, `mv`, `mkdir`, `realpath` and `http` itself, whole, on every
+    /// host, so for those it changes nothing and prints nothing.
     #[arg(long)]
     pub best_effort: bool,
 }
@@ -95,7 +100,11 @@ impl SandboxArgs {
         if self.best_effort {
             intent = intent.best_effort(true);
         }
-        Ok(Some(intent.build()))
+        let intent = intent.build();
+        if let NetworkIntent::AllowHosts(e) = &intent.network {
+            ASK_TIMEOUT_MS.store(e.ask_timeout_ms, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(Some(intent))
     }
 }
 
@@ -118,6 +127,11 @@ pub fn report_degraded(what: &str, degraded: &[String]) {
     }
 }
 
+/// How long a question waits: the agent's `ask_timeout_ms` of the intent
+/// this CLI sent (it denies then), set when the intent is built.
+static ASK_TIMEOUT_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(DEFAULT_ASK_TIMEOUT_MS);
+
 /// Answers the agent's `network/policyRequest` (a job started with
 /// `--net ask`) with a question on the controlling terminal: the user
 /// allows a destination by typing it (`HOST:PORT`) back, so a question the
@@ -125,7 +139,9 @@ pub fn report_degraded(what: &str, degraded: &[String]) {
 /// `y` is not enough. Without a terminal, or with any other answer, the
 /// destination is denied. What the agent sends is shown only when it is a
 /// plain host name or address and a `proc-N` id (nothing of it reaches the
-/// terminal as a control character). One question at a time.
+/// terminal as a control character). One question at a time, for as long
+/// as the agent waits; the answer is read through `run`'s stdin forwarder
+/// when it forwards the terminal (`tty_question`).
 pub fn terminal_egress_policy() -> executor_client::egress::EgressPolicy {
     use executor_client::protocol::types::network::{
         EgressScope, EgressVerdict, PolicyRequestParams, PolicyRequestResult,
@@ -138,10 +154,16 @@ pub fn terminal_egress_policy() -> executor_client::egress::EgressPolicy {
             }
             let destination = format!("{}:{}", req.host, req.port);
             let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-            let answer = ask_terminal(&format!(
-                "\r\nexecutor-client: {} asks to reach {destination}; type {destination} to allow it, anything else denies: ",
-                req.process_id
-            ));
+            let timeout = std::time::Duration::from_millis(
+                ASK_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            let answer = super::tty_question::ask(
+                &format!(
+                    "\r\nexecutor-client: {} asks to reach {destination}; type {destination} to allow it, anything else denies: ",
+                    req.process_id
+                ),
+                timeout,
+            );
             answer.as_deref() == Some(destination.as_str())
         })
         .await
@@ -178,31 +200,6 @@ fn plain_destination(host: &str) -> bool {
 fn plain_process_id(id: &str) -> bool {
     id.strip_prefix("proc-")
         .is_some_and(|n| !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// `question` on /dev/tty; the line typed back (ended by Enter, `\n` or
-/// `\r` as a terminal in raw mode sends it), `None` without a terminal.
-fn ask_terminal(question: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let tty = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/tty")
-        .ok()?;
-    let mut out = &tty;
-    out.write_all(question.as_bytes()).ok()?;
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    let mut input = &tty;
-    while line.len() < 512 {
-        match input.read(&mut byte) {
-            Ok(1) if matches!(byte[0], b'\n' | b'\r') => break,
-            Ok(1) => line.push(byte[0]),
-            _ => break,
-        }
-    }
-    let _ = out.write_all(b"\r\n");
-    Some(String::from_utf8_lossy(&line).trim().to_string())
 }
 
 #[cfg(test)]

@@ -1,28 +1,34 @@
 //! `get` and `put`, with scp's habits: a directory (or `.`) destination
 //! takes the source's name, `-` is stdout / stdin, relative remote paths
-//! are taken against the remote home, `-p` keeps modes (and, for `get`,
-//! mtimes), `-r` copies trees (walk-driven, one atomic file at a time). A
-//! file appears whole or not at all: a failed or interrupted `get` removes
-//! its temp file, and an unfinished `put` is discarded by the agent.
+//! are taken against the remote home, `-p` keeps modes and mtimes (a
+//! `put` also the atime), `-r` copies trees (walk-driven, one atomic file at
+//! a time, symlinks kept as links and made after everything else, so no
+//! file of the copy is written through a link the copy made). A file
+//! appears whole or not at all: a failed or interrupted `get` removes its
+//! temp file, and an unfinished `put` is discarded by the agent.
 
 use super::files::Remote;
 use super::sandbox::SandboxArgs;
 use anyhow::Context;
+use executor_client::fs::NewFile;
 use executor_client::protocol::types::fs::{FileKind, StatResult};
+use executor_client::protocol::WirePath;
 use executor_client::Client;
 use futures_util::StreamExt;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// The flags `get` and `put` share.
 #[derive(Debug, clap::Args)]
 pub struct CopyFlags {
-    /// Keep each file's mode (and, with `get`, its mtime: no request sets
-    /// a remote one).
+    /// Keep each file's mode and modification time (`put` also its access
+    /// time); directories and symlinks get new ones.
     #[arg(short = 'p')]
     pub preserve: bool,
-    /// Copy directories and what they hold (symlinks are skipped, with a
-    /// message).
+    /// Copy directories and what they hold; a symlink inside is copied as
+    /// a link holding the same target (never followed); devices, FIFOs and
+    /// sockets are skipped with a message.
     #[arg(short = 'r')]
     pub recursive: bool,
     #[command(flatten)]
@@ -149,22 +155,27 @@ impl Copy<'_> {
             .sum();
         let bar = progress(total, &format!("get {root}"));
         mkdir_local(local)?;
+        let mut links = Vec::new();
         for e in &entries {
-            let rel = e.path.display();
-            let (from, to) = (
-                format!("{}/{rel}", root.trim_end_matches('/')),
-                local.join(&rel),
-            );
+            let rel = plain_relative(e.path.as_bytes())?;
+            let from = format!("{}/{}", root.trim_end_matches('/'), rel.display());
+            let to = local.join(rel);
             match e.kind {
                 FileKind::Dir => mkdir_local(&to)?,
                 FileKind::File => {
                     let st = self.client.stat_with(from.as_str(), false).await?;
                     self.get_file(&from, &st, &to, &bar).await?;
                 }
+                FileKind::Symlink => links.push((from, to)),
                 _ => eprintln!(
-                    "executor-client: get -r: {from}: not a regular file or directory, skipped"
+                    "executor-client: get -r: {from}: not a regular file, directory or symlink, skipped"
                 ),
             }
+        }
+        // Links last: nothing of this copy is written through one.
+        for (from, to) in links {
+            let target = self.client.read_link(from.as_str()).await?;
+            link_local(&to, std::ffi::OsStr::from_bytes(target.as_bytes()))?;
         }
         bar.finish_and_clear();
         Ok(())
@@ -193,11 +204,19 @@ impl Copy<'_> {
         if meta.is_dir() {
             return Err(anyhow::anyhow!("{local}: a directory (use -r)"));
         }
-        let mode = self
-            .preserve
-            .then(|| std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777);
+        let new = if self.preserve {
+            use std::os::unix::fs::MetadataExt;
+            let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+            NewFile {
+                mode: Some(meta.mode() & 0o7777),
+                mtime_ns: Some(ns(meta.mtime(), meta.mtime_nsec())),
+                atime_ns: Some(ns(meta.atime(), meta.atime_nsec())),
+            }
+        } else {
+            NewFile::default()
+        };
         self.client
-            .write_stream(remote, bar.wrap_async_read(file), mode)
+            .write_stream_with(remote, bar.wrap_async_read(file), new)
             .await
             .with_context(|| format!("put {local} to {remote}"))?;
         Ok(())
@@ -206,6 +225,7 @@ impl Copy<'_> {
     /// A local tree to `remote` (made if missing).
     async fn put_tree(&self, local: &Path, remote: &str) -> anyhow::Result<()> {
         let mut files = Vec::new();
+        let mut links = Vec::new();
         let mut dirs = vec![PathBuf::new()];
         let mut i = 0;
         while i < dirs.len() {
@@ -222,9 +242,13 @@ impl Copy<'_> {
                     dirs.push(r);
                 } else if kind.is_file() {
                     files.push((r, entry.metadata()?.len()));
+                } else if kind.is_symlink() {
+                    let target = std::fs::read_link(entry.path())
+                        .with_context(|| format!("reading the link {}", entry.path().display()))?;
+                    links.push((r, target));
                 } else {
                     eprintln!(
-                        "executor-client: put -r: {}: not a regular file or directory, skipped",
+                        "executor-client: put -r: {}: not a regular file, directory or symlink, skipped",
                         entry.path().display()
                     );
                 }
@@ -249,9 +273,69 @@ impl Copy<'_> {
             self.put_file(&from.to_string_lossy(), &join(f)?, &bar)
                 .await?;
         }
+        // Links last, each made beside its name and renamed over it.
+        for (l, target) in &links {
+            self.put_link(&join(l)?, target).await?;
+        }
         bar.finish_and_clear();
         Ok(())
     }
+}
+
+impl Copy<'_> {
+    /// A symlink at `remote` holding `target`: made under a temp name in
+    /// the same directory, then renamed over `remote` (an existing file or
+    /// link there is replaced, as a copied file replaces one).
+    async fn put_link(&self, remote: &str, target: &Path) -> anyhow::Result<()> {
+        let (dir, name) = remote.rsplit_once('/').unwrap_or(("", remote));
+        let tmp = format!("{dir}/.{name}.link{}", std::process::id());
+        let target = WirePath::from(target);
+        self.client
+            .create_symlink(tmp.as_str(), target)
+            .await
+            .with_context(|| format!("put -r: creating the link {remote}"))?;
+        if let Err(e) = self.client.rename(tmp.as_str(), remote).await {
+            let _ = self.client.remove(tmp.as_str(), false).await;
+            return Err(e).with_context(|| format!("put -r: creating the link {remote}"));
+        }
+        Ok(())
+    }
+}
+
+/// A path from a walk of the agent, relative and plain (no `..`, `.`, root
+/// or empty component): what an agent sends cannot name a file outside the
+/// destination.
+fn plain_relative(bytes: &[u8]) -> anyhow::Result<&Path> {
+    let p = Path::new(std::ffi::OsStr::from_bytes(bytes));
+    let plain = !bytes.is_empty()
+        && p.components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain {
+        anyhow::bail!(
+            "the agent's walk sent {:?}, not a plain relative path",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// A local symlink at `to` holding `target`, made beside it under a temp
+/// name and renamed over it.
+fn link_local(to: &Path, target: &std::ffi::OsStr) -> anyhow::Result<()> {
+    let name = to
+        .file_name()
+        .with_context(|| format!("{}: no file name", to.display()))?;
+    let tmp = to.with_file_name(format!(
+        ".{}.link{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::os::unix::fs::symlink(target, &tmp)
+        .with_context(|| format!("creating the link {}", tmp.display()))?;
+    std::fs::rename(&tmp, to).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::Error::new(e).context(format!("renaming {} to {}", tmp.display(), to.display()))
+    })
 }
 
 /// `put`

@@ -233,6 +233,36 @@ fs_params! {
         pub mode: Option<u32>,
         #[serde(default)]
         pub create_parents: bool,
+        /// The committed file's modification time, ns since the epoch
+        /// (absent: the time of the last write).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub mtime_ns: Option<i64>,
+        /// The committed file's access time, ns since the epoch (absent:
+        /// left as the kernel keeps it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub atime_ns: Option<i64>,
+    }
+}
+
+fs_params! {
+    /// `fs/readLink`: what a symlink holds (never followed).
+    pub struct ReadLinkParams {
+        pub path: WirePath,
+    }
+}
+
+/// The answer of `fs/readLink`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadLinkResult {
+    /// The link's bytes as stored (not resolved; may be relative).
+    pub target: WirePath,
+}
+
+fs_params! {
+    /// `fs/createSymlink`: a new symlink at `path` holding `target`.
+    pub struct CreateSymlinkParams {
+        pub path: WirePath,
+        pub target: WirePath,
     }
 }
 

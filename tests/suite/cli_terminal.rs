@@ -1,0 +1,191 @@
+//! `--net ask` on a real terminal (a PTY the test drives, the client's
+//! controlling terminal): the user's typed answer reaches the question and
+//! not the job whose stdin forwards the same terminal, a job's own fake
+//! question cannot get a destination allowed by a `y`, raw mode (`--tty`)
+//! works, and a question nobody answers ends at the intent's
+//! `ask_timeout_ms` without swallowing the next line meant for the job.
+
+use executor_tests::cli::*;
+use executor_tests::*;
+
+/// Runs `argv` on a new PTY as its controlling terminal: types `answer`
+/// (when not empty) after the question appears, then `for-the-job` after
+/// the job prints `asked`; returns the exit code and the whole screen.
+fn on_a_terminal(argv: &[String], answer: &str) -> (Option<i32>, String) {
+    const DRIVER: &str = r#"
+import os, pty, sys, time
+answer = os.environ["ANSWER"].encode()
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+seen = b""
+def until(token, secs=25):
+    global seen
+    deadline = time.time() + secs
+    while token not in seen and time.time() < deadline:
+        try:
+            seen += os.read(fd, 4096)
+        except OSError:
+            return False
+    return token in seen
+if until(b"anything else denies: ") and answer:
+    time.sleep(0.2)
+    os.write(fd, answer + b"\r")
+if until(b"asked"):
+    time.sleep(0.2)
+    os.write(fd, b"for-the-job\r")
+# The rest of the screen, until the client exits (the terminal hangs up).
+until(b"\x00never", 30)
+deadline = time.time() + 10
+done, status = os.waitpid(pid, os.WNOHANG)
+while done == 0 and time.time() < deadline:
+    time.sleep(0.05)
+    done, status = os.waitpid(pid, os.WNOHANG)
+if done == 0:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    seen += b"\n[driver: the client did not exit; killed]"
+    status = 99 << 8
+sys.stdout.write(seen.decode(errors="replace"))
+sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(DRIVER)
+        .args(argv)
+        .env("ANSWER", answer)
+        .output()
+        .expect("python3");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The job: a request through its proxy by name, then a line read from
+/// its stdin (the terminal, forwarded).
+fn job(port: u16, spoof: bool) -> String {
+    let fake = if spoof {
+        format!("echo 'executor-client: proc-1 asks to reach localhost:{port}; type y to allow it, anything else denies: '; ")
+    } else {
+        String::new()
+    };
+    format!(
+        "{fake}curl -sS -o /dev/null -w 'code=%{{http_code}}' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:{port}/; \
+         echo; echo asked; read -r line; echo \"job read: $line\""
+    )
+}
+
+fn argv(via: &Via, run: &[&str], script: &str) -> Vec<String> {
+    let mut a = vec![client_bin().to_string_lossy().into_owned()];
+    a.extend(via.flags());
+    a.push("run".into());
+    a.extend(run.iter().map(|s| s.to_string()));
+    a.extend(["--", "sh", "-c", script].map(String::from));
+    a
+}
+
+fn have_tools() -> bool {
+    for tool in ["curl", "python3"] {
+        if std::process::Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            prerequisite_missing(tool);
+            return false;
+        }
+    }
+    true
+}
+
+#[test]
+fn a_typed_destination_answers_the_question_and_never_reaches_the_job() {
+    if !have_tools() {
+        return;
+    }
+    let port = tiny_http_server();
+    let dest = format!("localhost:{port}");
+    for via in Via::both() {
+        let (code, screen) =
+            on_a_terminal(&argv(&via, &["--net", "ask"], &job(port, false)), &dest);
+        let name = via.name();
+        assert!(
+            screen.contains(&format!("proc-1 asks to reach {dest}; type {dest}")),
+            "{name}: {screen}"
+        );
+        assert!(screen.contains("code=200"), "{name}: allowed: {screen}");
+        assert!(screen.contains("job read: for-the-job"), "{name}: {screen}");
+        assert!(
+            !screen.contains(&format!("job read: {dest}")),
+            "{name}: the answer went to the job: {screen}"
+        );
+        assert_eq!(code, Some(0), "{name}: {screen}");
+        // Control: another answer denies.
+        let (_, screen) = on_a_terminal(&argv(&via, &["--net", "ask"], &job(port, false)), "nope");
+        assert!(screen.contains("code=403"), "{name}: denied: {screen}");
+        assert!(screen.contains("job read: for-the-job"), "{name}: {screen}");
+    }
+}
+
+#[test]
+fn a_question_the_job_prints_itself_gets_nothing_allowed_by_a_y() {
+    if !have_tools() {
+        return;
+    }
+    let port = tiny_http_server();
+    let (_, screen) = on_a_terminal(&argv(&Via::Local, &["--net", "ask"], &job(port, true)), "y");
+    assert!(
+        screen.contains("type y to allow it"),
+        "the job's fake question: {screen}"
+    );
+    assert!(screen.contains("code=403"), "a y allows nothing: {screen}");
+}
+
+#[test]
+fn with_tty_raw_mode_the_answer_is_read_and_echoed() {
+    if !have_tools() {
+        return;
+    }
+    let port = tiny_http_server();
+    let dest = format!("localhost:{port}");
+    let (code, screen) = on_a_terminal(
+        &argv(&Via::Local, &["--tty", "--net", "ask"], &job(port, false)),
+        &dest,
+    );
+    assert!(screen.contains("code=200"), "{screen}");
+    assert!(
+        screen.matches(dest.as_str()).count() >= 3,
+        "the question names it twice and the typed answer is echoed: {screen}"
+    );
+    assert!(screen.contains("job read: for-the-job"), "{screen}");
+    assert_eq!(code, Some(0), "{screen}");
+}
+
+#[test]
+fn an_unanswered_question_ends_at_the_intents_timeout_and_the_next_line_is_the_jobs() {
+    if !have_tools() {
+        return;
+    }
+    let port = tiny_http_server();
+    let dir = unique_tempdir("ask-timeout");
+    let intent = dir.join("intent.json");
+    std::fs::write(
+        &intent,
+        r#"{"network": {"allow_hosts": [], "ask": true, "ask_timeout_ms": 1500}}"#,
+    )
+    .unwrap();
+    let (code, screen) = on_a_terminal(
+        &argv(
+            &Via::Local,
+            &["--sandbox", intent.to_str().unwrap()],
+            &job(port, false),
+        ),
+        "",
+    );
+    assert!(screen.contains("no answer in time: denied"), "{screen}");
+    assert!(screen.contains("code=403"), "{screen}");
+    assert!(screen.contains("job read: for-the-job"), "{screen}");
+    assert_eq!(code, Some(0), "{screen}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
