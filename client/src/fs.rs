@@ -166,10 +166,10 @@ impl Client {
         path: impl Into<WirePath>,
     ) -> Result<(u64, impl Stream<Item = Result<Bytes, Error>>), Error> {
         let limits = &self.initialize_result().limits;
-        let block_bytes = BLOCK.min(limits.max_block_bytes);
-        let credit_bytes = READ_CREDIT
-            .min(limits.max_read_credit_bytes)
-            .max(block_bytes);
+        let block_bytes = BLOCK
+            .min(limits.max_block_bytes)
+            .min(limits.max_read_credit_bytes);
+        let credit_bytes = READ_CREDIT.min(limits.max_read_credit_bytes);
         // Subscribed before asking: the first blocks follow the answer at once.
         let sub = self.subscribe(&[m::FS_READ_STREAM_DATA, m::FS_READ_STREAM_END]);
         let head: ReadStreamResult = self

@@ -183,10 +183,13 @@ impl Pump {
             file,
             outbound,
             stream_id,
+            _slot: slot,
             ..
         } = self;
-        // The file closes now (unless an `fs/open` handle still holds it).
+        // The file closes now (unless an `fs/open` handle still holds it),
+        // and the slot is free before the end is told.
         drop(file);
+        drop(slot);
         if let Ending::End(error) = ending {
             let end = ReadStreamEnd {
                 stream_id,
