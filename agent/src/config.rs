@@ -238,6 +238,8 @@ struct RawLimits {
     max_open_files: Option<toml::Spanned<u64>>,
     max_block_bytes: Option<toml::Spanned<u64>>,
     max_read_file_bytes: Option<toml::Spanned<u64>>,
+    max_read_credit_bytes: Option<toml::Spanned<u64>>,
+    max_read_streams: Option<toml::Spanned<u64>>,
     max_walk_entries: Option<toml::Spanned<u64>>,
     max_walk_response_bytes: Option<toml::Spanned<u64>>,
     max_http_body_bytes: Option<toml::Spanned<u64>>,
@@ -450,7 +452,7 @@ fn apply_limits(
     spans: &mut Spans,
 ) -> Result<(), ConfigError> {
     let l = raw.get_ref();
-    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 16] = [
+    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 18] = [
         (
             "max_frame_bytes",
             &l.max_frame_bytes,
@@ -491,6 +493,16 @@ fn apply_limits(
             "max_read_file_bytes",
             &l.max_read_file_bytes,
             &mut limits.max_read_file_bytes,
+        ),
+        (
+            "max_read_credit_bytes",
+            &l.max_read_credit_bytes,
+            &mut limits.max_read_credit_bytes,
+        ),
+        (
+            "max_read_streams",
+            &l.max_read_streams,
+            &mut limits.max_read_streams,
         ),
         (
             "max_walk_entries",

@@ -238,6 +238,9 @@ fn sandbox_exec(args: &[std::ffi::OsString]) -> ! {
     std::process::exit(trampoline::run_reporting(trampoline::Spec::parse(args)))
 }
 
+/// The pipe buffer asked for on stdin and stdout.
+const PIPE_BYTES: i32 = 1 << 20;
+
 /// When stdin and stdout are pipes or sockets (under sshd, or a spawning
 /// client), drive them directly on the runtime (non-blocking, vectored
 /// writes) instead of through tokio's blocking-thread stdio, which copies
@@ -269,6 +272,11 @@ fn stream_stdio() -> Option<(
     for fd in [&input, &output] {
         let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).ok()?);
         fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).ok()?;
+        // A pipe of 1 MiB (the unprivileged maximum by default) instead of
+        // 64 KiB: a block goes to sshd in one write, not sixteen wake-ups
+        // of both sides. Best effort: a socket, or a lower
+        // `fs.pipe-max-size`, keeps what it has.
+        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
     }
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(input).ok()?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(output).ok()?;

@@ -16,7 +16,8 @@
 use bytes::Bytes;
 use executor_protocol::message::{
     encode_body_delta_head, encode_error, encode_notification, encode_output_head,
-    encode_read_block_head, encode_request, encode_response, EncodeError,
+    encode_read_block_head, encode_read_stream_data_head, encode_request, encode_response,
+    EncodeError,
 };
 use executor_protocol::types::process::OutputStream;
 use executor_protocol::{ErrorCode, WireError};
@@ -384,6 +385,20 @@ impl Outbound {
     ) -> Result<(), NotifyError> {
         let mut head = Vec::with_capacity(64);
         encode_body_delta_head(&mut head, stream_id, seq, data.len(), self.max_frame)
+            .map_err(|e| NotifyError::Unencodable(e.to_string()))?;
+        self.notify_frame(with_tail(head, data)).await
+    }
+
+    /// Queue `fs/readStream/data` (`data` by reference after its head),
+    /// waiting for room as long as it takes.
+    pub async fn notify_read_data(
+        &self,
+        stream_id: u64,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), NotifyError> {
+        let mut head = Vec::with_capacity(64);
+        encode_read_stream_data_head(&mut head, stream_id, offset, data.len(), self.max_frame)
             .map_err(|e| NotifyError::Unencodable(e.to_string()))?;
         self.notify_frame(with_tail(head, data)).await
     }

@@ -14,8 +14,12 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Block size of streaming reads and writes (the protocol's maximum).
 pub const BLOCK: u64 = 1 << 20;
-/// Blocks kept in flight: enough to hide a round trip at wire speed.
+/// Blocks kept in flight by `write_stream`: enough to hide a round trip at
+/// wire speed.
 pub const WINDOW: usize = 8;
+/// The window of `read_stream` (the agent's `max_read_credit_bytes` when
+/// that is less): bytes the agent may push ahead of what was consumed.
+pub const READ_CREDIT: u64 = 8 * BLOCK;
 
 impl Client {
     /// A request whose answer is `{}`.
@@ -186,30 +190,51 @@ impl Client {
         .await
     }
 
-    /// Stream a file of any size: `fs/open`, then `fs/readBlock` with up to
-    /// [`WINDOW`] blocks in flight, then `fs/close`. Returns the size seen at
-    /// open and the stream of blocks.
+    /// Stream a file of any size with one `fs/readStream`: the agent
+    /// pushes its blocks within a window of [`READ_CREDIT`] bytes, returned
+    /// with `fs/readCredit` as the blocks are taken from the stream.
+    /// Returns the size seen at open and the stream of blocks (each shares
+    /// the frame it arrived in: no copy). Dropping the stream before its
+    /// end cancels it (`fs/readCancel`).
     pub async fn read_stream(
         &self,
         path: impl Into<WirePath>,
     ) -> Result<(u64, impl Stream<Item = Result<Bytes, Error>>), Error> {
-        let open: OpenResult = self
+        let limits = &self.initialize_result().limits;
+        let block_bytes = BLOCK
+            .min(limits.max_block_bytes)
+            .min(limits.max_read_credit_bytes);
+        let credit_bytes = READ_CREDIT.min(limits.max_read_credit_bytes);
+        // Subscribed before asking: the first blocks follow the answer at once.
+        let sub = self.subscribe(&[m::FS_READ_STREAM_DATA, m::FS_READ_STREAM_END]);
+        let head: ReadStreamResult = self
             .request(
-                m::FS_OPEN,
-                &OpenParams {
-                    path: path.into(),
+                m::FS_READ_STREAM,
+                &ReadStreamParams {
+                    path: Some(path.into()),
+                    handle: None,
+                    offset: 0,
+                    length: None,
+                    block_bytes,
+                    credit_bytes,
                     sandbox: self.intent(),
                     cwd: None,
                 },
             )
             .await?;
-        let state = ReadState {
+        let (failed_tx, failed) = tokio::sync::mpsc::unbounded_channel();
+        let state = PushedRead {
+            sub: self.narrow_to_stream(sub, head.stream_id),
             client: self.clone(),
-            handle: open.handle,
-            size: open.size,
-            next: 0,
-            inflight: VecDeque::new(),
+            stream_id: head.stream_id,
+            next_offset: 0,
+            taken: 0,
+            unreturned: 0,
+            return_at: (credit_bytes / 4).max(block_bytes),
+            failed,
+            failed_tx,
             done: false,
+            ended: false,
         };
         let stream = futures_util::stream::unfold(state, |mut st| async move {
             match st.next_block().await {
@@ -217,12 +242,11 @@ impl Client {
                 Ok(None) => None,
                 Err(e) => {
                     st.done = true;
-                    st.close().await;
                     Some((Err(e), st))
                 }
             }
         });
-        Ok((open.size, stream))
+        Ok((head.size, stream))
     }
 
     /// Write a file of any size atomically: `fs/openWrite`, pipelined
@@ -379,81 +403,144 @@ pub fn walk_params(root: impl Into<WirePath>) -> WalkParams {
     }
 }
 
-struct ReadState {
+/// One `fs/readStream` as the client sees it.
+struct PushedRead {
     client: Client,
-    handle: u64,
-    size: u64,
-    next: u64,
-    inflight: VecDeque<Call>,
+    sub: crate::Subscription,
+    stream_id: u64,
+    /// Where the next block must start.
+    next_offset: u64,
+    /// The length of the block handed out last (taken: its credit is due
+    /// once the next one is asked for).
+    taken: u64,
+    /// Bytes consumed and not yet returned to the agent.
+    unreturned: u64,
+    /// Credit goes back in batches of this many bytes.
+    return_at: u64,
+    /// Errors answering `fs/readCredit`.
+    failed: tokio::sync::mpsc::UnboundedReceiver<Error>,
+    failed_tx: tokio::sync::mpsc::UnboundedSender<Error>,
+    /// No more blocks will be handed out.
     done: bool,
+    /// The agent's `fs/readStream/end` arrived (or the connection closed).
+    ended: bool,
 }
 
-impl ReadState {
-    async fn fill(&mut self) -> Result<(), Error> {
-        // Keep the window full up to the size seen at open (and one block
-        // past it, to learn about growth and get `eof`).
-        while self.inflight.len() < WINDOW && self.next <= self.size {
-            let call = self
-                .client
-                .start_call(
-                    m::FS_READ_BLOCK,
-                    &ReadBlockParams {
-                        handle: self.handle,
-                        offset: self.next,
-                        length: BLOCK,
-                        sandbox: None,
-                        cwd: None,
-                    },
-                )
-                .await?;
-            self.inflight.push_back(call);
-            self.next += BLOCK;
+/// A `fs/readStream/data` notification, its data borrowed from the frame.
+#[derive(serde::Deserialize)]
+struct DataRef<'a> {
+    stream_id: u64,
+    offset: u64,
+    #[serde(borrow)]
+    data: &'a serde_bytes::Bytes,
+}
+
+impl PushedRead {
+    /// Return the credit of what was consumed, in batches; the answer is
+    /// awaited on the side (an error ends the stream at its next block).
+    async fn return_credit(&mut self) -> Result<(), Error> {
+        self.unreturned += std::mem::take(&mut self.taken);
+        if self.unreturned < self.return_at {
+            return Ok(());
         }
+        let bytes = std::mem::take(&mut self.unreturned);
+        let call = self
+            .client
+            .start_call(
+                m::FS_READ_CREDIT,
+                &ReadCreditParams {
+                    stream_id: self.stream_id,
+                    bytes,
+                    sandbox: None,
+                    cwd: None,
+                },
+            )
+            .await?;
+        let failed = self.failed_tx.clone();
+        tokio::spawn(async move {
+            match call.result::<Empty>().await {
+                // The stream ended before the credit arrived: nothing owed.
+                Err(e) if e.code() == Some(executor_protocol::ErrorCode::UnknownStream) => {}
+                Err(e) => {
+                    let _ = failed.send(e);
+                }
+                Ok(_) => {}
+            }
+        });
         Ok(())
     }
 
     async fn next_block(&mut self) -> Result<Option<Bytes>, Error> {
-        loop {
-            if self.done {
-                return Ok(None);
-            }
-            self.fill().await?;
-            let Some(call) = self.inflight.pop_front() else {
-                // Past the size seen at open without eof: the file grew.
-                self.size = self.next;
-                continue;
-            };
-            #[derive(serde::Deserialize)]
-            struct Block<'a> {
-                eof: bool,
-                #[serde(borrow)]
-                data: &'a serde_bytes::Bytes,
-            }
-            let raw = call.raw().await?;
-            let block: Block<'_> = raw.decode()?;
-            let (eof, data) = (block.eof, raw.share(block.data));
-            if eof {
-                self.done = true;
-                // Later blocks in flight are past the end: let them land.
-                while let Some(c) = self.inflight.pop_front() {
-                    let _ = c.value().await;
-                }
-                self.close().await;
-            }
-            if !data.is_empty() {
-                return Ok(Some(data));
-            }
+        if self.done {
+            return Ok(None);
         }
+        self.return_credit().await?;
+        let note = tokio::select! {
+            n = self.sub.recv() => n,
+            Some(e) = self.failed.recv() => return Err(e),
+        };
+        let Some(note) = note else {
+            self.ended = true;
+            return Err(Error::Closed(format!(
+                "the connection closed during read stream {}",
+                self.stream_id
+            )));
+        };
+        if note.method == m::FS_READ_STREAM_END {
+            (self.done, self.ended) = (true, true);
+            let end: ReadStreamEnd = note.decode()?;
+            if let Some(e) = end.error {
+                return Err(Error::Remote(e));
+            }
+            if end.total != self.next_offset {
+                return Err(Error::Decode {
+                    method: note.method.clone(),
+                    message: format!(
+                        "the stream ended at {} bytes, {} were received",
+                        end.total, self.next_offset
+                    ),
+                });
+            }
+            return Ok(None);
+        }
+        let d: DataRef<'_> = note.decode_borrowed()?;
+        if d.stream_id != self.stream_id || d.offset != self.next_offset {
+            return Err(Error::Decode {
+                method: note.method.clone(),
+                message: format!(
+                    "a block at offset {} of stream {}; expected offset {} of stream {}",
+                    d.offset, d.stream_id, self.next_offset, self.stream_id
+                ),
+            });
+        }
+        let data = note.share(d.data);
+        self.next_offset += data.len() as u64;
+        self.taken = data.len() as u64;
+        Ok(Some(data))
     }
+}
 
-    async fn close(&mut self) {
-        let _ = self
-            .client
-            .call(&CloseParams {
-                handle: self.handle,
-                sandbox: None,
-                cwd: None,
-            })
-            .await;
+impl Drop for PushedRead {
+    /// A stream let go of before its end is cancelled.
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, stream_id) = (self.client.clone(), self.stream_id);
+        rt.spawn(async move {
+            let _ = client
+                .request::<_, Empty>(
+                    m::FS_READ_CANCEL,
+                    &ReadCancelParams {
+                        stream_id,
+                        sandbox: None,
+                        cwd: None,
+                    },
+                )
+                .await;
+        });
     }
 }

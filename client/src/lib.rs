@@ -305,6 +305,19 @@ impl Default for ClientOptions {
     }
 }
 
+/// Ask for a pipe buffer of 1 MiB (the unprivileged maximum by default)
+/// instead of 64 KiB on a transport pipe: the transport (ssh) writes a
+/// block in one go and the reader wakes once per block, not sixteen times.
+/// Best effort: anything but a pipe keeps what it has.
+fn widen_pipe(fd: &impl std::os::fd::AsFd) {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = nix::fcntl::fcntl(fd.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = fd;
+}
+
 /// `fut`, bounded by `limit` when there is one.
 async fn bounded<T>(
     limit: Option<std::time::Duration>,
@@ -594,6 +607,8 @@ impl Client {
             .take()
             .ok_or_else(|| Error::Closed("child has no stdout".into()))?;
         let relay = child.stderr.take().map(stderr_relay::Relay::start);
+        widen_pipe(&stdout);
+        widen_pipe(&stdin);
         let client = match Client::connect(stdout, stdin, options).await {
             Ok(c) => c,
             Err(e) if !ended_early(&e) => return Err(e),

@@ -30,6 +30,14 @@ pub const MAX_OPEN_FILES: u64 = 128;
 /// One `fs/readBlock`/`fs/writeBlock`: big enough for full pipe throughput
 /// with a few in flight, 1/16 of a frame.
 pub const MAX_BLOCK_BYTES: u64 = MIB;
+/// Bytes one `fs/readStream` may have sent ahead of the client's
+/// `fs/readCredit` (its window): 16 blocks, enough to hide a round trip at
+/// wire speed, while the data a stream keeps queued stays a small share of
+/// the agent's memory.
+pub const MAX_READ_CREDIT_BYTES: u64 = 16 * MIB;
+/// Concurrent `fs/readStream`s per session: each holds an open file and up
+/// to its credit of queued data, so at most 32 × 16 MiB.
+pub const MAX_READ_STREAMS: u64 = 32;
 /// `fs/readFile` answers in one frame; bigger files stream via `fs/open`.
 pub const MAX_READ_FILE_BYTES: u64 = 8 * MIB;
 /// Entries in one `fs/walk` answer (continue with `next_cursor`).
@@ -74,6 +82,8 @@ pub struct Limits {
     pub max_open_files: u64,
     pub max_block_bytes: u64,
     pub max_read_file_bytes: u64,
+    pub max_read_credit_bytes: u64,
+    pub max_read_streams: u64,
     pub max_walk_entries: u64,
     pub max_walk_response_bytes: u64,
     pub max_http_body_bytes: u64,
@@ -98,6 +108,8 @@ impl Default for Limits {
             max_open_files: MAX_OPEN_FILES,
             max_block_bytes: MAX_BLOCK_BYTES,
             max_read_file_bytes: MAX_READ_FILE_BYTES,
+            max_read_credit_bytes: MAX_READ_CREDIT_BYTES,
+            max_read_streams: MAX_READ_STREAMS,
             max_walk_entries: MAX_WALK_ENTRIES,
             max_walk_response_bytes: MAX_WALK_RESPONSE_BYTES,
             max_http_body_bytes: MAX_HTTP_BODY_BYTES,

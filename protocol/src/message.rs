@@ -459,6 +459,31 @@ pub fn encode_body_delta_head(
         .finish(data_len, max)
 }
 
+/// Append the frame of an `fs/readStream/data` notification *without* its
+/// data bytes (sent right after, by a vectored write). Byte-for-byte what
+/// [`encode_notification`] produces for
+/// [`ReadStreamData`](crate::types::fs::ReadStreamData) (`data` is last).
+pub fn encode_read_stream_data_head(
+    dst: &mut Vec<u8>,
+    stream_id: u64,
+    offset: u64,
+    data_len: usize,
+    max: usize,
+) -> Result<(), EncodeError> {
+    Head::new(dst)
+        .map(2)
+        .str("method")
+        .str(crate::methods::FS_READ_STREAM_DATA)
+        .str("params")
+        .map(3)
+        .str("stream_id")
+        .uint(stream_id)
+        .str("offset")
+        .uint(offset)
+        .str("data")
+        .finish(data_len, max)
+}
+
 /// Append the frame of a successful `fs/readBlock` response *without* its
 /// data bytes (sent right after, by a vectored write). Byte-for-byte what
 /// [`encode_response`] produces for `{"eof": eof, "data": bin}`.
@@ -648,6 +673,31 @@ mod tests {
                 .unwrap();
             let mut got = Vec::new();
             encode_body_delta_head(&mut got, 77, len as u64 + 5, len, 1 << 24).unwrap();
+            got.extend_from_slice(&data);
+            assert_eq!(got, want, "len {len}");
+        }
+    }
+
+    #[test]
+    fn read_stream_data_head_plus_data_equals_the_serde_encoding() {
+        use crate::types::fs::ReadStreamData;
+        for len in [0usize, 1, 300, 70_000] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
+            let value = ReadStreamData {
+                stream_id: 9,
+                offset: u64::MAX - len as u64,
+                data: serde_bytes::ByteBuf::from(data.clone()),
+            };
+            let mut want = Vec::new();
+            encode_notification(
+                &mut want,
+                crate::methods::FS_READ_STREAM_DATA,
+                &value,
+                1 << 24,
+            )
+            .unwrap();
+            let mut got = Vec::new();
+            encode_read_stream_data_head(&mut got, 9, u64::MAX - len as u64, len, 1 << 24).unwrap();
             got.extend_from_slice(&data);
             assert_eq!(got, want, "len {len}");
         }

@@ -119,6 +119,13 @@ method_table! {
     FS_CREATE_SYMLINK = "fs/createSymlink", fs::CreateSymlinkParams => Empty;
     FS_OPEN = "fs/open", fs::OpenParams => fs::OpenResult;
     FS_READ_BLOCK = "fs/readBlock", fs::ReadBlockParams => fs::ReadBlockResult;
+    /// One request for a whole file: the agent pushes its blocks
+    /// (`fs/readStream/data`) within a credit the client returns.
+    FS_READ_STREAM = "fs/readStream", fs::ReadStreamParams => fs::ReadStreamResult;
+    /// Returns consumed bytes to a read stream's window.
+    FS_READ_CREDIT = "fs/readCredit", fs::ReadCreditParams => Empty;
+    /// Ends a read stream early.
+    FS_READ_CANCEL = "fs/readCancel", fs::ReadCancelParams => Empty;
     FS_OPEN_WRITE = "fs/openWrite", fs::OpenWriteParams => fs::HandleResult;
     FS_WRITE_BLOCK = "fs/writeBlock", fs::WriteBlockParams => Empty;
     /// Finishes a write (fsync, rename into place) and releases its temp file.
@@ -140,6 +147,10 @@ method_table! {
     PROCESS_EXITED = "process/exited", process::ProcessExited;
     PROCESS_LAGGED = "process/lagged", process::ProcessLagged;
     HTTP_BODY_DELTA = "http/request/bodyDelta", http::BodyDelta;
+    /// A block of a read stream (data last, sent by reference).
+    FS_READ_STREAM_DATA = "fs/readStream/data", fs::ReadStreamData;
+    /// The last message of a read stream.
+    FS_READ_STREAM_END = "fs/readStream/end", fs::ReadStreamEnd;
     /// Every egress decision of a job.
     NETWORK_DECISION = "network/decision", network::NetworkDecision;
     }
@@ -164,7 +175,7 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), n);
-        assert_eq!(ALL_REQUESTS.len(), 28);
+        assert_eq!(ALL_REQUESTS.len(), 31);
     }
 
     #[test]

@@ -854,6 +854,81 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     assert_eq!(w.code, ErrorCode::InvalidParams);
 }
 
+// 13b. `fs/readStream` resolves its path exactly as `fs/readFile` and
+// `fs/open` do: beneath the roots, carve-outs honoured.
+#[tokio::test]
+async fn c13b_read_streams_resolve_beneath_the_roots_like_read_block() {
+    use executor_protocol::types::fs::*;
+    use futures_util::StreamExt;
+    let e = env(false, None).await;
+    std::os::unix::fs::symlink(e.outside.join("secret"), e.ws.join("src/link-out")).unwrap();
+    let mut i = e.ws_write();
+    i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
+    let stream = |path: String, intent: &SandboxIntent| ReadStreamParams {
+        path: Some(path.as_str().into()),
+        handle: None,
+        offset: 0,
+        length: None,
+        block_bytes: 4096,
+        credit_bytes: 8192,
+        sandbox: Some(intent.clone()),
+        cwd: None,
+    };
+    // Positive control: inside the root, the whole file.
+    let confined = e.c.with_sandbox(Some(i.clone()));
+    let (_, s) = confined
+        .read_stream(wp(&e.ws.join("src/main.rs")))
+        .await
+        .unwrap();
+    let got: Vec<u8> = s.map(|b| b.unwrap().to_vec()).concat().await;
+    assert_eq!(got, b"fn main() {}\n");
+    for bad in [
+        format!("{}/secret", e.outside.display()),
+        format!("{}/../outside/secret", e.ws.display()),
+        format!("{}/src/link-out", e.ws.display()),
+        format!("/proc/self/root{}/src/main.rs", e.ws.display()),
+    ] {
+        let w = fs_err(e.c.call(&stream(bad.clone(), &i)).await.unwrap_err());
+        assert_eq!(w.code, ErrorCode::SandboxDenied, "{bad}: {w:?}");
+        assert!(w.data_get("rule").is_some());
+        // The same answer as fs/open gives it.
+        let o = fs_err(
+            e.c.call(&OpenParams {
+                path: bad.as_str().into(),
+                sandbox: Some(i.clone()),
+                cwd: None,
+            })
+            .await
+            .unwrap_err(),
+        );
+        assert_eq!((o.code, o.data_get("rule")), (w.code, w.data_get("rule")));
+    }
+    // A deny_read carve-out with everything else readable.
+    let mut all = e.ws_write();
+    all.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+    let key = format!("{}/secrets/key", e.ws.display());
+    let w = fs_err(e.c.call(&stream(key.clone(), &all)).await.unwrap_err());
+    assert_eq!(w.code, ErrorCode::SandboxDenied, "deny_read carve-out");
+    let w = fs_err(
+        e.c.call(&stream(format!("{}/src/link-to-key", e.ws.display()), &all))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        w.code,
+        ErrorCode::SandboxDenied,
+        "carve-out through a symlink"
+    );
+    // Positive control: the same intent reads beside the carve-out.
+    let (_, s) =
+        e.c.with_sandbox(Some(all))
+            .read_stream(wp(&e.ws.join(".git/config")))
+            .await
+            .unwrap();
+    let got: Vec<u8> = s.map(|b| b.unwrap().to_vec()).concat().await;
+    assert_eq!(got, b"[core]\n");
+}
+
 // 34. A read-only intent: fs writes are denied, reads and walks work.
 #[tokio::test]
 async fn c34_read_only_intent_on_fs_requests() {

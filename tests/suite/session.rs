@@ -851,4 +851,51 @@ async fn ask_while_detached_denies_at_once_with_an_audit_line() {
     assert_eq!(asked_a.load(Ordering::SeqCst), 1);
     b.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+
+/// Whether `pid` has a descriptor open on `file`.
+fn holds_open(pid: u32, file: &Path) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == file))
+        })
+        .unwrap_or(false)
+}
+
+/// A read stream ends with its connection, even when the session lives on
+/// detached: its file is closed in the session host.
+#[tokio::test]
+async fn a_dropped_connection_ends_its_read_streams_and_closes_their_files() {
+    use futures_util::StreamExt;
+    let c = Client::spawn(local(), detach(60_000)).await.unwrap();
+    let relay = c.transport_pid().unwrap();
+    let host = session_host_of(relay);
+    let d = unique_tempdir("rs-drop");
+    let f = std::fs::canonicalize(&d).unwrap().join("big");
+    // Far more than one window: the stream stays open while nothing is taken.
+    std::fs::write(&f, vec![7u8; 64 << 20]).unwrap();
+    let (_, s) = c.read_stream(f.to_str().unwrap()).await.unwrap();
+    let mut s = Box::pin(s);
+    assert_eq!(s.next().await.unwrap().unwrap()[0], 7);
+    assert!(
+        holds_open(host, &f),
+        "positive control: the stream holds its file"
+    );
+    kill9(relay);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while holds_open(host, &f) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !holds_open(host, &f),
+        "the session host still holds {}",
+        f.display()
+    );
+    // The session itself lives on, detached, and can be taken back.
+    assert!(alive(host));
+    let back = Client::spawn(local(), resume(&c)).await.unwrap();
+    assert!(back.initialize_result().resumed);
+    drop(s);
+    back.close().await.unwrap();
+    kill9(host);
 }

@@ -29,27 +29,32 @@ fn check_block(len: u64, s: &Session) -> Result<(), WireError> {
     Ok(())
 }
 
+/// The file `path` resolved to, opened for reading (never a directory):
+/// what `fs/open` and `fs/readStream` read from, and its size.
+pub async fn open_resolved(
+    path: super::confine::Resolved,
+) -> Result<(std::fs::File, u64, std::path::PathBuf), WireError> {
+    blocking(move || {
+        let f = path.reopen(libc::O_RDONLY | libc::O_CLOEXEC)?;
+        let path = path.path;
+        let m = f
+            .metadata()
+            .map_err(|e| io_error(&e, &path, "cannot stat"))?;
+        if m.is_dir() {
+            return Err(io_error(
+                &std::io::Error::from_raw_os_error(libc::EISDIR),
+                &path,
+                "cannot open",
+            ));
+        }
+        Ok((f, m.len(), path))
+    })
+    .await
+}
+
 /// `fs/open`
 pub async fn open(s: &Arc<Session>, p: OpenParams) -> Result<OpenResult, WireError> {
-    let path = target(s, &p, Open::read(true))?;
-    let (file, size, path) = blocking({
-        move || {
-            let f = path.reopen(libc::O_RDONLY | libc::O_CLOEXEC)?;
-            let path = path.path;
-            let m = f
-                .metadata()
-                .map_err(|e| io_error(&e, &path, "cannot stat"))?;
-            if m.is_dir() {
-                return Err(io_error(
-                    &std::io::Error::from_raw_os_error(libc::EISDIR),
-                    &path,
-                    "cannot open",
-                ));
-            }
-            Ok((f, m.len(), path))
-        }
-    })
-    .await?;
+    let (file, size, path) = open_resolved(target(s, &p, Open::read(true))?).await?;
     let handle = s.handles().insert(
         Handle::Read {
             file: Arc::new(file),

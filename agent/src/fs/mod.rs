@@ -12,6 +12,7 @@
 
 pub mod confine;
 pub mod handles;
+pub mod stream;
 pub mod walk;
 
 use crate::session::Session;

@@ -136,6 +136,7 @@ pub struct Session {
     handles: HandleTable,
     http: Arc<HttpContext>,
     streams: Arc<Streams>,
+    read_streams: Arc<Streams>,
     profile: Profile,
     audit: Audit,
     login_env: crate::login_env::LoginEnv,
@@ -190,7 +191,8 @@ impl Session {
             processes: Arc::default(),
             handles: HandleTable::default(),
             http,
-            streams: Arc::new(Streams::new(limits.max_http_streams)),
+            streams: Arc::new(Streams::new(limits.max_http_streams, "max_http_streams")),
+            read_streams: Arc::new(Streams::new(limits.max_read_streams, "max_read_streams")),
             limits,
             profile,
             audit,
@@ -223,6 +225,11 @@ impl Session {
         &self.streams
     }
 
+    /// The session's `fs/readStream`s.
+    pub fn read_streams(&self) -> &Arc<Streams> {
+        &self.read_streams
+    }
+
     /// Whether `initialize` succeeded.
     pub fn is_initialized(&self) -> bool {
         self.identity.get().is_some()
@@ -250,8 +257,10 @@ impl Session {
             link.attached = false;
             link.since = std::time::Instant::now();
             self.outbound.detach(notes);
-            // Streamed HTTP responses end with the connection.
+            // Streamed HTTP responses and read streams end with the
+            // connection (a read stream's file is closed).
             self.streams.cancel_all();
+            self.read_streams.cancel_all();
         }
     }
 
@@ -467,6 +476,7 @@ impl Session {
         self.handles.close_all();
         // Every HTTP stream: a final `cancelled` delta, connection closed.
         self.streams.cancel_all();
+        self.read_streams.cancel_all();
         tracing::debug!(session_id = self.id().unwrap_or_default(), "session ended");
     }
 }

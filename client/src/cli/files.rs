@@ -8,6 +8,7 @@ use executor_client::protocol::types::fs::{FileKind, WalkEntry, WalkResult};
 use executor_client::{Client, ErrorCode};
 use futures_util::StreamExt;
 use std::io::Write;
+use std::os::fd::AsFd;
 
 /// The remote home, asked for once and only when a path needs it.
 #[derive(Debug)]
@@ -84,7 +85,11 @@ pub async fn to_stdout(
     remote: &mut Remote<'_>,
     paths: &[String],
 ) -> anyhow::Result<()> {
+    // Blocks go to the descriptor itself, each in one write from the frame
+    // it arrived in: no copy into stdout's line buffer.
     let mut out = std::io::stdout().lock();
+    out.flush()?;
+    let mut out = std::fs::File::from(out.as_fd().try_clone_to_owned()?);
     for p in paths {
         let path = remote.path(p).await?;
         let (_, stream) = c.read_stream(path.as_str()).await?;
@@ -93,7 +98,6 @@ pub async fn to_stdout(
             out.write_all(&block?)?;
         }
     }
-    out.flush()?;
     Ok(())
 }
 

@@ -227,6 +227,67 @@ pub struct ReadBlockResult {
 }
 
 fs_params! {
+    /// `fs/readStream`: exactly one of `path` (resolved as `fs/open`
+    /// resolves it) and `handle` (a read handle of `fs/open`).
+    pub struct ReadStreamParams {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub path: Option<WirePath>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub handle: Option<u64>,
+        #[serde(default)]
+        pub offset: u64,
+        /// Bytes to read at most; to the end of the file when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub length: Option<u64>,
+        /// 1..=`max_block_bytes`.
+        pub block_bytes: u64,
+        /// The window: `block_bytes`..=`max_read_credit_bytes`.
+        pub credit_bytes: u64,
+    }
+}
+
+/// What `fs/readStream` answers; its blocks follow as notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadStreamResult {
+    pub stream_id: u64,
+    /// The file's size when the stream started.
+    pub size: u64,
+}
+
+/// `fs/readStream/data`: `data` is the file's bytes at `offset`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadStreamData {
+    pub stream_id: u64,
+    pub offset: u64,
+    pub data: ByteBuf,
+}
+
+/// `fs/readStream/end`: the last message of a stream. `total` is the
+/// number of data bytes sent; `error` says why it ended early.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadStreamEnd {
+    pub stream_id: u64,
+    pub total: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::error::WireError>,
+}
+
+fs_params! {
+    /// `fs/readCredit`: the client consumed `bytes` more of the stream.
+    pub struct ReadCreditParams {
+        pub stream_id: u64,
+        pub bytes: u64,
+    }
+}
+
+fs_params! {
+    /// `fs/readCancel`: end the stream now (its end carries `cancelled`).
+    pub struct ReadCancelParams {
+        pub stream_id: u64,
+    }
+}
+
+fs_params! {
     pub struct OpenWriteParams {
         pub path: WirePath,
         #[serde(default, skip_serializing_if = "Option::is_none")]

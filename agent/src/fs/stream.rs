@@ -1,0 +1,255 @@
+//! `fs/readStream`, `fs/readCredit`, `fs/readCancel` (docs/PROTOCOL.md §5):
+//! one request for a whole file, its blocks pushed as
+//! `fs/readStream/data` notifications within the window the client
+//! returns, then one `fs/readStream/end`.
+//!
+//! A path is resolved and opened exactly as `fs/open` does it (the same
+//! [`super::target`] under the request's sandbox intent); a handle is one
+//! `fs/open` opened. The stream's task holds the file, a `max_read_streams`
+//! slot and its [`Credit`]; it ends at the end of the range, on an error,
+//! on `fs/readCancel`, or when the connection drops (the session cancels
+//! its read streams on detach), and the file is closed with it.
+
+use super::confine::Open;
+use super::handles::open_resolved;
+use super::{blocking, io_error, read_at_most};
+use crate::outbound::{NotifyError, Outbound, Reply};
+use crate::session::Session;
+use crate::tables::streams::{Credit, Streams};
+use bytes::Bytes;
+use executor_protocol::methods;
+use executor_protocol::types::fs::{
+    ReadCancelParams, ReadCreditParams, ReadStreamEnd, ReadStreamParams, ReadStreamResult,
+};
+use executor_protocol::types::Empty;
+use executor_protocol::{ErrorCode, WireError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
+
+/// `block_bytes` and `credit_bytes` within their bounds.
+fn check_sizes(s: &Session, p: &ReadStreamParams) -> Result<(), WireError> {
+    let l = s.limits();
+    if p.block_bytes == 0 {
+        return Err(WireError::invalid_params(
+            "block_bytes",
+            "block_bytes must be at least 1",
+        ));
+    }
+    if p.block_bytes > l.max_block_bytes {
+        return Err(WireError::limit(
+            "max_block_bytes",
+            l.max_block_bytes,
+            Some(p.block_bytes),
+        ));
+    }
+    if p.credit_bytes < p.block_bytes {
+        return Err(WireError::invalid_params(
+            "credit_bytes",
+            format!(
+                "credit_bytes {} is below block_bytes {}: not one block could be sent",
+                p.credit_bytes, p.block_bytes
+            ),
+        ));
+    }
+    if p.credit_bytes > l.max_read_credit_bytes {
+        return Err(WireError::limit(
+            "max_read_credit_bytes",
+            l.max_read_credit_bytes,
+            Some(p.credit_bytes),
+        ));
+    }
+    Ok(())
+}
+
+/// `fs/readStream`: the stream's head (its id and the file's size), queued
+/// before its first block.
+pub async fn read_stream(s: &Arc<Session>, p: ReadStreamParams) -> Result<Reply, WireError> {
+    check_sizes(s, &p)?;
+    let slot = s.read_streams().reserve_slot()?;
+    let (file, size, path) = match (&p.path, p.handle) {
+        (Some(path), None) => {
+            let resolved =
+                super::confine::confined(s.profile(), &p, path, "path", Open::read(true))?;
+            let (file, size, path) = open_resolved(resolved).await?;
+            (Arc::new(file), size, path)
+        }
+        (None, Some(handle)) => {
+            let (file, path) = s.handles().reader(handle)?;
+            let (file, size, path) = blocking(move || {
+                let size = file
+                    .metadata()
+                    .map_err(|e| io_error(&e, &path, "cannot stat"))?
+                    .len();
+                Ok((file, size, path))
+            })
+            .await?;
+            (file, size, path)
+        }
+        (Some(_), Some(_)) => {
+            return Err(WireError::invalid_params(
+                "handle",
+                "give either path or handle, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(WireError::invalid_params(
+                "path",
+                "give the path (or the handle) of the file to read",
+            ))
+        }
+    };
+    let end = match p.length {
+        Some(len) => p.offset.checked_add(len).ok_or_else(|| {
+            WireError::invalid_params(
+                "length",
+                format!("offset {} + length {len} overflows", p.offset),
+            )
+        })?,
+        None => u64::MAX,
+    };
+    let (stream_id, token, credit) = s.read_streams().open_with_credit(p.credit_bytes);
+    let (started, start) = oneshot::channel();
+    let pump = Pump {
+        streams: s.read_streams().clone(),
+        outbound: s.outbound().clone(),
+        stream_id,
+        file,
+        path,
+        offset: p.offset,
+        end,
+        block: p.block_bytes,
+        credit,
+        token,
+        _slot: slot,
+    };
+    tokio::spawn(pump.run(start));
+    Ok(Reply::Stream {
+        head: Box::new(ReadStreamResult { stream_id, size }),
+        started,
+    })
+}
+
+/// `fs/readCredit`
+pub async fn read_credit(s: &Arc<Session>, p: ReadCreditParams) -> Result<Empty, WireError> {
+    s.read_streams().give_back(p.stream_id, p.bytes)?;
+    Ok(Empty {})
+}
+
+/// `fs/readCancel`
+pub async fn read_cancel(s: &Arc<Session>, p: ReadCancelParams) -> Result<Empty, WireError> {
+    s.read_streams().cancel(p.stream_id)?;
+    Ok(Empty {})
+}
+
+/// One stream's task: read a block when the window has room for it, push
+/// it, repeat; then the end.
+struct Pump {
+    streams: Arc<Streams>,
+    outbound: Outbound,
+    stream_id: u64,
+    file: Arc<std::fs::File>,
+    path: PathBuf,
+    offset: u64,
+    /// One past the last byte to send (`u64::MAX`: to the end of the file).
+    end: u64,
+    block: u64,
+    credit: Arc<Credit>,
+    token: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// How a stream's loop ended.
+enum Ending {
+    /// Tell the client (`None`: the whole range was sent).
+    End(Option<WireError>),
+    /// The connection is gone: nobody to tell.
+    Gone,
+}
+
+impl Pump {
+    async fn run(mut self, start: oneshot::Receiver<()>) {
+        // The head must be queued before the first block; if it never is,
+        // nobody knows this stream.
+        if start.await.is_err() {
+            self.streams.remove(self.stream_id);
+            return;
+        }
+        let mut total = 0u64;
+        let ending = self.pump(&mut total).await;
+        self.streams.remove(self.stream_id);
+        let Pump {
+            file,
+            outbound,
+            stream_id,
+            _slot: slot,
+            ..
+        } = self;
+        // The file closes now (unless an `fs/open` handle still holds it),
+        // and the slot is free before the end is told.
+        drop(file);
+        drop(slot);
+        if let Ending::End(error) = ending {
+            let end = ReadStreamEnd {
+                stream_id,
+                total,
+                error,
+            };
+            let _ = outbound.notify(methods::FS_READ_STREAM_END, &end).await;
+        }
+    }
+
+    async fn pump(&mut self, total: &mut u64) -> Ending {
+        loop {
+            let want = self.block.min(self.end - self.offset);
+            if want == 0 {
+                return Ending::End(None);
+            }
+            tokio::select! {
+                _ = self.credit.take(want) => {}
+                _ = self.token.cancelled() => return Ending::End(Some(self.cancelled())),
+            }
+            let (file, path, offset) = (self.file.clone(), self.path.clone(), self.offset);
+            let read = blocking(move || {
+                read_at_most(&file, offset, want as usize)
+                    .map_err(|e| io_error(&e, &path, "cannot read"))
+            })
+            .await;
+            let data = match read {
+                Ok(d) => d,
+                Err(e) => return Ending::End(Some(e)),
+            };
+            let n = data.len() as u64;
+            if n > 0 {
+                // The data follows its frame head by reference: never copied.
+                let sent = tokio::select! {
+                    r = self.outbound.notify_read_data(self.stream_id, offset, Bytes::from(data)) => r,
+                    _ = self.token.cancelled() => return Ending::End(Some(self.cancelled())),
+                };
+                match sent {
+                    Ok(()) => {}
+                    Err(NotifyError::Unencodable(e)) => {
+                        return Ending::End(Some(WireError::new(ErrorCode::Internal, e)))
+                    }
+                    Err(_) => return Ending::Gone,
+                }
+            }
+            *total += n;
+            self.offset += n;
+            if n < want {
+                // The end of the file.
+                self.credit.untake(want - n);
+                return Ending::End(None);
+            }
+        }
+    }
+
+    fn cancelled(&self) -> WireError {
+        WireError::new(
+            ErrorCode::Cancelled,
+            format!("read stream {} was cancelled", self.stream_id),
+        )
+        .with("stream_id", self.stream_id)
+    }
+}
