@@ -252,8 +252,8 @@ impl Walk<'_> {
             None => 0,
             Some(a) => list.partition_point(|e| e.0.as_slice() <= a.as_slice()),
         };
-        // The last name given is kept only when the page ends here (one
-        // copy per page, not one per entry).
+        // The last name given (where a cursor resumes) is copied once per
+        // directory, not once per entry.
         let mut given: Option<&[u8]> = None;
         let mut stop = None;
         for (name, entry) in &list[start..] {
