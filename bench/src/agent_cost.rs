@@ -32,7 +32,7 @@ pub async fn cold_start(iterations: usize) -> anyhow::Result<Row> {
         baseline: format!("{:.2} ms (spawn+exit of `/bin/true`)", base.as_secs_f64() * 1e3),
         ratio: ours.as_secs_f64() / base.as_secs_f64(),
         goal: "< 10 ms".into(),
-        met: ms < 10.0,
+        met: Some(ms < 10.0),
         note: "includes the preamble, the client's `initialize` request and the sandbox capability probe".into(),
     })
 }
@@ -58,7 +58,7 @@ pub async fn idle_rss() -> anyhow::Result<Row> {
         baseline: format!("{:.1} MiB (`sleep`)", base as f64 / 1024.0),
         ratio: ours as f64 / base as f64,
         goal: "< 8 MiB".into(),
-        met: ours < 8 * 1024,
+        met: Some(ours < 8 * 1024),
         note: "sshd's own per-connection process is about 10 MB".into(),
     })
 }
@@ -81,7 +81,7 @@ pub async fn streaming_peak_rss(bytes: u64) -> anyhow::Result<Row> {
         baseline: format!("{:.1} MiB (`sleep`)", base as f64 / 1024.0),
         ratio: peak as f64 / base.max(1) as f64,
         goal: "< 64 MiB".into(),
-        met: peak > 0 && peak < 64 * 1024,
+        met: Some(peak > 0 && peak < 64 * 1024),
         note: format!(
             "{} GiB in {:.1} s; the retained output buffer (1 MiB) and the bounded notification queue are the only buffers",
             bytes >> 30,
@@ -158,7 +158,7 @@ pub fn wire_cost() -> anyhow::Result<Vec<Row>> {
             baseline: format!("{js_len} B (JSON + base64)"),
             ratio: mp_len as f64 / js_len as f64,
             goal: "≤ 0.76× (no base64 inflation)".into(),
-            met: (mp_len as f64) < 0.76 * js_len as f64,
+            met: Some((mp_len as f64) < 0.76 * js_len as f64),
             note: format!("{} bytes of envelope around the 1,048,576 data bytes", mp_len - (1 << 20)),
         },
         Row {
@@ -167,7 +167,7 @@ pub fn wire_cost() -> anyhow::Result<Vec<Row>> {
             baseline: format!("{:.0} µs (serde_json + base64)", js.as_secs_f64() * 1e6),
             ratio: mp.as_secs_f64() / js.as_secs_f64(),
             goal: "faster (< 1×)".into(),
-            met: mp < js,
+            met: Some(mp < js),
             note: "both sides copy the block once into the message and once out; the agent's own path writes blocks after a prepared head without that copy".into(),
         },
     ])

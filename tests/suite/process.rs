@@ -750,3 +750,40 @@ pub mod on {
     pub use super::tty_has_a_pts_and_resize_is_seen_on as tty_has_a_pts_and_resize_is_seen;
     pub use super::two_hundred_concurrent_processes_keep_their_own_output_on as two_hundred_concurrent_processes_keep_their_own_output;
 }
+
+/// An idle job costs the agent little memory: its output pumps take a read
+/// buffer only once their pipe is readable. (When each pump held its
+/// 64 KiB buffer while waiting, a resident page of each made about 16 KiB
+/// per job in a release build; now it is about 8 KiB.)
+#[tokio::test]
+async fn idle_jobs_hold_no_output_read_buffers() {
+    const JOBS: u64 = 300;
+    let c = Client::spawn(
+        tokio::process::Command::new(executor_bin()),
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let pid = c.transport_pid().unwrap();
+    c.process_list().await.unwrap();
+    let idle = status_kib(pid, "VmRSS");
+    let params = ProcessStartParams::new(vec!["sleep".into(), "1000".into()], "/", env());
+    let mut jobs = Vec::new();
+    for _ in 0..JOBS {
+        jobs.push(c.start(&params).await.unwrap());
+    }
+    let listed = c.process_list().await.unwrap().processes;
+    assert_eq!(listed.len() as u64, JOBS);
+    assert!(listed.iter().all(|p| p.running));
+    let loaded = status_kib(pid, "VmRSS");
+    for j in &jobs {
+        j.signal(SignalName::Kill).await.unwrap();
+    }
+    for j in jobs {
+        j.wait().await.unwrap();
+    }
+    assert!(idle > 0 && loaded > 0, "RSS {idle} KiB → {loaded} KiB");
+    let per_job = (loaded.saturating_sub(idle)) / JOBS;
+    eprintln!("{JOBS} idle jobs: agent RSS {idle} KiB → {loaded} KiB, {per_job} KiB per job");
+    assert!(per_job < 12, "{per_job} KiB of agent RSS per idle job");
+}

@@ -252,22 +252,31 @@ impl Walk<'_> {
             None => 0,
             Some(a) => list.partition_point(|e| e.0.as_slice() <= a.as_slice()),
         };
+        // The last name given (where a cursor resumes) is copied once per
+        // directory, not once per entry.
+        let mut given: Option<&[u8]> = None;
+        let mut stop = None;
         for (name, entry) in &list[start..] {
             if !self.p.include_hidden && name.first() == Some(&b'.') {
                 continue;
             }
             let path = join(&rel, name);
             if self.entries.len() as u64 >= self.max_entries {
-                return Ok(Next::Stop(TruncatedBy::MaxEntries));
+                stop = Some(TruncatedBy::MaxEntries);
+                break;
             }
             let room = self.size_est + self.queue_est;
             if room + encoded_size(&path, true) + encoded_size(&path, false) > self.max_bytes {
-                return Ok(Next::Stop(TruncatedBy::MaxResponseBytes));
+                stop = Some(TruncatedBy::MaxResponseBytes);
+                break;
             }
             self.add(&abs, path, name, entry, depth);
+            given = Some(name);
+        }
+        if let Some(name) = given {
             self.after = Some(name.to_vec());
         }
-        Ok(Next::Continue)
+        Ok(stop.map_or(Next::Continue, Next::Stop))
     }
 
     /// One listed entry: an entry (a carve-out by name only, never

@@ -34,7 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::AsyncReadExt;
 
 /// Options of a start that `process/start` and `exec_command` share.
 #[derive(Debug)]
@@ -229,30 +229,74 @@ fn start_pumps(
     let outbound = s.outbound();
     let pump = |stream, r| pump(proc.clone(), stream, r, outbound.clone(), chunk);
     if let Some(r) = pty_reader {
-        tokio::spawn(pump(OutputStream::Pty, Box::new(r)));
+        tokio::spawn(pump(OutputStream::Pty, r));
         return;
     }
-    if let Some(out) = spawned.stdout.take() {
-        tokio::spawn(pump(OutputStream::Stdout, Box::new(out)));
-    }
-    if let Some(err) = spawned.stderr.take() {
-        tokio::spawn(pump(OutputStream::Stderr, Box::new(err)));
+    let pipes = [
+        (
+            OutputStream::Stdout,
+            spawned.stdout.take().map(|p| p.into_owned_fd()),
+        ),
+        (
+            OutputStream::Stderr,
+            spawned.stderr.take().map(|p| p.into_owned_fd()),
+        ),
+    ];
+    for (stream, fd) in pipes {
+        match fd.map(|fd| fd.and_then(PtyReader::from_owned_fd)) {
+            Some(Ok(r)) => {
+                tokio::spawn(pump(stream, r));
+            }
+            Some(Err(e)) => {
+                // Never for a pipe the agent made; the job still runs,
+                // this stream's output is lost (and said so).
+                tracing::warn!(process_id = %proc.id, stream = ?stream, error = %e, "cannot read the job's output");
+                proc.stream_closed();
+            }
+            None => proc.stream_closed(),
+        }
     }
 }
 
+/// A read's bytes as a chunk to retain: a read that filled less than
+/// half of its buffer is copied into one of its own size, so a retained
+/// chunk never holds more than twice its bytes (the output buffer's bound
+/// counts bytes: a job printing a line at a time must not pin a whole
+/// read buffer per line).
+fn seal(buf: BytesMut) -> bytes::Bytes {
+    if buf.len() * 2 < buf.capacity() {
+        bytes::Bytes::copy_from_slice(&buf)
+    } else {
+        buf.freeze()
+    }
+}
+
+/// Drain one output stream. The read buffer is taken only once the
+/// stream is readable, so an idle job holds no buffer.
 async fn pump(
     proc: Arc<Proc>,
     stream: OutputStream,
-    mut r: Box<dyn AsyncRead + Unpin + Send>,
+    r: PtyReader,
     outbound: Outbound,
     chunk: usize,
 ) {
     loop {
+        if let Err(e) = r.readable().await {
+            tracing::debug!(process_id = %proc.id, error = %e, "output ended");
+            break;
+        }
         let mut buf = BytesMut::with_capacity(chunk);
-        match r.read_buf(&mut buf).await {
+        match r.try_read_buf(&mut buf) {
             Ok(0) => break,
-            Ok(_) => proc.append(stream, buf.freeze(), &outbound).await,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Ok(_) => proc.append(stream, seal(buf), &outbound).await,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
             Err(e) => {
                 // EIO from a PTY master: the job side is closed.
                 tracing::debug!(process_id = %proc.id, error = %e, "output ended");
@@ -534,6 +578,26 @@ mod tests {
         let ok = check_options(&s, &options(&argv, &cwd)).unwrap();
         assert_eq!(ok, s.limits().output_buffer_bytes);
         assert!(s.processes().all().is_empty());
+    }
+
+    #[test]
+    fn a_retained_chunk_holds_at_most_twice_its_bytes() {
+        // What a chunk pins is its allocation, not its length: a short
+        // read is copied out of the 64 KiB read buffer.
+        let held = |b: bytes::Bytes| b.try_into_mut().expect("unique").capacity();
+        for n in [1usize, 100, 32 * 1024 - 1] {
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            buf.extend_from_slice(&vec![7u8; n]);
+            let chunk = seal(buf);
+            assert_eq!(chunk.len(), n);
+            assert!(held(chunk) <= 2 * n, "a {n}-byte chunk holds too much");
+        }
+        // A read that filled the buffer keeps it (no copy).
+        let mut full = BytesMut::with_capacity(64 * 1024);
+        full.extend_from_slice(&[1u8; 40 * 1024]);
+        let ptr = full.as_ptr();
+        let chunk = seal(full);
+        assert_eq!(chunk.as_ptr(), ptr);
     }
 
     #[test]
