@@ -33,7 +33,8 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 pub struct OutFrame {
     pub bytes: Vec<u8>,
     pub tail: Option<bytes::Bytes>,
-    /// Released when written: bounds requests between arrival and answer.
+    /// Released when written: bounds requests between arrival and answer,
+    /// and the read streams' read-ahead (`Session::read_ahead`).
     pub permit: Option<OwnedSemaphorePermit>,
     /// Fired once the frame is queued: what is queued after it (a stream's
     /// notifications) is written after it.
@@ -396,11 +397,14 @@ impl Outbound {
         stream_id: u64,
         offset: u64,
         data: Bytes,
+        held: OwnedSemaphorePermit,
     ) -> Result<(), NotifyError> {
         let mut head = Vec::with_capacity(64);
         encode_read_stream_data_head(&mut head, stream_id, offset, data.len(), self.max_frame)
             .map_err(|e| NotifyError::Unencodable(e.to_string()))?;
-        self.notify_frame(with_tail(head, data)).await
+        let mut frame = with_tail(head, data);
+        frame.permit = Some(held);
+        self.notify_frame(frame).await
     }
 
     /// Queue a prepared notification frame, waiting at most `patience` for

@@ -375,3 +375,53 @@ async fn bounds_are_limit_exceeded_and_bad_values_are_named() {
     assert_eq!(end.stream_id, held[0]);
     c.call(&params(&f, 4096, 4096)).await.unwrap();
 }
+
+/// All of a session's read streams share one read-ahead: 32 streams with
+/// whole-file windows on a connection nobody reads hold about one window
+/// (16 MiB) in the agent, not every window (128 MiB); read, everything
+/// arrives.
+#[tokio::test]
+async fn streams_on_a_connection_nobody_reads_share_one_read_ahead() {
+    const STREAMS: u64 = 32;
+    const LEN: usize = 4 << 20;
+    let mut a = RawAgent::initialized().await;
+    let d = unique_tempdir("rs-ahead");
+    let f = d.join("f");
+    std::fs::write(&f, pattern(LEN)).unwrap();
+    let pid = a.child.id().unwrap();
+    let before = status_kib(pid, "VmRSS");
+    for id in 1..=STREAMS {
+        // A block more than the file: the short read that ends the stream
+        // needs room in the window too.
+        a.send_request(
+            id,
+            m::FS_READ_STREAM,
+            &params(&f, 1 << 20, (LEN + (1 << 20)) as u64),
+        )
+        .await;
+    }
+    // Nothing is read from the agent while it works through the requests.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let grown_mib = status_kib(pid, "VmHWM").saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < 48,
+        "the agent grew by {grown_mib} MiB holding blocks nobody read"
+    );
+    // Control: every byte of every stream arrives once read.
+    let mut seen = Seen::default();
+    let mut ends = 0;
+    while ends < STREAMS {
+        let v = a.recv().await.expect("agent closed");
+        match get(&v, "method").and_then(|x| x.as_str()) {
+            Some(m::FS_READ_STREAM_DATA) => match path(&v, "params.data") {
+                Some(Value::Binary(b)) => seen.data.push((0, b.len())),
+                other => panic!("data is not bin: {other:?}"),
+            },
+            Some(m::FS_READ_STREAM_END) => ends += 1,
+            _ => {}
+        }
+    }
+    let total: usize = seen.data.iter().map(|(_, n)| n).sum();
+    assert_eq!(total as u64, STREAMS * LEN as u64);
+    std::fs::remove_dir_all(&d).unwrap();
+}

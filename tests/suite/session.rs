@@ -851,6 +851,7 @@ async fn ask_while_detached_denies_at_once_with_an_audit_line() {
     assert_eq!(asked_a.load(Ordering::SeqCst), 1);
     b.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
 
 /// Whether `pid` has a descriptor open on `file`.
 fn holds_open(pid: u32, file: &Path) -> bool {

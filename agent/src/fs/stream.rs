@@ -121,6 +121,7 @@ pub async fn read_stream(s: &Arc<Session>, p: ReadStreamParams) -> Result<Reply,
         end,
         block: p.block_bytes,
         credit,
+        read_ahead: s.read_ahead().clone(),
         token,
         _slot: slot,
     };
@@ -156,6 +157,8 @@ struct Pump {
     end: u64,
     block: u64,
     credit: Arc<Credit>,
+    /// The session's read-ahead, shared by its streams.
+    read_ahead: Arc<tokio::sync::Semaphore>,
     token: CancellationToken,
     _slot: OwnedSemaphorePermit,
 }
@@ -210,6 +213,19 @@ impl Pump {
                 _ = self.credit.take(want) => {}
                 _ = self.token.cancelled() => return Ending::End(Some(self.cancelled())),
             }
+            // The session's read-ahead: the block's bytes are held from
+            // before the read until its frame is written.
+            let permits = u32::try_from(want).unwrap_or(u32::MAX);
+            let held = tokio::select! {
+                p = self.read_ahead.clone().acquire_many_owned(permits) => p,
+                _ = self.token.cancelled() => {
+                    self.credit.untake(want);
+                    return Ending::End(Some(self.cancelled()));
+                }
+            };
+            let Ok(held) = held else {
+                return Ending::Gone;
+            };
             let (file, path, offset) = (self.file.clone(), self.path.clone(), self.offset);
             let read = blocking(move || {
                 read_at_most(&file, offset, want as usize)
@@ -224,7 +240,7 @@ impl Pump {
             if n > 0 {
                 // The data follows its frame head by reference: never copied.
                 let sent = tokio::select! {
-                    r = self.outbound.notify_read_data(self.stream_id, offset, Bytes::from(data)) => r,
+                    r = self.outbound.notify_read_data(self.stream_id, offset, Bytes::from(data), held) => r,
                     _ = self.token.cancelled() => return Ending::End(Some(self.cancelled())),
                 };
                 match sent {

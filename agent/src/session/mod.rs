@@ -137,9 +137,23 @@ pub struct Session {
     http: Arc<HttpContext>,
     streams: Arc<Streams>,
     read_streams: Arc<Streams>,
+    /// Bytes the session's read streams hold, read and not yet written to
+    /// the connection (all streams together).
+    read_ahead: Arc<tokio::sync::Semaphore>,
     profile: Profile,
     audit: Audit,
     login_env: crate::login_env::LoginEnv,
+}
+
+/// How many bytes all of a session's read streams may hold at once, read
+/// and not yet written: one stream's largest window (`max_read_credit_bytes`),
+/// and at least one block, so that `max_read_streams` streams waiting on a
+/// slow connection hold no more than one stream could.
+pub fn read_ahead_bytes(l: &Limits) -> usize {
+    let bytes = l.max_read_credit_bytes.max(l.max_block_bytes);
+    usize::try_from(bytes)
+        .unwrap_or(usize::MAX)
+        .min(tokio::sync::Semaphore::MAX_PERMITS)
 }
 
 impl std::fmt::Debug for Session {
@@ -193,6 +207,7 @@ impl Session {
             http,
             streams: Arc::new(Streams::new(limits.max_http_streams, "max_http_streams")),
             read_streams: Arc::new(Streams::new(limits.max_read_streams, "max_read_streams")),
+            read_ahead: Arc::new(tokio::sync::Semaphore::new(read_ahead_bytes(&limits))),
             limits,
             profile,
             audit,
@@ -228,6 +243,12 @@ impl Session {
     /// The session's `fs/readStream`s.
     pub fn read_streams(&self) -> &Arc<Streams> {
         &self.read_streams
+    }
+
+    /// The read streams' shared read-ahead: a block takes its size in
+    /// permits before it is read and gives them back once written.
+    pub fn read_ahead(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.read_ahead
     }
 
     /// Whether `initialize` succeeded.
