@@ -464,3 +464,38 @@ fn get_r_never_writes_through_a_link_it_made() {
     assert_eq!(link_at(&fresh.join("d/sub/g")), Path::new("f"));
     assert_eq!(listing(&out), Vec::<String>::new());
 }
+
+// What a remote sends never writes control characters onto the user's
+// terminal: a remote FIFO (skipped by `get -r`) and a missing file (an
+// error from the agent, `cat`) named with an escape sequence and a BEL
+// are shown with them escaped. Control: the names are shown, escaped.
+#[test]
+fn remote_names_reach_the_terminal_with_control_characters_escaped() {
+    let via = Via::Local;
+    let d = unique_tempdir("cli-escapes");
+    let tree = d.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let evil = "a\u{1b}]0;pwned\u{7}b";
+    nix::unistd::mkfifo(
+        &tree.join(evil),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let got = via.output(&["get", "-r", s(&tree), s(&d.join("copy"))]);
+    let err = String::from_utf8_lossy(&got.stderr).into_owned();
+    assert!(got.status.success(), "{}", text(&got));
+    assert!(
+        err.contains("a\\x1b]0;pwned\\x07b") && err.contains("skipped"),
+        "{err:?}"
+    );
+    assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+    let missing = format!("{}/\u{1b}[31mred\u{9b}", s(&d));
+    let got = via.output(&["cat", &missing]);
+    let err = String::from_utf8_lossy(&got.stderr).into_owned();
+    assert!(!got.status.success());
+    assert!(err.contains("\\x1b[31mred\\u{9b}"), "{err:?}");
+    assert!(
+        !err.contains('\u{1b}') && !err.contains('\u{9b}'),
+        "{err:?}"
+    );
+}

@@ -123,7 +123,7 @@ fn absolute(p: &str, base: &str) -> String {
 /// Print what of the intent was not enforced.
 pub fn report_degraded(what: &str, degraded: &[String]) {
     for entry in degraded {
-        eprintln!("executor-client: {what}: sandbox not enforced: {entry}");
+        say!("executor-client: {what}: sandbox not enforced: {entry}");
     }
 }
 

@@ -170,7 +170,7 @@ impl Copy<'_> {
                     self.get_file(&from, &st, tree.entry(rel)?, &bar).await?;
                 }
                 FileKind::Symlink => links.push((from, rel)),
-                _ => eprintln!(
+                _ => say!(
                     "executor-client: get -r: {from}: not a regular file, directory or symlink, skipped"
                 ),
             }
@@ -253,7 +253,7 @@ impl Copy<'_> {
                         .with_context(|| format!("reading the link {}", entry.path().display()))?;
                     links.push((r, target));
                 } else {
-                    eprintln!(
+                    say!(
                         "executor-client: put -r: {}: not a regular file, directory or symlink, skipped",
                         entry.path().display()
                     );
