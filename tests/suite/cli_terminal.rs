@@ -17,6 +17,17 @@ fn on_a_terminal(argv: &[String], answer: &str) -> (Option<i32>, String) {
 
 /// [`on_a_terminal`], typing `answer` after `question` appears.
 fn on_a_terminal_at(argv: &[String], question: &str, answer: &str) -> (Option<i32>, String) {
+    on_a_terminal_with(argv, ("", ""), question, answer)
+}
+
+/// [`on_a_terminal_at`], first typing `prelude.1` (no Enter) once
+/// `prelude.0` appears (when not empty).
+fn on_a_terminal_with(
+    argv: &[String],
+    prelude: (&str, &str),
+    question: &str,
+    answer: &str,
+) -> (Option<i32>, String) {
     const DRIVER: &str = r#"
 import os, pty, sys, time
 answer = os.environ["ANSWER"].encode()
@@ -34,6 +45,10 @@ def until(token, secs=25):
         except OSError:
             return False
     return token in seen
+prelude = os.environ["PRELUDE"].encode()
+if prelude and until(prelude):
+    time.sleep(0.2)
+    os.write(fd, os.environ["PRELUDE_KEYS"].encode())
 if until(question) and answer:
     time.sleep(0.2)
     os.write(fd, answer + b"\r")
@@ -61,6 +76,8 @@ sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
         .args(argv)
         .env("ANSWER", answer)
         .env("QUESTION", question)
+        .env("PRELUDE", prelude.0)
+        .env("PRELUDE_KEYS", prelude.1)
         .output()
         .expect("python3");
     (
@@ -234,6 +251,45 @@ fn a_flood_of_questions_never_outlives_the_agents_wait() {
     assert_eq!(screen.matches("flood=403").count(), 6, "{screen}");
     assert!(screen.contains("flood-done"), "{screen}");
     assert!(screen.contains("code=200"), "allowed: {screen}");
+    assert!(screen.contains("job read: for-the-job"), "{screen}");
+    assert_eq!(code, Some(0), "{screen}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// An answer is a whole line typed while its question is asked: with
+// `--tty` (raw mode: every key reaches the client as typed) a first
+// question ends while its answer is half typed (`x`), the next question
+// comes, and the rest of that line (the second destination) allows
+// nothing. Control: the second destination typed as a line of its own
+// (`a_typed_destination…`, `with_tty_raw_mode…`) is allowed.
+#[test]
+fn the_end_of_a_line_begun_for_another_question_allows_nothing() {
+    if !have_tools() {
+        return;
+    }
+    let port = tiny_http_server();
+    let dir = unique_tempdir("ask-split");
+    let intent = dir.join("intent.json");
+    std::fs::write(
+        &intent,
+        r#"{"network": {"allow_hosts": [], "ask": true, "ask_timeout_ms": 3000}}"#,
+    )
+    .unwrap();
+    let first = "curl -sS -o /dev/null -w 'first=%{http_code} ' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:1/ & sleep 0.3; ";
+    let dest = format!("localhost:{port}");
+    let (code, screen) = on_a_terminal_with(
+        &argv(
+            &Via::Local,
+            &["--tty", "--sandbox", intent.to_str().unwrap()],
+            &format!("{first}{}; wait", job(port, false)),
+        ),
+        ("asks to reach localhost:1;", "x"),
+        &format!("asks to reach {dest}; type {dest} to allow it, anything else denies: "),
+        &dest,
+    );
+    assert!(screen.contains("first=403"), "{screen}");
+    assert!(screen.contains("code=403"), "denied: {screen}");
+    assert!(!screen.contains("code=200"), "{screen}");
     assert!(screen.contains("job read: for-the-job"), "{screen}");
     assert_eq!(code, Some(0), "{screen}");
     std::fs::remove_dir_all(&dir).unwrap();
