@@ -424,3 +424,78 @@ fn put_r_makes_links_only_inside_a_rw_root() {
     assert_eq!(out.status.code(), Some(125), "{}", text(&out));
     assert!(out.stdout.is_empty(), "{}", text(&out));
 }
+
+// A remote tree's link is never written through by the local side of a
+// `get -r`: two sources with one name (`a/d` and `b/d` into `dest/`), the
+// first's `d/sub` a link to a directory outside `dest`, the second's
+// `d/sub` a directory holding `f` and `g` (a link): nothing appears
+// outside `dest`, the copy is refused naming the link in the way, and the
+// link is left as it was made. Positive control: the second tree alone
+// copies whole into a fresh destination.
+#[test]
+fn get_r_never_writes_through_a_link_it_made() {
+    let via = Via::Local;
+    let d = unique_tempdir("cli-get-through");
+    let (a, b, out) = (d.join("a/d"), d.join("b/d"), d.join("outside"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(b.join("sub")).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    std::os::unix::fs::symlink(&out, a.join("sub")).unwrap();
+    std::fs::write(b.join("sub/f"), "remote").unwrap();
+    std::os::unix::fs::symlink("f", b.join("sub/g")).unwrap();
+    let dest = d.join("dest");
+    std::fs::create_dir(&dest).unwrap();
+    let out_dest = format!("{}/", s(&dest));
+    let got = via.output(&["get", "-r", s(&a), s(&b), &out_dest]);
+    assert!(!got.status.success(), "{}", text(&got));
+    assert!(
+        text(&got).contains("sub") && text(&got).contains("link"),
+        "{}",
+        text(&got)
+    );
+    assert_eq!(listing(&out), Vec::<String>::new(), "{}", text(&got));
+    assert_eq!(link_at(&dest.join("d/sub")), out);
+    // Positive control: the second tree alone, into a fresh destination.
+    let fresh = d.join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    let got = via.output(&["get", "-r", s(&b), &format!("{}/", s(&fresh))]);
+    assert!(got.status.success(), "{}", text(&got));
+    assert_eq!(std::fs::read(fresh.join("d/sub/f")).unwrap(), b"remote");
+    assert_eq!(link_at(&fresh.join("d/sub/g")), Path::new("f"));
+    assert_eq!(listing(&out), Vec::<String>::new());
+}
+
+// What a remote sends never writes control characters onto the user's
+// terminal: a remote FIFO (skipped by `get -r`) and a missing file (an
+// error from the agent, `cat`) named with an escape sequence and a BEL
+// are shown with them escaped. Control: the names are shown, escaped.
+#[test]
+fn remote_names_reach_the_terminal_with_control_characters_escaped() {
+    let via = Via::Local;
+    let d = unique_tempdir("cli-escapes");
+    let tree = d.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let evil = "a\u{1b}]0;pwned\u{7}b";
+    nix::unistd::mkfifo(
+        &tree.join(evil),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let got = via.output(&["get", "-r", s(&tree), s(&d.join("copy"))]);
+    let err = String::from_utf8_lossy(&got.stderr).into_owned();
+    assert!(got.status.success(), "{}", text(&got));
+    assert!(
+        err.contains("a\\x1b]0;pwned\\x07b") && err.contains("skipped"),
+        "{err:?}"
+    );
+    assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+    let missing = format!("{}/\u{1b}[31mred\u{9b}", s(&d));
+    let got = via.output(&["cat", &missing]);
+    let err = String::from_utf8_lossy(&got.stderr).into_owned();
+    assert!(!got.status.success());
+    assert!(err.contains("\\x1b[31mred\\u{9b}"), "{err:?}");
+    assert!(
+        !err.contains('\u{1b}') && !err.contains('\u{9b}'),
+        "{err:?}"
+    );
+}

@@ -12,9 +12,26 @@ use executor_tests::*;
 /// (when not empty) after the question appears, then `for-the-job` after
 /// the job prints `asked`; returns the exit code and the whole screen.
 fn on_a_terminal(argv: &[String], answer: &str) -> (Option<i32>, String) {
+    on_a_terminal_at(argv, "anything else denies: ", answer)
+}
+
+/// [`on_a_terminal`], typing `answer` after `question` appears.
+fn on_a_terminal_at(argv: &[String], question: &str, answer: &str) -> (Option<i32>, String) {
+    on_a_terminal_with(argv, ("", ""), question, answer)
+}
+
+/// [`on_a_terminal_at`], first typing `prelude.1` (no Enter) once
+/// `prelude.0` appears (when not empty).
+fn on_a_terminal_with(
+    argv: &[String],
+    prelude: (&str, &str),
+    question: &str,
+    answer: &str,
+) -> (Option<i32>, String) {
     const DRIVER: &str = r#"
 import os, pty, sys, time
 answer = os.environ["ANSWER"].encode()
+question = os.environ["QUESTION"].encode()
 pid, fd = pty.fork()
 if pid == 0:
     os.execvp(sys.argv[1], sys.argv[1:])
@@ -28,7 +45,11 @@ def until(token, secs=25):
         except OSError:
             return False
     return token in seen
-if until(b"anything else denies: ") and answer:
+prelude = os.environ["PRELUDE"].encode()
+if prelude and until(prelude):
+    time.sleep(0.2)
+    os.write(fd, os.environ["PRELUDE_KEYS"].encode())
+if until(question) and answer:
     time.sleep(0.2)
     os.write(fd, answer + b"\r")
 if until(b"asked"):
@@ -54,6 +75,9 @@ sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
         .arg(DRIVER)
         .args(argv)
         .env("ANSWER", answer)
+        .env("QUESTION", question)
+        .env("PRELUDE", prelude.0)
+        .env("PRELUDE_KEYS", prelude.1)
         .output()
         .expect("python3");
     (
@@ -185,6 +209,87 @@ fn an_unanswered_question_ends_at_the_intents_timeout_and_the_next_line_is_the_j
     );
     assert!(screen.contains("no answer in time: denied"), "{screen}");
     assert!(screen.contains("code=403"), "{screen}");
+    assert!(screen.contains("job read: for-the-job"), "{screen}");
+    assert_eq!(code, Some(0), "{screen}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// A job that asks for many destinations at once cannot queue questions
+// past the agent's own wait: each question ends at the deadline its
+// request has (arrival + ask_timeout_ms), waiting for the terminal
+// included, so once a flood of six is denied the next destination's
+// question is on the terminal while the agent still waits, and typing it
+// allows it. (Queued one after another, each for its whole timeout, the
+// stale ones held the terminal for ~9 s and the real one was denied
+// before it was shown.) The flood itself is denied: its control.
+#[test]
+fn a_flood_of_questions_never_outlives_the_agents_wait() {
+    if !have_tools() {
+        return;
+    }
+    let port = tiny_http_server();
+    let dir = unique_tempdir("ask-flood");
+    let intent = dir.join("intent.json");
+    std::fs::write(
+        &intent,
+        r#"{"network": {"allow_hosts": [], "ask": true, "ask_timeout_ms": 1500}}"#,
+    )
+    .unwrap();
+    let flood = "for p in 1 2 3 4 5 6; do \
+        curl -sS -o /dev/null -w 'flood=%{http_code} ' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:$p/ & \
+        done; wait; echo; echo flood-done; ";
+    let dest = format!("localhost:{port}");
+    let (code, screen) = on_a_terminal_at(
+        &argv(
+            &Via::Local,
+            &["--sandbox", intent.to_str().unwrap()],
+            &format!("{flood}{}", job(port, false)),
+        ),
+        &format!("asks to reach {dest}; type {dest} to allow it, anything else denies: "),
+        &dest,
+    );
+    assert_eq!(screen.matches("flood=403").count(), 6, "{screen}");
+    assert!(screen.contains("flood-done"), "{screen}");
+    assert!(screen.contains("code=200"), "allowed: {screen}");
+    assert!(screen.contains("job read: for-the-job"), "{screen}");
+    assert_eq!(code, Some(0), "{screen}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// An answer is a whole line typed while its question is asked: with
+// `--tty` (raw mode: every key reaches the client as typed) a first
+// question ends while its answer is half typed (`x`), the next question
+// comes, and the rest of that line (the second destination) allows
+// nothing. Control: the second destination typed as a line of its own
+// (`a_typed_destination…`, `with_tty_raw_mode…`) is allowed.
+#[test]
+fn the_end_of_a_line_begun_for_another_question_allows_nothing() {
+    if !have_tools() {
+        return;
+    }
+    let port = tiny_http_server();
+    let dir = unique_tempdir("ask-split");
+    let intent = dir.join("intent.json");
+    std::fs::write(
+        &intent,
+        r#"{"network": {"allow_hosts": [], "ask": true, "ask_timeout_ms": 3000}}"#,
+    )
+    .unwrap();
+    let first = "curl -sS -o /dev/null -w 'first=%{http_code} ' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:1/ & sleep 0.3; ";
+    let dest = format!("localhost:{port}");
+    let (code, screen) = on_a_terminal_with(
+        &argv(
+            &Via::Local,
+            &["--tty", "--sandbox", intent.to_str().unwrap()],
+            &format!("{first}{}; wait", job(port, false)),
+        ),
+        ("asks to reach localhost:1;", "x"),
+        &format!("asks to reach {dest}; type {dest} to allow it, anything else denies: "),
+        &dest,
+    );
+    assert!(screen.contains("first=403"), "{screen}");
+    assert!(screen.contains("code=403"), "denied: {screen}");
+    assert!(!screen.contains("code=200"), "{screen}");
     assert!(screen.contains("job read: for-the-job"), "{screen}");
     assert_eq!(code, Some(0), "{screen}");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -2417,3 +2417,126 @@ both!(
         assert!(try_lock(), "a descendant outlived the reported exit");
     }
 );
+
+// 51. `fs/createSymlink` and `fs/readLink` against a parent swapped, in a
+// loop, between a directory inside the write root and a link out of it
+// (renameat2 RENAME_EXCHANGE by another thread, between the agent's
+// check and its act): every link is made inside the root (in the
+// directory, under whichever name it has by then) and no link outside is
+// ever read. `..` out of the root and a target longer than PATH_MAX are
+// refused (sandbox_denied, limit_exceeded naming the field). A link made
+// to a file outside the read roots gives a sandboxed job nothing. Controls:
+// both outcomes of the race happen (made and denied), a link inside is
+// read, the same job reads a file inside.
+both!(
+    c51_symlink_requests_race_a_swapped_parent,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        let mut i = e.ws_write();
+        i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
+        let create = |path: &Path, target: &[u8], i: &SandboxIntent| CreateSymlinkParams {
+            path: wp(path),
+            target: executor_protocol::WirePath::from_bytes(target.to_vec()),
+            sandbox: Some(i.clone()),
+            cwd: None,
+        };
+        let (sw, alt) = (e.ws.join("sw"), e.ws.join("alt"));
+        std::fs::create_dir(&sw).unwrap();
+        std::os::unix::fs::chown(&sw, Some(e.uid), None).unwrap();
+        std::os::unix::fs::symlink("f", e.outside.join("out-link")).unwrap();
+        std::os::unix::fs::symlink(&e.outside, &alt).unwrap();
+        let listing = executor_tests::cli::listing;
+        let before = listing(&e.outside);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (sw, alt, stop) = (sw.clone(), alt.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    nix::fcntl::renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        &sw,
+                        nix::fcntl::AT_FDCWD,
+                        &alt,
+                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .unwrap();
+                }
+            })
+        };
+        let (mut made, mut denied) = (0, 0);
+        for n in 0..3000 {
+            if n >= 200 && made > 0 && denied > 0 {
+                break;
+            }
+            match e.c.call(&create(&sw.join(format!("l{n}")), b"f", &i)).await {
+                Ok(executor_protocol::types::Empty {}) => made += 1,
+                Err(err) => {
+                    let w = fs_err(err);
+                    assert_eq!(w.code, ErrorCode::SandboxDenied, "{w:?}");
+                    denied += 1;
+                }
+            }
+            let read = ReadLinkParams {
+                path: wp(&sw.join("out-link")),
+                sandbox: Some(i.clone()),
+                cwd: None,
+            };
+            if let Ok(r) = e.c.call(&read).await {
+                let r: ReadLinkResult = r;
+                panic!("read the link outside the roots: {:?}", r.target);
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(made > 0 && denied > 0, "made {made}, denied {denied}");
+        assert_eq!(listing(&e.outside), before, "nothing made outside");
+        // Whichever of the two names the directory has now: the links.
+        let dir = if std::fs::symlink_metadata(&sw).unwrap().is_dir() {
+            &sw
+        } else {
+            &alt
+        };
+        assert_eq!(listing(dir).len(), made, "every link made is inside");
+        // `..` out of the root, and an over-long target.
+        let up = e.ws.join("src/../../outside/up");
+        let w = fs_err(e.c.call(&create(&up, b"x", &i)).await.unwrap_err());
+        assert_eq!(w.code, ErrorCode::SandboxDenied, "{w:?}");
+        assert!(std::fs::symlink_metadata(e.outside.join("up")).is_err());
+        let long = vec![b'a'; 4096];
+        let w = fs_err(
+            e.c.call(&create(&e.ws.join("src/long"), &long, &i))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(w.code, ErrorCode::LimitExceeded, "{w:?}");
+        assert_eq!(
+            w.data_get("field")
+                .and_then(|f| f.as_str().map(String::from)),
+            Some("target".to_string())
+        );
+        assert!(std::fs::symlink_metadata(e.ws.join("src/long")).is_err());
+        // A sandboxed job reading through a link made to a file outside
+        // its read roots gets nothing; the control beside it is read.
+        let mut ro = e.ws_write();
+        ro.filesystem.read = ReadRoots::Paths(vec!["/usr".into(), wp(&e.ws)]);
+        e.c.call(&create(
+            &e.ws.join("src/to-secret"),
+            wp(&e.outside.join("secret")).as_bytes(),
+            &i,
+        ))
+        .await
+        .unwrap();
+        e.c.call(&create(&e.ws.join("src/to-main"), b"main.rs", &i))
+            .await
+            .unwrap();
+        let (out, code) = e.sh(Some(ro.clone()), "cat src/to-main").await;
+        assert_eq!(
+            (out.as_str(), code),
+            ("fn main() {}\n", 0),
+            "positive control"
+        );
+        let (out, code) = e.sh(Some(ro), "cat src/to-secret").await;
+        assert_ne!(code, 0, "{out}");
+        assert!(!out.contains("OUTSIDE-SECRET"), "{out}");
+    }
+);

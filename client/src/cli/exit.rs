@@ -79,13 +79,39 @@ pub fn report(result: anyhow::Result<i32>) -> i32 {
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
             let code = code_of(&e);
-            eprintln!("executor-client: {e:#}");
+            say(&format!("executor-client: {e:#}"));
             if let Some(hint) = hint(&e) {
                 eprintln!("executor-client: {hint}");
             }
             code
         }
     }
+}
+
+/// `msg` on stderr, its control characters (but newline and tab) escaped
+/// as `\xNN` / `\u{NN}`: an error message, a file name or an agent's
+/// text never moves the cursor, retitles the window or answers for the
+/// terminal.
+pub fn say(msg: &str) {
+    eprintln!("{}", shown(msg));
+}
+
+/// `s` with its control characters (C0 but `\n` and `\t`, DEL, C1)
+/// escaped.
+pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |c: char| !c.is_control() || c == '\n' || c == '\t';
+    if s.chars().all(plain) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            c if plain(c) => out.push(c),
+            c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn hint(e: &anyhow::Error) -> Option<&'static str> {

@@ -137,7 +137,7 @@ pub async fn walk(client: &Client, args: WalkArgs) -> anyhow::Result<i32> {
         for e in &page.errors {
             unreadable += 1;
             tracing::warn!(path = %e.path.display(), code = %e.code, "{}", e.message);
-            eprintln!("executor-client: walk: {}: {}", e.path.display(), e.message);
+            say!("executor-client: walk: {}: {}", e.path.display(), e.message);
         }
     })
     .await?;

@@ -10,6 +10,15 @@
 //! - `sandbox`: the sandbox flags shared by the verbs.
 //! - `logging`, `signals`, `man`.
 
+/// `eprintln!` for the CLI's messages: what a remote sends (file names,
+/// error messages, an agent's text) is shown with its control characters
+/// escaped ([`exit::say`]), so nothing remote writes onto the terminal.
+macro_rules! say {
+    ($($t:tt)*) => {
+        super::exit::say(&format!($($t)*))
+    };
+}
+
 mod connect;
 mod exit;
 mod files;

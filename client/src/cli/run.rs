@@ -174,7 +174,7 @@ fn start_failure(e: Error, cwd: &str) -> anyhow::Result<i32> {
         ErrorCode::PermissionDenied if about_program => exit::NOT_EXECUTABLE,
         _ => return Err(e.into()),
     };
-    eprintln!("executor-client: {}", w.message);
+    say!("executor-client: {}", w.message);
     Ok(code)
 }
 
@@ -271,9 +271,11 @@ fn save_token(client: &Client, process_id: &str) -> anyhow::Result<()> {
         .open(&path)
         .with_context(|| format!("writing {}", path.display()))?;
     writeln!(f, "{}", init.resume_token)?;
-    eprintln!(
+    say!(
         "executor-client: session {} outlives the connection; resume: executor-client attach {} {}",
-        init.session_id, init.session_id, process_id
+        init.session_id,
+        init.session_id,
+        process_id
     );
     Ok(())
 }
@@ -306,7 +308,7 @@ async fn pump(
         .exit_status()
         .with_context(|| format!("{} ended without an exit status", proc.id()))?;
     if status.sandbox_denied {
-        eprintln!(
+        say!(
             "executor-client: the sandbox denied {} something (its exit status: {})",
             proc.id(),
             status.shell_code()

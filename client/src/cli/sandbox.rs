@@ -123,7 +123,7 @@ fn absolute(p: &str, base: &str) -> String {
 /// Print what of the intent was not enforced.
 pub fn report_degraded(what: &str, degraded: &[String]) {
     for entry in degraded {
-        eprintln!("executor-client: {what}: sandbox not enforced: {entry}");
+        say!("executor-client: {what}: sandbox not enforced: {entry}");
     }
 }
 
@@ -146,28 +146,42 @@ pub fn terminal_egress_policy() -> executor_client::egress::EgressPolicy {
     use executor_client::protocol::types::network::{
         EgressScope, EgressVerdict, PolicyRequestParams, PolicyRequestResult,
     };
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // One question on the terminal at a time; one waits for it only until
+    // its own deadline (arrival + the agent's ask_timeout_ms, when the
+    // agent denies it anyway), never holding a thread meanwhile: a job
+    // asking for many destinations at once cannot queue stale questions
+    // that hold the terminal past the agent's wait.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     executor_client::egress::EgressPolicy::new(|req: PolicyRequestParams| async move {
-        let allowed = tokio::task::spawn_blocking(move || {
-            if !plain_destination(&req.host) || !plain_process_id(&req.process_id) {
-                return false;
-            }
-            let destination = format!("{}:{}", req.host, req.port);
-            let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-            let timeout = std::time::Duration::from_millis(
-                ASK_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed),
-            );
-            let answer = super::tty_question::ask(
-                &format!(
-                    "\r\nexecutor-client: {} asks to reach {destination}; type {destination} to allow it, anything else denies: ",
-                    req.process_id
-                ),
-                timeout,
-            );
-            answer.as_deref() == Some(destination.as_str())
-        })
-        .await
-        .unwrap_or(false);
+        let timeout = std::time::Duration::from_millis(
+            ASK_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let deadline = tokio::time::Instant::now() + timeout;
+        let plain = plain_destination(&req.host) && plain_process_id(&req.process_id);
+        let turn = match plain {
+            true => tokio::time::timeout_at(deadline, ONE_AT_A_TIME.lock())
+                .await
+                .ok(),
+            false => None,
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let allowed = match turn {
+            Some(one) if !left.is_zero() => tokio::task::spawn_blocking(move || {
+                let _one = one;
+                let destination = format!("{}:{}", req.host, req.port);
+                let answer = super::tty_question::ask(
+                    &format!(
+                        "\r\nexecutor-client: {} asks to reach {destination}; type {destination} to allow it, anything else denies: ",
+                        req.process_id
+                    ),
+                    left,
+                );
+                answer.as_deref() == Some(destination.as_str())
+            })
+            .await
+            .unwrap_or(false),
+            _ => false,
+        };
         PolicyRequestResult {
             decision: if allowed {
                 EgressVerdict::Allow

@@ -2,8 +2,10 @@
 //! takes the source's name, `-` is stdout / stdin, relative remote paths
 //! are taken against the remote home, `-p` keeps modes and mtimes (a
 //! `put` also the atime), `-r` copies trees (walk-driven, one atomic file at
-//! a time, symlinks kept as links and made after everything else, so no
-//! file of the copy is written through a link the copy made). A file
+//! a time, symlinks kept as links and made after everything else; locally
+//! every entry is made by `*at` calls beneath the opened destination, each
+//! component `O_NOFOLLOW`, so no link there is ever written through, one a
+//! remote tree or an earlier source made included). A file
 //! appears whole or not at all: a failed or interrupted `get` removes its
 //! temp file, and an unfinished `put` is discarded by the agent.
 
@@ -94,7 +96,8 @@ pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<i32> {
             }
             _ => {
                 let bar = progress(st.size, &format!("get {path}"));
-                copy.get_file(&path, &st, &local, &bar).await?;
+                copy.get_file(&path, &st, Local::of_path(&local)?, &bar)
+                    .await?;
                 bar.finish_and_clear();
             }
         }
@@ -114,7 +117,7 @@ impl Copy<'_> {
         &self,
         remote: &str,
         st: &StatResult,
-        local: &Path,
+        local: Local,
         bar: &indicatif::ProgressBar,
     ) -> anyhow::Result<()> {
         let (_, stream) = self.client.read_stream(remote).await?;
@@ -128,7 +131,7 @@ impl Copy<'_> {
         if self.preserve {
             part.preserve(st)?;
         }
-        part.commit(local)
+        part.commit()
     }
 
     /// A remote tree into `local` (made if missing).
@@ -155,27 +158,30 @@ impl Copy<'_> {
             .sum();
         let bar = progress(total, &format!("get {root}"));
         mkdir_local(local)?;
+        let tree = LocalTree::open(local)?;
         let mut links = Vec::new();
         for e in &entries {
             let rel = plain_relative(e.path.as_bytes())?;
             let from = format!("{}/{}", root.trim_end_matches('/'), rel.display());
-            let to = local.join(rel);
             match e.kind {
-                FileKind::Dir => mkdir_local(&to)?,
+                FileKind::Dir => drop(tree.dir(rel)?),
                 FileKind::File => {
                     let st = self.client.stat_with(from.as_str(), false).await?;
-                    self.get_file(&from, &st, &to, &bar).await?;
+                    self.get_file(&from, &st, tree.entry(rel)?, &bar).await?;
                 }
-                FileKind::Symlink => links.push((from, to)),
-                _ => eprintln!(
+                FileKind::Symlink => links.push((from, rel)),
+                _ => say!(
                     "executor-client: get -r: {from}: not a regular file, directory or symlink, skipped"
                 ),
             }
         }
         // Links last: nothing of this copy is written through one.
-        for (from, to) in links {
+        for (from, rel) in links {
             let target = self.client.read_link(from.as_str()).await?;
-            link_local(&to, std::ffi::OsStr::from_bytes(target.as_bytes()))?;
+            link_local(
+                tree.entry(rel)?,
+                std::ffi::OsStr::from_bytes(target.as_bytes()),
+            )?;
         }
         bar.finish_and_clear();
         Ok(())
@@ -247,7 +253,7 @@ impl Copy<'_> {
                         .with_context(|| format!("reading the link {}", entry.path().display()))?;
                     links.push((r, target));
                 } else {
-                    eprintln!(
+                    say!(
                         "executor-client: put -r: {}: not a regular file, directory or symlink, skipped",
                         entry.path().display()
                     );
@@ -320,22 +326,140 @@ fn plain_relative(bytes: &[u8]) -> anyhow::Result<&Path> {
 }
 
 /// A local symlink at `to` holding `target`, made beside it under a temp
-/// name and renamed over it.
-fn link_local(to: &Path, target: &std::ffi::OsStr) -> anyhow::Result<()> {
-    let name = to
-        .file_name()
-        .with_context(|| format!("{}: no file name", to.display()))?;
-    let tmp = to.with_file_name(format!(
-        ".{}.link{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    std::os::unix::fs::symlink(target, &tmp)
-        .with_context(|| format!("creating the link {}", tmp.display()))?;
-    std::fs::rename(&tmp, to).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        anyhow::Error::new(e).context(format!("renaming {} to {}", tmp.display(), to.display()))
+/// name and renamed over it (both in `to`'s opened directory).
+fn link_local(to: Local, target: &std::ffi::OsStr) -> anyhow::Result<()> {
+    let tmp = format!(".{}.link{}", to.name.to_string_lossy(), std::process::id());
+    nix::unistd::symlinkat(target, &to.dir, tmp.as_str())
+        .map_err(std::io::Error::from)
+        .with_context(|| {
+            format!(
+                "creating the link {}",
+                to.shown.with_file_name(&tmp).display()
+            )
+        })?;
+    nix::fcntl::renameat(&to.dir, tmp.as_str(), &to.dir, to.name.as_os_str()).map_err(|e| {
+        let _ = nix::unistd::unlinkat(
+            &to.dir,
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        anyhow::Error::new(std::io::Error::from(e))
+            .context(format!("renaming {tmp} to {}", to.shown.display()))
     })
+}
+
+/// The local destination of a `get -r`, opened once: every directory,
+/// file and link of the copy is made by `*at` calls beneath it, each
+/// component below it opened `O_NOFOLLOW`, so no symlink there (one this
+/// copy made, one an earlier source of the same command made, one already
+/// there) is ever followed: a remote tree cannot make the local side
+/// write outside the destination.
+struct LocalTree {
+    root: std::os::fd::OwnedFd,
+    path: PathBuf,
+}
+
+/// A name to make in an opened local directory (`shown`: the whole path,
+/// for messages).
+struct Local {
+    dir: std::os::fd::OwnedFd,
+    name: std::ffi::OsString,
+    shown: PathBuf,
+}
+
+impl Local {
+    /// The user's own destination path (its parent followed as given).
+    fn of_path(path: &Path) -> anyhow::Result<Local> {
+        let name = path
+            .file_name()
+            .with_context(|| format!("{}: no file name", path.display()))?;
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        Ok(Local {
+            dir: open_dir(dir)?,
+            name: name.to_os_string(),
+            shown: path.to_path_buf(),
+        })
+    }
+}
+
+fn open_dir(dir: &Path) -> anyhow::Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(std::io::Error::from)
+    .with_context(|| format!("opening {}", dir.display()))
+}
+
+impl LocalTree {
+    /// `root` (the user's destination, followed as given) opened.
+    fn open(root: &Path) -> anyhow::Result<LocalTree> {
+        Ok(LocalTree {
+            root: open_dir(root)?,
+            path: root.to_path_buf(),
+        })
+    }
+
+    /// The directory `rel` below the root, opened one component at a time
+    /// (each `O_NOFOLLOW`) and made where missing; a link or a file in the
+    /// way is an error naming it.
+    fn dir(&self, rel: &Path) -> anyhow::Result<std::os::fd::OwnedFd> {
+        use nix::fcntl::OFlag;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let none = nix::sys::stat::Mode::empty();
+        let mut cur = self.root.try_clone()?;
+        let mut at = self.path.clone();
+        for c in rel.components() {
+            let name = c.as_os_str();
+            at.push(name);
+            let opened = match nix::fcntl::openat(&cur, name, flags, none) {
+                Err(nix::errno::Errno::ENOENT) => {
+                    match nix::sys::stat::mkdirat(
+                        &cur,
+                        name,
+                        nix::sys::stat::Mode::from_bits_truncate(0o777),
+                    ) {
+                        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                        Err(e) => {
+                            return Err(std::io::Error::from(e))
+                                .with_context(|| format!("creating {}", at.display()))
+                        }
+                    }
+                    nix::fcntl::openat(&cur, name, flags, none)
+                }
+                r => r,
+            };
+            cur = match opened {
+                Ok(fd) => fd,
+                Err(nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => anyhow::bail!(
+                    "{}: a symlink or a file is in the way of a directory (a copy never writes through a link)",
+                    at.display()
+                ),
+                Err(e) => {
+                    return Err(std::io::Error::from(e))
+                        .with_context(|| format!("opening {}", at.display()))
+                }
+            };
+        }
+        Ok(cur)
+    }
+
+    /// `rel` (plain, not empty) to make in its opened parent.
+    fn entry(&self, rel: &Path) -> anyhow::Result<Local> {
+        let name = rel
+            .file_name()
+            .with_context(|| format!("{}: no file name", rel.display()))?;
+        Ok(Local {
+            dir: self.dir(rel.parent().unwrap_or(Path::new("")))?,
+            name: name.to_os_string(),
+            shown: self.path.join(rel),
+        })
+    }
 }
 
 /// `put`
@@ -381,60 +505,83 @@ fn mkdir_local(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
 }
 
-/// A temp file `.NAME.partPID-N` beside the destination: renamed over it
-/// by [`PartFile::commit`], removed when dropped before (an error, a
-/// signal stopping the transfer).
+/// A temp file `.NAME.partPID-N` beside the destination (in its opened
+/// directory, made `O_EXCL | O_NOFOLLOW`): renamed over it by
+/// [`PartFile::commit`], removed when dropped before (an error, a signal
+/// stopping the transfer).
 #[derive(Debug)]
 struct PartFile {
-    path: PathBuf,
+    to: LocalDebug,
+    temp: std::ffi::OsString,
     file: std::fs::File,
     committed: bool,
 }
 
+/// [`Local`] for a `Debug` holder.
+struct LocalDebug(Local);
+
+impl std::fmt::Debug for LocalDebug {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.shown.fmt(f)
+    }
+}
+
 impl PartFile {
-    fn beside(target: &Path) -> anyhow::Result<PartFile> {
-        if target.is_dir() {
+    fn beside(to: Local) -> anyhow::Result<PartFile> {
+        use nix::fcntl::OFlag;
+        let st = nix::sys::stat::fstatat(
+            &to.dir,
+            to.name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        if st.is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR) {
             return Err(anyhow::anyhow!(
                 "{}: a directory is in the way",
-                target.display()
+                to.shown.display()
             ));
         }
-        let name = target
-            .file_name()
-            .with_context(|| format!("{}: no file name", target.display()))?;
-        let dir = target
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         for n in 0..1000u32 {
-            let path = dir.join(format!(
+            let temp = format!(
                 ".{}.part{}-{n}",
-                name.to_string_lossy(),
+                to.name.to_string_lossy(),
                 std::process::id()
-            ));
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(file) => {
+            );
+            match nix::fcntl::openat(
+                &to.dir,
+                temp.as_str(),
+                flags,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+            ) {
+                Ok(fd) => {
                     return Ok(PartFile {
-                        path,
-                        file,
+                        to: LocalDebug(to),
+                        temp: temp.into(),
+                        file: fd.into(),
                         committed: false,
                     })
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+                Err(nix::errno::Errno::EEXIST) => continue,
+                Err(e) => {
+                    return Err(std::io::Error::from(e)).with_context(|| {
+                        format!("creating {}", to.shown.with_file_name(&temp).display())
+                    })
+                }
             }
         }
-        anyhow::bail!("cannot create a temp file in {}", dir.display())
+        anyhow::bail!("cannot create a temp file beside {}", to.shown.display())
+    }
+
+    /// The temp file's whole path, for messages.
+    fn shown(&self) -> PathBuf {
+        self.to.0.shown.with_file_name(&self.temp)
     }
 
     fn write(&mut self, data: &[u8]) -> anyhow::Result<()> {
         self.file
             .write_all(data)
-            .with_context(|| format!("writing {}", self.path.display()))
+            .with_context(|| format!("writing {}", self.shown().display()))
     }
 
     /// The remote file's permission bits and mtime.
@@ -445,15 +592,23 @@ impl PartFile {
         self.file
             .set_permissions(std::fs::Permissions::from_mode(st.mode & 0o7777))
             .and_then(|()| self.file.set_modified(mtime))
-            .with_context(|| format!("setting the mode and mtime of {}", self.path.display()))
+            .with_context(|| format!("setting the mode and mtime of {}", self.shown().display()))
     }
 
-    fn commit(mut self, target: &Path) -> anyhow::Result<()> {
+    fn commit(mut self) -> anyhow::Result<()> {
         self.file
             .sync_all()
-            .with_context(|| format!("writing {}", self.path.display()))?;
-        std::fs::rename(&self.path, target)
-            .with_context(|| format!("renaming {} to {}", self.path.display(), target.display()))?;
+            .with_context(|| format!("writing {}", self.shown().display()))?;
+        let to = &self.to.0;
+        nix::fcntl::renameat(&to.dir, self.temp.as_os_str(), &to.dir, to.name.as_os_str())
+            .map_err(std::io::Error::from)
+            .with_context(|| {
+                format!(
+                    "renaming {} to {}",
+                    self.shown().display(),
+                    to.shown.display()
+                )
+            })?;
         self.committed = true;
         Ok(())
     }
@@ -462,7 +617,11 @@ impl PartFile {
 impl Drop for PartFile {
     fn drop(&mut self) {
         if !self.committed {
-            let _ = std::fs::remove_file(&self.path);
+            let _ = nix::unistd::unlinkat(
+                &self.to.0.dir,
+                self.temp.as_os_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
         }
     }
 }

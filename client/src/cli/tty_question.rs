@@ -4,7 +4,11 @@
 //! race for every line, and the job would get the answer (and the question
 //! would wait for its timeout). So while `run` forwards a terminal it is
 //! the only reader: a question registers here and the forwarder hands it
-//! the next line it reads ([`route`]) instead of giving it to the job.
+//! the next line it reads ([`route`]) instead of giving it to the job. An
+//! answer is a whole line typed while its question is asked: the rest of
+//! a line begun before it stays the job's, and the rest of an answer
+//! whose question ended goes nowhere (with `--tty` every key arrives as
+//! typed, so a line can span two questions).
 //! Without a forwarder (`-n`, `cat`, `http`) the question reads the
 //! terminal itself. Every question is bounded by the agent's own timeout.
 //!
@@ -26,12 +30,30 @@ struct Hub {
     pending: Option<mpsc::Sender<String>>,
     /// What of that line has arrived.
     line: Vec<u8>,
+    /// The last byte the forwarder read ended a line (or none came yet).
+    at_line_start: bool,
+    /// The rest of the line being typed is not an answer: an answer is a
+    /// whole line typed while its question is asked, never the end of a
+    /// line begun before it (for the job, or for a question that ended).
+    skip: Option<Skip>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    /// A line for the job was being typed when the question came: the
+    /// rest of it is the job's.
+    ToJob,
+    /// An answer was being typed when its question ended: the rest of it
+    /// goes nowhere.
+    Drop,
 }
 
 static HUB: Mutex<Hub> = Mutex::new(Hub {
     forwarding: false,
     pending: None,
     line: Vec::new(),
+    at_line_start: true,
+    skip: None,
 });
 
 fn hub() -> std::sync::MutexGuard<'static, Hub> {
@@ -48,6 +70,8 @@ pub fn forwarding_terminal(on: bool) {
         // is denied (its sender dropped) rather than left without input.
         h.pending = None;
         h.line.clear();
+        h.skip = None;
+        h.at_line_start = true;
     }
 }
 
@@ -58,36 +82,49 @@ pub fn forwarding_terminal(on: bool) {
 /// with `--tty`).
 pub fn route(data: &[u8]) -> Vec<u8> {
     let mut h = hub();
-    if h.pending.is_none() {
+    if h.pending.is_none() && h.skip.is_none() {
+        if let Some(&last) = data.last() {
+            h.at_line_start = matches!(last, b'\r' | b'\n');
+        }
         return data.to_vec();
     }
+    let mut to_job = Vec::new();
+    let mut shown = Vec::new();
     let mut i = 0;
-    let mut done = false;
     while i < data.len() {
+        let start = i;
         let b = data[i];
         i += 1;
-        if b == b'\r' || b == b'\n' {
-            if b == b'\r' && data.get(i) == Some(&b'\n') {
-                i += 1;
+        let eol = b == b'\r' || b == b'\n';
+        if b == b'\r' && data.get(i) == Some(&b'\n') {
+            i += 1;
+        }
+        let bytes = &data[start..i];
+        match (h.skip, h.pending.is_some()) {
+            (Some(Skip::ToJob), _) | (None, false) => to_job.extend_from_slice(bytes),
+            (Some(Skip::Drop), _) => shown.extend_from_slice(bytes),
+            (None, true) => {
+                shown.extend_from_slice(bytes);
+                if eol {
+                    let answer = String::from_utf8_lossy(&h.line).trim().to_string();
+                    h.line.clear();
+                    if let Some(tx) = h.pending.take() {
+                        let _ = tx.send(answer);
+                    }
+                } else if h.line.len() < MAX_ANSWER {
+                    h.line.push(b);
+                }
             }
-            done = true;
-            break;
         }
-        if h.line.len() < MAX_ANSWER {
-            h.line.push(b);
+        if eol {
+            h.skip = None;
         }
+        h.at_line_start = eol;
     }
-    if !terminal_echoes() {
-        echo(&data[..i]);
+    if !shown.is_empty() && !terminal_echoes() {
+        echo(&shown);
     }
-    if done {
-        let answer = String::from_utf8_lossy(&h.line).trim().to_string();
-        h.line.clear();
-        if let Some(tx) = h.pending.take() {
-            let _ = tx.send(answer);
-        }
-    }
-    data[i..].to_vec()
+    to_job
 }
 
 fn terminal_echoes() -> bool {
@@ -123,23 +160,16 @@ pub fn ask(question: &str, timeout: Duration) -> Option<String> {
         .ok()?;
     let mut out = &tty;
     out.write_all(question.as_bytes()).ok()?;
-    let rx = {
-        let mut h = hub();
-        if h.forwarding {
-            let (tx, rx) = mpsc::channel();
-            h.pending = Some(tx);
-            h.line.clear();
-            Some(rx)
-        } else {
-            None
-        }
-    };
+    let rx = register();
     let answer = match rx {
         Some(rx) => {
             let got = rx.recv_timeout(timeout).ok();
             if got.is_none() {
                 let mut h = hub();
                 h.pending = None;
+                if !h.line.is_empty() {
+                    h.skip = Some(Skip::Drop);
+                }
                 h.line.clear();
             }
             got
@@ -151,6 +181,22 @@ pub fn ask(question: &str, timeout: Duration) -> Option<String> {
         None => b"\r\nexecutor-client: no answer in time: denied\r\n".as_slice(),
     });
     answer
+}
+
+/// While the forwarder reads the terminal: the question waiting for its
+/// next whole line.
+fn register() -> Option<mpsc::Receiver<String>> {
+    let mut h = hub();
+    if !h.forwarding {
+        return None;
+    }
+    let (tx, rx) = mpsc::channel();
+    h.pending = Some(tx);
+    h.line.clear();
+    if !h.at_line_start && h.skip.is_none() {
+        h.skip = Some(Skip::ToJob);
+    }
+    Some(rx)
 }
 
 /// A line from the terminal (ended by `\n` or `\r`, as a terminal in raw
@@ -197,6 +243,13 @@ mod tests {
         assert_eq!(route(b"ernal:443\r\nmore"), b"more");
         assert_eq!(rx.try_recv().unwrap(), "mirror.internal:443");
         assert_eq!(route(b"after"), b"after");
+        // A line for the job begun before the question stays the job's;
+        // the answer is the next whole line.
+        let rx = register().unwrap();
+        assert_eq!(route(b" mirror.internal:443\r"), b" mirror.internal:443\r");
+        assert!(rx.try_recv().is_err());
+        assert_eq!(route(b"mirror.internal:443\rnext"), b"next");
+        assert_eq!(rx.try_recv().unwrap(), "mirror.internal:443");
         forwarding_terminal(false);
     }
 }

@@ -92,9 +92,10 @@ pub async fn http(client: &Client, args: HttpArgs) -> anyhow::Result<i32> {
         out.flush()?;
     }
     if response.status >= 400 {
-        eprintln!(
+        say!(
             "executor-client: HTTP {} from {}",
-            response.status, response.url
+            response.status,
+            response.url
         );
         return Ok(exit::HTTP_STATUS);
     }
@@ -109,6 +110,6 @@ fn unreachable_server(e: Error, url: &str) -> anyhow::Result<i32> {
         Some(ErrorCode::Timeout) => TIMEOUT,
         _ => return Err(e.into()),
     };
-    eprintln!("executor-client: {url}: {e}");
+    say!("executor-client: {url}: {e}");
     Ok(code)
 }
