@@ -163,6 +163,9 @@ pub fn serve() -> io::Result<i32> {
     sys::close_fds_except(&[sock.as_raw_fd()])?;
     // Signals aimed at the agent's process group or terminal are not ours.
     let _ = nix::unistd::setsid();
+    // Supervisors wait for their jobs (and this process for them): an
+    // inherited ignored SIGCHLD would make every wait ECHILD.
+    sys::default_sigchld();
     sys::set_process_name(c"executor-spawn");
     // Once here instead of in every job's init (each inherits them).
     #[cfg(target_os = "linux")]

@@ -148,11 +148,22 @@ pub fn set_winsize(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
     Ok(())
 }
 
+/// SIGCHLD back to its default disposition. Ignored (a parent's
+/// `signal(SIGCHLD, SIG_IGN)` is inherited across exec) the kernel reaps
+/// children itself and every wait answers ECHILD: jobs would be reported as
+/// exiting 0 and the login-shell snapshot would fail. The agent and the
+/// spawner wait for their children, so each sets it before it starts any.
+pub fn default_sigchld() {
+    // SAFETY: SIG_DFL installs no handler code; SIGCHLD is catchable, so
+    // the call cannot fail.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+}
+
 /// Restore every catchable signal to its default disposition and empty the
 /// signal mask: a job starts as if from a fresh login, whatever the agent
 /// (which ignores SIGPIPE, as Rust programs do) had set.
 pub fn reset_signals() {
-    for sig in 1..libc::SIGRTMAX() {
+    for sig in 1..=libc::SIGRTMAX() {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }

@@ -225,3 +225,34 @@ async fn an_audit_file_the_agent_creates_is_readable_by_its_owner_only() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An agent started by a parent that ignores SIGCHLD (inherited across
+/// exec: the kernel would reap every child itself) still reports its jobs'
+/// real exit codes, sandboxed or not, and takes its login snapshot.
+#[test]
+fn an_ignored_sigchld_from_the_parent_does_not_hide_exit_codes() {
+    let client = executor_bin().with_file_name("executor-client");
+    let run = |args: &[&str]| {
+        std::process::Command::new("python3")
+            .arg("-c")
+            .arg("import os, signal, sys\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nos.execv(sys.argv[1], sys.argv[1:])")
+            .arg(&client)
+            .args(args)
+            .env("EXECUTOR_BIN", executor_bin())
+            .output()
+            .expect("python3")
+    };
+    for args in [
+        &["run", "--", "sh", "-c", "exit 3"][..],
+        &["run", "--tmp", "--", "sh", "-c", "exit 3"][..],
+        &["run", "--clean-env", "--", "/bin/sh", "-c", "exit 3"][..],
+    ] {
+        let out = run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

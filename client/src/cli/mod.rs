@@ -129,6 +129,13 @@ pub fn main() -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    // A SIGCHLD ignored by whoever started us (inherited across exec) would
+    // make the kernel reap the agent and ssh before we wait for them
+    // (ECHILD). Registering a handler replaces the ignored disposition (and
+    // stays installed for the process's life), without unsafe code.
+    drop(tokio::signal::unix::signal(
+        tokio::signal::unix::SignalKind::child(),
+    )?);
     let mut signals = signals::Signals::install()?;
     if let Cmd::Bootstrap {
         from,
