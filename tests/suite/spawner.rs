@@ -296,3 +296,44 @@ async fn a_killed_spawner_is_replaced_and_no_request_hangs() {
     c.close().await.unwrap();
     assert!(eventually(|| with_arg0(&name).is_empty()).await);
 }
+
+/// A start that times out (the spawner stopped, SIGSTOP) answers that
+/// nothing ran, and nothing does: the stopped spawner is killed with the
+/// request in its queue, so a SIGCONT runs nothing; the next start gets a
+/// new spawner. (The start's bound is 30 s: this test takes that long.)
+#[tokio::test]
+async fn a_start_that_times_out_never_runs_its_job_later() {
+    let c = local_client().await;
+    let (_agent, spawner) = agent_and_spawner(&c).await;
+    let dir = executor_tests::unique_tempdir("spawn-timeout");
+    let flag = dir.join("ran");
+    let stopped = nix::unistd::Pid::from_raw(spawner as i32);
+    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let p = ProcessStartParams::new(
+        vec!["touch".into(), flag.to_string_lossy().into_owned()],
+        "/",
+        path_env(),
+    );
+    let e = tokio::time::timeout(Duration::from_secs(60), c.start(&p))
+        .await
+        .expect("the start is answered within its bound")
+        .expect_err("a stopped spawner starts nothing");
+    assert!(e.to_string().contains("nothing was run"), "{e}");
+    // Were it alive, this would let it fork the queued request.
+    let _ = nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGCONT);
+    assert!(
+        eventually(|| !alive(spawner)).await,
+        "the stopped spawner is killed"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!flag.exists(), "the timed-out start ran later");
+    // Control: the next start runs, through a new spawner.
+    let job = tokio::time::timeout(WAIT, c.start(&p))
+        .await
+        .expect("answered")
+        .expect("a new spawner runs the job");
+    assert_eq!(job.wait().await.unwrap().code, Some(0));
+    assert!(flag.exists());
+    c.close().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

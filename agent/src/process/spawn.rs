@@ -292,7 +292,19 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     check_cwd(req.cwd)?;
     let program = resolve_program(&req.argv[0], req.cwd, req.env)?;
     let lifeline = lifeline()?;
-    let turn = spawner::turn().await;
+    // Bounded too: a spawner that stopped answering holds every turn until
+    // a timed-out start replaces it.
+    let turn = tokio::time::timeout(START_TIMEOUT, spawner::turn())
+        .await
+        .map_err(|_| {
+            WireError::new(
+                ErrorCode::Internal,
+                format!(
+                    "no job could be started within {}s (the spawner is not answering); nothing was run",
+                    START_TIMEOUT.as_secs()
+                ),
+            )
+        })?;
     let (mut status, status_w) = status_channel()?;
 
     // What to run travels in a sealed memfd; the supervisor gets
@@ -317,6 +329,9 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         pty_master,
     } = stdio(req)?;
 
+    // Kept outside the timed part: a start that times out still owns the
+    // supervisor it asked for, and makes sure it never runs the job.
+    let mut asked: Option<Supervisor> = None;
     let started = tokio::time::timeout(START_TIMEOUT, async {
         let [i, o, e] = &job_stdio;
         let mut fds = vec![
@@ -332,7 +347,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
         drop((job_stdio, status_w, spec_fd));
-        let mut supervisor = supervisor?;
+        let supervisor = asked.insert(supervisor?);
         let first = first_status(&mut status).await;
         // No status: the spawner may have failed to fork (then it says
         // why), or the supervisor failed.
@@ -341,20 +356,29 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
                 return Err(e);
             }
         }
-        Ok::<_, WireError>((supervisor, first))
+        Ok::<_, WireError>(first)
     })
     .await;
     let egress = egress.map(|(ours, _theirs)| ours);
-    let (mut supervisor, first) = match started {
-        Ok(r) => r?,
-        Err(_) => {
+    let (mut supervisor, first) = match (started, asked) {
+        (Ok(r), Some(s)) => (s, r?),
+        // Only a failed fork leaves no supervisor.
+        (Ok(r), None) => {
+            return Err(r
+                .err()
+                .unwrap_or_else(|| WireError::new(ErrorCode::Internal, "no supervisor")))
+        }
+        (Err(_), asked) => {
+            if let Some(mut s) = asked {
+                s.abandon().await;
+            }
             return Err(WireError::new(
                 ErrorCode::Internal,
                 format!(
                     "the job supervisor did not report within {}s; nothing was run",
                     START_TIMEOUT.as_secs()
                 ),
-            ))
+            ));
         }
     };
     let pid = match first {

@@ -45,6 +45,8 @@ struct Conn {
     sock: UnixDatagram,
     state: Mutex<State>,
     next_id: AtomicU64,
+    /// The spawner process (killed when it stops answering).
+    pid: u32,
 }
 
 #[derive(Debug, Default)]
@@ -140,6 +142,7 @@ fn conn() -> Result<Arc<Conn>, WireError> {
         sock,
         state: Mutex::new(State::default()),
         next_id: AtomicU64::new(1),
+        pid: p.child.id(),
     });
     tokio::spawn(read_replies(c.clone(), p.child));
     *current = Some(c.clone());
@@ -277,6 +280,35 @@ impl Supervisor {
         self.exit = None;
         self.status = Some(st);
         Ok(st)
+    }
+
+    /// A start that timed out: make sure the job never runs or runs no
+    /// more. A fork the spawner answered is killed like any supervisor; one
+    /// it has not answered may still sit in its queue (a stopped spawner),
+    /// so the spawner itself is SIGKILLed (the queue dies with it) and the
+    /// next start gets a new one. Waiting starts fail as with any dead
+    /// spawner.
+    pub async fn abandon(&mut self) {
+        if let Some(mut answer) = self.answer.take() {
+            match answer.try_recv() {
+                Ok(Ok(f)) => {
+                    self.pid = Some(f.pid);
+                    self.exit = Some(f.exit);
+                }
+                Ok(Err(errno)) => self.fork_errno = Some(errno),
+                Err(_) => {
+                    if let Some(c) = &self.conn {
+                        c.die();
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(c.pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+        self.kill().await;
     }
 
     /// SIGKILL it (through its spawner, which knows it is not reaped yet).
