@@ -855,6 +855,9 @@ const ALWAYS_DENIED: &[libc::c_long] = &[
     libc::SYS_ptrace,
     libc::SYS_process_vm_readv,
     libc::SYS_process_vm_writev,
+    // Another process's descriptor, copied in (the agent's sockets, for a
+    // job outside the namespaces: a degraded `allow_hosts` job).
+    libc::SYS_pidfd_getfd,
     // io_uring opens files and sockets without the syscalls filtered here.
     libc::SYS_io_uring_setup,
     libc::SYS_io_uring_enter,

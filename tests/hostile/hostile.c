@@ -222,5 +222,11 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "kexec")) return report(syscall(SYS_kexec_load, 0, 0, 0, 0));
     if (!strcmp(c, "init_module")) return report(syscall(SYS_init_module, "", 0, ""));
     if (!strcmp(c, "io_uring")) return report(syscall(SYS_io_uring_setup, 1, calloc(1, 256)));
+    if (!strcmp(c, "pidfd_getfd")) {
+        /* Copy in a descriptor of another process (here our own stdin). */
+        long pfd = syscall(434 /* pidfd_open */, getpid(), 0);
+        if (pfd < 0) return report(-1);
+        return report(syscall(438 /* pidfd_getfd */, (int)pfd, 0, 0));
+    }
     return more(argc, argv);
 }

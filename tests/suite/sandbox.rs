@@ -588,7 +588,8 @@ both!(c21_c22_signals_and_ptrace, |e: Env| async move {
     );
 });
 
-// 23-25. Namespaces, mounts, and the dangerous syscalls: EPERM (seccomp).
+// 23-25. Namespaces, mounts, and the dangerous syscalls (pidfd_getfd too:
+// another process's descriptors): EPERM (seccomp).
 both!(c23_c25_dangerous_syscalls, |e: Env| async move {
     for call in [
         "unshare-user",
@@ -607,9 +608,13 @@ both!(c23_c25_dangerous_syscalls, |e: Env| async move {
         "kexec",
         "init_module",
         "io_uring",
+        "pidfd_getfd",
     ] {
         assert_eq!(e.hostile(Some(e.ws_write()), call).await, EPERM, "{call}");
     }
+    // Control: unconfined, copying a descriptor in works (seccomp denies
+    // it, not the kernel).
+    assert_eq!(e.hostile(None, "pidfd_getfd").await, "ok");
     // Without a sandbox, unsharing a user namespace works (the filter made
     // the difference, not the host).
     if std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
