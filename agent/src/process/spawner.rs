@@ -296,8 +296,14 @@ impl Supervisor {
                     self.exit = Some(f.exit);
                 }
                 Ok(Err(errno)) => self.fork_errno = Some(errno),
-                Err(_) => {
+                // The spawner is gone already (its queue with it); its pid
+                // may be another process's by now.
+                Err(oneshot::error::TryRecvError::Closed) => return,
+                Err(oneshot::error::TryRecvError::Empty) => {
                     if let Some(c) = &self.conn {
+                        if lock(&c.state).dead {
+                            return;
+                        }
                         c.die();
                         let _ = nix::sys::signal::kill(
                             nix::unistd::Pid::from_raw(c.pid as i32),
