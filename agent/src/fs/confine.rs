@@ -18,10 +18,33 @@ use crate::sandbox_gate::effective_policy;
 use executor_protocol::types::fs::Scoped;
 use executor_protocol::{ErrorCode, WireError, WirePath};
 use executor_sandbox::policy::root_paths;
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+/// How often a lookup that raced a rename is tried again.
+const RACED_LOOKUP_TRIES: u32 = 64;
+
+/// `openat2(2)`, tried again when the kernel answers EAGAIN: with
+/// `RESOLVE_BENEATH`/`RESOLVE_IN_ROOT` it does so when a rename or a mount
+/// raced the lookup, and asks the caller to retry. Every try resolves from
+/// the same directory descriptor with the same flags; a lookup that keeps
+/// racing is reported (EAGAIN) after [`RACED_LOOKUP_TRIES`].
+pub(super) fn openat2<P: ?Sized + nix::NixPath, Fd: std::os::fd::AsFd>(
+    dirfd: Fd,
+    path: &P,
+    how: OpenHow,
+) -> nix::Result<OwnedFd> {
+    let dirfd = dirfd.as_fd();
+    let mut tries = 1;
+    loop {
+        match nix::fcntl::openat2(dirfd, path, how) {
+            Err(nix::errno::Errno::EAGAIN) if tries < RACED_LOOKUP_TRIES => tries += 1,
+            r => return r,
+        }
+    }
+}
 
 /// What a request does with its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,12 +10,13 @@
 //! root by descriptor without following any symlink, so a walk never
 //! leaves its root, whatever is renamed while it runs.
 
+use super::confine::openat2;
 use super::confine::{confined, Confinement, Open};
 use super::{blocking, io_error, kind_of, mtime_ns};
 use crate::session::Session;
 use executor_protocol::types::fs::*;
 use executor_protocol::{ErrorCode, WireError, WirePath};
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use std::collections::VecDeque;
