@@ -465,6 +465,34 @@ pub fn chown_r(p: &Path, uid: u32) {
     assert!(st.success());
 }
 
+/// xorshift64*: a deterministic, dependency-free generator for the
+/// fuzz-style tests (a failing seed replays exactly).
+#[derive(Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// In `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// In `0..n`, as a u64.
+    pub fn below_u64(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len())]
+    }
+}
+
 #[cfg(test)]
 mod prerequisite_tests {
     #[test]

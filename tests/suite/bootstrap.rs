@@ -116,6 +116,17 @@ impl Drop for Host {
 }
 
 impl Host {
+    /// `bootstrap --from DIST --remote-dir BASE`.
+    fn bootstrap_into(&self, dist: &Path, base: &Path) -> Output {
+        self.cli(&[
+            "bootstrap",
+            "--from",
+            dist.to_str().unwrap(),
+            "--remote-dir",
+            base.to_str().unwrap(),
+        ])
+    }
+
     fn target(&self) -> String {
         format!("ssh://127.0.0.1:{}", self.sshd.port)
     }
@@ -272,13 +283,7 @@ fn without_a_bootstrapped_copy_the_path_executor_is_used_and_said() {
 fn an_unwritable_remote_dir_names_the_remote_error() {
     let h = host("boot-unwritable", &[]);
     let dist = dist(&h);
-    let out = h.cli(&[
-        "bootstrap",
-        "--from",
-        dist.to_str().unwrap(),
-        "--remote-dir",
-        "/proc/executor-nowhere",
-    ]);
+    let out = h.bootstrap_into(&dist, Path::new("/proc/executor-nowhere"));
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
@@ -300,15 +305,7 @@ fn a_remote_dir_writable_by_others_is_refused() {
     let dir = base.join(env!("CARGO_PKG_VERSION"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let install = || {
-        h.cli(&[
-            "bootstrap",
-            "--from",
-            dist.to_str().unwrap(),
-            "--remote-dir",
-            base.to_str().unwrap(),
-        ])
-    };
+    let install = || h.bootstrap_into(&dist, &base);
     let out = install();
     assert!(!out.status.success());
     let err = text(&out.stderr);
@@ -361,15 +358,7 @@ fn a_remote_dir_owned_by_another_user_is_refused() {
     let dir = base.join(env!("CARGO_PKG_VERSION"));
     std::fs::create_dir_all(&dir).unwrap();
     chown_r(&dir, 65534);
-    let install = || {
-        h.cli(&[
-            "bootstrap",
-            "--from",
-            dist.to_str().unwrap(),
-            "--remote-dir",
-            base.to_str().unwrap(),
-        ])
-    };
+    let install = || h.bootstrap_into(&dist, &base);
     let out = install();
     assert!(!out.status.success());
     let err = text(&out.stderr);

@@ -652,24 +652,6 @@ impl ProcessStartParamsBuilder {
     }
 }
 
-/// xorshift64*: a deterministic generator for the proxy fuzz cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len())]
-    }
-}
-
 /// What the player does with a case, and what the judge expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Case {
@@ -754,7 +736,7 @@ fn mutate(r: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
     for _ in 0..1 + r.below(8) {
         let at = r.below(b.len() + 1);
         match r.below(4) {
-            0 if at < b.len() => b[at] = r.next() as u8,
+            0 if at < b.len() => b[at] = r.next_u64() as u8,
             1 if at < b.len() => {
                 b.remove(at);
             }
@@ -764,7 +746,7 @@ fn mutate(r: &mut Rng, mut b: Vec<u8>) -> Vec<u8> {
             }
             _ => {
                 let n = r.below(6);
-                let junk: Vec<u8> = (0..n).map(|_| r.next() as u8).collect();
+                let junk: Vec<u8> = (0..n).map(|_| r.next_u64() as u8).collect();
                 b.splice(at..at, junk);
             }
         }
@@ -781,7 +763,7 @@ fn hostile(r: &mut Rng, auth: &str, port: u16) -> Vec<u8> {
         1 | 2 => mutate(r, base),
         3 => {
             let n = r.below(600);
-            let mut b: Vec<u8> = (0..n).map(|_| r.next() as u8).collect();
+            let mut b: Vec<u8> = (0..n).map(|_| r.next_u64() as u8).collect();
             if r.below(2) == 0 && !b.is_empty() {
                 b[0] = 5;
             }
@@ -815,7 +797,7 @@ fn hostile(r: &mut Rng, auth: &str, port: u16) -> Vec<u8> {
             b.extend_from_slice(&[*r.pick(&[5u8, 5, 4]), cmd, 0, atyp]);
             let len = r.below(256);
             b.push(len as u8);
-            b.extend((0..r.below(len + 4)).map(|_| r.next() as u8));
+            b.extend((0..r.below(len + 4)).map(|_| r.next_u64() as u8));
             b
         }
         _ => {

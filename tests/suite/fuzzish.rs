@@ -5,40 +5,26 @@ use executor_protocol::types::Empty;
 use executor_tests::*;
 use rmpv::Value;
 
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn random_value(r: &mut Rng, depth: u32) -> Value {
-    match r.below(if depth > 3 { 6 } else { 9 }) {
+    match r.below_u64(if depth > 3 { 6 } else { 9 }) {
         0 => Value::Nil,
-        1 => Value::Boolean(r.below(2) == 0),
-        2 => Value::from(r.next() as i64),
-        3 => Value::from(r.below(300)),
-        4 => Value::F64(r.next() as f64),
+        1 => Value::Boolean(r.below_u64(2) == 0),
+        2 => Value::from(r.next_u64() as i64),
+        3 => Value::from(r.below_u64(300)),
+        4 => Value::F64(r.next_u64() as f64),
         5 => {
             // Short non-path strings: never an absolute path, so no random
             // request can touch the real filesystem.
-            let n = r.below(8) as usize;
+            let n = r.below_u64(8) as usize;
             Value::from(
                 (0..n)
-                    .map(|_| (b'a' + r.below(26) as u8) as char)
+                    .map(|_| (b'a' + r.below_u64(26) as u8) as char)
                     .collect::<String>(),
             )
         }
-        6 => Value::Binary((0..r.below(16)).map(|_| r.next() as u8).collect()),
+        6 => Value::Binary((0..r.below_u64(16)).map(|_| r.next_u64() as u8).collect()),
         7 => Value::Array(
-            (0..r.below(4))
+            (0..r.below_u64(4))
                 .map(|_| random_value(r, depth + 1))
                 .collect(),
         ),
@@ -55,9 +41,9 @@ fn random_value(r: &mut Rng, depth: u32) -> Value {
                 "data",
             ];
             Value::Map(
-                (0..r.below(5))
+                (0..r.below_u64(5))
                     .map(|_| {
-                        let k = KEYS[r.below(KEYS.len() as u64) as usize];
+                        let k = KEYS[r.below_u64(KEYS.len() as u64) as usize];
                         (Value::from(k), random_value(r, depth + 1))
                     })
                     .collect(),
@@ -71,10 +57,10 @@ async fn thousands_of_hostile_frames_never_panic_the_agent() {
     let mut a = RawAgent::initialized().await;
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
     for i in 0..3000u64 {
-        let payload = match r.below(4) {
+        let payload = match r.below_u64(4) {
             // Random bytes.
-            0 => (0..1 + r.below(64))
-                .map(|_| r.next() as u8)
+            0 => (0..1 + r.below_u64(64))
+                .map(|_| r.next_u64() as u8)
                 .collect::<Vec<u8>>(),
             // A random value.
             1 => {
@@ -84,7 +70,7 @@ async fn thousands_of_hostile_frames_never_panic_the_agent() {
             }
             // A request to a real method with random params.
             _ => {
-                let method = ALL_REQUESTS[r.below(ALL_REQUESTS.len() as u64) as usize];
+                let method = ALL_REQUESTS[r.below_u64(ALL_REQUESTS.len() as u64) as usize];
                 let mut p = Vec::new();
                 let v = Value::Map(vec![
                     ("id".into(), Value::from(10_000 + i)),
