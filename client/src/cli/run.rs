@@ -383,7 +383,7 @@ async fn forward(job: Job) {
             }
             Ok(n) => {
                 let data = if terminal {
-                    std::borrow::Cow::Owned(super::tty_question::route(&buf[..n]))
+                    super::tty_question::route(&buf[..n])
                 } else {
                     std::borrow::Cow::Borrowed(&buf[..n])
                 };

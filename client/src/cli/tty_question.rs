@@ -80,13 +80,14 @@ pub fn forwarding_terminal(on: bool) {
 /// and including the end of its line (`\r`, `\n`, or `\r\n`). Routed bytes
 /// are echoed when the terminal does not echo them itself (raw mode, as
 /// with `--tty`).
-pub fn route(data: &[u8]) -> Vec<u8> {
+pub fn route(data: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     let mut h = hub();
     if h.pending.is_none() && h.skip.is_none() {
         if let Some(&last) = data.last() {
             h.at_line_start = matches!(last, b'\r' | b'\n');
         }
-        return data.to_vec();
+        // The common case: no question, the chunk goes as it is.
+        return std::borrow::Cow::Borrowed(data);
     }
     let mut to_job = Vec::new();
     let mut shown = Vec::new();
@@ -124,7 +125,7 @@ pub fn route(data: &[u8]) -> Vec<u8> {
     if !shown.is_empty() && !terminal_echoes() {
         echo(&shown);
     }
-    to_job
+    std::borrow::Cow::Owned(to_job)
 }
 
 fn terminal_echoes() -> bool {
@@ -236,19 +237,22 @@ mod tests {
     #[test]
     fn a_waiting_question_takes_one_line_and_the_job_the_rest() {
         forwarding_terminal(true);
-        assert_eq!(route(b"for the job"), b"for the job");
+        assert_eq!(&*route(b"for the job"), b"for the job");
         let (tx, rx) = mpsc::channel();
         hub().pending = Some(tx);
-        assert_eq!(route(b"mirror.int"), b"");
-        assert_eq!(route(b"ernal:443\r\nmore"), b"more");
+        assert_eq!(&*route(b"mirror.int"), b"");
+        assert_eq!(&*route(b"ernal:443\r\nmore"), b"more");
         assert_eq!(rx.try_recv().unwrap(), "mirror.internal:443");
-        assert_eq!(route(b"after"), b"after");
+        assert_eq!(&*route(b"after"), b"after");
         // A line for the job begun before the question stays the job's;
         // the answer is the next whole line.
         let rx = register().unwrap();
-        assert_eq!(route(b" mirror.internal:443\r"), b" mirror.internal:443\r");
+        assert_eq!(
+            &*route(b" mirror.internal:443\r"),
+            b" mirror.internal:443\r"
+        );
         assert!(rx.try_recv().is_err());
-        assert_eq!(route(b"mirror.internal:443\rnext"), b"next");
+        assert_eq!(&*route(b"mirror.internal:443\rnext"), b"next");
         assert_eq!(rx.try_recv().unwrap(), "mirror.internal:443");
         forwarding_terminal(false);
     }
