@@ -581,6 +581,109 @@ print(held[0][1], held[1][1], third[1], socks.recv(10)[1])
     assert_eq!((out.trim(), code), ("200 200 503 1", 0), "{out}");
 });
 
+/// The CPU time (user + system, in clock ticks) of the process whose
+/// command line names `marker`: the agent of one test.
+fn cpu_ticks_of(marker: &Path) -> u64 {
+    let marker = marker.to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let args = String::from_utf8_lossy(&cmdline);
+        if !args.contains(&marker) || args.contains("sandbox-exec") || args.starts_with("unshare") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // Fields after the command's closing parenthesis; utime, stime are 14, 15.
+        let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        if f.len() > 13 {
+            return f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        }
+    }
+    panic!("no agent process names {marker}");
+}
+
+// A relay whose job does not read sleeps: the upstream socket still has
+// bytes, the pipe is full (its slots fill with partial pages before it
+// holds its size in bytes) and the job's socket is full. The relay once
+// took `EAGAIN` from the full pipe for an empty socket and, tokio still
+// holding the socket readable, retried it in a loop: a core spent for
+// nothing while the job was slow (and, on 2 cores, a proxied download at
+// a few percent of its speed). Then every byte arrives, in order.
+both!(
+    a_relay_whose_job_does_not_read_sleeps,
+    |unprivileged| async move {
+        let Some(a) = agent(unprivileged, ClientOptions::default(), "").await else {
+            return;
+        };
+        const BURST: usize = 32 << 20;
+        // Sent with sendfile from the page cache, as a file server does.
+        let file = a.dir.join("burst.bin");
+        let burst: Vec<u8> = (0..BURST).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&file, &burst).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = listener.local_addr().unwrap().port();
+        let (sending_tx, sending) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let f = std::fs::File::open(&file).unwrap();
+            sending_tx.send(()).unwrap();
+            let mut off: libc::off_t = 0;
+            while (off as usize) < BURST {
+                let left = BURST - off as usize;
+                match nix::sys::sendfile::sendfile(&s, &f, Some(&mut off), left) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        });
+        let intent = egress(&[format!("mirror.test:{p}")], false, 1000);
+        let py = format!(
+            r#"/usr/bin/python3 -c "
+import os, socket, time
+port = int(os.environ['HTTP_PROXY'].rsplit(':', 1)[1])
+s = socket.create_connection(('127.0.0.1', port), timeout=60)
+s.sendall(b'CONNECT mirror.test:{p} HTTP/1.1\r\n\r\n')
+head = b''
+while b'\r\n\r\n' not in head:
+    head += s.recv(1)
+time.sleep(4)
+burst = bytes(i % 251 for i in range({BURST}))
+got = bytearray()
+while len(got) < {BURST}:
+    b = s.recv(1 << 20)
+    if not b:
+        break
+    got += b
+print(head.split(b' ')[1].decode(), len(got), got == burst)
+""#
+        );
+        let measure = async {
+            tokio::task::spawn_blocking(move || sending.recv_timeout(Duration::from_secs(30)))
+                .await
+                .unwrap()
+                .expect("the job connected");
+            // Past the burst's first moments, well inside the job's sleep.
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            let before = cpu_ticks_of(&a.dir);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cpu_ticks_of(&a.dir) - before
+        };
+        let ((out, code), spent) = tokio::join!(a.sh(&intent, &py), measure);
+        assert_eq!(
+            (out.trim(), code),
+            (format!("200 {BURST} True").as_str(), 0),
+            "{out}"
+        );
+        // Clock ticks are 1/100 s: a spinning relay spends most of the 2 s
+        // (about 200); a sleeping one next to nothing.
+        assert!(
+            spent < 40,
+            "the agent spent {spent} ticks of CPU in 2 s while its only job slept"
+        );
+        server.join().unwrap();
+    }
+);
+
 // A bad pattern is invalid_params naming its index; allow_hosts with
 // allow_tcp_connect is refused; nothing runs.
 #[tokio::test]

@@ -33,6 +33,16 @@ fn would_block(r: &io::Result<usize>) -> bool {
 
 /// `src` to `dst` through a pipe, until EOF on `src` (then `dst`'s write
 /// side is shut down).
+///
+/// `splice` answers `EAGAIN` both when `src` has nothing and when the pipe
+/// has no room (a pipe's slots fill with partial pages before it holds its
+/// size in bytes). Only the first may clear `src`'s readiness: tokio
+/// forgets a readiness it was told would block and waits for the next
+/// edge, so clearing it for a full pipe left bytes in the socket and the
+/// relay asleep until the sender's next segment (a 1 GiB download at a
+/// few percent of its speed). So `src` is read through `try_io` only while
+/// the pipe is empty; with bytes held, an `EAGAIN` is taken as "drain the
+/// pipe first", and the pump waits for `dst` alone.
 async fn pump(src: &TcpStream, dst: &TcpStream) -> io::Result<()> {
     use executor_sandbox::sys::splice_nonblocking as splice;
     let (pr, pw) = pipe()?;
@@ -40,21 +50,28 @@ async fn pump(src: &TcpStream, dst: &TcpStream) -> io::Result<()> {
     let mut eof = false;
     loop {
         let mut progressed = false;
+        // Set when `src` could not be read for a reason that may be the
+        // pipe: its readiness was kept, so waiting on it would spin.
+        let mut pipe_full = false;
         if !eof && held < EGRESS_BUFFER_BYTES {
-            let r = src.try_io(Interest::READABLE, || {
-                splice(src.as_fd(), pw.as_fd(), EGRESS_BUFFER_BYTES - held)
-            });
+            let room = EGRESS_BUFFER_BYTES - held;
+            let r = if held == 0 {
+                src.try_io(Interest::READABLE, || splice(src.as_fd(), pw.as_fd(), room))
+            } else {
+                splice(src.as_fd(), pw.as_fd(), room)
+            };
             match r {
                 Ok(0) => eof = true,
                 Ok(n) => {
                     held += n;
                     progressed = true;
                 }
-                ref r if would_block(r) => {}
+                ref r if would_block(r) => pipe_full = held > 0,
                 Err(e) => return Err(e),
             }
         }
         if held > 0 {
+            // With bytes in the pipe, `EAGAIN` can only mean `dst` is full.
             let r = dst.try_io(Interest::WRITABLE, || splice(pr.as_fd(), dst.as_fd(), held));
             match r {
                 Ok(n) => {
@@ -75,11 +92,9 @@ async fn pump(src: &TcpStream, dst: &TcpStream) -> io::Result<()> {
         if progressed {
             continue;
         }
-        // Nothing moved: wait for the side that can unblock us. (A pipe
-        // full of partial pages refuses more with fewer bytes held; then
-        // `held > 0` and the writable side drains it.)
+        // Nothing moved: wait for the side that can unblock us.
         tokio::select! {
-            r = src.readable(), if !eof && held < EGRESS_BUFFER_BYTES => r?,
+            r = src.readable(), if !eof && held < EGRESS_BUFFER_BYTES && !pipe_full => r?,
             r = dst.writable(), if held > 0 => r?,
         }
     }
