@@ -827,27 +827,44 @@ fn types_except(allowed: &[u64], extra: &[SeccompCondition]) -> io::Result<Vec<S
     Ok(out)
 }
 
-/// The x32 guard (x86_64): a syscall number with `__X32_SYSCALL_BIT` set
-/// is refused with EPERM, and any architecture but x86_64 (i386 through
-/// `int 0x80`) kills the process. seccompiler checks only the architecture.
-#[cfg(target_arch = "x86_64")]
-pub fn x32_guard() -> Vec<seccompiler::sock_filter> {
+/// The head of the job's one seccomp program, checks seccompiler cannot
+/// express (it checks only the architecture, and gives one action to all
+/// its rules), falling through to the rule list after it:
+/// - (x86_64) the x32 guard: any architecture but x86_64 (i386 through
+///   `int 0x80`) kills the process, and a syscall number with
+///   `__X32_SYSCALL_BIT` set is refused with EPERM;
+/// - `clone3` answers ENOSYS, so libc falls back to `clone`, whose flags
+///   the rule list can read.
+///
+/// One program instead of one per check: the kernel converts and JITs it
+/// once per job, and runs one filter per system call of the job.
+pub fn program_head() -> Vec<seccompiler::sock_filter> {
     const LD_W_ABS: u16 = 0x20;
     const JEQ_K: u16 = 0x15;
-    const JGE_K: u16 = 0x35;
     const RET_K: u16 = 0x06;
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
     let ins = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
-    vec![
-        ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-        ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
-        ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
-        ins(JGE_K, 0, 1, X32_SYSCALL_BIT),
-        ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
-        ins(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
-    ]
+    let mut head = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        const JGE_K: u16 = 0x35;
+        const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+        const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+        head.extend([
+            ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+            ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+            ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+            ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+            ins(JGE_K, 0, 1, X32_SYSCALL_BIT),
+            ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        ]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    head.push(ins(LD_W_ABS, 0, 0, 0)); // seccomp_data.nr
+    head.extend([
+        ins(JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+    ]);
+    head
 }
 
 /// Syscalls refused (EPERM) to every job, whatever its arguments.
@@ -1076,9 +1093,8 @@ pub fn precompile_seccomp() -> io::Result<()> {
     Ok(())
 }
 
-/// Step 5c: the seccomp filters (EPERM list and socket allow-lists, and
-/// clone3 → ENOSYS so libc falls back to clone, whose flags can be
-/// inspected): precompiled when [`precompile_seccomp`] ran in this process
+/// Step 5c: the seccomp program ([`program_head`], then the EPERM list
+/// and socket allow-lists; one program in a list of one): precompiled when [`precompile_seccomp`] ran in this process
 /// or an ancestor it forked from, else compiled now.
 pub fn seccomp_programs(
     net: &WireNet,
@@ -1099,23 +1115,24 @@ fn compile_seccomp(shape: NetShape) -> io::Result<Vec<seccompiler::BpfProgram>> 
     }
     let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| io::Error::other(e.to_string()))?;
-    let eperm = filter(deny, libc::EPERM, arch)?;
-    let clone3 = filter(
-        BTreeMap::from([(libc::SYS_clone3, vec![])]),
-        libc::ENOSYS,
-        arch,
-    )?;
-    let mut out = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    out.push(x32_guard());
-    for f in [eperm, clone3] {
-        out.push(
-            f.try_into()
-                .map_err(|e: seccompiler::BackendError| io::Error::other(e.to_string()))?,
-        );
+    let rules: seccompiler::BpfProgram = filter(deny, libc::EPERM, arch)?
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| io::Error::other(e.to_string()))?;
+    // The head falls through to the rules (BPF jumps are relative and go
+    // forward only, so the rules' own jumps are unchanged behind it).
+    let mut program = program_head();
+    program.extend(rules);
+    if program.len() > BPF_MAXINSNS {
+        return Err(io::Error::other(format!(
+            "the seccomp program has {} instructions, over the kernel's {BPF_MAXINSNS}",
+            program.len()
+        )));
     }
-    Ok(out)
+    Ok(vec![program])
 }
+
+/// The kernel's bound on a classic BPF program's length.
+const BPF_MAXINSNS: usize = 4096;
 
 /// Step 5: the second layer, capabilities, no_new_privs and seccomp, on
 /// the calling process (the init; the job inherits it).
@@ -1170,6 +1187,18 @@ mod tests {
             .iter()
             .map(|n| seccomp_programs(n).unwrap().into_owned())
             .collect();
+        for (n, f) in nets.iter().zip(&fresh) {
+            // One program, the head's checks first, within the kernel's bound.
+            assert_eq!(f.len(), 1, "{n:?}");
+            let head = program_head();
+            assert!(f[0].len() <= BPF_MAXINSNS, "{n:?}: {}", f[0].len());
+            assert!(
+                f[0].iter()
+                    .zip(&head)
+                    .all(|(x, y)| (x.code, x.jt, x.jf, x.k) == (y.code, y.jt, y.jf, y.k)),
+                "{n:?}"
+            );
+        }
         precompile_seccomp().unwrap();
         for (n, f) in nets.iter().zip(&fresh) {
             let pre = seccomp_programs(n).unwrap();

@@ -1518,6 +1518,18 @@ both!(c42_other_syscall_abis, |e: Env| async move {
         EPERM,
         "x32 guard"
     );
+    // clone3 → ENOSYS (glibc then uses clone, whose flags are filtered):
+    // the host itself refuses the empty call with EINVAL.
+    assert_eq!(
+        e.hostile(None, "clone3").await,
+        "errno=22",
+        "positive control"
+    );
+    assert_eq!(
+        e.hostile(Some(e.ws_write()), "clone3").await,
+        "errno=38",
+        "seccomp: clone3 answers ENOSYS"
+    );
     let (out, code) = e
         .sh(
             Some(e.ws_write()),
