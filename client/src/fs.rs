@@ -264,6 +264,8 @@ impl Client {
     /// would). A terminal, a socket or anything else is written by a
     /// blocking thread.
     ///
+    /// The stream's notifications reach no [`Client::subscribe`]r.
+    ///
     /// A sink that cannot be written (`BrokenPipe` when its reader is gone,
     /// a full disk) ends this stream (`fs/readCancel`) with
     /// [`Error::Sink`]; the connection goes on. Dropping the future stops
