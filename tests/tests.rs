@@ -31,6 +31,8 @@ mod hardening;
 mod http;
 #[path = "suite/process.rs"]
 mod process;
+#[path = "suite/read_into.rs"]
+mod read_into;
 #[path = "suite/read_stream.rs"]
 mod read_stream;
 #[path = "suite/sandbox.rs"]

@@ -7,8 +7,8 @@
 //!   (a `get F /dev/null`): one ssh config file, one cipher, one sink, every
 //!   process started anew per trial;
 //! - **warm**: over a connection opened before the clock starts — the
-//!   library's `read_stream` on an initialized `Client` writing every block
-//!   to `/dev/null`, against `ssh cat F > /dev/null` through a ControlMaster
+//!   library's `read_stream_into` on an initialized `Client` writing
+//!   `/dev/null`, against `ssh cat F > /dev/null` through a ControlMaster
 //!   opened beforehand (what an orchestrator that keeps connections does).
 //!
 //! CPU (fresh only) is read from `/proc/self/stat`'s waited-for-children
@@ -162,21 +162,12 @@ pub async fn fresh(bytes: u64) -> anyhow::Result<Row> {
     })
 }
 
-/// `read_stream` of `path` on an open connection, every block written to
-/// /dev/null.
+/// `read_stream_into` of `path` on an open connection, into /dev/null
+/// (the sink `ssh cat` is given).
 async fn read_to_null(c: &Client, path: &str, bytes: u64) -> anyhow::Result<Duration> {
-    use futures_util::StreamExt;
-    use std::io::Write;
-    let mut sink = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    let sink = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
     let t = Instant::now();
-    let (_, s) = c.read_stream(path).await?;
-    let mut s = std::pin::pin!(s);
-    let mut n = 0u64;
-    while let Some(b) = s.next().await {
-        let b = b?;
-        sink.write_all(&b)?;
-        n += b.len() as u64;
-    }
+    let n = c.read_stream_into(path, &sink).await?;
     let wall = t.elapsed();
     if n != bytes {
         bail!("read_stream: got {n} bytes, expected {bytes}");
@@ -219,7 +210,7 @@ pub async fn warm(bytes: u64) -> anyhow::Result<Row> {
     let ratio = mbps(bytes, o) / mbps(bytes, k);
     Ok(Row {
         what: format!(
-            "warm read of {} MiB through real sshd, aes128-gcm: `read_stream` on an open connection vs `ssh cat` over a ControlMaster (best of {TRIALS}, alternating)",
+            "warm read of {} MiB through real sshd, aes128-gcm: `read_stream_into` on an open connection vs `ssh cat` over a ControlMaster (best of {TRIALS}, alternating)",
             bytes >> 20
         ),
         ours: format!("{:.0} MB/s", mbps(bytes, o)),

@@ -1,6 +1,7 @@
 //! Files on the agent's host: streaming reads with a read-ahead window,
 //! streaming atomic writes, and walks in pages.
 
+use crate::sink::SinkEvent;
 use crate::{Call, Client, Error};
 use bytes::Bytes;
 use executor_protocol::methods as m;
@@ -200,39 +201,15 @@ impl Client {
         &self,
         path: impl Into<WirePath>,
     ) -> Result<(u64, impl Stream<Item = Result<Bytes, Error>>), Error> {
-        let limits = &self.initialize_result().limits;
-        let block_bytes = BLOCK
-            .min(limits.max_block_bytes)
-            .min(limits.max_read_credit_bytes);
-        let credit_bytes = READ_CREDIT.min(limits.max_read_credit_bytes);
+        let params = self.read_stream_params(path.into());
         // Subscribed before asking: the first blocks follow the answer at once.
         let sub = self.subscribe(&[m::FS_READ_STREAM_DATA, m::FS_READ_STREAM_END]);
-        let head: ReadStreamResult = self
-            .request(
-                m::FS_READ_STREAM,
-                &ReadStreamParams {
-                    path: Some(path.into()),
-                    handle: None,
-                    offset: 0,
-                    length: None,
-                    block_bytes,
-                    credit_bytes,
-                    sandbox: self.intent(),
-                    cwd: None,
-                },
-            )
-            .await?;
-        let (failed_tx, failed) = tokio::sync::mpsc::unbounded_channel();
+        let head: ReadStreamResult = self.request(m::FS_READ_STREAM, &params).await?;
         let state = PushedRead {
             sub: self.narrow_to_stream(sub, head.stream_id),
-            client: self.clone(),
-            stream_id: head.stream_id,
+            credit: Credit::new(self, head.stream_id, &params),
             next_offset: 0,
             taken: 0,
-            unreturned: 0,
-            return_at: (credit_bytes / 4).max(block_bytes),
-            failed,
-            failed_tx,
             done: false,
             ended: false,
         };
@@ -247,6 +224,144 @@ impl Client {
             }
         });
         Ok((head.size, stream))
+    }
+
+    /// `fs/readStream` of a whole file, in blocks of [`BLOCK`] within a
+    /// window of [`READ_CREDIT`] (less when the agent's limits are).
+    fn read_stream_params(&self, path: WirePath) -> ReadStreamParams {
+        let limits = &self.initialize_result().limits;
+        ReadStreamParams {
+            path: Some(path),
+            handle: None,
+            offset: 0,
+            length: None,
+            block_bytes: BLOCK
+                .min(limits.max_block_bytes)
+                .min(limits.max_read_credit_bytes),
+            credit_bytes: READ_CREDIT.min(limits.max_read_credit_bytes),
+            sandbox: self.intent(),
+            cwd: None,
+        }
+    }
+
+    /// Stream a file of any size into `sink` (a file, a pipe, `/dev/null`,
+    /// a socket, a terminal: any descriptor open for writing, which stays
+    /// the caller's; its flags are not changed) with one `fs/readStream`,
+    /// as [`Client::read_stream`] does; returns the bytes written, which
+    /// are all of the stream's (its end's `total` is checked).
+    ///
+    /// When the transport is a pipe (a spawned `ssh` or local agent, on
+    /// Linux) and the sink a regular file, `/dev/null` or a pipe, the
+    /// stream's data never enters this process:
+    /// **the connection reader writes the sink itself**, moving each
+    /// block's bytes from the transport pipe with `splice(2)`. It never
+    /// waits for the sink: when a pipe or socket is full, the rest of the
+    /// block is read into memory and written by this future when the sink
+    /// is ready, and the stream's next blocks wait behind it (credit is
+    /// returned only for bytes written, so the window bounds that memory
+    /// and other streams' frames go on meanwhile). A regular file is
+    /// written as it comes (the reader waits for the disk as a `write`
+    /// would). A terminal, a socket or anything else is written by a
+    /// blocking thread.
+    ///
+    /// The stream's notifications reach no [`Client::subscribe`]r.
+    ///
+    /// A sink that cannot be written (`BrokenPipe` when its reader is gone,
+    /// a full disk) ends this stream (`fs/readCancel`) with
+    /// [`Error::Sink`]; the connection goes on. Dropping the future stops
+    /// the writing (the block being spliced at that moment is finished)
+    /// and cancels the stream. As with `write(2)`, a pipe without a reader
+    /// raises `SIGPIPE` unless it is ignored (Rust programs ignore it).
+    pub async fn read_stream_into(
+        &self,
+        path: impl Into<WirePath>,
+        sink: impl std::os::fd::AsFd,
+    ) -> Result<u64, Error> {
+        self.read_stream_into_with(path, sink, |_| {}).await
+    }
+
+    /// [`Client::read_stream_into`], calling `progress` with the length of
+    /// every piece written (for a progress bar).
+    pub async fn read_stream_into_with(
+        &self,
+        path: impl Into<WirePath>,
+        sink: impl std::os::fd::AsFd,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64, Error> {
+        let sink = crate::sink::Sink::new(sink.as_fd()).map_err(Error::Sink)?;
+        if !(self.splices() && sink.splice_ok()) {
+            let (_, stream) = self.read_stream(path).await?;
+            let mut stream = std::pin::pin!(stream);
+            let mut total = 0;
+            while let Some(block) = futures_util::StreamExt::next(&mut stream).await {
+                let block = block?;
+                let len = block.len() as u64;
+                sink.write_all(block).await.map_err(Error::Sink)?;
+                total += len;
+                progress(len);
+            }
+            return Ok(total);
+        }
+        let params = self.read_stream_params(path.into());
+        let state = std::sync::Arc::new(crate::sink::SinkState::new(sink));
+        let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let mut guard = SinkGuard {
+            client: self.clone(),
+            state: state.clone(),
+            stream_id: None,
+            ended: false,
+        };
+        let entry = crate::sink::SinkEntry {
+            state: state.clone(),
+            tx,
+        };
+        let head: ReadStreamResult = self
+            .start_call_into(m::FS_READ_STREAM, &params, entry)
+            .await?
+            .result()
+            .await?;
+        guard.stream_id = Some(head.stream_id);
+        let mut credit = Credit::new(self, head.stream_id, &params);
+        let mut next = 0u64;
+        loop {
+            credit.return_due().await?;
+            let event = tokio::select! {
+                e = events.recv() => e,
+                Some(e) = credit.failed.recv() => return Err(e),
+            };
+            let (offset, len, data) = match event {
+                None => {
+                    guard.ended = true;
+                    return Err(closed_during(head.stream_id));
+                }
+                Some(SinkEvent::Failed(e)) => return Err(Error::Sink(e)),
+                Some(SinkEvent::Wrote { offset, len }) => (offset, len, None),
+                Some(SinkEvent::Data { offset, data }) => (offset, data.len() as u64, Some(data)),
+                Some(SinkEvent::Frame(note)) if note.method == m::FS_READ_STREAM_END => {
+                    guard.ended = true;
+                    check_end(&note, next)?;
+                    return Ok(next);
+                }
+                Some(SinkEvent::Frame(note)) => {
+                    let d: DataRef<'_> = note.decode_borrowed()?;
+                    check_block(&note, (d.stream_id, d.offset), (head.stream_id, next))?;
+                    let data = note.share(d.data);
+                    (d.offset, data.len() as u64, Some(data))
+                }
+            };
+            if offset != next {
+                return Err(out_of_order(offset, next, head.stream_id));
+            }
+            if let Some(data) = data {
+                state.sink.write_all(data).await.map_err(Error::Sink)?;
+                state
+                    .queued
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            }
+            next += len;
+            credit.consumed(len);
+            progress(len);
+        }
     }
 
     /// Write a file of any size atomically: `fs/openWrite`, pipelined
@@ -403,16 +518,10 @@ pub fn walk_params(root: impl Into<WirePath>) -> WalkParams {
     }
 }
 
-/// One `fs/readStream` as the client sees it.
-struct PushedRead {
+/// The window of one `fs/readStream` as the client returns it.
+struct Credit {
     client: Client,
-    sub: crate::Subscription,
     stream_id: u64,
-    /// Where the next block must start.
-    next_offset: u64,
-    /// The length of the block handed out last (taken: its credit is due
-    /// once the next one is asked for).
-    taken: u64,
     /// Bytes consumed and not yet returned to the agent.
     unreturned: u64,
     /// Credit goes back in batches of this many bytes.
@@ -420,26 +529,29 @@ struct PushedRead {
     /// Errors answering `fs/readCredit`.
     failed: tokio::sync::mpsc::UnboundedReceiver<Error>,
     failed_tx: tokio::sync::mpsc::UnboundedSender<Error>,
-    /// No more blocks will be handed out.
-    done: bool,
-    /// The agent's `fs/readStream/end` arrived (or the connection closed).
-    ended: bool,
 }
 
-/// A `fs/readStream/data` notification, its data borrowed from the frame.
-#[derive(serde::Deserialize)]
-struct DataRef<'a> {
-    stream_id: u64,
-    offset: u64,
-    #[serde(borrow)]
-    data: &'a serde_bytes::Bytes,
-}
+impl Credit {
+    fn new(client: &Client, stream_id: u64, params: &ReadStreamParams) -> Credit {
+        let (failed_tx, failed) = tokio::sync::mpsc::unbounded_channel();
+        Credit {
+            client: client.clone(),
+            stream_id,
+            unreturned: 0,
+            return_at: (params.credit_bytes / 4).max(params.block_bytes),
+            failed,
+            failed_tx,
+        }
+    }
 
-impl PushedRead {
+    /// `bytes` more were consumed (their credit is due).
+    fn consumed(&mut self, bytes: u64) {
+        self.unreturned += bytes;
+    }
+
     /// Return the credit of what was consumed, in batches; the answer is
     /// awaited on the side (an error ends the stream at its next block).
-    async fn return_credit(&mut self) -> Result<(), Error> {
-        self.unreturned += std::mem::take(&mut self.taken);
+    async fn return_due(&mut self) -> Result<(), Error> {
         if self.unreturned < self.return_at {
             return Ok(());
         }
@@ -469,50 +581,126 @@ impl PushedRead {
         });
         Ok(())
     }
+}
 
+/// One `fs/readStream` as the client sees it.
+struct PushedRead {
+    sub: crate::Subscription,
+    credit: Credit,
+    /// Where the next block must start.
+    next_offset: u64,
+    /// The length of the block handed out last (taken: its credit is due
+    /// once the next one is asked for).
+    taken: u64,
+    /// No more blocks will be handed out.
+    done: bool,
+    /// The agent's `fs/readStream/end` arrived (or the connection closed).
+    ended: bool,
+}
+
+/// A `fs/readStream/data` notification, its data borrowed from the frame.
+#[derive(serde::Deserialize)]
+struct DataRef<'a> {
+    stream_id: u64,
+    offset: u64,
+    #[serde(borrow)]
+    data: &'a serde_bytes::Bytes,
+}
+
+fn closed_during(stream_id: u64) -> Error {
+    Error::Closed(format!(
+        "the connection closed during read stream {stream_id}"
+    ))
+}
+
+fn out_of_order(offset: u64, expected: u64, stream_id: u64) -> Error {
+    Error::Decode {
+        method: m::FS_READ_STREAM_DATA.into(),
+        message: format!(
+            "a block at offset {offset} of stream {stream_id}; expected offset {expected}"
+        ),
+    }
+}
+
+/// A data block `(stream, offset)` where `want` was expected.
+fn check_block(note: &crate::Notification, got: (u64, u64), want: (u64, u64)) -> Result<(), Error> {
+    if got == want {
+        return Ok(());
+    }
+    Err(Error::Decode {
+        method: note.method.clone(),
+        message: format!(
+            "a block at offset {} of stream {}; expected offset {} of stream {}",
+            got.1, got.0, want.1, want.0
+        ),
+    })
+}
+
+/// A stream's `fs/readStream/end`, after `received` data bytes.
+fn check_end(note: &crate::Notification, received: u64) -> Result<(), Error> {
+    let end: ReadStreamEnd = note.decode()?;
+    if let Some(e) = end.error {
+        return Err(Error::Remote(e));
+    }
+    if end.total != received {
+        return Err(Error::Decode {
+            method: note.method.clone(),
+            message: format!(
+                "the stream ended at {} bytes, {received} were received",
+                end.total
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Cancel stream `stream_id` on the side (`fs/readCancel`), when a task
+/// can be spawned.
+fn cancel_stream(client: &Client, stream_id: u64) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let client = client.clone();
+    rt.spawn(async move {
+        let _ = client
+            .request::<_, Empty>(
+                m::FS_READ_CANCEL,
+                &ReadCancelParams {
+                    stream_id,
+                    sandbox: None,
+                    cwd: None,
+                },
+            )
+            .await;
+    });
+}
+
+impl PushedRead {
     async fn next_block(&mut self) -> Result<Option<Bytes>, Error> {
         if self.done {
             return Ok(None);
         }
-        self.return_credit().await?;
+        self.credit.consumed(std::mem::take(&mut self.taken));
+        self.credit.return_due().await?;
         let note = tokio::select! {
             n = self.sub.recv() => n,
-            Some(e) = self.failed.recv() => return Err(e),
+            Some(e) = self.credit.failed.recv() => return Err(e),
         };
         let Some(note) = note else {
             self.ended = true;
-            return Err(Error::Closed(format!(
-                "the connection closed during read stream {}",
-                self.stream_id
-            )));
+            return Err(closed_during(self.credit.stream_id));
         };
         if note.method == m::FS_READ_STREAM_END {
             (self.done, self.ended) = (true, true);
-            let end: ReadStreamEnd = note.decode()?;
-            if let Some(e) = end.error {
-                return Err(Error::Remote(e));
-            }
-            if end.total != self.next_offset {
-                return Err(Error::Decode {
-                    method: note.method.clone(),
-                    message: format!(
-                        "the stream ended at {} bytes, {} were received",
-                        end.total, self.next_offset
-                    ),
-                });
-            }
+            check_end(&note, self.next_offset)?;
             return Ok(None);
         }
         let d: DataRef<'_> = note.decode_borrowed()?;
-        if d.stream_id != self.stream_id || d.offset != self.next_offset {
-            return Err(Error::Decode {
-                method: note.method.clone(),
-                message: format!(
-                    "a block at offset {} of stream {}; expected offset {} of stream {}",
-                    d.offset, d.stream_id, self.next_offset, self.stream_id
-                ),
-            });
-        }
+        check_block(
+            &note,
+            (d.stream_id, d.offset),
+            (self.credit.stream_id, self.next_offset),
+        )?;
         let data = note.share(d.data);
         self.next_offset += data.len() as u64;
         self.taken = data.len() as u64;
@@ -523,24 +711,32 @@ impl PushedRead {
 impl Drop for PushedRead {
     /// A stream let go of before its end is cancelled.
     fn drop(&mut self) {
-        if self.ended {
-            return;
+        if !self.ended {
+            cancel_stream(&self.credit.client, self.credit.stream_id);
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (client, stream_id) = (self.client.clone(), self.stream_id);
-        rt.spawn(async move {
-            let _ = client
-                .request::<_, Empty>(
-                    m::FS_READ_CANCEL,
-                    &ReadCancelParams {
-                        stream_id,
-                        sandbox: None,
-                        cwd: None,
-                    },
-                )
-                .await;
-        });
+    }
+}
+
+/// A [`Client::read_stream_into`] in progress: dropped, it takes the sink
+/// from the reader and cancels the stream unless it ended.
+struct SinkGuard {
+    client: Client,
+    state: std::sync::Arc<crate::sink::SinkState>,
+    /// Known once `fs/readStream` answered.
+    stream_id: Option<u64>,
+    ended: bool,
+}
+
+impl Drop for SinkGuard {
+    fn drop(&mut self) {
+        self.state
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(id) = self.stream_id {
+            self.client.unregister_sink(id);
+            if !self.ended {
+                cancel_stream(&self.client, id);
+            }
+        }
     }
 }

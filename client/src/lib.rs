@@ -92,6 +92,7 @@ pub mod http;
 pub mod native_ssh;
 mod process;
 pub mod sandbox;
+mod sink;
 mod stderr_relay;
 pub mod target;
 
@@ -101,9 +102,10 @@ pub use process::{ExitStatus, Output, Process};
 pub use target::{SshOptions, Target};
 
 use bytes::{Bytes, BytesMut};
-use executor_protocol::codec::FrameDecoder;
+use executor_protocol::codec::{self, FrameDecoder};
 use executor_protocol::limits::MAX_FRAME_BYTES;
 use executor_protocol::message::{encode_notification, encode_request};
+use executor_protocol::types::fs::ReadStreamResult;
 use executor_protocol::types::session::{
     ClientInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
     SessionParams, ToolsListResult,
@@ -174,6 +176,11 @@ pub enum Error {
     /// The agent's preamble names another wire version.
     #[error("the agent speaks wire {agent}, this client speaks {PROTOCOL_VERSION}")]
     WireVersion { agent: String },
+    /// Writing the descriptor given to [`Client::read_stream_into`]
+    /// failed (`BrokenPipe` when its reader is gone), or it is not one
+    /// open for writing.
+    #[error("writing the sink: {0}")]
+    Sink(#[source] std::io::Error),
 }
 
 impl Error {
@@ -346,13 +353,31 @@ struct Shared {
     next_sub: u64,
     pending: HashMap<u64, oneshot::Sender<Reply>>,
     subscribers: Vec<Subscriber>,
+    /// `fs/readStream` requests of [`Client::read_stream_into`] not yet
+    /// answered, by request id: their answer registers the sink.
+    sink_requests: HashMap<u64, sink::SinkEntry>,
+    /// Read streams whose data the reader gives to a sink, by stream id.
+    sinks: HashMap<u64, sink::SinkEntry>,
     closed: Option<String>,
+}
+
+impl Shared {
+    /// The connection is gone: dropping the senders wakes every waiter
+    /// with `Closed`.
+    fn close(&mut self) {
+        self.pending.clear();
+        self.subscribers.clear();
+        self.sink_requests.clear();
+        self.sinks.clear();
+    }
 }
 
 struct Inner {
     next_id: AtomicU64,
     shared: Mutex<Shared>,
     max_frame: usize,
+    /// The reader takes frames from a pipe it can `splice(2)` from.
+    splice: bool,
     /// Answers requests from the agent, on the writer's queue (weak: the
     /// connection closes when the client lets go of it).
     answers: Option<(egress::EgressPolicy, mpsc::WeakSender<Vec<u8>>)>,
@@ -482,12 +507,24 @@ impl Client {
     /// Connect over a byte stream pair: skip noise up to the preamble, then
     /// `initialize`.
     pub async fn connect<R, W>(
-        mut reader: R,
+        reader: R,
         writer: W,
         options: ClientOptions,
     ) -> Result<Client, Error>
     where
         R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        Client::connect_transport(AnyTransport(reader), writer, options).await
+    }
+
+    async fn connect_transport<R, W>(
+        mut reader: R,
+        writer: W,
+        options: ClientOptions,
+    ) -> Result<Client, Error>
+    where
+        R: Transport,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let limit = options.connect_timeout;
@@ -502,6 +539,7 @@ impl Client {
             next_id: AtomicU64::new(1),
             shared: Mutex::new(Shared::default()),
             max_frame: MAX_FRAME_BYTES as usize,
+            splice: reader.splices(),
             answers: options
                 .egress_policy
                 .clone()
@@ -523,7 +561,7 @@ impl Client {
             ),
         };
         let init: InitializeResult = bounded(limit, "waiting for the initialize answer", async {
-            send_call(&inner, &out_tx, methods::INITIALIZE, &params)
+            send_call(&inner, &out_tx, methods::INITIALIZE, &params, None)
                 .await?
                 .result()
                 .await
@@ -609,7 +647,9 @@ impl Client {
         let relay = child.stderr.take().map(stderr_relay::Relay::start);
         widen_pipe(&stdout);
         widen_pipe(&stdin);
-        let client = match Client::connect(stdout, stdin, options).await {
+        // Our end of the pipe as a tokio pipe: the reader may splice from it.
+        let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout.into_owned_fd()?)?;
+        let client = match Client::connect_transport(stdout, stdin, options).await {
             Ok(c) => c,
             Err(e) if !ended_early(&e) => return Err(e),
             Err(e) => {
@@ -720,7 +760,36 @@ impl Client {
     /// Send a request by method name; the returned [`Call`] resolves to its
     /// answer; its id is what [`Client::cancel`] takes.
     pub async fn start_call<P: Serialize>(&self, method: &str, params: &P) -> Result<Call, Error> {
-        send_call(&self.conn.inner, &self.sender()?, method, params).await
+        send_call(&self.conn.inner, &self.sender()?, method, params, None).await
+    }
+
+    /// [`Client::start_call`] of an `fs/readStream` whose data the
+    /// connection reader writes into `sink` (the answer registers it).
+    pub(crate) async fn start_call_into<P: Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+        sink: sink::SinkEntry,
+    ) -> Result<Call, Error> {
+        send_call(
+            &self.conn.inner,
+            &self.sender()?,
+            method,
+            params,
+            Some(sink),
+        )
+        .await
+    }
+
+    /// Whether the reader can splice from the transport.
+    pub(crate) fn splices(&self) -> bool {
+        self.conn.inner.splice
+    }
+
+    /// Stop giving stream `stream_id`'s frames to a sink.
+    pub(crate) fn unregister_sink(&self, stream_id: u64) {
+        let mut shared = self.conn.inner.shared.lock().expect("client lock");
+        shared.sinks.remove(&stream_id);
     }
 
     /// Send a request and wait for its typed result.
@@ -874,6 +943,7 @@ async fn send_call<P: Serialize>(
     out: &mpsc::Sender<Vec<u8>>,
     method: &str,
     params: &P,
+    sink: Option<sink::SinkEntry>,
 ) -> Result<Call, Error> {
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
     let mut frame = Vec::new();
@@ -888,14 +958,14 @@ async fn send_call<P: Serialize>(
             return Err(Error::Closed(reason.clone()));
         }
         shared.pending.insert(id, tx);
+        if let Some(sink) = sink {
+            shared.sink_requests.insert(id, sink);
+        }
     }
     if out.send(frame).await.is_err() {
-        inner
-            .shared
-            .lock()
-            .expect("client lock")
-            .pending
-            .remove(&id);
+        let mut shared = inner.shared.lock().expect("client lock");
+        shared.pending.remove(&id);
+        shared.sink_requests.remove(&id);
         return Err(Error::Closed("writer stopped".into()));
     }
     Ok(Call {
@@ -1020,10 +1090,193 @@ fn answer_agent(inner: &Inner, id: u64, method: &str, frame: &[u8]) {
     });
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner: Arc<Inner>) {
+/// The byte stream the connection reader takes frames from.
+trait Transport: AsyncRead + Unpin + Send + 'static {
+    /// The pipe under it, when `splice(2)` may take bytes from it.
+    fn pipe(&self) -> Option<&tokio::net::unix::pipe::Receiver> {
+        None
+    }
+
+    fn splices(&self) -> bool {
+        cfg!(target_os = "linux") && self.pipe().is_some()
+    }
+}
+
+/// Any byte stream ([`Client::connect`]): frames are read into memory.
+struct AnyTransport<R>(R);
+
+impl<R: AsyncRead + Unpin> AsyncRead for AnyTransport<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<R: AsyncRead + Unpin + Send + 'static> Transport for AnyTransport<R> {}
+
+/// The stdout pipe of a transport command.
+impl Transport for tokio::net::unix::pipe::Receiver {
+    fn pipe(&self) -> Option<&tokio::net::unix::pipe::Receiver> {
+        Some(self)
+    }
+}
+
+/// Bytes read at a time right after a spliced frame, where the next one
+/// most likely starts: about one `fs/readStream/data` head (4 + 68 bytes
+/// for a 1 MiB block below 4 GiB), so that hardly any of its data is read
+/// into memory.
+const HEAD_READ: usize = 72;
+
+/// The rest of a frame's payload the reader could not write itself, read
+/// into memory for the stream's task (or dropped when that is gone).
+struct Tail {
+    entry: sink::SinkEntry,
+    offset: u64,
+    left: usize,
+}
+
+/// What to do with the frame at the start of the buffer.
+enum Direct {
+    /// Give its payload to this sink (`head`: the bytes before the data).
+    Take {
+        entry: sink::SinkEntry,
+        head: usize,
+        offset: u64,
+        data_len: usize,
+    },
+    /// Its head may be one, more bytes tell.
+    NeedHead,
+    /// Read it the normal way.
+    No,
+}
+
+/// Whether the frame at the start of `buf`, not all of it there yet, is
+/// a `fs/readStream/data` of a stream with a sink the reader may write now.
+fn direct_frame(inner: &Inner, buf: &[u8]) -> Direct {
+    use executor_protocol::message::{read_stream_data_head, DataHead};
+    if !inner.splice || buf.len() < codec::LEN_PREFIX {
+        return Direct::No;
+    }
+    let declared = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if declared == 0 || declared > inner.max_frame || buf.len() >= codec::LEN_PREFIX + declared {
+        return Direct::No;
+    }
+    let shared = inner.shared.lock().expect("client lock");
+    if shared.sinks.is_empty() {
+        return Direct::No;
+    }
+    match read_stream_data_head(&buf[codec::LEN_PREFIX..], declared) {
+        DataHead::Found {
+            stream_id,
+            offset,
+            len,
+            data_len,
+        } => match shared.sinks.get(&stream_id) {
+            Some(entry) if entry.state.reader_may_write() => Direct::Take {
+                entry: entry.clone(),
+                head: len,
+                offset,
+                data_len,
+            },
+            _ => Direct::No,
+        },
+        DataHead::Short => Direct::NeedHead,
+        DataHead::Other => Direct::No,
+    }
+}
+
+/// Write the payload of the frame at the start of `buf` (its head is
+/// there) into its sink: what is buffered, then the rest spliced from the
+/// transport. Leaves `buf` empty; returns what is still to read into
+/// memory.
+#[cfg(target_os = "linux")]
+async fn take_direct(
+    src: &tokio::net::unix::pipe::Receiver,
+    buf: &mut BytesMut,
+    entry: sink::SinkEntry,
+    head: usize,
+    offset: u64,
+    data_len: usize,
+) -> std::io::Result<Option<Tail>> {
+    use bytes::Buf;
+    buf.advance(codec::LEN_PREFIX + head);
+    let buffered = buf.split().freeze();
+    let taken = sink::splice_payload(src, &entry.state, buffered, data_len).await?;
+    if taken.written > 0 {
+        let _ = entry.tx.send(sink::SinkEvent::Wrote {
+            offset,
+            len: taken.written as u64,
+        });
+    }
+    let mut at = offset + taken.written as u64;
+    if let Some(e) = taken.failed {
+        // The rest of the payload is read and dropped.
+        entry.state.closed.store(true, Ordering::Release);
+        let _ = entry.tx.send(sink::SinkEvent::Failed(e));
+    }
+    let unwritten = taken.unwritten.len() as u64;
+    entry.queue(at, taken.unwritten);
+    at += unwritten;
+    Ok((taken.left > 0).then_some(Tail {
+        entry,
+        offset: at,
+        left: taken.left,
+    }))
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn take_direct(
+    _src: &tokio::net::unix::pipe::Receiver,
+    _buf: &mut BytesMut,
+    _entry: sink::SinkEntry,
+    _head: usize,
+    _offset: u64,
+    _data_len: usize,
+) -> std::io::Result<Option<Tail>> {
+    unreachable!("no splice: Transport::splices is false")
+}
+
+async fn read_loop<R: Transport>(mut reader: R, mut buf: BytesMut, inner: Arc<Inner>) {
+    use bytes::BufMut;
     let mut decoder = FrameDecoder::new(inner.max_frame);
+    let mut tail: Option<Tail> = None;
+    // The next read stops at about a frame head.
+    let mut head_read = false;
     let reason = 'outer: loop {
         loop {
+            if let Some(t) = tail.take() {
+                if buf.len() < t.left {
+                    tail = Some(t);
+                    break;
+                }
+                let data = buf.split_to(t.left).freeze();
+                t.entry.queue(t.offset, data);
+            }
+            if let Some(src) = reader.pipe() {
+                match direct_frame(&inner, &buf) {
+                    Direct::Take {
+                        entry,
+                        head,
+                        offset,
+                        data_len,
+                    } => {
+                        match take_direct(src, &mut buf, entry, head, offset, data_len).await {
+                            Ok(t) => tail = t,
+                            Err(e) => break 'outer format!("reading from the agent failed: {e}"),
+                        }
+                        head_read = true;
+                        continue;
+                    }
+                    Direct::NeedHead => {
+                        head_read = true;
+                        break;
+                    }
+                    Direct::No => {}
+                }
+            }
             match decoder.decode(&mut buf) {
                 Ok(Some(frame)) => {
                     if let Err(e) = deliver(&inner, frame) {
@@ -1034,11 +1287,26 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner
                 Err(e) => break 'outer format!("bad frame from the agent: {e}"),
             }
         }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
-        }
-        match reader.read_buf(&mut buf).await {
-            Ok(0) if buf.is_empty() => break "the agent closed the connection".to_string(),
+        let read = match &tail {
+            Some(t) => {
+                buf.reserve(t.left - buf.len());
+                reader.read_buf(&mut buf).await
+            }
+            None if std::mem::take(&mut head_read) => {
+                buf.reserve(HEAD_READ);
+                reader.read_buf(&mut (&mut buf).limit(HEAD_READ)).await
+            }
+            None => {
+                if buf.capacity() - buf.len() < 64 * 1024 {
+                    buf.reserve(256 * 1024);
+                }
+                reader.read_buf(&mut buf).await
+            }
+        };
+        match read {
+            Ok(0) if buf.is_empty() && tail.is_none() => {
+                break "the agent closed the connection".to_string()
+            }
             Ok(0) => {
                 break format!(
                     "the agent's output ended inside a frame ({} bytes)",
@@ -1052,9 +1320,7 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, inner
     tracing::debug!(%reason, "client connection closed");
     let mut shared = inner.shared.lock().expect("client lock");
     shared.closed = Some(reason);
-    // Dropping the senders wakes every waiter with `Closed`.
-    shared.pending.clear();
-    shared.subscribers.clear();
+    shared.close();
 }
 
 #[derive(serde::Deserialize)]
@@ -1100,28 +1366,14 @@ fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
             stream_id,
             frame,
         };
-        let pid = note.process_id.clone();
-        let pid = pid.as_deref();
-        let wanted: Vec<usize> = shared
-            .subscribers
-            .iter()
-            .enumerate()
-            .filter(|(_, sub)| {
-                (sub.methods.is_empty() || sub.methods.contains(&note.method))
-                    && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid)
-                    && sub.stream_id.is_none_or(|s| Some(s) == note.stream_id)
-            })
-            .map(|(i, _)| i)
-            .collect();
-        for &i in &wanted {
-            // Clones share the frame (reference-counted), never copy it.
-            let _ = shared.subscribers[i].tx.send(note.clone());
+        if let Some(note) = to_sink(&mut shared, note) {
+            deliver_note(&mut shared, note);
         }
-        shared.subscribers.retain(|sub| !sub.tx.is_closed());
         return Ok(());
     }
     match (peek.id, peek.error) {
         (Some(id), Some(err)) => {
+            shared.sink_requests.remove(&id);
             if let Some(tx) = shared.pending.remove(&id) {
                 let _ = tx.send(Err(err));
             }
@@ -1130,6 +1382,18 @@ fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
             tracing::warn!(error = %err, "agent answered a request it could not read")
         }
         (Some(id), None) if peek.result.is_some() => {
+            if let Some(entry) = shared.sink_requests.remove(&id) {
+                // Registered before the answer is passed on: the stream's
+                // first block follows it at once.
+                match rmp_serde::from_slice::<ResultOf<ReadStreamResult>>(&frame) {
+                    Ok(r) => {
+                        shared.sinks.insert(r.result.stream_id, entry);
+                    }
+                    Err(e) => {
+                        tracing::debug!(id, error = %e, "fs/readStream answer without a stream id")
+                    }
+                }
+            }
             if let Some(tx) = shared.pending.remove(&id) {
                 let _ = tx.send(Ok(frame));
             } else {
@@ -1141,6 +1405,52 @@ fn deliver(inner: &Inner, frame: BytesMut) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A read stream's frame goes to its sink's task (its end unregisters the
+/// sink); any other notification is given back.
+fn to_sink(shared: &mut Shared, note: Notification) -> Option<Notification> {
+    let data = note.method == methods::FS_READ_STREAM_DATA;
+    if !data && note.method != methods::FS_READ_STREAM_END {
+        return Some(note);
+    }
+    let Some(stream_id) = note.stream_id else {
+        return Some(note);
+    };
+    let entry = if data {
+        shared.sinks.get(&stream_id).cloned()
+    } else {
+        shared.sinks.remove(&stream_id)
+    };
+    match entry {
+        Some(entry) => {
+            entry.frame(note, data);
+            None
+        }
+        None => Some(note),
+    }
+}
+
+/// Hand a notification to every subscriber that wants it.
+fn deliver_note(shared: &mut Shared, note: Notification) {
+    let pid = note.process_id.clone();
+    let pid = pid.as_deref();
+    let wanted: Vec<usize> = shared
+        .subscribers
+        .iter()
+        .enumerate()
+        .filter(|(_, sub)| {
+            (sub.methods.is_empty() || sub.methods.contains(&note.method))
+                && sub.process_id.as_deref().is_none_or(|p| Some(p) == pid)
+                && sub.stream_id.is_none_or(|s| Some(s) == note.stream_id)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    for &i in &wanted {
+        // Clones share the frame (reference-counted), never copy it.
+        let _ = shared.subscribers[i].tx.send(note.clone());
+    }
+    shared.subscribers.retain(|sub| !sub.tx.is_closed());
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(

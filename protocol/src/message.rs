@@ -484,6 +484,120 @@ pub fn encode_read_stream_data_head(
         .finish(data_len, max)
 }
 
+/// What [`read_stream_data_head`] found at the start of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataHead {
+    /// The head of an `fs/readStream/data` notification in exactly the
+    /// layout [`encode_read_stream_data_head`] writes (any width of the
+    /// integers), its `data` bin the last `data_len` bytes of the frame,
+    /// starting at `len`.
+    Found {
+        stream_id: u64,
+        offset: u64,
+        len: usize,
+        data_len: usize,
+    },
+    /// The bytes so far fit that head: more are needed to tell.
+    Short,
+    /// Anything else (another message, the same in another layout, a bin
+    /// that does not end the frame): decode the whole frame instead.
+    Other,
+}
+
+/// Recognise, without decoding the frame, the head of an
+/// `fs/readStream/data` notification at the start of `payload` (a frame's
+/// bytes after its length prefix, possibly not all of them yet) of a frame
+/// of `frame_len` bytes: what lets a reader move the data elsewhere
+/// (`splice(2)`) without reading it into memory.
+pub fn read_stream_data_head(payload: &[u8], frame_len: usize) -> DataHead {
+    let mut c = HeadCursor { b: payload, at: 0 };
+    match c.data_head() {
+        Ok((stream_id, offset, data_len)) if c.at.checked_add(data_len) == Some(frame_len) => {
+            DataHead::Found {
+                stream_id,
+                offset,
+                len: c.at,
+                data_len,
+            }
+        }
+        Ok(_) => DataHead::Other,
+        Err(e) => e,
+    }
+}
+
+/// Reads [`read_stream_data_head`]'s layout; `Err` is `Short` or `Other`.
+struct HeadCursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl HeadCursor<'_> {
+    fn data_head(&mut self) -> Result<(u64, u64, usize), DataHead> {
+        self.lit(&[0x82])?;
+        self.fixstr("method")?;
+        self.fixstr(crate::methods::FS_READ_STREAM_DATA)?;
+        self.fixstr("params")?;
+        self.lit(&[0x83])?;
+        self.fixstr("stream_id")?;
+        let stream_id = self.uint()?;
+        self.fixstr("offset")?;
+        let offset = self.uint()?;
+        self.fixstr("data")?;
+        let data_len = match self.byte()? {
+            0xc4 => self.be(1)?,
+            0xc5 => self.be(2)?,
+            0xc6 => self.be(4)?,
+            _ => return Err(DataHead::Other),
+        };
+        Ok((stream_id, offset, data_len as usize))
+    }
+
+    /// `want` next: `Short` while what is there is a prefix of it.
+    fn lit(&mut self, want: &[u8]) -> Result<(), DataHead> {
+        let have = &self.b[self.at.min(self.b.len())..];
+        let n = want.len().min(have.len());
+        if have[..n] != want[..n] {
+            return Err(DataHead::Other);
+        }
+        if n < want.len() {
+            return Err(DataHead::Short);
+        }
+        self.at += n;
+        Ok(())
+    }
+
+    fn fixstr(&mut self, s: &str) -> Result<(), DataHead> {
+        debug_assert!(s.len() < 32);
+        self.lit(&[0xa0 | s.len() as u8])?;
+        self.lit(s.as_bytes())
+    }
+
+    fn byte(&mut self) -> Result<u8, DataHead> {
+        let b = *self.b.get(self.at).ok_or(DataHead::Short)?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn be(&mut self, n: usize) -> Result<u64, DataHead> {
+        let mut v = 0u64;
+        for _ in 0..n {
+            v = (v << 8) | u64::from(self.byte()?);
+        }
+        Ok(v)
+    }
+
+    fn uint(&mut self) -> Result<u64, DataHead> {
+        match self.byte()? {
+            b @ 0..=0x7f => Ok(u64::from(b)),
+            0xcc => self.be(1),
+            0xcd => self.be(2),
+            0xce => self.be(4),
+            0xcf => self.be(8),
+            _ => Err(DataHead::Other),
+        }
+    }
+}
+
 /// Append the frame of a successful `fs/readBlock` response *without* its
 /// data bytes (sent right after, by a vectored write). Byte-for-byte what
 /// [`encode_response`] produces for `{"eof": eof, "data": bin}`.
@@ -701,6 +815,105 @@ mod tests {
             got.extend_from_slice(&data);
             assert_eq!(got, want, "len {len}");
         }
+    }
+
+    #[test]
+    fn a_read_stream_data_head_is_recognised_exactly_and_nothing_else_is() {
+        use crate::types::fs::ReadStreamData;
+        for (stream_id, offset, len) in [
+            (1u64, 0u64, 1usize),
+            (127, 128, 255),
+            (300, 70_000, 65_536),
+            (u64::MAX, u64::MAX - 5, 70_000),
+        ] {
+            let mut frame = Vec::new();
+            encode_read_stream_data_head(&mut frame, stream_id, offset, len, 1 << 24).unwrap();
+            let head_len = frame.len() - 4;
+            frame.resize(frame.len() + len, 0x5a);
+            let payload = &frame[4..];
+            let found = DataHead::Found {
+                stream_id,
+                offset,
+                len: head_len,
+                data_len: len,
+            };
+            assert_eq!(read_stream_data_head(payload, payload.len()), found);
+            // Only the head is needed, and every prefix of it is `Short`.
+            assert_eq!(
+                read_stream_data_head(&payload[..head_len], payload.len()),
+                found
+            );
+            for cut in 0..head_len {
+                assert_eq!(
+                    read_stream_data_head(&payload[..cut], payload.len()),
+                    DataHead::Short,
+                    "cut {cut}"
+                );
+            }
+            // A bin that does not end the frame (a field after it).
+            assert_eq!(
+                read_stream_data_head(payload, payload.len() + 1),
+                DataHead::Other
+            );
+            // Any changed byte of the head is another message.
+            for at in 0..head_len {
+                let mut bad = payload.to_vec();
+                bad[at] ^= 0x01;
+                assert_ne!(
+                    read_stream_data_head(&bad, bad.len()),
+                    found,
+                    "byte {at} changed"
+                );
+            }
+        }
+        // The same fields in another order are not taken for it.
+        #[derive(serde::Serialize)]
+        struct Swapped<'a> {
+            offset: u64,
+            stream_id: u64,
+            #[serde(with = "serde_bytes")]
+            data: &'a [u8],
+        }
+        let mut other = Vec::new();
+        let value = Swapped {
+            offset: 1,
+            stream_id: 2,
+            data: b"x",
+        };
+        encode_notification(
+            &mut other,
+            crate::methods::FS_READ_STREAM_DATA,
+            &value,
+            1 << 24,
+        )
+        .unwrap();
+        assert_eq!(
+            read_stream_data_head(&other[4..], other.len() - 4),
+            DataHead::Other
+        );
+        // The serde encoding of the real type is recognised as well.
+        let mut serde = Vec::new();
+        let value = ReadStreamData {
+            stream_id: 3,
+            offset: 4,
+            data: serde_bytes::ByteBuf::from(vec![7u8; 10]),
+        };
+        encode_notification(
+            &mut serde,
+            crate::methods::FS_READ_STREAM_DATA,
+            &value,
+            1 << 24,
+        )
+        .unwrap();
+        assert!(matches!(
+            read_stream_data_head(&serde[4..], serde.len() - 4),
+            DataHead::Found {
+                stream_id: 3,
+                offset: 4,
+                data_len: 10,
+                ..
+            }
+        ));
     }
 
     #[test]

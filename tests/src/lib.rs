@@ -491,6 +491,39 @@ impl Rng {
     pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
         &v[self.below(v.len())]
     }
+
+    /// `len` random bytes.
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(len + 8);
+        while v.len() < len {
+            v.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        v.truncate(len);
+        v
+    }
+}
+
+/// A PTY in raw mode (bytes pass unchanged): its slave to write, and a
+/// thread reading `len` bytes from its master.
+pub fn raw_pty_reader(
+    len: usize,
+) -> (
+    std::os::fd::OwnedFd,
+    std::thread::JoinHandle<std::io::Result<Vec<u8>>>,
+) {
+    use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+    use std::io::Read;
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let mut t = tcgetattr(&pty.slave).expect("tcgetattr");
+    cfmakeraw(&mut t);
+    tcsetattr(&pty.slave, SetArg::TCSANOW, &t).expect("tcsetattr");
+    let mut master = std::fs::File::from(pty.master);
+    let reader = std::thread::spawn(move || {
+        let mut got = vec![0u8; len];
+        master.read_exact(&mut got)?;
+        Ok(got)
+    });
+    (pty.slave, reader)
 }
 
 #[cfg(test)]

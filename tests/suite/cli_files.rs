@@ -19,6 +19,90 @@ fn sparse(path: &Path, len: u64) {
 }
 
 #[test]
+fn cat_and_get_are_byte_identical_into_a_file_a_pipe_dev_null_and_a_pty() {
+    use std::process::Stdio;
+    let b = executor_client::fs::BLOCK as usize;
+    for via in Via::both() {
+        let d = unique_tempdir("cat-sinks");
+        for (i, len) in [0, 1, b - 1, b, b + 1, 5 * b + 3].into_iter().enumerate() {
+            let data = Rng(0xca7 + i as u64).bytes(len);
+            let f = d.join(format!("f{len}"));
+            std::fs::write(&f, &data).unwrap();
+            let what = format!("{} len {len}", via.name());
+            // Into a regular file (spliced).
+            let out = d.join("out");
+            let file = std::fs::File::create(&out).unwrap();
+            let st = via.cmd(&["cat", s(&f)]).stdout(file).status().unwrap();
+            assert!(st.success(), "{what}");
+            assert!(std::fs::read(&out).unwrap() == data, "cat > file, {what}");
+            // Into a pipe (spliced).
+            let got = via.output(&["cat", s(&f)]);
+            assert!(got.status.success(), "{what}: {}", text(&got));
+            assert!(got.stdout == data, "cat | …, {what}");
+            // Into /dev/null.
+            let st = via
+                .cmd(&["cat", s(&f)])
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(st.success(), "cat > /dev/null, {what}");
+            // Onto a terminal (written, not spliced).
+            let (slave, reader) = raw_pty_reader(len);
+            let st = via
+                .cmd(&["cat", s(&f)])
+                .stdout(Stdio::from(slave))
+                .status()
+                .unwrap();
+            assert!(st.success(), "{what}");
+            assert!(
+                reader.join().unwrap().unwrap() == data,
+                "cat on a pty, {what}"
+            );
+            // `get` into its temp file, then renamed.
+            let to = d.join("got");
+            let got = via.output(&["get", s(&f), s(&to)]);
+            assert!(got.status.success(), "{what}: {}", text(&got));
+            assert!(std::fs::read(&to).unwrap() == data, "get, {what}");
+            std::fs::remove_file(&to).unwrap();
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
+#[test]
+fn cat_into_a_pipe_closed_early_exits_quietly_and_onto_dev_full_says_why() {
+    use std::io::Read;
+    for via in Via::both() {
+        let d = unique_tempdir("cat-epipe");
+        let f = d.join("f");
+        sparse(&f, 64 << 20);
+        // `executor-client cat f | head -c 100000`: the reader goes early.
+        let mut child = via
+            .cmd(&["cat", s(&f)])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut some = vec![0u8; 100_000];
+        out.read_exact(&mut some).unwrap();
+        drop(out);
+        let got = child.wait_with_output().unwrap();
+        assert_eq!(got.status.code(), Some(0), "{}: {}", via.name(), text(&got));
+        assert!(some.iter().all(|&b| b == 0));
+        // A sink that refuses every write (/dev/full): the error says why.
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let got = via.cmd(&["cat", s(&f)]).stdout(full).output().unwrap();
+        assert!(!got.status.success(), "{}", via.name());
+        assert!(text(&got).contains("No space left"), "{}", text(&got));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
+#[test]
 fn an_interrupted_get_leaves_no_temp_file() {
     for via in Via::both() {
         let d = unique_tempdir("get-int");

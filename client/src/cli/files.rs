@@ -6,7 +6,6 @@ use super::exit;
 use super::sandbox::SandboxArgs;
 use executor_client::protocol::types::fs::{FileKind, WalkEntry, WalkResult};
 use executor_client::{Client, ErrorCode};
-use futures_util::StreamExt;
 use std::io::Write;
 use std::os::fd::AsFd;
 
@@ -85,18 +84,14 @@ pub async fn to_stdout(
     remote: &mut Remote<'_>,
     paths: &[String],
 ) -> anyhow::Result<()> {
-    // Blocks go to the descriptor itself, each in one write from the frame
-    // it arrived in: no copy into stdout's line buffer.
+    // The bytes go to the descriptor itself, past stdout's line buffer:
+    // spliced from the transport when stdout is a file, a pipe or
+    // /dev/null, else written from the frame they arrived in.
     let mut out = std::io::stdout().lock();
     out.flush()?;
-    let mut out = std::fs::File::from(out.as_fd().try_clone_to_owned()?);
     for p in paths {
         let path = remote.path(p).await?;
-        let (_, stream) = c.read_stream(path.as_str()).await?;
-        let mut stream = std::pin::pin!(stream);
-        while let Some(block) = stream.next().await {
-            out.write_all(&block?)?;
-        }
+        c.read_stream_into(path.as_str(), out.as_fd()).await?;
     }
     Ok(())
 }

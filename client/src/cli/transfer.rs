@@ -16,8 +16,7 @@ use executor_client::fs::NewFile;
 use executor_client::protocol::types::fs::{FileKind, StatResult};
 use executor_client::protocol::WirePath;
 use executor_client::Client;
-use futures_util::StreamExt;
-use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -120,14 +119,16 @@ impl Copy<'_> {
         local: Local,
         bar: &indicatif::ProgressBar,
     ) -> anyhow::Result<()> {
-        let (_, stream) = self.client.read_stream(remote).await?;
-        let mut stream = std::pin::pin!(stream);
         let mut part = PartFile::beside(local)?;
-        while let Some(block) = stream.next().await {
-            let block = block?;
-            part.write(&block)?;
-            bar.inc(block.len() as u64);
-        }
+        self.client
+            .read_stream_into_with(remote, part.file.as_fd(), |n| bar.inc(n))
+            .await
+            .map_err(|e| match e {
+                executor_client::Error::Sink(e) => {
+                    anyhow::Error::new(e).context(format!("writing {}", part.shown().display()))
+                }
+                e => e.into(),
+            })?;
         if self.preserve {
             part.preserve(st)?;
         }
@@ -576,12 +577,6 @@ impl PartFile {
     /// The temp file's whole path, for messages.
     fn shown(&self) -> PathBuf {
         self.to.0.shown.with_file_name(&self.temp)
-    }
-
-    fn write(&mut self, data: &[u8]) -> anyhow::Result<()> {
-        self.file
-            .write_all(data)
-            .with_context(|| format!("writing {}", self.shown().display()))
     }
 
     /// The remote file's permission bits and mtime.
