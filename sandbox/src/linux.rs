@@ -837,29 +837,39 @@ fn types_except(allowed: &[u64], extra: &[SeccompCondition]) -> io::Result<Vec<S
 ///   the rule list can read.
 ///
 /// One program instead of one per check: the kernel converts and JITs it
-/// once per job, and runs one filter per system call of the job.
+/// once per job, and runs one filter per system call of the job. In one
+/// program the first answer wins (across filters the strictest did): the
+/// head's EPERM and ENOSYS take precedence over the rule list, whose
+/// answers are all EPERM today; a stricter rule (KILL, TRAP) for clone3 or
+/// an x32 number would have to go in the head.
 pub fn program_head() -> Vec<seccompiler::sock_filter> {
     const LD_W_ABS: u16 = 0x20;
     const JEQ_K: u16 = 0x15;
     const RET_K: u16 = 0x06;
     let ins = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
-    let mut head = Vec::new();
+    // The native architecture (AUDIT_ARCH_*): any other (a compat ABI)
+    // is killed before a number is looked at.
+    #[cfg(target_arch = "x86_64")]
+    const NATIVE: u32 = 0xc000_003e;
+    #[cfg(target_arch = "aarch64")]
+    const NATIVE: u32 = 0xc000_00b7;
+    #[cfg(target_arch = "riscv64")]
+    const NATIVE: u32 = 0xc000_00f3;
+    let mut head = vec![
+        ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        ins(JEQ_K, 1, 0, NATIVE),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+    ];
     #[cfg(target_arch = "x86_64")]
     {
         const JGE_K: u16 = 0x35;
-        const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
         const X32_SYSCALL_BIT: u32 = 0x4000_0000;
         head.extend([
-            ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-            ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-            ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
-            ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
             ins(JGE_K, 0, 1, X32_SYSCALL_BIT),
             ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
         ]);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    head.push(ins(LD_W_ABS, 0, 0, 0)); // seccomp_data.nr
     head.extend([
         ins(JEQ_K, 0, 1, libc::SYS_clone3 as u32),
         ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
