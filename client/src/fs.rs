@@ -472,6 +472,10 @@ impl Client {
 
     /// A whole walk, page by page (following `next_cursor`), calling `each`
     /// with every page (under this client's intent when `params` has none). Stops at a truncation that has no cursor (max_depth).
+    /// The next page is asked for as soon as a page is decoded, before
+    /// `each` sees it: the agent walks on while this side hands the page
+    /// out and frees it. An error ends the walk (an answer still in
+    /// flight is discarded).
     pub async fn walk(
         &self,
         mut params: WalkParams,
@@ -480,11 +484,20 @@ impl Client {
         if params.sandbox.is_none() {
             params.sandbox = self.intent();
         }
+        let mut call = self.start_call(m::FS_WALK, &params).await?;
         loop {
-            let page = self.walk_page(&params).await?;
+            let page: WalkResult = call.result().await?;
+            let next = match &page.next_cursor {
+                Some(c) => {
+                    params.cursor = Some(c.clone());
+                    Some(self.start_call(m::FS_WALK, &params).await?)
+                }
+                None => None,
+            };
             each(&page);
-            match page.next_cursor {
-                Some(c) => params.cursor = Some(c),
+            drop(page);
+            match next {
+                Some(c) => call = c,
                 None => return Ok(()),
             }
         }

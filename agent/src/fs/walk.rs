@@ -5,24 +5,27 @@
 //! queue of directories still to list (the first one partly listed) and the
 //! last name given from it. Symlinks are entries, never followed. A
 //! directory that cannot be read is an entry (from its parent's listing) and
-//! an error; the walk goes on. One `statx` per entry (relative to the open
-//! directory), nothing else. Directories are opened beneath the walk's
+//! an error; the walk goes on. A directory's names are read into one
+//! buffer (no allocation per name), then one `fstatat` per entry relative
+//! to the open directory, nothing else. Directories are opened beneath the walk's
 //! root by descriptor without following any symlink, so a walk never
 //! leaves its root, whatever is renamed while it runs.
 
 use super::confine::openat2;
 use super::confine::{confined, Confinement, Open};
-use super::{blocking, io_error, kind_of, mtime_ns};
+use super::{blocking, io_error};
 use crate::session::Session;
 use executor_protocol::types::fs::*;
 use executor_protocol::{ErrorCode, WireError, WirePath};
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::dir::Dir;
+use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstatat, FileStat};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use std::collections::VecDeque;
-use std::ffi::OsStr;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::ffi::{CStr, OsStr};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -76,26 +79,78 @@ pub async fn walk(s: &Arc<Session>, p: WalkParams) -> Result<WalkResult, WireErr
     .await
 }
 
+/// A directory's names, read through its own descriptor: one buffer of
+/// NUL-terminated names (`.` and `..` left out) and where each starts,
+/// sorted by name bytes. Nothing is allocated per name.
+struct Listing {
+    /// The directory (read-only): its names are `stat`ed relative to it.
+    fd: OwnedFd,
+    names: Vec<u8>,
+    /// (start, length without the NUL) of each name in `names`.
+    spans: Vec<(usize, usize)>,
+}
+
+impl Listing {
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn name(&self, i: usize) -> &[u8] {
+        let (start, len) = self.spans[i];
+        &self.names[start..start + len]
+    }
+
+    /// Name `i`'s metadata, relative to the directory, never following a
+    /// symlink.
+    fn stat(&self, i: usize) -> nix::Result<FileStat> {
+        let (start, len) = self.spans[i];
+        let name = CStr::from_bytes_with_nul(&self.names[start..=start + len])
+            .map_err(|_| nix::errno::Errno::EINVAL)?;
+        fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+    }
+}
+
 /// Directory `rel` beneath the walk's root, opened without following any
 /// symlink (a directory swapped for a link after it was listed is an
 /// error, never a way out), and listed through its descriptor.
-fn list_dir(root_fd: &OwnedFd, rel: &[u8]) -> std::io::Result<Vec<(Vec<u8>, std::fs::DirEntry)>> {
+fn list_dir(root_fd: &OwnedFd, rel: &[u8]) -> std::io::Result<Listing> {
     let rel = if rel.is_empty() { b".".as_slice() } else { rel };
-    let dir = openat2(
+    let fd = openat2(
         root_fd,
         OsStr::from_bytes(rel),
         OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
             .resolve(
                 ResolveFlag::RESOLVE_BENEATH
                     | ResolveFlag::RESOLVE_NO_SYMLINKS
                     | ResolveFlag::RESOLVE_NO_MAGICLINKS,
             ),
     )?;
-    std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).and_then(|rd| {
-        rd.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
-            .collect::<Result<Vec<_>, _>>()
-    })
+    // The stream reads through a duplicate of the descriptor (the same
+    // open directory), which it closes; `fd` stays for the `stat`s.
+    let mut dir = Dir::from_fd(fd.try_clone()?)?;
+    let (mut names, mut spans) = (Vec::new(), Vec::new());
+    for e in dir.iter() {
+        let e = e?;
+        let name = e.file_name().to_bytes_with_nul();
+        if name == b".\0" || name == b"..\0" {
+            continue;
+        }
+        spans.push((names.len(), name.len() - 1));
+        names.extend_from_slice(name);
+    }
+    spans.sort_unstable_by(|&(a, al), &(b, bl)| names[a..a + al].cmp(&names[b..b + bl]));
+    Ok(Listing { fd, names, spans })
+}
+
+/// The wire kind of a `stat` mode (symlinks are never followed here).
+fn kind_of_mode(mode: libc::mode_t) -> FileKind {
+    match mode & libc::S_IFMT {
+        libc::S_IFLNK => FileKind::Symlink,
+        libc::S_IFDIR => FileKind::Dir,
+        libc::S_IFREG => FileKind::File,
+        _ => FileKind::Other,
+    }
 }
 
 /// Where a walk starts: the root alone, or where `cursor` says a previous
@@ -239,7 +294,7 @@ impl Walk<'_> {
             self.hidden_error(rel);
             return Ok(Next::Continue);
         }
-        let mut list = match list_dir(self.root_fd, &rel) {
+        let list = match list_dir(self.root_fd, &rel) {
             Ok(l) => l,
             Err(e) if rel.is_empty() => return Err(io_error(&e, &abs, "cannot walk")),
             Err(e) => {
@@ -248,30 +303,32 @@ impl Walk<'_> {
                 return Ok(Next::Continue);
             }
         };
-        list.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let start = match &self.after {
             None => 0,
-            Some(a) => list.partition_point(|e| e.0.as_slice() <= a.as_slice()),
+            Some(a) => list
+                .spans
+                .partition_point(|&(s, l)| &list.names[s..s + l] <= a.as_slice()),
         };
         // The last name given (where a cursor resumes) is copied once per
         // directory, not once per entry.
         let mut given: Option<&[u8]> = None;
         let mut stop = None;
-        for (name, entry) in &list[start..] {
+        for i in start..list.len() {
+            let name = list.name(i);
             if !self.p.include_hidden && name.first() == Some(&b'.') {
                 continue;
             }
-            let path = join(&rel, name);
             if self.entries.len() as u64 >= self.max_entries {
                 stop = Some(TruncatedBy::MaxEntries);
                 break;
             }
+            let path = join(&rel, name);
             let room = self.size_est + self.queue_est;
             if room + encoded_size(&path, true) + encoded_size(&path, false) > self.max_bytes {
                 stop = Some(TruncatedBy::MaxResponseBytes);
                 break;
             }
-            self.add(&abs, path, name, entry, depth);
+            self.add(&abs, path, name, list.stat(i), depth);
             given = Some(name);
         }
         if let Some(name) = given {
@@ -288,12 +345,19 @@ impl Walk<'_> {
         abs: &Path,
         path: Vec<u8>,
         name: &[u8],
-        entry: &std::fs::DirEntry,
+        stat: nix::Result<FileStat>,
         depth: u32,
     ) {
-        let (kind, size, mtime) = match entry.metadata() {
-            Ok(m) => (kind_of(m.file_type()), m.len(), mtime_ns(&m)),
+        let (kind, size, mtime) = match stat {
+            Ok(st) => (
+                kind_of_mode(st.st_mode),
+                st.st_size as u64,
+                st.st_mtime
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(st.st_mtime_nsec),
+            ),
             Err(e) => {
+                let e = std::io::Error::from(e);
                 // Vanished between listing and stat: report, go on.
                 let w = io_error(&e, &abs.join(OsStr::from_bytes(name)), "cannot stat");
                 self.error(path, w.code, w.message);
@@ -311,7 +375,7 @@ impl Walk<'_> {
             if child_depth < self.p.max_depth {
                 self.enqueue(path.clone(), child_depth);
             } else if !self.depth_cut {
-                self.depth_cut = list_dir(self.root_fd, &path).is_ok_and(|d| !d.is_empty());
+                self.depth_cut = list_dir(self.root_fd, &path).is_ok_and(|d| d.len() > 0);
             }
         }
         self.size_est += encoded_size(&path, true);
@@ -389,4 +453,167 @@ fn walk_blocking(
     };
     walk.run()?;
     walk.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStringExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::path::PathBuf;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("walk-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn root_fd(root: &Path) -> OwnedFd {
+        std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(root)
+            .unwrap()
+            .into()
+    }
+
+    fn params(root: &Path, max_entries: u64, cursor: Option<ByteBuf>) -> WalkParams {
+        WalkParams {
+            root: WirePath::from(root),
+            max_depth: 64,
+            max_entries,
+            max_directories: 10_000,
+            max_response_bytes: 12 << 20,
+            include_hidden: true,
+            cursor,
+            sandbox: None,
+            cwd: None,
+        }
+    }
+
+    /// One page from `cursor` (the root when `None`).
+    fn page(root: &Path, max_entries: u64, cursor: Option<ByteBuf>) -> WalkResult {
+        let p = params(root, max_entries, cursor);
+        walk_blocking(root, &root_fd(root), &p, max_entries, 12 << 20, None).unwrap()
+    }
+
+    fn paths(entries: &[WalkEntry]) -> Vec<String> {
+        entries.iter().map(|e| e.path.display()).collect()
+    }
+
+    /// root: dirs `a` (a1..a3) and `b` (b1, b2), files `c` and `d`.
+    fn tree(tag: &str) -> PathBuf {
+        let d = scratch(tag);
+        for (dir, files) in [("a", 3), ("b", 2)] {
+            std::fs::create_dir(d.join(dir)).unwrap();
+            for i in 1..=files {
+                std::fs::write(d.join(format!("{dir}/{dir}{i}")), "x").unwrap();
+            }
+        }
+        std::fs::write(d.join("c"), "cc").unwrap();
+        std::fs::write(d.join("d"), "ddd").unwrap();
+        d
+    }
+
+    const ORDER: [&str; 9] = ["a", "b", "c", "d", "a/a1", "a/a2", "a/a3", "b/b1", "b/b2"];
+
+    #[test]
+    fn a_listing_is_sorted_by_bytes_without_dot_entries_and_stats_each_name() {
+        let d = scratch("listing");
+        let odd = std::ffi::OsString::from_vec(b"z\xff".to_vec());
+        std::fs::write(d.join(&odd), "12345").unwrap();
+        std::fs::write(d.join("B"), "").unwrap();
+        std::fs::create_dir(d.join("a")).unwrap();
+        std::os::unix::fs::symlink("/nowhere", d.join(".link")).unwrap();
+        let l = list_dir(&root_fd(&d), b"").unwrap();
+        let names: Vec<&[u8]> = (0..l.len()).map(|i| l.name(i)).collect();
+        assert_eq!(names, [&b".link"[..], b"B", b"a", b"z\xff"]);
+        let kinds: Vec<FileKind> = (0..l.len())
+            .map(|i| kind_of_mode(l.stat(i).unwrap().st_mode))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                FileKind::Symlink,
+                FileKind::File,
+                FileKind::Dir,
+                FileKind::File
+            ]
+        );
+        let st = l.stat(3).unwrap();
+        let m = std::fs::symlink_metadata(d.join(&odd)).unwrap();
+        assert_eq!(st.st_size, 5);
+        assert_eq!((st.st_mtime, st.st_mtime_nsec), (m.mtime(), m.mtime_nsec()));
+        // An empty directory lists nothing (not even `.` and `..`).
+        assert_eq!(list_dir(&root_fd(&d), b"a").unwrap().len(), 0);
+        // A name that is not a directory, or a symlink, is not listed.
+        assert!(list_dir(&root_fd(&d), b"B").is_err());
+        assert!(list_dir(&root_fd(&d), b".link").is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Every page size from 1 to the whole tree: pages split inside a
+    /// directory, at its end and across directories, and joined they are
+    /// the one-page walk, in the same order, each entry once.
+    #[test]
+    fn pages_of_every_size_join_to_the_whole_walk() {
+        let d = tree("pages");
+        let whole = page(&d, 100, None);
+        assert!(!whole.truncated);
+        assert_eq!(paths(&whole.entries), ORDER);
+        for k in 1..=ORDER.len() as u64 {
+            let (mut got, mut cursor, mut pages) = (Vec::new(), None, 0);
+            loop {
+                let r = page(&d, k, cursor.take());
+                pages += 1;
+                assert!(r.entries.len() as u64 <= k, "page size {k}");
+                assert!(r.errors.is_empty(), "{:?}", r.errors);
+                got.extend(paths(&r.entries));
+                match r.next_cursor {
+                    Some(c) => {
+                        assert_eq!(r.truncated_by, Some(TruncatedBy::MaxEntries));
+                        cursor = Some(c);
+                    }
+                    None => break,
+                }
+                assert!(pages <= ORDER.len(), "page size {k}: no progress");
+            }
+            assert_eq!(got, ORDER, "page size {k}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Between two pages the tree changes: a name sorting before where the
+    /// cursor stopped is not listed, one after it is, a removed name is
+    /// gone without an error, a removed queued directory is an error and
+    /// the walk goes on, and a queued directory swapped for a symlink out
+    /// of the root is an error, never followed.
+    #[test]
+    fn a_tree_changing_between_pages_is_walked_from_where_the_cursor_stopped() {
+        let d = tree("changing");
+        let outside = scratch("changing-outside");
+        std::fs::write(outside.join("secret"), "s").unwrap();
+        let first = page(&d, 2, None);
+        assert_eq!(paths(&first.entries), ["a", "b"]);
+        std::fs::write(d.join("a0"), "").unwrap();
+        std::fs::write(d.join("e"), "").unwrap();
+        std::fs::remove_file(d.join("c")).unwrap();
+        std::fs::remove_dir_all(d.join("a")).unwrap();
+        std::fs::remove_dir_all(d.join("b")).unwrap();
+        std::os::unix::fs::symlink(&outside, d.join("b")).unwrap();
+        let (mut got, mut errors, mut cursor) = (Vec::new(), Vec::new(), first.next_cursor);
+        while let Some(c) = cursor.take() {
+            let r = page(&d, 2, Some(c));
+            got.extend(paths(&r.entries));
+            errors.extend(r.errors.iter().map(|e| (e.path.display(), e.code)));
+            cursor = r.next_cursor;
+        }
+        assert_eq!(got, ["d", "e"]);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!(errors[0], ("a".to_string(), ErrorCode::NotFound));
+        assert_eq!(errors[1].0, "b");
+        std::fs::remove_dir_all(&d).unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
+    }
 }
