@@ -1060,7 +1060,7 @@ async fn a_takeover_ends_the_old_connections_read_streams_and_sends_it_none_of_t
         .unwrap();
     assert!(back.initialize_result().resumed);
     let mut everything = back.subscribe(&[m::FS_READ_STREAM_DATA, m::FS_READ_STREAM_END]);
-    let mut rng = Rng(0x7a6e_0e5);
+    let mut rng = Rng(0x07a6_e0e5);
     let data: Vec<u8> = (0..(3 << 20) + 11).map(|_| rng.next_u64() as u8).collect();
     let small = d.join("small");
     std::fs::write(&small, &data).unwrap();

@@ -128,9 +128,7 @@ impl PipePool {
         let reserve = capacity.checked_next_power_of_two()?;
         // Idle pipes too small for this one make room for it.
         while st.bytes + reserve > self.budget || st.count >= MAX_PIPES {
-            let Some(small) = st.idle.pop() else {
-                return None;
-            };
+            let small = st.idle.pop()?;
             st.bytes -= small.capacity;
             st.count -= 1;
         }
