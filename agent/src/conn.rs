@@ -14,10 +14,15 @@
 //!   growing its memory.
 //! - A length prefix of 0 or above `max_frame_bytes` is answered with a
 //!   `$/error` notification (`frame_too_large`) and the connection closes.
+//! - The writer writes each frame whole before the next: its bytes and any
+//!   zero-copy tail with vectored writes, a block pinned in a pipe with
+//!   `splice(2)` into the output when the output is a pipe or a socket
+//!   ([`Output`]), else read back and written.
 
 use crate::audit::{self, Event};
 use crate::config::Config;
 use crate::dispatch;
+use crate::outbound::pipes::PooledPipe;
 use crate::outbound::{error_frame, notification_frame, reply_frame};
 pub use crate::outbound::{NotifyError, OutFrame, Outbound};
 use crate::session::Session;
@@ -28,6 +33,8 @@ use executor_protocol::types::session::CancelParams;
 use executor_protocol::{methods, ErrorCode, WireError, PREAMBLE};
 use futures_util::FutureExt;
 use std::collections::HashMap;
+use std::future::Future;
+use std::os::fd::BorrowedFd;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -88,11 +95,86 @@ struct InFlight {
     tokens: HashMap<u64, CancellationToken>,
 }
 
+/// A connection's output: where frames are written, and whether a block
+/// pinned in a pipe can be moved into it inside the kernel.
+pub trait Output: AsyncWrite + Unpin + Send + 'static {
+    /// Whether [`Output::splice_from`] moves bytes (a pipe or a socket).
+    fn splices(&self) -> bool {
+        false
+    }
+
+    /// Move up to `len` bytes from the pipe `from` (its read end, holding
+    /// at least `len`) into this output inside the kernel, waiting for room
+    /// without blocking the thread; `Unsupported` when this output cannot.
+    fn splice_from<'a>(
+        &'a mut self,
+        from: BorrowedFd<'a>,
+        len: usize,
+    ) -> impl Future<Output = std::io::Result<usize>> + Send + 'a {
+        let _ = (from, len);
+        std::future::ready(Err(std::io::ErrorKind::Unsupported.into()))
+    }
+}
+
+impl Output for tokio::net::unix::pipe::Sender {
+    fn splices(&self) -> bool {
+        true
+    }
+
+    async fn splice_from<'a>(
+        &'a mut self,
+        from: BorrowedFd<'a>,
+        len: usize,
+    ) -> std::io::Result<usize> {
+        use std::os::fd::AsFd;
+        loop {
+            self.writable().await?;
+            let out = self.as_fd();
+            match self.try_io(|| executor_sandbox::sys::splice_nonblocking(from, out, len)) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Output for tokio::net::unix::OwnedWriteHalf {
+    fn splices(&self) -> bool {
+        true
+    }
+
+    async fn splice_from<'a>(
+        &'a mut self,
+        from: BorrowedFd<'a>,
+        len: usize,
+    ) -> std::io::Result<usize> {
+        use std::os::fd::AsFd;
+        let sock: &tokio::net::UnixStream = self.as_ref();
+        loop {
+            sock.writable().await?;
+            let out = sock.as_fd();
+            let r = sock.try_io(tokio::io::Interest::WRITABLE, || {
+                executor_sandbox::sys::splice_nonblocking(from, out, len)
+            });
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+/// Tokio's portable stdout (a terminal, a file): written, never spliced.
+impl Output for tokio::io::Stdout {}
+
+/// An in-memory pipe (tests, fuzzing): written, never spliced.
+impl Output for tokio::io::DuplexStream {}
+
 /// Serve one connection until EOF or lost framing, then end the session.
 pub async fn serve<R, W>(input: R, output: W, config: Config) -> std::io::Result<Ending>
 where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: Output,
 {
     let session = Arc::new(Session::from_config(
         config,
@@ -125,6 +207,8 @@ struct Conn<'a> {
     /// Set once this connection's `initialize` (or resume) succeeded: the
     /// session's attachment generation it holds.
     generation: Option<u64>,
+    /// Whether this connection's writer splices piped blocks.
+    splices: bool,
 }
 
 /// Serve one connection of `session` until EOF or lost framing, writing the
@@ -139,13 +223,14 @@ pub async fn serve_on<R, W>(
 ) -> Ending
 where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: Output,
 {
     let limits = session.limits().clone();
     let max_frame = limits.max_frame_bytes as usize;
     let max_in_flight = limits.max_requests_in_flight as usize;
     let (resp_tx, resp_rx) = mpsc::channel::<OutFrame>(max_in_flight + RESPONSE_QUEUE_SLACK);
     let (note_tx, note_rx) = mpsc::channel::<OutFrame>(NOTIFICATION_QUEUE);
+    let splices = output.splices();
     let writer = tokio::spawn(write_loop(output, resp_rx, note_rx, preamble));
     let mut conn = Conn {
         session,
@@ -160,6 +245,7 @@ where
         in_flight: Arc::new(Mutex::new(InFlight::default())),
         max_in_flight,
         generation: None,
+        splices,
     };
     let mut decoder = FrameDecoder::new(max_frame);
     let mut buf = BytesMut::with_capacity(256 * 1024);
@@ -380,7 +466,7 @@ fn initialize(conn: &mut Conn<'_>, id: u64, params: rmpv::Value) -> OutFrame {
     let answers_requests = declares_agent_requests(&params);
     let frame = reply_frame(id, dispatch::initialize(session, params), max);
     if frame.error.is_none() {
-        conn.generation = Some(session.attach(conn.notes.clone()));
+        conn.generation = Some(session.attach(conn.notes.clone(), conn.splices));
         session
             .outbound()
             .set_answers_requests(&conn.notes, answers_requests);
@@ -557,7 +643,7 @@ fn handle_notification(conn: &Conn<'_>, method: &str, params: rmpv::Value) {
     }
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(
+async fn write_loop<W: Output>(
     mut out: W,
     mut responses: mpsc::Receiver<OutFrame>,
     mut notes: mpsc::Receiver<OutFrame>,
@@ -600,7 +686,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             total += next.len();
             batch.push(next);
         }
-        if let Err(e) = write_frames(&mut out, &batch).await {
+        if let Err(e) = write_frames(&mut out, &mut batch).await {
             tracing::debug!(error = %e, "output closed");
             return;
         }
@@ -610,8 +696,49 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     let _ = out.flush().await;
 }
 
-/// Write frames (head, then tail, of each) with vectored writes.
-async fn write_frames<W: AsyncWrite + Unpin>(
+/// Write frames whole, in order: the bytes and tails of the frames up to
+/// the next one with a piped block in vectored writes, then that block out
+/// of its pipe, and so on.
+async fn write_frames<W: Output>(out: &mut W, frames: &mut [OutFrame]) -> std::io::Result<()> {
+    let mut start = 0;
+    while start < frames.len() {
+        let end = frames[start..]
+            .iter()
+            .position(|f| f.piped.is_some())
+            .map_or(frames.len(), |i| start + i + 1);
+        write_vectored_all(out, &frames[start..end]).await?;
+        if let Some(pipe) = frames[end - 1].piped.as_mut() {
+            write_piped(out, pipe).await?;
+        }
+        start = end;
+    }
+    out.flush().await
+}
+
+/// What `pipe` holds, spliced into `out` (read back and written where
+/// `out` cannot take a splice).
+async fn write_piped<W: Output>(out: &mut W, pipe: &mut PooledPipe) -> std::io::Result<()> {
+    while pipe.held() > 0 {
+        let moved = if out.splices() {
+            out.splice_from(pipe.source(), pipe.held()).await
+        } else {
+            Err(std::io::ErrorKind::Unsupported.into())
+        };
+        match moved {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => pipe.drained(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                let data = pipe.read_back()?;
+                out.write_all(&data).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Write the bytes and tails of `frames` with vectored writes.
+async fn write_vectored_all<W: AsyncWrite + Unpin>(
     out: &mut W,
     frames: &[OutFrame],
 ) -> std::io::Result<()> {
@@ -647,7 +774,7 @@ async fn write_frames<W: AsyncWrite + Unpin>(
             }
         }
     }
-    out.flush().await
+    Ok(())
 }
 
 #[cfg(test)]
@@ -785,9 +912,120 @@ mod tests {
             reader.read_to_end(&mut got).await.unwrap();
             got
         });
-        write_frames(&mut out, &frames).await.unwrap();
+        let mut frames = frames;
+        write_frames(&mut out, &mut frames).await.unwrap();
         drop(out);
         assert_eq!(read.await.unwrap(), want);
+    }
+
+    /// A file of `len` bytes of a pattern, unlinked (the descriptor keeps it).
+    fn pattern_file(len: usize) -> (std::fs::File, Vec<u8>) {
+        use std::io::Write;
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i % 249) as u8 ^ (i >> 12) as u8)
+            .collect();
+        let p = std::env::temp_dir().join(format!("executor-conn-{}-{len}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        std::fs::remove_file(&p).unwrap();
+        f.write_all(&data).unwrap();
+        (f, data)
+    }
+
+    /// Frames of every kind in a row: plain, with a tail, and piped blocks
+    /// (at an unaligned offset too), and what the reader must see.
+    fn mixed_frames(pool: &Arc<crate::outbound::pipes::PipePool>) -> (Vec<OutFrame>, Vec<u8>) {
+        use crate::outbound::pipes::capacity_for;
+        let (file, data) = pattern_file(300_000);
+        let mut frames = Vec::new();
+        let mut want = Vec::new();
+        for (i, (offset, len)) in [(0u64, 100_000usize), (4097, 65_536), (250_000, 80_000)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut pipe = pool.take(capacity_for(offset, len)).unwrap();
+            assert!(pipe.fill(&file, offset, len).unwrap());
+            let end = (offset as usize + len).min(data.len());
+            assert_eq!(pipe.held(), end - offset as usize);
+            let head = vec![i as u8 + 1; 5];
+            want.extend_from_slice(&head);
+            want.extend_from_slice(&data[offset as usize..end]);
+            frames.push(OutFrame {
+                piped: Some(pipe),
+                ..OutFrame::new(head)
+            });
+            let tail = bytes::Bytes::from(vec![0xee; 3 + i]);
+            want.extend_from_slice(&[0xdd, i as u8]);
+            want.extend_from_slice(&tail);
+            frames.push(OutFrame {
+                tail: Some(tail),
+                ..OutFrame::new(vec![0xdd, i as u8])
+            });
+        }
+        (frames, want)
+    }
+
+    #[tokio::test]
+    async fn piped_blocks_are_spliced_whole_between_other_frames_into_a_small_pipe() {
+        use std::os::fd::AsFd;
+        let pool = crate::outbound::pipes::PipePool::new(4 << 20);
+        let (mut frames, want) = mixed_frames(&pool);
+        // One page of room: every splice is partial and waits for the reader.
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let _ = nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096));
+        let mut out = tokio::net::unix::pipe::Sender::from_owned_fd(w).unwrap();
+        assert!(out.splices());
+        let read = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            std::io::Read::read_to_end(&mut std::fs::File::from(r), &mut got).unwrap();
+            got
+        });
+        write_frames(&mut out, &mut frames).await.unwrap();
+        assert!(frames
+            .iter()
+            .all(|f| f.piped.as_ref().is_none_or(|p| p.held() == 0)));
+        drop(frames);
+        drop(out);
+        assert_eq!(read.join().unwrap(), want);
+        // Every pipe went back empty: three idle pipes, none lost.
+        assert_eq!(pool.usage().0, 3);
+        let again = pool.take(4096).unwrap();
+        assert_eq!(again.held(), 0);
+        let _ = again.source().as_fd();
+    }
+
+    #[tokio::test]
+    async fn piped_blocks_are_read_back_where_the_output_cannot_splice() {
+        let pool = crate::outbound::pipes::PipePool::new(4 << 20);
+        let (mut frames, want) = mixed_frames(&pool);
+        let (mut out, mut reader) = tokio::io::duplex(1000);
+        assert!(!out.splices());
+        let read = tokio::spawn(async move {
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        write_frames(&mut out, &mut frames).await.unwrap();
+        drop(frames);
+        drop(out);
+        assert_eq!(read.await.unwrap(), want);
+        assert_eq!(pool.usage().0, 3, "drained pipes are kept");
+    }
+
+    #[tokio::test]
+    async fn a_piped_frame_dropped_unwritten_closes_its_pipe() {
+        let pool = crate::outbound::pipes::PipePool::new(4 << 20);
+        let (frames, _) = mixed_frames(&pool);
+        let (_, bytes) = pool.usage();
+        assert!(bytes > 0);
+        // The connection went away with the frames queued.
+        drop(frames);
+        assert_eq!(pool.usage(), (0, 0), "no pipe holding bytes is kept");
     }
 
     #[test]

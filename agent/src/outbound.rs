@@ -9,9 +9,16 @@
 //! go out and their answers come back here too ([`Outbound::request`],
 //! [`Outbound::deliver`]).
 //!
-//! The bottom layer of the agent: it depends on the protocol crate only;
-//! the tables, the session, the handlers, dispatch and the connection all
-//! use it, it uses none of them.
+//! A read stream's block may travel in a kernel pipe instead of memory
+//! ([`pipes`], [`OutFrame::piped`], [`Outbound::notify_read_data_piped`]),
+//! when the attached connection's writer can splice ([`Outbound::splices`]).
+//!
+//! The bottom layer of the agent: it depends on the protocol crate (and
+//! the sandbox crate's system calls, for [`pipes`]) only; the tables, the
+//! session, the handlers, dispatch and the connection all use it, it uses
+//! none of them.
+
+pub mod pipes;
 
 use bytes::Bytes;
 use executor_protocol::message::{
@@ -22,17 +29,21 @@ use executor_protocol::message::{
 use executor_protocol::types::process::OutputStream;
 use executor_protocol::{ErrorCode, WireError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 /// A framed message on its way to the writer: `bytes`, then `tail` (bulk
-/// data sent by reference with a vectored write, never copied).
+/// data sent by reference with a vectored write, never copied), then what
+/// `piped` holds (moved from its pipe to the connection inside the
+/// kernel). A frame has at most one of `tail` and `piped`.
 #[derive(Debug)]
 pub struct OutFrame {
     pub bytes: Vec<u8>,
     pub tail: Option<bytes::Bytes>,
+    /// A block pinned in a pipe, its length already in `bytes` (the head).
+    pub piped: Option<pipes::PooledPipe>,
     /// Released when written: bounds requests between arrival and answer,
     /// and the read streams' read-ahead (`Session::read_ahead`).
     pub permit: Option<OwnedSemaphorePermit>,
@@ -50,6 +61,7 @@ impl OutFrame {
         OutFrame {
             bytes,
             tail: None,
+            piped: None,
             permit: None,
             on_queued: None,
             error: None,
@@ -57,7 +69,9 @@ impl OutFrame {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.bytes.len() + self.tail.as_ref().map_or(0, |t| t.len())
+        self.bytes.len()
+            + self.tail.as_ref().map_or(0, |t| t.len())
+            + self.piped.as_ref().map_or(0, |p| p.held())
     }
 }
 
@@ -69,6 +83,12 @@ impl OutFrame {
 #[derive(Debug, Clone)]
 pub struct Outbound {
     notes: Arc<std::sync::RwLock<Option<mpsc::Sender<OutFrame>>>>,
+    /// Whether the attached connection's writer splices piped blocks (it
+    /// copies them otherwise).
+    splices: Arc<AtomicBool>,
+    /// Which connection is attached: changed (under the `notes` lock) at
+    /// every attach.
+    attachment: Arc<AtomicU64>,
     max_frame: usize,
     requests: Arc<AgentRequests>,
 }
@@ -245,6 +265,8 @@ impl Outbound {
     pub fn new(max_frame: usize) -> Self {
         Outbound {
             notes: Arc::new(std::sync::RwLock::new(None)),
+            splices: Arc::new(AtomicBool::new(false)),
+            attachment: Arc::new(AtomicU64::new(0)),
             max_frame,
             requests: Arc::new(AgentRequests::default()),
         }
@@ -331,8 +353,28 @@ impl Outbound {
         self.max_frame
     }
 
-    pub(crate) fn attach(&self, tx: mpsc::Sender<OutFrame>) {
-        *self.notes.write().expect("notes lock") = Some(tx);
+    /// Notifications go to `tx` from now on; `splices`: its writer moves
+    /// piped blocks inside the kernel.
+    pub(crate) fn attach(&self, tx: mpsc::Sender<OutFrame>, splices: bool) {
+        let mut notes = self.notes.write().expect("notes lock");
+        *notes = Some(tx);
+        self.splices.store(splices, Ordering::Relaxed);
+        self.attachment.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The attached connection, as a number no other attach has: what a
+    /// stream that belongs to one connection sends goes to it only
+    /// ([`Outbound::notify_read_data`]).
+    pub fn attachment(&self) -> u64 {
+        let _notes = self.notes.read().expect("notes lock");
+        self.attachment.load(Ordering::Relaxed)
+    }
+
+    /// Whether blocks are worth sending piped: the attached connection's
+    /// writer splices them into its output (a frame that reaches another
+    /// writer, after a takeover, is copied there: correct, only slower).
+    pub fn splices(&self) -> bool {
+        self.splices.load(Ordering::Relaxed)
     }
 
     /// Detach `tx`, unless another connection took its place.
@@ -390,21 +432,80 @@ impl Outbound {
         self.notify_frame(with_tail(head, data)).await
     }
 
-    /// Queue `fs/readStream/data` (`data` by reference after its head),
-    /// waiting for room as long as it takes.
+    /// Queue `fs/readStream/data` (`data` by reference after its head) to
+    /// the connection of `attachment` only (`Closed` once another took its
+    /// place), waiting for room as long as it takes.
     pub async fn notify_read_data(
         &self,
+        attachment: u64,
         stream_id: u64,
         offset: u64,
         data: Bytes,
         held: OwnedSemaphorePermit,
     ) -> Result<(), NotifyError> {
-        let mut head = Vec::with_capacity(64);
-        encode_read_stream_data_head(&mut head, stream_id, offset, data.len(), self.max_frame)
-            .map_err(|e| NotifyError::Unencodable(e.to_string()))?;
+        let head = self.read_data_head(stream_id, offset, data.len())?;
         let mut frame = with_tail(head, data);
         frame.permit = Some(held);
-        self.notify_frame(frame).await
+        self.notify_frame_to(attachment, frame).await
+    }
+
+    /// Queue `fs/readStream/data` whose data is what `pipe` holds (its
+    /// length fixed before the head is made), as
+    /// [`Outbound::notify_read_data`] does.
+    pub async fn notify_read_data_piped(
+        &self,
+        attachment: u64,
+        stream_id: u64,
+        offset: u64,
+        pipe: pipes::PooledPipe,
+        held: OwnedSemaphorePermit,
+    ) -> Result<(), NotifyError> {
+        let head = self.read_data_head(stream_id, offset, pipe.held())?;
+        let frame = OutFrame {
+            piped: Some(pipe),
+            permit: Some(held),
+            ..OutFrame::new(head)
+        };
+        self.notify_frame_to(attachment, frame).await
+    }
+
+    /// Queue a notification to the connection of `attachment` only,
+    /// waiting for room.
+    pub async fn notify_to<P: serde::Serialize>(
+        &self,
+        attachment: u64,
+        method: &str,
+        params: &P,
+    ) -> Result<(), NotifyError> {
+        let Some(frame) = notification_frame(method, params, self.max_frame) else {
+            return Ok(());
+        };
+        self.notify_frame_to(attachment, frame).await
+    }
+
+    /// Queue a prepared frame to the connection of `attachment` only,
+    /// waiting for room as long as it takes.
+    async fn notify_frame_to(&self, attachment: u64, frame: OutFrame) -> Result<(), NotifyError> {
+        let tx = {
+            let notes = self.notes.read().expect("notes lock");
+            if self.attachment.load(Ordering::Relaxed) != attachment {
+                return Err(NotifyError::Closed);
+            }
+            notes.clone().ok_or(NotifyError::Closed)?
+        };
+        tx.send(frame).await.map_err(|_| NotifyError::Closed)
+    }
+
+    fn read_data_head(
+        &self,
+        stream_id: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, NotifyError> {
+        let mut head = Vec::with_capacity(64);
+        encode_read_stream_data_head(&mut head, stream_id, offset, len, self.max_frame)
+            .map_err(|e| NotifyError::Unencodable(e.to_string()))?;
+        Ok(head)
     }
 
     /// Queue a prepared notification frame, waiting at most `patience` for
@@ -549,7 +650,7 @@ mod tests {
             .await;
         assert_eq!(pushed, Err(NotifyError::Closed));
         let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-        out.attach(tx.clone());
+        out.attach(tx.clone(), false);
         out.notify_body_delta(4, 0, Bytes::from_static(b"x"))
             .await
             .unwrap();

@@ -610,3 +610,37 @@ pub fn splice_nonblocking(
     }
     Ok(ret as usize)
 }
+
+/// Move up to `len` bytes of the file `from`, starting at `offset`, into
+/// the pipe `to` (its write end) inside the kernel (`splice(2)`): for a
+/// file in the page cache the pipe then holds references to its pages,
+/// not copies. Never waits for room in the pipe (`WouldBlock` when it is
+/// full); `Ok(0)` at the end of the file; `EINVAL` from a file whose
+/// filesystem cannot splice. The file's own offset is not moved.
+#[cfg(target_os = "linux")]
+pub fn splice_file_to_pipe(
+    from: BorrowedFd<'_>,
+    offset: u64,
+    to: BorrowedFd<'_>,
+    len: usize,
+) -> io::Result<usize> {
+    let mut off =
+        libc::loff_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: both descriptors are borrowed (open for the call); `off` is
+    // a live local the kernel reads and advances, the only memory of ours
+    // it touches (the output offset is NULL: a pipe has none).
+    let ret = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            &mut off,
+            to.as_raw_fd(),
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as usize)
+}

@@ -1,8 +1,10 @@
 //! `fs/readStream` (docs/PROTOCOL.md §5) against the real binary: whole
-//! files at every edge of the block size, the credit window observed from
-//! the wire, cancel, a stream of a handle's range, and every bound and bad
-//! value a typed error naming it. (The sandbox cases are in sandbox.rs
-//! beside fs/readFile's, the dropped connection in session.rs.)
+//! files at every edge of the block size (over a pipe, where blocks are
+//! spliced, and over a socket), files cut while they stream, a filesystem
+//! that cannot splice, the credit window observed from the wire, cancel, a
+//! stream of a handle's range, and every bound and bad value a typed error
+//! naming it. (The sandbox cases are in sandbox.rs beside fs/readFile's,
+//! the dropped connection in session.rs.)
 
 use executor_client::fs::BLOCK;
 use executor_client::ErrorCode;
@@ -40,13 +42,23 @@ fn params(path: &Path, block: u64, credit: u64) -> ReadStreamParams {
     }
 }
 
-#[tokio::test]
-async fn whole_files_at_every_edge_of_the_block_size_arrive_whole() {
-    let c = local_client().await;
-    let d = unique_tempdir("rs-sizes");
+/// `len` random bytes.
+fn random(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len.div_ceil(8))
+        .flat_map(|_| rng.next_u64().to_le_bytes())
+        .collect();
+    v.truncate(len);
+    v
+}
+
+/// Files of random bytes at every edge of the block size read whole through
+/// `c`: byte for byte, every block but the last whole.
+async fn files_at_every_edge_arrive_whole(c: &executor_client::Client, tag: &str) {
+    let d = unique_tempdir(tag);
     let b = BLOCK as usize;
-    for len in [0, 1, b - 1, b, b + 1, 5 * b + 3] {
-        let data = pattern(len);
+    let mut rng = Rng(0x0dd_b10c);
+    for len in [0, 1, b - 1, b, b + 1, 5 * b + 3, 9 * b + 4097] {
+        let data = random(&mut rng, len);
         let f = d.join(format!("f{len}"));
         std::fs::write(&f, &data).unwrap();
         let (size, s) = c.read_stream(p(&f)).await.unwrap();
@@ -60,6 +72,192 @@ async fn whole_files_at_every_edge_of_the_block_size_arrive_whole() {
         assert_eq!(got.len(), len);
         assert_eq!(sha256(&got), sha256(&data), "len {len}");
     }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[tokio::test]
+async fn whole_files_at_every_edge_of_the_block_size_arrive_whole() {
+    let c = local_client().await;
+    files_at_every_edge_arrive_whole(&c, "rs-sizes").await;
+    c.close().await.unwrap();
+}
+
+/// The agent's stdin and stdout one Unix socket (as some transports give
+/// it): blocks are spliced into a socket, and arrive whole.
+#[tokio::test]
+async fn whole_files_arrive_whole_over_a_socket() {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let theirs = std::os::fd::OwnedFd::from(theirs);
+    let mut cmd = tokio::process::Command::new(executor_bin());
+    cmd.stdin(std::process::Stdio::from(theirs.try_clone().unwrap()))
+        .stdout(std::process::Stdio::from(theirs))
+        .kill_on_drop(true);
+    let child = cmd.spawn().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let (r, w) = tokio::net::UnixStream::from_std(ours).unwrap().into_split();
+    let c = executor_client::Client::connect(r, w, Default::default())
+        .await
+        .unwrap();
+    files_at_every_edge_arrive_whole(&c, "rs-socket").await;
+    c.close().await.unwrap();
+    drop(child);
+}
+
+/// Read `f` whole with `read_stream`, calling `cut` once after `after`
+/// blocks arrived: what arrived, and the stream's error if it ended with one.
+async fn read_cutting(
+    c: &executor_client::Client,
+    f: &Path,
+    after: usize,
+    cut: impl FnOnce(),
+) -> (Vec<u8>, Option<executor_client::Error>) {
+    let (_, s) = c.read_stream(p(f)).await.unwrap();
+    let mut s = Box::pin(s);
+    let (mut got, mut blocks, mut cut) = (Vec::new(), 0, Some(cut));
+    if after == 0 {
+        (cut.take().unwrap())();
+    }
+    while let Some(b) = s.next().await {
+        match b {
+            Ok(b) => {
+                assert!(!b.is_empty());
+                got.extend_from_slice(&b);
+                blocks += 1;
+                if blocks == after {
+                    (cut.take().unwrap())();
+                }
+            }
+            Err(e) => return (got, Some(e)),
+        }
+    }
+    (got, None)
+}
+
+/// What a stream of a file cut to `kept` bytes while it streamed may have
+/// delivered: at least the bytes kept, exactly; beyond them, what the file
+/// held (a block pinned before the cut) or zeros (the kernel clears the
+/// page the cut falls in); nothing past the original end.
+fn check_cut(got: &[u8], data: &[u8], kept: usize, failed: Option<executor_client::Error>) {
+    if let Some(e) = failed {
+        // A read may fail as the file shrinks; the error is the read's.
+        assert_eq!(e.code(), Some(ErrorCode::Io), "{e}");
+        assert!(got.len() <= data.len());
+    } else {
+        assert!(got.len() >= kept, "{} < {kept}", got.len());
+        assert!(got.len() <= data.len());
+    }
+    let below = got.len().min(kept);
+    assert!(
+        got[..below] == data[..below],
+        "the bytes kept arrive as they were"
+    );
+    let beyond = got.iter().zip(data).skip(kept);
+    assert!(
+        beyond.clone().all(|(g, d)| g == d || *g == 0),
+        "a byte beyond the cut is neither the file's nor zero"
+    );
+}
+
+/// A file cut shorter while it streams (at a random point, after a random
+/// number of blocks; then shrunk step by step by another thread) never
+/// breaks the framing: the stream ends, its bytes are the file's, and the
+/// same connection answers the next request.
+#[tokio::test]
+async fn a_file_cut_while_it_streams_never_breaks_the_connection() {
+    const LEN: usize = 12 << 20;
+    let c = local_client().await;
+    let d = unique_tempdir("rs-cut");
+    let mut rng = Rng(0x5eed_0c07);
+    let data = random(&mut rng, LEN);
+    for round in 0..16 {
+        let f = d.join(format!("f{round}"));
+        std::fs::write(&f, &data).unwrap();
+        let kept = if round % 2 == 0 {
+            // One cut, after 0..4 blocks arrived.
+            let kept = rng.below(LEN);
+            let cut_at = f.clone();
+            let (got, failed) = read_cutting(&c, &f, rng.below(4), move || {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&cut_at)
+                    .unwrap()
+                    .set_len(kept as u64)
+                    .unwrap();
+            })
+            .await;
+            check_cut(&got, &data, kept, failed);
+            kept
+        } else {
+            // Shrunk in steps by a thread while the stream runs.
+            let step = (64 << 10) + rng.below(1 << 20);
+            let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let stop = done.clone();
+            let shrinking = std::thread::spawn(move || {
+                let mut len = LEN;
+                while len > step && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    len -= step;
+                    file.set_len(len as u64).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                len
+            });
+            let (got, failed) = read_cutting(&c, &f, 0, || {}).await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            let kept = shrinking.join().unwrap();
+            check_cut(&got, &data, kept, failed);
+            kept
+        };
+        // The connection lives on: the next request is answered.
+        let st: StatResult = c
+            .call(&StatParams {
+                path: p(&f),
+                follow_symlinks: true,
+                sandbox: None,
+                cwd: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(st.size, kept as u64, "round {round}");
+    }
+    // And a whole file still arrives whole on it.
+    let f = d.join("whole");
+    std::fs::write(&f, &data).unwrap();
+    let (got, failed) = read_cutting(&c, &f, usize::MAX, || {}).await;
+    assert!(failed.is_none());
+    assert!(got == data);
+    std::fs::remove_dir_all(&d).unwrap();
+    c.close().await.unwrap();
+}
+
+/// procfs files cannot be spliced (`EINVAL`): such a file streams through
+/// `pread` instead, whole.
+#[tokio::test]
+async fn a_file_whose_filesystem_cannot_splice_streams_whole() {
+    // Several blocks of a file splice refuses; the same bytes for every
+    // reader with the same credentials.
+    let f = Path::new("/proc/kallsyms");
+    let Ok(want) = std::fs::read(f) else {
+        return prerequisite_missing("/proc/kallsyms");
+    };
+    let probe = std::fs::File::open(f).unwrap();
+    let (r, w) = nix::unistd::pipe().unwrap();
+    use std::os::fd::AsFd;
+    let refused = executor_sandbox::sys::splice_file_to_pipe(probe.as_fd(), 0, w.as_fd(), 4096);
+    assert_eq!(
+        refused.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EINVAL)),
+        "positive control: procfs refuses splice"
+    );
+    drop((r, w));
+    assert!(want.len() > BLOCK as usize, "{} bytes", want.len());
+    let c = local_client().await;
+    let (got, failed) = read_cutting(&c, f, usize::MAX, || {}).await;
+    assert!(failed.is_none(), "{failed:?}");
+    assert!(got == want, "{} bytes, {} wanted", got.len(), want.len());
+    // A file of a filesystem that splices, on the same connection, still
+    // arrives whole.
+    files_at_every_edge_arrive_whole(&c, "rs-after-proc").await;
     c.close().await.unwrap();
 }
 
@@ -259,6 +457,17 @@ async fn a_handles_range_streams_and_the_handle_stays_open() {
     c.close().await.unwrap();
 }
 
+/// Pipe descriptors `pid` holds.
+fn pipe_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"))
+        })
+        .count()
+}
+
 fn data_str<'a>(e: &'a executor_protocol::WireError, key: &str) -> Option<&'a str> {
     e.data_get(key).and_then(|v| v.as_str())
 }
@@ -390,6 +599,7 @@ async fn streams_on_a_connection_nobody_reads_share_one_read_ahead() {
     std::fs::write(&f, pattern(LEN)).unwrap();
     let pid = a.child.id().unwrap();
     let before = status_kib(pid, "VmRSS");
+    let pipes_before = pipe_fds(pid);
     for id in 1..=STREAMS {
         // A block more than the file: the short read that ends the stream
         // needs room in the window too.
@@ -407,6 +617,14 @@ async fn streams_on_a_connection_nobody_reads_share_one_read_ahead() {
         grown_mib < 48,
         "the agent grew by {grown_mib} MiB holding blocks nobody read"
     );
+    // The blocks waiting are pinned in pipes (two descriptors each), no
+    // more than the session's pipes allow.
+    let pipes = pipe_fds(pid) - pipes_before;
+    assert!(
+        pipes >= 2,
+        "positive control: blocks wait in pipes ({pipes} fds)"
+    );
+    assert!(pipes <= 2 * 32, "{pipes} pipe descriptors");
     // Control: every byte of every stream arrives once read.
     let mut seen = Seen::default();
     let mut ends = 0;

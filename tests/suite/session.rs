@@ -900,3 +900,205 @@ async fn a_dropped_connection_ends_its_read_streams_and_closes_their_files() {
     back.close().await.unwrap();
     kill9(host);
 }
+
+/// Pipe descriptors `pid` holds.
+fn pipe_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Blocks a session host has pinned in pipes for a connection that stopped
+/// reading, then dropped, never reach the resumed connection: their pipes
+/// are closed, not reused, and a file read after the resume arrives byte
+/// for byte.
+#[tokio::test]
+async fn blocks_pinned_when_the_connection_drops_never_reach_the_resumed_one() {
+    use executor_protocol::methods as m;
+    use executor_protocol::types::fs::ReadStreamParams;
+    use futures_util::StreamExt;
+    let d = unique_tempdir("rs-pinned");
+    let d = std::fs::canonicalize(&d).unwrap();
+    let big = d.join("big");
+    std::fs::write(&big, vec![7u8; 40 << 20]).unwrap();
+    // A relay whose output nobody reads: the host's writer stalls with
+    // blocks pinned.
+    let mut a = RawAgent::spawn_command(local()).await;
+    let mut init = init_params();
+    init.session = Some(SessionParams {
+        resume: None,
+        detach_ttl_ms: Some(60_000),
+    });
+    let r = a.request(0, m::INITIALIZE, &init).await;
+    let text = |k: &str| {
+        path(&r, &format!("result.{k}"))
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("no {k} in {r:?}"))
+            .to_string()
+    };
+    let (id, token) = (text("session_id"), text("resume_token"));
+    let relay = a.child.id().unwrap();
+    let host = session_host_of(relay);
+    let pipes_before = pipe_fds(host);
+    for i in 1..=4 {
+        let params = ReadStreamParams {
+            path: Some(big.to_str().unwrap().into()),
+            handle: None,
+            offset: 0,
+            length: None,
+            block_bytes: 1 << 20,
+            credit_bytes: 16 << 20,
+            sandbox: None,
+            cwd: None,
+        };
+        a.send_request(i, m::FS_READ_STREAM, &params).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pipe_fds(host) < pipes_before + 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pinned = pipe_fds(host) - pipes_before;
+    assert!(
+        pinned >= 2,
+        "positive control: the host holds blocks in pipes ({pinned} fds)"
+    );
+    assert!(pinned <= 2 * 32, "{pinned} pipe descriptors");
+    kill9(relay);
+    let _ = a.wait().await;
+    // The streams end with the connection; their pipes are closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (holds_open(host, &big) || pipe_fds(host) > pipes_before) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!holds_open(host, &big), "the streams' file is closed");
+    assert!(
+        pipe_fds(host) <= pipes_before,
+        "pipes holding unsent blocks are closed ({} fds, {pipes_before} before)",
+        pipe_fds(host)
+    );
+    let back = Client::spawn(local(), resume_with(&id, &token))
+        .await
+        .unwrap();
+    assert!(back.initialize_result().resumed);
+    let mut rng = Rng(0xb10c_0ff5);
+    let data: Vec<u8> = (0..(5 << 20) + 3).map(|_| rng.next_u64() as u8).collect();
+    let small = d.join("small");
+    std::fs::write(&small, &data).unwrap();
+    for f in [&small, &big] {
+        let (_, s) = back.read_stream(f.to_str().unwrap()).await.unwrap();
+        let got: Vec<u8> = s.map(|b| b.unwrap()).collect::<Vec<_>>().await.concat();
+        if f == &small {
+            assert!(got == data, "{} bytes of {}", got.len(), data.len());
+        } else {
+            assert!(got.len() == 40 << 20 && got.iter().all(|&b| b == 7));
+        }
+    }
+    back.close().await.unwrap();
+    kill9(host);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A resume that takes the session over while the old connection still
+/// looks attached ends the old connection's read streams: none of their
+/// blocks (or ends) reach the new connection, whose own streams arrive
+/// whole.
+#[tokio::test]
+async fn a_takeover_ends_the_old_connections_read_streams_and_sends_it_none_of_them() {
+    use executor_protocol::methods as m;
+    use executor_protocol::types::fs::ReadStreamParams;
+    use futures_util::StreamExt;
+    let d = std::fs::canonicalize(unique_tempdir("rs-takeover")).unwrap();
+    let big = d.join("big");
+    std::fs::write(&big, vec![9u8; 48 << 20]).unwrap();
+    let mut a = RawAgent::spawn_command(local()).await;
+    let mut init = init_params();
+    init.session = Some(SessionParams {
+        resume: None,
+        detach_ttl_ms: Some(60_000),
+    });
+    let r = a.request(0, m::INITIALIZE, &init).await;
+    let text = |k: &str| {
+        path(&r, &format!("result.{k}"))
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("no {k} in {r:?}"))
+            .to_string()
+    };
+    let (id, token) = (text("session_id"), text("resume_token"));
+    let host = session_host_of(a.child.id().unwrap());
+    let params = |block: u64, credit: u64| ReadStreamParams {
+        path: Some(big.to_str().unwrap().into()),
+        handle: None,
+        offset: 0,
+        length: None,
+        block_bytes: block,
+        credit_bytes: credit,
+        sandbox: None,
+        cwd: None,
+    };
+    // Two streams on the old connection, which is never read again: each
+    // sends its window (one block, which the transport's buffers take
+    // whole) and waits for credit that never comes.
+    for i in 1..=2 {
+        a.send_request(i, m::FS_READ_STREAM, &params(128 << 10, 128 << 10))
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !holds_open(host, &big) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(holds_open(host, &big), "positive control: the streams run");
+    // Taken over, the old transport alive.
+    let back = Client::spawn(local(), resume_with(&id, &token))
+        .await
+        .unwrap();
+    assert!(back.initialize_result().resumed);
+    let mut everything = back.subscribe(&[m::FS_READ_STREAM_DATA, m::FS_READ_STREAM_END]);
+    let mut rng = Rng(0x07a6_e0e5);
+    let data: Vec<u8> = (0..(3 << 20) + 11).map(|_| rng.next_u64() as u8).collect();
+    let small = d.join("small");
+    std::fs::write(&small, &data).unwrap();
+    let (_, s) = back.read_stream(small.to_str().unwrap()).await.unwrap();
+    let got: Vec<u8> = s.map(|b| b.unwrap()).collect::<Vec<_>>().await.concat();
+    assert!(got == data, "{} bytes of {}", got.len(), data.len());
+    // The old streams ended: their file is closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while holds_open(host, &big) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !holds_open(host, &big),
+        "the old streams still hold their file"
+    );
+    // Everything the new connection saw belongs to its own stream (ids 1
+    // and 2 were the old connection's).
+    let mut seen = Vec::new();
+    while let Ok(Some(n)) =
+        tokio::time::timeout(Duration::from_millis(200), everything.recv()).await
+    {
+        use executor_protocol::types::fs::{ReadStreamData, ReadStreamEnd};
+        seen.push(if n.method == m::FS_READ_STREAM_END {
+            n.decode::<ReadStreamEnd>().unwrap().stream_id
+        } else {
+            n.decode::<ReadStreamData>().unwrap().stream_id
+        });
+    }
+    assert!(
+        !seen.is_empty(),
+        "positive control: the new stream's messages"
+    );
+    assert!(
+        seen.iter().all(|&s| s > 2),
+        "old streams' messages arrived: {seen:?}"
+    );
+    back.close().await.unwrap();
+    drop(a);
+    kill9(host);
+    std::fs::remove_dir_all(&d).unwrap();
+}

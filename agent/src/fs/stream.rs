@@ -9,10 +9,20 @@
 //! slot and its [`Credit`]; it ends at the end of the range, on an error,
 //! on `fs/readCancel`, or when the connection drops (the session cancels
 //! its read streams on detach), and the file is closed with it.
+//!
+//! A block goes one of two ways ([`read_block`]). Pinned: spliced from the
+//! file into a pipe of the session's [`PipePool`] on the blocking pool,
+//! its length fixed before its frame head is made, and moved from there
+//! to the connection inside the kernel by the writer (never copied by the
+//! agent). Copied: read with `pread` into memory and written after its
+//! head, when the block is small, the connection's writer cannot splice,
+//! no pipe is free within the session's budget, or the file's filesystem
+//! cannot splice (`EINVAL`: the stream copies from then on).
 
 use super::confine::Open;
 use super::handles::open_resolved;
 use super::{blocking, io_error, read_at_most};
+use crate::outbound::pipes::{self, PipePool, PooledPipe};
 use crate::outbound::{NotifyError, Outbound, Reply};
 use crate::session::Session;
 use crate::tables::streams::{Credit, Streams};
@@ -114,6 +124,7 @@ pub async fn read_stream(s: &Arc<Session>, p: ReadStreamParams) -> Result<Reply,
     let pump = Pump {
         streams: s.read_streams().clone(),
         outbound: s.outbound().clone(),
+        attachment: s.outbound().attachment(),
         stream_id,
         file,
         path,
@@ -122,6 +133,8 @@ pub async fn read_stream(s: &Arc<Session>, p: ReadStreamParams) -> Result<Reply,
         block: p.block_bytes,
         credit,
         read_ahead: s.read_ahead().clone(),
+        pipes: s.pipes().clone(),
+        splice: true,
         token,
         _slot: slot,
     };
@@ -149,6 +162,8 @@ pub async fn read_cancel(s: &Arc<Session>, p: ReadCancelParams) -> Result<Empty,
 struct Pump {
     streams: Arc<Streams>,
     outbound: Outbound,
+    /// The connection that asked: the stream's messages go to it only.
+    attachment: u64,
     stream_id: u64,
     file: Arc<std::fs::File>,
     path: PathBuf,
@@ -159,8 +174,72 @@ struct Pump {
     credit: Arc<Credit>,
     /// The session's read-ahead, shared by its streams.
     read_ahead: Arc<tokio::sync::Semaphore>,
+    pipes: Arc<PipePool>,
+    /// Whether the file may be spliced (false once its filesystem refused).
+    splice: bool,
     token: CancellationToken,
     _slot: OwnedSemaphorePermit,
+}
+
+/// One block, read.
+enum Block {
+    /// Pinned in a pipe.
+    Piped(PooledPipe),
+    /// Copied into memory.
+    Copied(Vec<u8>),
+}
+
+impl Block {
+    fn len(&self) -> usize {
+        match self {
+            Block::Piped(p) => p.held(),
+            Block::Copied(d) => d.len(),
+        }
+    }
+}
+
+/// Whether a splice error means the file can never be spliced (its
+/// filesystem has no splice support), not that this read failed.
+fn cannot_splice(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+    )
+}
+
+/// Read `want` bytes of `file` from `offset` (fewer at its end): into
+/// `pipe` when one is given and the file splices, else with `pread`. The
+/// second value is false when the file's filesystem refused to splice.
+/// Blocks: call it on the blocking pool.
+fn read_block(
+    file: &std::fs::File,
+    path: &std::path::Path,
+    offset: u64,
+    want: usize,
+    pipe: Option<PooledPipe>,
+) -> Result<(Block, bool), WireError> {
+    let copy = |offset: u64, want: usize| {
+        read_at_most(file, offset, want).map_err(|e| io_error(&e, path, "cannot read"))
+    };
+    let mut splices = true;
+    if let Some(mut pipe) = pipe {
+        match pipe.fill(file, offset, want) {
+            Ok(true) => return Ok((Block::Piped(pipe), true)),
+            Ok(false) => {
+                // Pinned in part only (the pipe filled up, or the file
+                // failed midway): the part read back, the rest copied.
+                let mut data = pipe
+                    .read_back()
+                    .map_err(|e| io_error(&e, path, "cannot read back a spliced block"))?;
+                let done = data.len();
+                data.extend_from_slice(&copy(offset + done as u64, want - done)?);
+                return Ok((Block::Copied(data), true));
+            }
+            // Nothing was spliced: `pread` says what is wrong, if anything.
+            Err(e) => splices = !cannot_splice(&e),
+        }
+    }
+    Ok((Block::Copied(copy(offset, want)?), splices))
 }
 
 /// How a stream's loop ended.
@@ -185,6 +264,7 @@ impl Pump {
         let Pump {
             file,
             outbound,
+            attachment,
             stream_id,
             _slot: slot,
             ..
@@ -199,7 +279,9 @@ impl Pump {
                 total,
                 error,
             };
-            let _ = outbound.notify(methods::FS_READ_STREAM_END, &end).await;
+            let _ = outbound
+                .notify_to(attachment, methods::FS_READ_STREAM_END, &end)
+                .await;
         }
     }
 
@@ -226,21 +308,29 @@ impl Pump {
             let Ok(held) = held else {
                 return Ending::Gone;
             };
+            let pipe = self.pipe_for(want);
             let (file, path, offset) = (self.file.clone(), self.path.clone(), self.offset);
-            let read = blocking(move || {
-                read_at_most(&file, offset, want as usize)
-                    .map_err(|e| io_error(&e, &path, "cannot read"))
-            })
-            .await;
-            let data = match read {
-                Ok(d) => d,
+            let read =
+                blocking(move || read_block(&file, &path, offset, want as usize, pipe)).await;
+            let block = match read {
+                Ok((block, splices)) => {
+                    self.splice &= splices;
+                    block
+                }
                 Err(e) => return Ending::End(Some(e)),
             };
-            let n = data.len() as u64;
+            let n = block.len() as u64;
             if n > 0 {
-                // The data follows its frame head by reference: never copied.
+                // The data follows its frame head by reference or in its
+                // pipe: never copied again.
+                let (to, id) = (self.attachment, self.stream_id);
                 let sent = tokio::select! {
-                    r = self.outbound.notify_read_data(self.stream_id, offset, Bytes::from(data), held) => r,
+                    r = async {
+                        match block {
+                            Block::Piped(p) => self.outbound.notify_read_data_piped(to, id, offset, p, held).await,
+                            Block::Copied(d) => self.outbound.notify_read_data(to, id, offset, Bytes::from(d), held).await,
+                        }
+                    } => r,
                     _ = self.token.cancelled() => return Ending::End(Some(self.cancelled())),
                 };
                 match sent {
@@ -259,6 +349,16 @@ impl Pump {
                 return Ending::End(None);
             }
         }
+    }
+
+    /// A pipe to pin a block of `want` bytes at the stream's offset in, when
+    /// that is worth it and possible now.
+    fn pipe_for(&self, want: u64) -> Option<PooledPipe> {
+        let want = usize::try_from(want).ok()?;
+        let worth = self.splice && want >= pipes::MIN_SPLICE_BYTES && self.outbound.splices();
+        worth
+            .then(|| self.pipes.take(pipes::capacity_for(self.offset, want)))
+            .flatten()
     }
 
     fn cancelled(&self) -> WireError {

@@ -81,7 +81,7 @@ pub async fn serve_stdio<R, W>(
 ) -> std::io::Result<Ending>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: crate::conn::Output,
 {
     output.write_all(PREAMBLE).await?;
     output.flush().await?;

@@ -9,6 +9,7 @@
 use crate::audit::Audit;
 use crate::config::Profile;
 use crate::http_client::HttpContext;
+use crate::outbound::pipes::PipePool;
 use crate::outbound::Outbound;
 use crate::tables::handles::HandleTable;
 use crate::tables::jobs::ProcessTable;
@@ -140,6 +141,9 @@ pub struct Session {
     /// Bytes the session's read streams hold, read and not yet written to
     /// the connection (all streams together).
     read_ahead: Arc<tokio::sync::Semaphore>,
+    /// The pipes the read streams' blocks travel in (within the
+    /// read-ahead's bytes).
+    pipes: Arc<PipePool>,
     profile: Profile,
     audit: Audit,
     login_env: crate::login_env::LoginEnv,
@@ -208,6 +212,7 @@ impl Session {
             streams: Arc::new(Streams::new(limits.max_http_streams, "max_http_streams")),
             read_streams: Arc::new(Streams::new(limits.max_read_streams, "max_read_streams")),
             read_ahead: Arc::new(tokio::sync::Semaphore::new(read_ahead_bytes(&limits))),
+            pipes: PipePool::new(read_ahead_bytes(&limits)),
             limits,
             profile,
             audit,
@@ -251,6 +256,12 @@ impl Session {
         &self.read_ahead
     }
 
+    /// The kernel pipes read streams pin their blocks in (as many bytes of
+    /// them at most as the read-ahead).
+    pub fn pipes(&self) -> &Arc<PipePool> {
+        &self.pipes
+    }
+
     /// Whether `initialize` succeeded.
     pub fn is_initialized(&self) -> bool {
         self.identity.get().is_some()
@@ -258,12 +269,22 @@ impl Session {
 
     /// A connection takes the session (after its `initialize` or resume):
     /// notifications go to it from now on, and the generation it gets
-    /// tells it when another connection took over.
-    pub fn attach(&self, notes: tokio::sync::mpsc::Sender<crate::outbound::OutFrame>) -> u64 {
+    /// tells it when another connection took over. `splices`: the
+    /// connection's writer moves piped blocks inside the kernel.
+    pub fn attach(
+        &self,
+        notes: tokio::sync::mpsc::Sender<crate::outbound::OutFrame>,
+        splices: bool,
+    ) -> u64 {
         let mut link = self.link.lock().expect("link lock");
+        if link.attached {
+            // A takeover: the read streams of the connection taken over end
+            // with it, as on detach (their messages could only go to it).
+            self.read_streams.cancel_all();
+        }
         link.generation += 1;
         link.attached = true;
-        self.outbound.attach(notes);
+        self.outbound.attach(notes, splices);
         link.generation
     }
 

@@ -567,7 +567,7 @@ mod tests {
     ) {
         let out = Outbound::new(1 << 20);
         let (tx, rx) = tokio::sync::mpsc::channel(room);
-        out.attach(tx);
+        out.attach(tx, false);
         (job(true), out, rx)
     }
 
