@@ -113,11 +113,9 @@ pub async fn egress_download(bytes: u64) -> anyhow::Result<Row> {
                 ""
             } else {
                 ". Missed in this run: a proxied download is three busy processes (server, agent, curl) and \
-                 two loopback TCP connections where the baseline is two and one; profiled, the agent's \
-                 share is kernel TCP and splice work (about 0.85x the client's CPU per GiB), not its copy \
-                 loop or wakeups, and on 2 cores shared with other work it cannot overlap. What would close \
-                 it: no relay for CONNECT (handing the job the connected socket after the decision, which \
-                 would give the job a socket of the host's network), or a core per process"
+                 two loopback TCP connections where the baseline is two and one, on 2 cores. Handing the job \
+                 the upstream socket after the decision would end the relay's work and its confinement with \
+                 it: a TCP socket connected to AF_UNSPEC is disconnected and can then connect anywhere"
             }
         ),
     })
