@@ -498,7 +498,7 @@ async fn sandbox_spawn(iterations: usize) -> anyhow::Result<Row> {
         goal: "under +1 ms".into(),
         met: Some(extra < 1.0),
         note: format!(
-            "+{extra:.2} ms with `network: \"deny\"` for the job's init in new user, mount, PID, IPC and network namespaces, a fresh root of descriptor clones (one per top-level entry with `read: \"all\"`), /dev, /proc, a pivot, the Landlock ruleset, capability drop and one seccomp program (x32 guard, clone3 → ENOSYS, the EPERM and socket rules); of it, the network namespace costs {netns:.2} ms (the same intent with `network: \"allow\"`: {:.0} µs)",
+            "+{extra:.2} ms with `network: \"deny\"` for the job's init in new user, mount, PID, IPC and network namespaces, a root of descriptor clones (with `read: \"all\"` one recursive read-only clone of the host's tree), /dev, /proc, a pivot, the Landlock ruleset, capability drop and one seccomp program (x32 guard, clone3 → ENOSYS, the EPERM and socket rules); of it, the network namespace costs {netns:.2} ms (the same intent with `network: \"allow\"`: {:.0} µs)",
             n.as_secs_f64() * 1e6
         ),
     })

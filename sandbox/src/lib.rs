@@ -34,6 +34,8 @@
 
 #[cfg(target_os = "linux")]
 pub mod linux;
+#[cfg(target_os = "linux")]
+pub mod nspool;
 pub mod placeholder;
 pub mod plan;
 pub mod policy;

@@ -1,7 +1,10 @@
 //! Linux enforcement: what the job's init applies before it forks the job.
 //!
 //! The trampoline creates the job's init with `clone` into new user, mount,
-//! PID and IPC namespaces (and a network namespace for `network: "deny"`),
+//! PID and IPC namespaces (and a network namespace for `network: "deny"`
+//! and `allow_hosts`; for those the user and network namespaces are
+//! usually a fresh pair the spawner made ahead, [`crate::nspool`], which
+//! the supervisor enters before the `clone`),
 //! so the job cannot see, signal or trace anything outside its PID
 //! namespace, nor touch another SysV/POSIX IPC object, whatever the
 //! Landlock ABI. The init then, failing closed at the first step that does
@@ -12,8 +15,9 @@
 //!    (`RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`) and checks the device
 //!    and inode the agent recorded: nothing is looked up by path again;
 //! 3. builds a fresh root (a tmpfs) from what was granted, bubblewrap's
-//!    way: read roots bound read-only (`read: "all"`: every top-level entry
-//!    of the host but `/dev` and `/proc`), write roots writable, `:tmp` at
+//!    way: read roots bound read-only (`read: "all"`: the root is one
+//!    read-only recursive clone of the host's tree instead, the job's own
+//!    `/dev` and `/proc` over the host's), write roots writable, `:tmp` at
 //!    `/tmp`, the ancestors of carve-outs pinned (bound onto themselves, so
 //!    renaming them fails with `EBUSY`), `deny_write` read-only, `deny_read`
 //!    covered; a minimal `/dev` and a `/proc` of the new PID namespace; all
@@ -201,16 +205,19 @@ fn ensure(root: BorrowedFd<'_>, rel: &Path, file: bool) -> io::Result<(OwnedFd, 
 
 /// Attach `tree` (a detached clone of `src`) at `rel` beneath `root`. An
 /// existing target must be the source itself (a root inside another
-/// root): anything else means the tree changed.
+/// root, or a root in the clone of the host's tree): anything else means
+/// the tree changed. `over` is the exception: `rel` is a fixed name the
+/// source is put over (`:tmp` at `/tmp`), not the source's own path.
 fn bind_at(
     root: BorrowedFd<'_>,
     rel: &Path,
     src: BorrowedFd<'_>,
     tree: BorrowedFd<'_>,
+    over: bool,
 ) -> io::Result<()> {
     let (sdev, sino, is_dir) = identity(src)?;
     let (target, existed) = ensure(root, rel, !is_dir)?;
-    if existed {
+    if existed && !over {
         let (tdev, tino, _) = identity(target.as_fd())?;
         if (tdev, tino) != (sdev, sino) {
             return Err(io::Error::other(format!(
@@ -289,7 +296,9 @@ pub struct Prepared {
 const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 const RW: u64 = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
-fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
+/// Map the agent's uid and gid (only) in the user namespace this process
+/// just created; `setgroups` denied.
+pub(crate) fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
     std::fs::write("/proc/self/setgroups", "deny")?;
     std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))
@@ -323,11 +332,19 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 const HIDDEN: &str = ".executor-hidden";
 
 /// Steps 1-4, in the init (pid 1 of the new PID namespace, still holding
-/// its capabilities in the new user namespace). `uid`/`gid` are the
-/// agent's, read before the clone. On return the process is inside the
-/// job's root, in `cwd`.
-pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> StepResult<Prepared> {
-    write_id_maps(uid, gid).map_err(at(Step::IdMaps))?;
+/// its capabilities in the new user namespace). `ids` are the agent's
+/// uid and gid, read before the clone, to map; `None` when the user
+/// namespace came from the spawner's pool with them mapped already. On
+/// return the process is inside the job's root, in `cwd`.
+pub fn build_root(
+    p: &WirePlan,
+    ids: Option<(u32, u32)>,
+    tty: bool,
+    cwd: &Path,
+) -> StepResult<Prepared> {
+    if let Some((uid, gid)) = ids {
+        write_id_maps(uid, gid).map_err(at(Step::IdMaps))?;
+    }
     make_mounts_private()?;
 
     // Everything is opened before the first mount changes the tree.
@@ -348,20 +365,24 @@ pub fn build_root(p: &WirePlan, uid: u32, gid: u32, tty: bool, cwd: &Path) -> St
     // Every clone is made before the staging mount below exists (a
     // recursive clone of the host's /tmp would otherwise contain it).
     clone_trees(&mut mounts)?;
-    let root = stage_fresh_root()?;
-    let hidden = make_hidden(root.as_fd())?;
+    let root = match p.read {
+        None => stage_host_root()?,
+        Some(_) => stage_fresh_root()?,
+    };
+    // /dev is a tmpfs of the job's own in either root; it holds the
+    // hidden file while the carve-outs are covered.
+    let dev = mount_dev_tmpfs(root.as_fd()).map_err(at(Step::Dev))?;
+    let hidden = make_hidden(dev.as_fd())?;
     attach_mounts(root.as_fd(), &mounts, hidden.as_fd())?;
     make_symlinks(root.as_fd(), &symlinks)?;
     drop(hidden);
-    nix::unistd::unlinkat(
-        root.as_fd(),
-        HIDDEN,
-        nix::unistd::UnlinkatFlags::NoRemoveDir,
-    )
-    .map_err(at(Step::DenyRead))?;
-    make_dev(root.as_fd(), &devices, pts.as_ref()).map_err(at(Step::Dev))?;
+    nix::unistd::unlinkat(dev.as_fd(), HIDDEN, nix::unistd::UnlinkatFlags::NoRemoveDir)
+        .map_err(at(Step::DenyRead))?;
+    make_dev(dev.as_fd(), &devices, pts.as_ref()).map_err(at(Step::Dev))?;
+    // Nothing more is created in /dev or in the root itself.
+    sys::set_mount_attr(dev.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0).map_err(at(Step::Dev))?;
+    drop(dev);
     mount_proc(root.as_fd())?;
-    // Nothing more is created in the root itself.
     sys::set_mount_attr(root.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0)
         .map_err(at(Step::NewRoot))?;
     enter_root(&root, cwd)?;
@@ -417,39 +438,6 @@ impl Opened {
         list.push(fd);
         Ok(())
     }
-
-    /// `read: "all"`: every top-level entry of the host but what the job
-    /// gets its own of; top-level links are recreated, not bound.
-    fn open_host_top_level(&mut self, own_tmp: bool) -> StepResult<()> {
-        // Top-level entries are root's; each is opened once, without
-        // following.
-        let entries = std::fs::read_dir("/").map_err(at(Step::NewRoot))?;
-        for e in entries {
-            let e = e.map_err(at(Step::NewRoot))?;
-            let name = e.file_name();
-            let skip: &[&str] = if own_tmp {
-                &["dev", "proc", "tmp"]
-            } else {
-                &["dev", "proc"]
-            };
-            if skip.iter().any(|s| OsStr::new(s) == name) {
-                continue;
-            }
-            let abs = Path::new("/").join(&name);
-            if let Ok(to) = std::fs::read_link(&abs) {
-                self.symlinks.push((abs, to));
-                continue;
-            }
-            let fd = openat2(nix::fcntl::AT_FDCWD, &abs, no_follow()).map_err(at(Step::NewRoot))?;
-            self.mounts.push(Mount {
-                rel: PathBuf::from(&name),
-                fd,
-                kind: Kind::Read,
-                tree: None,
-            });
-        }
-        Ok(())
-    }
 }
 
 /// Step 2: open every root and carve-out of the plan by identity, the
@@ -472,14 +460,12 @@ fn open_mounts(p: &WirePlan) -> StepResult<Opened> {
             write: Vec::new(),
         },
     };
-    match &p.read {
-        Some(roots) => {
-            for n in roots {
-                o.grant(n, relative(n.path()), Kind::Read, false)?;
-            }
+    // `read: "all"` opens nothing here: the host's whole tree is cloned at
+    // once by [`stage_host_root`].
+    if let Some(roots) = &p.read {
+        for n in roots {
+            o.grant(n, relative(n.path()), Kind::Read, false)?;
         }
-        // Everything but what the job gets its own of.
-        None => o.open_host_top_level(p.tmp.is_some())?,
     }
     for n in &p.write {
         o.grant(n, relative(n.path()), Kind::Write, true)?;
@@ -553,16 +539,54 @@ fn clone_trees(mounts: &mut [Mount]) -> StepResult<()> {
 fn stage_fresh_root() -> StepResult<OwnedFd> {
     let root_mnt = sys::new_mount(c"tmpfs", &[(c"mode", c"0755"), (c"size", c"1m")], RW)
         .map_err(at(Step::NewRoot))?;
+    stage(root_mnt)
+}
+
+/// Step 3's root for `read: "all"`: one recursive, read-only clone of the
+/// host's whole tree (what `/dev`, `/proc` and `:tmp` cover stays beneath
+/// the job's own, which nothing in the job can unmount), staged as
+/// [`stage_fresh_root`] stages its tmpfs. One clone instead of one per
+/// top-level entry: the mounts of a job's start are most of its cost.
+fn stage_host_root() -> StepResult<OwnedFd> {
+    let host = open_here("/").map_err(at(Step::NewRoot))?;
+    let tree = clone_with(host.as_fd(), RO).map_err(at(Step::NewRoot))?;
+    stage(tree)
+}
+
+/// Attach `tree` at /tmp of this (private) mount namespace and open it.
+fn stage(tree: OwnedFd) -> StepResult<OwnedFd> {
     let staging = openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))?;
-    sys::attach(root_mnt.as_fd(), staging.as_fd()).map_err(at(Step::NewRoot))?;
+    sys::attach(tree.as_fd(), staging.as_fd()).map_err(at(Step::NewRoot))?;
     drop(staging);
     openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))
 }
 
-/// The [`HIDDEN`] file in `root`, opened without following.
-fn make_hidden(root: BorrowedFd<'_>) -> StepResult<OwnedFd> {
-    nix::fcntl::openat(
+/// A small tmpfs at `/dev` of `root` (made read-only once populated).
+fn mount_dev_tmpfs(root: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let (dir, _) = ensure(root, Path::new("dev"), false)?;
+    let m = sys::new_mount(
+        c"tmpfs",
+        &[(c"mode", c"0755"), (c"size", c"64k")],
+        RW | sys::MOUNT_ATTR_NOEXEC,
+    )?;
+    sys::attach(m.as_fd(), dir.as_fd())?;
+    drop(dir);
+    Ok(openat2(
         root,
+        "dev",
+        no_follow().resolve(
+            ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_BENEATH,
+        ),
+    )?)
+}
+
+/// The [`HIDDEN`] file in `dir` (the job's /dev while it is built),
+/// opened without following.
+fn make_hidden(dir: BorrowedFd<'_>) -> StepResult<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
         HIDDEN,
         OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
         Mode::empty(),
@@ -570,7 +594,7 @@ fn make_hidden(root: BorrowedFd<'_>) -> StepResult<OwnedFd> {
     .and_then(|f| {
         drop(f);
         nix::fcntl::openat(
-            root,
+            dir,
             HIDDEN,
             OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
             Mode::empty(),
@@ -584,7 +608,13 @@ fn attach_mounts(root: BorrowedFd<'_>, mounts: &[Mount], hidden: BorrowedFd<'_>)
     for m in mounts {
         let step = m.kind.step();
         match &m.tree {
-            Some(tree) => bind_at(root, &m.rel, m.fd.as_fd(), tree.as_fd()),
+            Some(tree) => bind_at(
+                root,
+                &m.rel,
+                m.fd.as_fd(),
+                tree.as_fd(),
+                m.kind == Kind::Tmp,
+            ),
             None => cover(root, &m.rel, m.fd.as_fd(), hidden),
         }
         .map_err(|e| mount_error(step, &m.rel, e))?;
@@ -680,26 +710,26 @@ fn own_pts() -> io::Result<Option<(PathBuf, OwnedFd)>> {
     Ok(Some((rel.to_path_buf(), fd)))
 }
 
-/// `/dev`: the few devices every program needs, bound from the host, the
-/// job's own pts (with a tty), a private `/dev/shm`, and the usual links.
+/// `/dev` (the tmpfs `dev`): the few devices every program needs, bound
+/// from the host, the job's own pts (with a tty), a private `/dev/shm`,
+/// and the usual links.
 fn make_dev(
-    root: BorrowedFd<'_>,
+    dev: BorrowedFd<'_>,
     devices: &[(&str, OwnedFd)],
     own_pts: Option<&(PathBuf, OwnedFd)>,
 ) -> io::Result<()> {
-    let (dev, _) = ensure(root, Path::new("dev"), false)?;
     for (name, fd) in devices {
-        let (target, _) = ensure(dev.as_fd(), Path::new(name), true)?;
+        let (target, _) = ensure(dev, Path::new(name), true)?;
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }
-    let (pts, _) = ensure(dev.as_fd(), Path::new("pts"), false)?;
+    let (pts, _) = ensure(dev, Path::new("pts"), false)?;
     if let Some((n, fd)) = own_pts {
         let (target, _) = ensure(pts.as_fd(), &relative(n), true)?;
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }
-    let (shm, _) = ensure(dev.as_fd(), Path::new("shm"), false)?;
+    let (shm, _) = ensure(dev, Path::new("shm"), false)?;
     let m = sys::new_mount(
         c"tmpfs",
         &[(c"mode", c"1777"), (c"size", c"64m")],
@@ -712,7 +742,7 @@ fn make_dev(
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        nix::unistd::symlinkat(to, dev.as_fd(), name)?;
+        nix::unistd::symlinkat(to, dev, name)?;
     }
     Ok(())
 }

@@ -34,6 +34,7 @@
 //!
 //! Depends on [`crate::sys`] and [`crate::trampoline`] only.
 
+use crate::nspool::{NsPair, Pool};
 use crate::sys;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -57,8 +58,10 @@ pub const MSG_LEN: usize = 13;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
     /// Fork a supervisor for the [`FORK_FDS`] descriptors of the message
-    /// (one more with `egress`); `id` comes back in the reply.
-    Fork { id: u64, egress: bool },
+    /// (one more with `egress`); `id` comes back in the reply. `netns`: the
+    /// job gets a network namespace of its own (the supervisor takes a
+    /// pair of the namespace pool, [`crate::nspool`], if one is ready).
+    Fork { id: u64, egress: bool, netns: bool },
     /// SIGKILL this supervisor if it is still an unreaped child.
     Kill { pid: i32 },
 }
@@ -91,7 +94,9 @@ fn fields(m: &[u8; MSG_LEN]) -> (u8, u64, i32) {
 impl Request {
     pub fn encode(self) -> [u8; MSG_LEN] {
         match self {
-            Request::Fork { id, egress } => encode(b'F', id, i32::from(egress)),
+            Request::Fork { id, egress, netns } => {
+                encode(b'F', id, i32::from(egress) | (i32::from(netns) << 1))
+            }
             Request::Kill { pid } => encode(b'K', pid as u32 as u64, 0),
         }
     }
@@ -99,7 +104,11 @@ impl Request {
     /// `None` for bytes the agent never sends.
     pub fn decode(m: &[u8; MSG_LEN]) -> Option<Request> {
         match fields(m) {
-            (b'F', id, e @ (0 | 1)) => Some(Request::Fork { id, egress: e == 1 }),
+            (b'F', id, e @ 0..=3) => Some(Request::Fork {
+                id,
+                egress: e & 1 == 1,
+                netns: e & 2 == 2,
+            }),
             (b'K', pid, 0) => i32::try_from(pid)
                 .ok()
                 .filter(|p| *p > 0)
@@ -176,33 +185,61 @@ pub fn serve() -> io::Result<i32> {
     let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(io::Error::from)?;
     let mut children = HashSet::new();
+    let mut pool = Pool::default();
     loop {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut fds = [
-            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(sock.as_fd(), PollFlags::POLLIN),
-        ];
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
+        let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+        let (sock_ready, made) = {
+            let mut fds = vec![
+                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+            ];
+            fds.extend(
+                pool.maker_socket()
+                    .map(|m| PollFd::new(m, PollFlags::POLLIN)),
+            );
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            (ready(&fds[1]), fds.get(2).is_some_and(ready))
+        };
+        if made {
+            pool.collect();
         }
-        let sock_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
         while let Ok(Some(_)) = sigfd.read_signal() {}
-        reap(&sock, &mut children)?;
-        if sock_ready && !answer(&sock, &sigfd, &mut children)? {
-            return Ok(0);
+        let served = reap(&sock, &mut children)
+            .and_then(|()| Ok(!sock_ready || answer(&sock, &sigfd, &mut children, &mut pool)?));
+        match served {
+            Ok(true) => {}
+            Ok(false) => return Ok(0),
+            // The agent is gone (it exited with replies unread): the end of
+            // the spawner's work, not an error to print on the user's
+            // terminal.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                return Ok(0)
+            }
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// Reap every supervisor that exited and report it.
+/// Reap every supervisor that exited and report it (a pool maker's exit
+/// is not reported: the agent never asked for it).
 fn reap(sock: &OwnedFd, children: &mut HashSet<i32>) -> io::Result<()> {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => return Ok(()),
             Ok(st) => {
                 if let (Some(pid), Some(raw)) = (st.pid(), crate::trampoline::raw_wait_status(st)) {
-                    children.remove(&pid.as_raw());
+                    if !children.remove(&pid.as_raw()) {
+                        continue;
+                    }
                     reply(
                         sock,
                         Reply::Exited {
@@ -229,7 +266,12 @@ fn reply(sock: &OwnedFd, r: Reply) -> io::Result<()> {
 }
 
 /// Take one request off the socket and answer it; `false` at EOF.
-fn answer(sock: &OwnedFd, sigfd: &SignalFd, children: &mut HashSet<i32>) -> io::Result<bool> {
+fn answer(
+    sock: &OwnedFd,
+    sigfd: &SignalFd,
+    children: &mut HashSet<i32>,
+    pool: &mut Pool,
+) -> io::Result<bool> {
     let mut buf = [0u8; MSG_LEN];
     let msg = match sys::recv_fds::<{ FORK_FDS + 1 }>(sock.as_fd(), &mut buf, MsgFlags::empty()) {
         Ok(m) => m,
@@ -255,21 +297,29 @@ fn answer(sock: &OwnedFd, sigfd: &SignalFd, children: &mut HashSet<i32>) -> io::
         .then(|| Request::decode(&buf))
         .flatten();
     match request {
-        Some(Request::Fork { id, egress }) => {
+        Some(Request::Fork { id, egress, netns }) => {
             if fds.len() != FORK_FDS + usize::from(egress) {
                 let result = Err(libc::EINVAL);
                 return reply(sock, Reply::Forked { id, result }).map(|()| true);
             }
+            let pair = if netns { pool.take() } else { None };
             // SAFETY: the spawner is single-threaded (`serve`'s contract).
             let result = match unsafe { sys::fork_single_threaded() } {
-                Ok(ForkResult::Child) => supervisor(sock, sigfd, fds),
+                Ok(ForkResult::Child) => supervisor(sock, sigfd, fds, pair, pool),
                 Ok(ForkResult::Parent { child }) => {
                     children.insert(child.as_raw());
                     Ok(child.as_raw())
                 }
                 Err(e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
             };
+            // The pair is the supervisor's alone: the spawner's copy goes.
+            drop(pair);
             reply(sock, Reply::Forked { id, result })?;
+            if netns {
+                // SAFETY: the spawner is single-threaded (`serve`'s
+                // contract).
+                unsafe { pool.refill() };
+            }
         }
         Some(Request::Kill { pid }) => {
             if children.contains(&pid) {
@@ -289,15 +339,26 @@ fn answer(sock: &OwnedFd, sigfd: &SignalFd, children: &mut HashSet<i32>) -> io::
 }
 
 /// The forked child: become the job's supervisor.
-/// `fds` holds [`FORK_FDS`] descriptors, or one more (the egress socket).
-fn supervisor(sock: &OwnedFd, sigfd: &SignalFd, fds: Vec<OwnedFd>) -> ! {
-    // First thing: nothing of the spawner reaches the job.
+/// `fds` holds [`FORK_FDS`] descriptors, or one more (the egress socket);
+/// `pair`, the namespaces of the pool this job alone enters.
+fn supervisor(
+    sock: &OwnedFd,
+    sigfd: &SignalFd,
+    fds: Vec<OwnedFd>,
+    pair: Option<NsPair>,
+    pool: &Pool,
+) -> ! {
+    // First thing: nothing of the spawner reaches the job (nor the pool's
+    // other pairs, which are other jobs').
     // SAFETY: these are the spawner's own descriptors, open, and this
     // child never uses them again (the borrowed owners are never dropped:
     // the child leaves by `exit`).
     unsafe {
         libc::close(sock.as_raw_fd());
         libc::close(sigfd.as_fd().as_raw_fd());
+        for fd in pool.descriptors() {
+            libc::close(fd);
+        }
     }
     // `executor` as every helper of the agent (the spawner alone is
     // `executor-spawn`); argv stays the spawner's (`executor sandbox-exec
@@ -327,6 +388,7 @@ fn supervisor(sock: &OwnedFd, sigfd: &SignalFd, fds: Vec<OwnedFd>) -> ! {
         status: Some(status.into_raw_fd()),
         spec: spec.into_raw_fd(),
         egress: egress.map(IntoRawFd::into_raw_fd),
+        namespaces: pair.map(|p| (p.user.into_raw_fd(), p.net.into_raw_fd())),
     };
     std::process::exit(crate::trampoline::run_reporting(Ok(spec)))
 }
@@ -341,10 +403,22 @@ mod tests {
             Request::Fork {
                 id: u64::MAX,
                 egress: false,
+                netns: false,
             },
             Request::Fork {
                 id: 1,
                 egress: true,
+                netns: false,
+            },
+            Request::Fork {
+                id: 2,
+                egress: true,
+                netns: true,
+            },
+            Request::Fork {
+                id: 3,
+                egress: false,
+                netns: true,
             },
             Request::Kill { pid: 4_194_303 },
         ] {

@@ -108,6 +108,10 @@ pub struct Spec {
     /// With egress by name: a Unix socket on which the job's init sends the
     /// agent the proxy's listening socket (`SCM_RIGHTS`).
     pub egress: Option<RawFd>,
+    /// A user namespace and the network namespace it owns, from the
+    /// spawner's pool ([`crate::nspool`]), for this job alone (only a fork
+    /// of the spawner has them).
+    pub namespaces: Option<(RawFd, RawFd)>,
 }
 
 /// Errors of the trampoline's setup, each naming its step.
@@ -144,6 +148,7 @@ impl Spec {
             status: None,
             spec: -1,
             egress: None,
+            namespaces: None,
         };
         let mut it = args.iter();
         let fd = |v: Option<&OsString>, name: &str| -> Result<RawFd, Error> {
@@ -218,6 +223,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         .iter()
         .chain(spec.status.iter())
         .chain(spec.egress.iter())
+        .chain(spec.namespaces.iter().flat_map(|(u, n)| [u, n]))
         .chain(std::iter::once(&spec.spec))
         .copied()
         .collect();
@@ -233,6 +239,14 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let job_fd = unsafe { sys::own_inherited_fd(spec.spec) };
     // SAFETY: as above.
     let egress: Option<OwnedFd> = spec.egress.map(|fd| unsafe { sys::own_inherited_fd(fd) });
+    #[cfg(target_os = "linux")]
+    // SAFETY: as above (the spawner's fork passes the pair's numbers).
+    let pair = spec.namespaces.map(|(user, net)| unsafe {
+        crate::nspool::NsPair {
+            user: sys::own_inherited_fd(user),
+            net: sys::own_inherited_fd(net),
+        }
+    });
     for fd in lifeline
         .iter()
         .map(|f| f.as_fd())
@@ -304,11 +318,14 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
             cwd: &cwd,
             exec: &exec,
             egress,
+            pair,
         };
         return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
     }
-    // Only a sandboxed plan has egress by name.
+    // Only a sandboxed plan has egress by name (or pooled namespaces).
     drop(egress);
+    #[cfg(target_os = "linux")]
+    drop(pair);
     // A degraded `allow_hosts` job: no namespaces, but no network either.
     let net_filters = if job.deny_network {
         Some(network_denial()?)
@@ -453,13 +470,15 @@ struct Job<'a> {
     exec: &'a Exec,
     /// Where the egress listener goes (`--egress`).
     egress: Option<OwnedFd>,
+    /// The pool's namespaces for this job, if the spawner had a pair.
+    pair: Option<crate::nspool::NsPair>,
 }
 
 /// The sandboxed path: an init in new namespaces confines itself and forks
 /// the program; the supervisor reports and waits for the init.
 #[cfg(target_os = "linux")]
 fn sandboxed(
-    job: Job<'_>,
+    mut job: Job<'_>,
     mut exec_r: std::fs::File,
     exec_w: OwnedFd,
     mut status: Option<std::fs::File>,
@@ -472,14 +491,27 @@ fn sandboxed(
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     );
-    let flags = crate::linux::namespace_flags(job.plan);
+    let mut flags = crate::linux::namespace_flags(job.plan);
+    // A pair of the spawner's pool replaces the two namespaces that cost
+    // most to make: the init is cloned from inside them (in new mount, PID
+    // and IPC namespaces), holding its capabilities there as after a
+    // fresh clone; the ids are mapped already.
+    let mut ids = Some((uid, gid));
+    let entered = match job.pair.take() {
+        Some(pair) if flags & libc::CLONE_NEWNET != 0 => pair.enter().map(|()| {
+            flags &= !(libc::CLONE_NEWUSER | libc::CLONE_NEWNET);
+            ids = None;
+        }),
+        // A job without a namespace of its own leaves the pair unused.
+        _ => Ok(()),
+    };
     // SAFETY: `run` is documented to be called single-threaded.
-    let init = match unsafe { sys::fork_into_namespaces(flags) } {
+    let init = match entered.and_then(|()| unsafe { sys::fork_into_namespaces(flags) }) {
         Ok(Some(pid)) => pid,
         Ok(None) => {
             drop(exec_r);
             drop(ctl);
-            let code = job_init(job, uid, gid, exec_w, ctl_init);
+            let code = job_init(job, ids, exec_w, ctl_init);
             std::process::exit(code);
         }
         Err(e) => {
@@ -554,8 +586,7 @@ fn program_of(init: Pid) -> Option<Pid> {
 #[cfg(target_os = "linux")]
 fn job_init(
     job: Job<'_>,
-    uid: u32,
-    gid: u32,
+    ids: Option<(u32, u32)>,
     exec_w: OwnedFd,
     mut ctl: std::os::unix::net::UnixStream,
 ) -> i32 {
@@ -569,8 +600,9 @@ fn job_init(
         cwd,
         exec,
         egress,
+        pair: _,
     } = job;
-    let prep = match crate::linux::build_root(plan, uid, gid, exec.tty, cwd) {
+    let prep = match crate::linux::build_root(plan, ids, exec.tty, cwd) {
         Ok(p) => p,
         Err((step, e)) => return fail(&mut w, step, &e),
     };

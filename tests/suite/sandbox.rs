@@ -598,6 +598,8 @@ both!(c23_c25_dangerous_syscalls, |e: Env| async move {
         "clone-newuser",
         "mount",
         "umount /proc",
+        // With read "all" the host's own /dev is beneath the job's.
+        "umount /dev",
         "pivot_root",
         "chroot",
         "keyctl",
@@ -1583,6 +1585,36 @@ both!(c43_nothing_outside_the_grants, |e: Env| async move {
         )
         .await;
     assert!(out.contains("No such file"), "{out}");
+    // The host's other devices are not there either (its /dev is beneath
+    // the job's own with read "all"); the job's own are (control).
+    let own = [
+        "null", "zero", "full", "random", "urandom", "tty", "pts", "shm", "fd", "stdin", "stdout",
+        "stderr",
+    ];
+    let host_only: Vec<String> = std::fs::read_dir("/dev")
+        .unwrap()
+        .flatten()
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .filter(|n| !own.contains(&n.as_str()))
+        .take(3)
+        .collect();
+    assert!(
+        !host_only.is_empty(),
+        "the host's /dev has only the job's own"
+    );
+    let script = host_only
+        .iter()
+        .map(|n| format!("ls -d /dev/{n};"))
+        .collect::<String>();
+    let (out, _) = e
+        .sh(Some(e.ws_write()), &format!("{script} ls /dev; echo end"))
+        .await;
+    assert_eq!(
+        out.matches("No such file").count(),
+        host_only.len(),
+        "{out}"
+    );
+    assert!(out.contains("urandom") && out.contains("end"), "{out}");
     other
         .signal(executor_protocol::types::process::SignalName::Kill)
         .await
@@ -2567,5 +2599,130 @@ both!(
         let (out, code) = e.sh(Some(ro), "cat src/to-secret").await;
         assert_ne!(code, 0, "{out}");
         assert!(!out.contains("OUTSIDE-SECRET"), "{out}");
+    }
+);
+
+/// The namespace links (`net:[N]`, `user:[N]`) the process `pid` holds
+/// open (the spawner's namespace pool).
+fn held_namespaces(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|f| std::fs::read_link(f.path()).ok())
+                .map(|l| l.to_string_lossy().into_owned())
+                .filter(|l| l.starts_with("net:[") || l.starts_with("user:["))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The agent's spawner: its child named `executor-spawn`.
+fn spawner_of(agent: u32) -> u32 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "executor-spawn")
+                && std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok()
+                && parent_pid(*p) == agent
+        })
+        .expect("the agent's spawner")
+}
+
+// 52. Namespaces made ahead (the spawner's pool of user + network
+// namespaces) are never shared: ten jobs with a network namespace of their
+// own, alive together (six started one after another, four at once), are
+// each in a user and a network namespace of their own, none the host's; a
+// pair the spawner held is the next job's and then gone from the pool (so
+// the pool is what was tested); the uid is the agent's. Control: a job
+// with `network: "allow"` is in the host's network namespace.
+both!(
+    c52_pooled_namespaces_are_never_shared,
+    |e: Env| async move {
+        if e.uid != current_uid() {
+            chown_r(&e.ws, e.uid);
+        }
+        let host_net = std::fs::read_link("/proc/self/ns/net")
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let spawner = spawner_of(e.agent_pid);
+        let start = |i: usize, intent: SandboxIntent| {
+            let script = format!(
+                "{{ readlink /proc/self/ns/net /proc/self/ns/user; id -u; }} > ns.{i}.tmp \
+             && mv ns.{i}.tmp ns.{i}; exec sleep 30"
+            );
+            let mut p = ProcessStartParams::new(
+                vec!["/bin/sh".into(), "-c".into(), script],
+                wp(&e.ws),
+                path_env(),
+            );
+            p.sandbox = Some(intent);
+            let c = &e.c;
+            async move { c.start(&p).await.unwrap() }
+        };
+        let read = |i: usize| {
+            let f = e.ws.join(format!("ns.{i}"));
+            async move {
+                for _ in 0..300 {
+                    if let Ok(t) = std::fs::read_to_string(&f) {
+                        return t;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                panic!("{} never written", f.display());
+            }
+        };
+        let (mut jobs, mut seen, mut from_pool) = (Vec::new(), Vec::<String>::new(), 0);
+        for i in 0..10 {
+            if i < 6 {
+                // Time for the spawner to refill between requests.
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            }
+            let pooled = held_namespaces(spawner);
+            jobs.push(start(i, e.ws_write()).await);
+            if i >= 6 {
+                continue;
+            }
+            let net = read(i).await.lines().next().unwrap_or_default().to_string();
+            if pooled.contains(&net) {
+                from_pool += 1;
+                assert!(
+                    !held_namespaces(spawner).contains(&net),
+                    "{net} still pooled"
+                );
+            }
+        }
+        for i in 0..10 {
+            let out = read(i).await;
+            let lines: Vec<&str> = out.lines().collect();
+            assert_eq!(lines.len(), 3, "{out}");
+            assert_eq!(lines[2], e.uid.to_string(), "the agent's uid: {out}");
+            for l in &lines[..2] {
+                assert_ne!(*l, host_net, "{out}");
+                assert!(!seen.iter().any(|s| s == l), "{l} shared by two jobs");
+                seen.push(l.to_string());
+            }
+        }
+        assert!(
+            from_pool >= 3,
+            "only {from_pool} of 6 jobs had a pooled pair"
+        );
+        let mut open = e.ws_write();
+        open.network = NetworkIntent::Allow;
+        let control = start(10, open).await;
+        let out = read(10).await;
+        assert_eq!(
+            out.lines().next(),
+            Some(host_net.as_str()),
+            "control: {out}"
+        );
+        for j in jobs.iter().chain(std::iter::once(&control)) {
+            j.signal(executor_protocol::types::process::SignalName::Kill)
+                .await
+                .ok();
+        }
     }
 );

@@ -343,7 +343,8 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             spec_fd.as_fd(),
         ];
         fds.extend(egress.as_ref().map(|(_, theirs)| theirs.as_fd()));
-        let supervisor = spawner::fork(&fds, turn).await;
+        let netns = req.sandbox.is_some_and(|p| p.net.own_namespace());
+        let supervisor = spawner::fork(&fds, netns, turn).await;
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
         drop((job_stdio, status_w, spec_fd));

@@ -332,10 +332,16 @@ impl Supervisor {
 
 /// Ask the spawner to fork a supervisor for these descriptors (stdin,
 /// stdout, stderr, lifeline read end, status write end, job spec, and the
-/// egress socket for a job with egress by name). Returns once the request
+/// egress socket for a job with egress by name); `netns`: the job gets a
+/// network namespace of its own (the spawner hands it a pair of its
+/// namespace pool when it has one). Returns once the request
 /// is sent (the descriptors are in flight: the caller closes its copies);
 /// the spawner's answer is taken by the [`Supervisor`] when needed.
-pub async fn fork(fds: &[BorrowedFd<'_>], turn: Turn) -> Result<Supervisor, WireError> {
+pub async fn fork(
+    fds: &[BorrowedFd<'_>],
+    netns: bool,
+    turn: Turn,
+) -> Result<Supervisor, WireError> {
     let mut turn = Some(turn);
     let egress = match fds.len() {
         FORK_FDS => false,
@@ -360,7 +366,7 @@ pub async fn fork(fds: &[BorrowedFd<'_>], turn: Turn) -> Result<Supervisor, Wire
             }
             st.forks.insert(id, (tx, turn.take().flatten()));
         }
-        let msg = Request::Fork { id, egress }.encode();
+        let msg = Request::Fork { id, egress, netns }.encode();
         let sent = c
             .sock
             .async_io(Interest::WRITABLE, || {

@@ -1,0 +1,162 @@
+//! Namespaces made ahead: the spawner's pool of user + network namespace
+//! pairs for the jobs that get a network namespace of their own.
+//!
+//! A network namespace costs most of a sandboxed start's namespace work
+//! (its loopback device, its sysctl tables: about 0.6 ms of the clone
+//! here). The spawner keeps up to [`TARGET`] pairs made before any job
+//! asks, each a fresh user namespace with the agent's uid and gid mapped
+//! (`setgroups` denied) and a network namespace it owns, `lo` down, nothing
+//! in either. A pair is handed to exactly one job's supervisor, which
+//! enters both (`setns`) and creates the job's init in new mount, PID and
+//! IPC namespaces from there (so the init holds its capabilities over all
+//! of them, as with a fresh `clone`); the spawner closes its copy at the
+//! fork, every other process it forks closes what it inherited of the
+//! pool first thing, and a pair is never made twice: nothing of one job
+//! is ever in another's namespaces.
+//!
+//! A maker is a short-lived child of the spawner: it unshares the two
+//! namespaces, writes its maps, sends both namespace descriptors over a
+//! `SOCK_SEQPACKET` pair and exits. The spawner refills while idle; a job
+//! that finds the pool empty gets fresh namespaces from its own `clone`,
+//! as it would without a pool. A maker that fails (no user namespaces
+//! here) turns the pool off for the spawner's life: every job then reports
+//! the real failure of its own `clone`.
+//!
+//! Depends on [`crate::sys`] and [`crate::linux`] (the id maps).
+
+use crate::sys;
+use nix::sched::CloneFlags;
+use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::unistd::ForkResult;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+
+/// Pairs kept ready: enough for a job started while the previous one's
+/// pair is being replaced.
+pub const TARGET: usize = 2;
+
+/// A user namespace and the network namespace it owns, as descriptors.
+#[derive(Debug)]
+pub struct NsPair {
+    pub user: OwnedFd,
+    pub net: OwnedFd,
+}
+
+impl NsPair {
+    /// Enter both (user first: the network namespace is owned by it).
+    /// Must be called single-threaded, before anything is forked into
+    /// them.
+    pub fn enter(self) -> io::Result<()> {
+        nix::sched::setns(self.user.as_fd(), CloneFlags::CLONE_NEWUSER)?;
+        nix::sched::setns(self.net.as_fd(), CloneFlags::CLONE_NEWNET)?;
+        Ok(())
+    }
+}
+
+/// The spawner's pool.
+#[derive(Debug, Default)]
+pub struct Pool {
+    ready: Vec<NsPair>,
+    /// The socket of the maker at work.
+    making: Option<OwnedFd>,
+    /// A maker failed: no more are started.
+    off: bool,
+}
+
+impl Pool {
+    /// A pair for one job, if one is ready. The caller owns it alone.
+    pub fn take(&mut self) -> Option<NsPair> {
+        self.ready.pop()
+    }
+
+    /// The socket to poll while a maker is at work.
+    pub fn maker_socket(&self) -> Option<BorrowedFd<'_>> {
+        self.making.as_ref().map(|s| s.as_fd())
+    }
+
+    /// Every descriptor the pool holds (for a forked child to close).
+    pub fn descriptors(&self) -> Vec<RawFd> {
+        self.ready
+            .iter()
+            .flat_map(|p| [p.user.as_raw_fd(), p.net.as_raw_fd()])
+            .chain(self.making.iter().map(|s| s.as_raw_fd()))
+            .collect()
+    }
+
+    /// Start a maker unless one is at work, the pool is full or off (the
+    /// maker closes every descriptor but its socket first thing).
+    ///
+    /// # Safety
+    /// The caller must be single-threaded (it forks and the child runs
+    /// Rust code).
+    pub unsafe fn refill(&mut self) {
+        if self.off || self.making.is_some() || self.ready.len() >= TARGET {
+            return;
+        }
+        let Ok((ours, theirs)) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        ) else {
+            self.off = true;
+            return;
+        };
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        // SAFETY: the caller is single-threaded (this function's contract).
+        match unsafe { sys::fork_single_threaded() } {
+            Ok(ForkResult::Child) => {
+                // Nothing of the spawner's (its socket to the agent, the
+                // pool's other pairs) stays in the maker.
+                let code = match sys::close_fds_except(&[theirs.as_raw_fd()]) {
+                    Ok(()) => make(uid, gid, theirs.as_fd()).map_or(1, |()| 0),
+                    Err(_) => 1,
+                };
+                std::process::exit(code)
+            }
+            // The spawner reaps it as any child (and reports only its
+            // supervisors).
+            Ok(ForkResult::Parent { .. }) => self.making = Some(ours),
+            Err(_) => self.off = true,
+        }
+    }
+
+    /// The maker answered (its socket is readable): keep the pair it sent,
+    /// or turn the pool off if it sent none.
+    pub fn collect(&mut self) {
+        let Some(sock) = self.making.take() else {
+            return;
+        };
+        let mut tag = [0u8; 1];
+        match sys::recv_fds::<2>(sock.as_fd(), &mut tag, MsgFlags::empty()) {
+            Ok(m) if m.bytes == 1 && tag == *b"N" && !m.truncated && m.fds.len() == 2 => {
+                let mut fds = m.fds.into_iter();
+                if let (Some(user), Some(net)) = (fds.next(), fds.next()) {
+                    self.ready.push(NsPair { user, net });
+                }
+            }
+            _ => self.off = true,
+        }
+    }
+}
+
+/// In the maker: new user and network namespaces, the ids mapped, both
+/// sent to the spawner.
+fn make(uid: u32, gid: u32, to: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)?;
+    crate::linux::write_id_maps(uid, gid)?;
+    let open = |p: &str| -> io::Result<OwnedFd> {
+        Ok(nix::fcntl::open(
+            p,
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?)
+    };
+    let user = open("/proc/self/ns/user")?;
+    let net = open("/proc/self/ns/net")?;
+    sys::send_fds(to, b"N", &[user.as_fd(), net.as_fd()], MsgFlags::empty())?;
+    Ok(())
+}
