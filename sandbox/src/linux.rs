@@ -2,9 +2,10 @@
 //!
 //! The trampoline creates the job's init with `clone` into new user, mount,
 //! PID and IPC namespaces (and a network namespace for `network: "deny"`
-//! and `allow_hosts`; for those the user and network namespaces are
-//! usually a fresh pair the spawner made ahead, [`crate::nspool`], which
-//! the supervisor enters before the `clone`),
+//! and `allow_hosts`; for those every namespace but the PID namespace
+//! usually comes from a fresh set the spawner made ahead,
+//! [`crate::nspool`], entered with `setns` by the supervisor before the
+//! `clone` and by the init after it),
 //! so the job cannot see, signal or trace anything outside its PID
 //! namespace, nor touch another SysV/POSIX IPC object, whatever the
 //! Landlock ABI. The init then, failing closed at the first step that does

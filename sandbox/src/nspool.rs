@@ -1,22 +1,27 @@
-//! Namespaces made ahead: the spawner's pool of user + network namespace
-//! pairs for the jobs that get a network namespace of their own.
+//! Namespaces made ahead: the spawner's pool of namespace sets for the
+//! jobs that get a network namespace of their own.
 //!
-//! A network namespace costs most of a sandboxed start's namespace work
-//! (its loopback device, its sysctl tables: about 0.6 ms of the clone
-//! here). The spawner keeps up to [`TARGET`] pairs made before any job
-//! asks, each a fresh user namespace with the agent's uid and gid mapped
-//! (`setgroups` denied) and a network namespace it owns, `lo` down, nothing
-//! in either. A pair is handed to exactly one job's supervisor, which
-//! enters both (`setns`) and creates the job's init in new mount, PID and
-//! IPC namespaces from there (so the init holds its capabilities over all
-//! of them, as with a fresh `clone`); the spawner closes its copy at the
-//! fork, every other process it forks closes what it inherited of the
-//! pool first thing, and a pair is never made twice: nothing of one job
-//! is ever in another's namespaces.
+//! Creating namespaces is most of a sandboxed start's namespace work (a
+//! network namespace's loopback device and sysctl tables, a mount
+//! namespace's copy of the mount table, an IPC namespace's sysctls: about
+//! 0.9 ms of the `clone` here). The spawner keeps up to [`TARGET`] sets
+//! made before any job asks, each a fresh user namespace with the agent's
+//! uid and gid mapped (`setgroups` denied) and a network (`lo` down), IPC
+//! and mount namespace it owns, nothing in any of them (the mount
+//! namespace is a copy of the agent's mount table, its mounts slaves of
+//! the host's: mounts made on the host meanwhile still appear in it). A
+//! set is handed to exactly one job: its supervisor enters the user and
+//! network namespaces (`setns`) and creates the job's init in a new PID
+//! namespace from there; the init enters the IPC and mount namespaces
+//! first thing, and holds its capabilities over all of them, as after a
+//! fresh `clone`. The spawner closes its copy at the fork, every other
+//! process it forks closes what it inherited of the pool first thing, and
+//! a set is never made twice: nothing of one job is ever in another's
+//! namespaces.
 //!
-//! A maker is a short-lived child of the spawner: it unshares the two
-//! namespaces, writes its maps, sends both namespace descriptors over a
-//! `SOCK_SEQPACKET` pair and exits. The spawner refills while idle; a job
+//! A maker is a short-lived child of the spawner: it unshares the four
+//! namespaces, writes its maps, sends the namespace descriptors over a
+//! `SOCK_SEQPACKET` socket pair and exits. The spawner refills while idle; a job
 //! that finds the pool empty gets fresh namespaces from its own `clone`,
 //! as it would without a pool. A maker that fails (no user namespaces
 //! here) turns the pool off for the spawner's life: every job then reports
@@ -31,24 +36,47 @@ use nix::unistd::ForkResult;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-/// Pairs kept ready: enough for a job started while the previous one's
-/// pair is being replaced.
+/// Sets kept ready: enough for a job started while the previous one's
+/// set is being replaced.
 pub const TARGET: usize = 2;
 
-/// A user namespace and the network namespace it owns, as descriptors.
+/// A user namespace and the network, IPC and mount namespaces it owns, as
+/// descriptors.
 #[derive(Debug)]
-pub struct NsPair {
+pub struct NsSet {
     pub user: OwnedFd,
     pub net: OwnedFd,
+    pub ipc: OwnedFd,
+    pub mnt: OwnedFd,
 }
 
-impl NsPair {
-    /// Enter both (user first: the network namespace is owned by it).
-    /// Must be called single-threaded, before anything is forked into
-    /// them.
-    pub fn enter(self) -> io::Result<()> {
+/// The namespaces of a set the job's init enters itself.
+#[derive(Debug)]
+pub struct InitNs {
+    ipc: OwnedFd,
+    mnt: OwnedFd,
+}
+
+impl NsSet {
+    /// In the supervisor: enter the user and network namespaces (user
+    /// first: it owns the other). Returns what the init enters. Must be
+    /// called single-threaded, before the init is cloned.
+    pub fn enter(self) -> io::Result<InitNs> {
         nix::sched::setns(self.user.as_fd(), CloneFlags::CLONE_NEWUSER)?;
         nix::sched::setns(self.net.as_fd(), CloneFlags::CLONE_NEWNET)?;
+        Ok(InitNs {
+            ipc: self.ipc,
+            mnt: self.mnt,
+        })
+    }
+}
+
+impl InitNs {
+    /// In the init: enter the IPC and mount namespaces (the supervisor
+    /// stays in the host's mount namespace: the init pivots its own).
+    pub fn enter(self) -> io::Result<()> {
+        nix::sched::setns(self.ipc.as_fd(), CloneFlags::CLONE_NEWIPC)?;
+        nix::sched::setns(self.mnt.as_fd(), CloneFlags::CLONE_NEWNS)?;
         Ok(())
     }
 }
@@ -56,7 +84,7 @@ impl NsPair {
 /// The spawner's pool.
 #[derive(Debug, Default)]
 pub struct Pool {
-    ready: Vec<NsPair>,
+    ready: Vec<NsSet>,
     /// The socket of the maker at work.
     making: Option<OwnedFd>,
     /// A maker failed: no more are started.
@@ -64,8 +92,8 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pair for one job, if one is ready. The caller owns it alone.
-    pub fn take(&mut self) -> Option<NsPair> {
+    /// A set for one job, if one is ready. The caller owns it alone.
+    pub fn take(&mut self) -> Option<NsSet> {
         self.ready.pop()
     }
 
@@ -78,7 +106,14 @@ impl Pool {
     pub fn descriptors(&self) -> Vec<RawFd> {
         self.ready
             .iter()
-            .flat_map(|p| [p.user.as_raw_fd(), p.net.as_raw_fd()])
+            .flat_map(|p| {
+                [
+                    p.user.as_raw_fd(),
+                    p.net.as_raw_fd(),
+                    p.ipc.as_raw_fd(),
+                    p.mnt.as_raw_fd(),
+                ]
+            })
             .chain(self.making.iter().map(|s| s.as_raw_fd()))
             .collect()
     }
@@ -110,7 +145,7 @@ impl Pool {
         match unsafe { sys::fork_single_threaded() } {
             Ok(ForkResult::Child) => {
                 // Nothing of the spawner's (its socket to the agent, the
-                // pool's other pairs) stays in the maker.
+                // pool's other sets) stays in the maker.
                 let code = match sys::close_fds_except(&[theirs.as_raw_fd()]) {
                     Ok(()) => make(uid, gid, theirs.as_fd()).map_or(1, |()| 0),
                     Err(_) => 1,
@@ -124,18 +159,25 @@ impl Pool {
         }
     }
 
-    /// The maker answered (its socket is readable): keep the pair it sent,
+    /// The maker answered (its socket is readable): keep the set it sent,
     /// or turn the pool off if it sent none.
     pub fn collect(&mut self) {
         let Some(sock) = self.making.take() else {
             return;
         };
         let mut tag = [0u8; 1];
-        match sys::recv_fds::<2>(sock.as_fd(), &mut tag, MsgFlags::empty()) {
-            Ok(m) if m.bytes == 1 && tag == *b"N" && !m.truncated && m.fds.len() == 2 => {
+        match sys::recv_fds::<4>(sock.as_fd(), &mut tag, MsgFlags::empty()) {
+            Ok(m) if m.bytes == 1 && tag == *b"N" && !m.truncated && m.fds.len() == 4 => {
                 let mut fds = m.fds.into_iter();
-                if let (Some(user), Some(net)) = (fds.next(), fds.next()) {
-                    self.ready.push(NsPair { user, net });
+                if let (Some(user), Some(net), Some(ipc), Some(mnt)) =
+                    (fds.next(), fds.next(), fds.next(), fds.next())
+                {
+                    self.ready.push(NsSet {
+                        user,
+                        net,
+                        ipc,
+                        mnt,
+                    });
                 }
             }
             _ => self.off = true,
@@ -143,10 +185,15 @@ impl Pool {
     }
 }
 
-/// In the maker: new user and network namespaces, the ids mapped, both
-/// sent to the spawner.
+/// In the maker: new user, network, IPC and mount namespaces, the ids
+/// mapped, all four sent to the spawner.
 fn make(uid: u32, gid: u32, to: BorrowedFd<'_>) -> io::Result<()> {
-    nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)?;
+    nix::sched::unshare(
+        CloneFlags::CLONE_NEWUSER
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWNS,
+    )?;
     crate::linux::write_id_maps(uid, gid)?;
     let open = |p: &str| -> io::Result<OwnedFd> {
         Ok(nix::fcntl::open(
@@ -157,6 +204,13 @@ fn make(uid: u32, gid: u32, to: BorrowedFd<'_>) -> io::Result<()> {
     };
     let user = open("/proc/self/ns/user")?;
     let net = open("/proc/self/ns/net")?;
-    sys::send_fds(to, b"N", &[user.as_fd(), net.as_fd()], MsgFlags::empty())?;
+    let ipc = open("/proc/self/ns/ipc")?;
+    let mnt = open("/proc/self/ns/mnt")?;
+    sys::send_fds(
+        to,
+        b"N",
+        &[user.as_fd(), net.as_fd(), ipc.as_fd(), mnt.as_fd()],
+        MsgFlags::empty(),
+    )?;
     Ok(())
 }

@@ -34,7 +34,7 @@
 //!
 //! Depends on [`crate::sys`] and [`crate::trampoline`] only.
 
-use crate::nspool::{NsPair, Pool};
+use crate::nspool::{NsSet, Pool};
 use crate::sys;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -60,7 +60,7 @@ pub enum Request {
     /// Fork a supervisor for the [`FORK_FDS`] descriptors of the message
     /// (one more with `egress`); `id` comes back in the reply. `netns`: the
     /// job gets a network namespace of its own (the supervisor takes a
-    /// pair of the namespace pool, [`crate::nspool`], if one is ready).
+    /// set of the namespace pool, [`crate::nspool`], if one is ready).
     Fork { id: u64, egress: bool, netns: bool },
     /// SIGKILL this supervisor if it is still an unreaped child.
     Kill { pid: i32 },
@@ -302,18 +302,18 @@ fn answer(
                 let result = Err(libc::EINVAL);
                 return reply(sock, Reply::Forked { id, result }).map(|()| true);
             }
-            let pair = if netns { pool.take() } else { None };
+            let set = if netns { pool.take() } else { None };
             // SAFETY: the spawner is single-threaded (`serve`'s contract).
             let result = match unsafe { sys::fork_single_threaded() } {
-                Ok(ForkResult::Child) => supervisor(sock, sigfd, fds, pair, pool),
+                Ok(ForkResult::Child) => supervisor(sock, sigfd, fds, set, pool),
                 Ok(ForkResult::Parent { child }) => {
                     children.insert(child.as_raw());
                     Ok(child.as_raw())
                 }
                 Err(e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
             };
-            // The pair is the supervisor's alone: the spawner's copy goes.
-            drop(pair);
+            // The set is the supervisor's alone: the spawner's copy goes.
+            drop(set);
             reply(sock, Reply::Forked { id, result })?;
             if netns {
                 // SAFETY: the spawner is single-threaded (`serve`'s
@@ -340,16 +340,16 @@ fn answer(
 
 /// The forked child: become the job's supervisor.
 /// `fds` holds [`FORK_FDS`] descriptors, or one more (the egress socket);
-/// `pair`, the namespaces of the pool this job alone enters.
+/// `set`, the namespaces of the pool this job alone enters.
 fn supervisor(
     sock: &OwnedFd,
     sigfd: &SignalFd,
     fds: Vec<OwnedFd>,
-    pair: Option<NsPair>,
+    set: Option<NsSet>,
     pool: &Pool,
 ) -> ! {
     // First thing: nothing of the spawner reaches the job (nor the pool's
-    // other pairs, which are other jobs').
+    // other sets, which are other jobs').
     // SAFETY: these are the spawner's own descriptors, open, and this
     // child never uses them again (the borrowed owners are never dropped:
     // the child leaves by `exit`).
@@ -388,7 +388,14 @@ fn supervisor(
         status: Some(status.into_raw_fd()),
         spec: spec.into_raw_fd(),
         egress: egress.map(IntoRawFd::into_raw_fd),
-        namespaces: pair.map(|p| (p.user.into_raw_fd(), p.net.into_raw_fd())),
+        namespaces: set.map(|s| {
+            [
+                s.user.into_raw_fd(),
+                s.net.into_raw_fd(),
+                s.ipc.into_raw_fd(),
+                s.mnt.into_raw_fd(),
+            ]
+        }),
     };
     std::process::exit(crate::trampoline::run_reporting(Ok(spec)))
 }

@@ -108,10 +108,10 @@ pub struct Spec {
     /// With egress by name: a Unix socket on which the job's init sends the
     /// agent the proxy's listening socket (`SCM_RIGHTS`).
     pub egress: Option<RawFd>,
-    /// A user namespace and the network namespace it owns, from the
-    /// spawner's pool ([`crate::nspool`]), for this job alone (only a fork
-    /// of the spawner has them).
-    pub namespaces: Option<(RawFd, RawFd)>,
+    /// A user namespace and the network, IPC and mount namespaces it owns,
+    /// from the spawner's pool ([`crate::nspool`]), for this job alone
+    /// (only a fork of the spawner has them).
+    pub namespaces: Option<[RawFd; 4]>,
 }
 
 /// Errors of the trampoline's setup, each naming its step.
@@ -223,7 +223,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         .iter()
         .chain(spec.status.iter())
         .chain(spec.egress.iter())
-        .chain(spec.namespaces.iter().flat_map(|(u, n)| [u, n]))
+        .chain(spec.namespaces.iter().flatten())
         .chain(std::iter::once(&spec.spec))
         .copied()
         .collect();
@@ -240,11 +240,13 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     // SAFETY: as above.
     let egress: Option<OwnedFd> = spec.egress.map(|fd| unsafe { sys::own_inherited_fd(fd) });
     #[cfg(target_os = "linux")]
-    // SAFETY: as above (the spawner's fork passes the pair's numbers).
-    let pair = spec.namespaces.map(|(user, net)| unsafe {
-        crate::nspool::NsPair {
+    // SAFETY: as above (the spawner's fork passes the set's numbers).
+    let set = spec.namespaces.map(|[user, net, ipc, mnt]| unsafe {
+        crate::nspool::NsSet {
             user: sys::own_inherited_fd(user),
             net: sys::own_inherited_fd(net),
+            ipc: sys::own_inherited_fd(ipc),
+            mnt: sys::own_inherited_fd(mnt),
         }
     });
     for fd in lifeline
@@ -318,14 +320,14 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
             cwd: &cwd,
             exec: &exec,
             egress,
-            pair,
+            set,
         };
         return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
     }
     // Only a sandboxed plan has egress by name (or pooled namespaces).
     drop(egress);
     #[cfg(target_os = "linux")]
-    drop(pair);
+    drop(set);
     // A degraded `allow_hosts` job: no namespaces, but no network either.
     let net_filters = if job.deny_network {
         Some(network_denial()?)
@@ -470,8 +472,8 @@ struct Job<'a> {
     exec: &'a Exec,
     /// Where the egress listener goes (`--egress`).
     egress: Option<OwnedFd>,
-    /// The pool's namespaces for this job, if the spawner had a pair.
-    pair: Option<crate::nspool::NsPair>,
+    /// The pool's namespaces for this job, if the spawner had a set.
+    set: Option<crate::nspool::NsSet>,
 }
 
 /// The sandboxed path: an init in new namespaces confines itself and forks
@@ -492,17 +494,20 @@ fn sandboxed(
         nix::unistd::getgid().as_raw(),
     );
     let mut flags = crate::linux::namespace_flags(job.plan);
-    // A pair of the spawner's pool replaces the two namespaces that cost
-    // most to make: the init is cloned from inside them (in new mount, PID
-    // and IPC namespaces), holding its capabilities there as after a
-    // fresh clone; the ids are mapped already.
+    // A set of the spawner's pool replaces every namespace but the PID
+    // namespace: the init is cloned from inside its user and network
+    // namespaces into a new PID namespace and enters the IPC and mount
+    // namespaces itself, holding its capabilities there as after a fresh
+    // clone; the ids are mapped already.
     let mut ids = Some((uid, gid));
-    let entered = match job.pair.take() {
-        Some(pair) if flags & libc::CLONE_NEWNET != 0 => pair.enter().map(|()| {
-            flags &= !(libc::CLONE_NEWUSER | libc::CLONE_NEWNET);
+    let mut init_ns = None;
+    let entered = match job.set.take() {
+        Some(set) if flags & libc::CLONE_NEWNET != 0 => set.enter().map(|ns| {
+            flags = libc::CLONE_NEWPID;
             ids = None;
+            init_ns = Some(ns);
         }),
-        // A job without a namespace of its own leaves the pair unused.
+        // A job without a namespace of its own leaves the set unused.
         _ => Ok(()),
     };
     // SAFETY: `run` is documented to be called single-threaded.
@@ -511,7 +516,7 @@ fn sandboxed(
         Ok(None) => {
             drop(exec_r);
             drop(ctl);
-            let code = job_init(job, ids, exec_w, ctl_init);
+            let code = job_init(job, ids, init_ns, exec_w, ctl_init);
             std::process::exit(code);
         }
         Err(e) => {
@@ -527,8 +532,9 @@ fn sandboxed(
     };
     drop(exec_w);
     drop(ctl_init);
-    // The init has its own copy; the supervisor never needs it.
+    // The init has its own copies; the supervisor never needs them.
     drop(job.egress);
+    drop(init_ns);
     if report_start(&mut exec_r, &mut status, || program_of(init)).is_err() {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
         let _ = waitpid(init, None);
@@ -587,6 +593,7 @@ fn program_of(init: Pid) -> Option<Pid> {
 fn job_init(
     job: Job<'_>,
     ids: Option<(u32, u32)>,
+    pooled: Option<crate::nspool::InitNs>,
     exec_w: OwnedFd,
     mut ctl: std::os::unix::net::UnixStream,
 ) -> i32 {
@@ -600,8 +607,13 @@ fn job_init(
         cwd,
         exec,
         egress,
-        pair: _,
+        set: _,
     } = job;
+    if let Some(ns) = pooled {
+        if let Err(e) = ns.enter() {
+            return fail(&mut w, crate::linux::Step::Namespaces, &e);
+        }
+    }
     let prep = match crate::linux::build_root(plan, ids, exec.tty, cwd) {
         Ok(p) => p,
         Err((step, e)) => return fail(&mut w, step, &e),

@@ -2602,15 +2602,19 @@ both!(
     }
 );
 
-/// The namespace links (`net:[N]`, `user:[N]`) the process `pid` holds
-/// open (the spawner's namespace pool).
+/// The namespace links (`net:[N]`, `user:[N]`, `ipc:[N]`, `mnt:[N]`) the
+/// process `pid` holds open (the spawner's namespace pool).
 fn held_namespaces(pid: u32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
             d.flatten()
                 .filter_map(|f| std::fs::read_link(f.path()).ok())
                 .map(|l| l.to_string_lossy().into_owned())
-                .filter(|l| l.starts_with("net:[") || l.starts_with("user:["))
+                .filter(|l| {
+                    ["net:[", "user:[", "ipc:[", "mnt:["]
+                        .iter()
+                        .any(|n| l.starts_with(n))
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -2631,10 +2635,11 @@ fn spawner_of(agent: u32) -> u32 {
         .expect("the agent's spawner")
 }
 
-// 52. Namespaces made ahead (the spawner's pool of user + network
-// namespaces) are never shared: ten jobs with a network namespace of their
-// own, alive together (six started one after another, four at once), are
-// each in a user and a network namespace of their own, none the host's; a
+// 52. Namespaces made ahead (the spawner's pool of user, network, IPC and
+// mount namespaces) are never shared: ten jobs with a network namespace of
+// their own, alive together (six started one after another, four at once),
+// are each in a user, network, IPC and mount namespace of their own, none
+// the host's; a
 // pair the spawner held is the next job's and then gone from the pool (so
 // the pool is what was tested); the uid is the agent's. Control: a job
 // with `network: "allow"` is in the host's network namespace.
@@ -2648,11 +2653,21 @@ both!(
             .unwrap()
             .to_string_lossy()
             .into_owned();
+        let host: Vec<String> = ["net", "user", "ipc", "mnt"]
+            .iter()
+            .map(|n| {
+                std::fs::read_link(format!("/proc/{}/ns/{n}", e.agent_pid))
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
         let spawner = spawner_of(e.agent_pid);
         let start = |i: usize, intent: SandboxIntent| {
             let script = format!(
-                "{{ readlink /proc/self/ns/net /proc/self/ns/user; id -u; }} > ns.{i}.tmp \
-             && mv ns.{i}.tmp ns.{i}; exec sleep 30"
+                "{{ readlink /proc/self/ns/net /proc/self/ns/user /proc/self/ns/ipc \
+             /proc/self/ns/mnt; id -u; }} > ns.{i}.tmp && mv ns.{i}.tmp ns.{i}; \
+             exec sleep 30"
             );
             let mut p = ProcessStartParams::new(
                 vec!["/bin/sh".into(), "-c".into(), script],
@@ -2698,10 +2713,10 @@ both!(
         for i in 0..10 {
             let out = read(i).await;
             let lines: Vec<&str> = out.lines().collect();
-            assert_eq!(lines.len(), 3, "{out}");
-            assert_eq!(lines[2], e.uid.to_string(), "the agent's uid: {out}");
-            for l in &lines[..2] {
-                assert_ne!(*l, host_net, "{out}");
+            assert_eq!(lines.len(), 5, "{out}");
+            assert_eq!(lines[4], e.uid.to_string(), "the agent's uid: {out}");
+            for l in &lines[..4] {
+                assert!(!host.contains(&l.to_string()), "the host's {l}: {out}");
                 assert!(!seen.iter().any(|s| s == l), "{l} shared by two jobs");
                 seen.push(l.to_string());
             }
