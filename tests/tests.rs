@@ -29,6 +29,8 @@ mod fuzzish;
 mod hardening;
 #[path = "suite/http.rs"]
 mod http;
+#[path = "suite/pool.rs"]
+mod pool;
 #[path = "suite/process.rs"]
 mod process;
 #[path = "suite/read_into.rs"]

@@ -1,25 +1,26 @@
 //! Namespaces made ahead: the spawner's pool of namespace sets for the
 //! jobs that get a network namespace of their own.
 //!
-//! Creating namespaces is most of a sandboxed start's namespace work (a
-//! network namespace's loopback device and sysctl tables, a mount
-//! namespace's copy of the mount table, an IPC namespace's sysctls: about
-//! 0.9 ms of the `clone` here). The spawner keeps up to [`TARGET`] sets
-//! made before any job asks, each a fresh user namespace with the agent's
-//! uid and gid mapped (`setgroups` denied) and a network (`lo` down), IPC
-//! and mount namespace it owns, nothing in any of them (the mount
-//! namespace is a copy of the agent's mount table, its mounts slaves of
-//! the host's: mounts made on the host meanwhile still appear in it). A
-//! set is handed to exactly one job: its supervisor enters the user and
-//! network namespaces (`setns`) and creates the job's init in a new PID
-//! namespace from there; the init enters the IPC and mount namespaces
-//! first thing, and holds its capabilities over all of them, as after a
-//! fresh `clone`. The spawner closes its copy at the fork, every other
-//! process it forks closes what it inherited of the pool first thing, and
-//! a set is never made twice: nothing of one job is ever in another's
-//! namespaces.
+//! Creating namespaces is much of a sandboxed start's namespace work (a
+//! network namespace's loopback device and sysctl tables, an IPC
+//! namespace's sysctls: about 0.7 ms of the `clone` here). The spawner
+//! keeps up to [`TARGET`] sets made before any job asks, each a fresh user
+//! namespace with the agent's uid and gid mapped (`setgroups` denied) and
+//! a network (`lo` down) and IPC namespace it owns, nothing in any of
+//! them: none holds anything of the host's that could change between the
+//! making and the job. (A mount namespace does: one copied ahead is the
+//! host's mount table as it was then, without a read-only remount, a
+//! cover or an unmount made since; so the job's mount namespace is always
+//! new, copied when its init is cloned.) A set is handed to exactly one
+//! job: its supervisor enters the user and network namespaces (`setns`)
+//! and clones the job's init into new PID and mount namespaces from there;
+//! the init enters the IPC namespace first thing, and holds its
+//! capabilities over all of them, as after a fresh `clone`. The spawner
+//! closes its copy at the fork, every other process it forks closes what
+//! it inherited of the pool first thing, and a set is never made twice:
+//! nothing of one job is ever in another's namespaces.
 //!
-//! A maker is a short-lived child of the spawner: it unshares the four
+//! A maker is a short-lived child of the spawner: it unshares the three
 //! namespaces, writes its maps, sends the namespace descriptors over a
 //! `SOCK_SEQPACKET` socket pair and exits. The spawner refills while idle; a job
 //! that finds the pool empty gets fresh namespaces from its own `clone`,
@@ -40,21 +41,19 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 /// set is being replaced.
 pub const TARGET: usize = 2;
 
-/// A user namespace and the network, IPC and mount namespaces it owns, as
+/// A user namespace and the network and IPC namespaces it owns, as
 /// descriptors.
 #[derive(Debug)]
 pub struct NsSet {
     pub user: OwnedFd,
     pub net: OwnedFd,
     pub ipc: OwnedFd,
-    pub mnt: OwnedFd,
 }
 
-/// The namespaces of a set the job's init enters itself.
+/// The namespace of a set the job's init enters itself.
 #[derive(Debug)]
 pub struct InitNs {
     ipc: OwnedFd,
-    mnt: OwnedFd,
 }
 
 impl NsSet {
@@ -64,19 +63,15 @@ impl NsSet {
     pub fn enter(self) -> io::Result<InitNs> {
         nix::sched::setns(self.user.as_fd(), CloneFlags::CLONE_NEWUSER)?;
         nix::sched::setns(self.net.as_fd(), CloneFlags::CLONE_NEWNET)?;
-        Ok(InitNs {
-            ipc: self.ipc,
-            mnt: self.mnt,
-        })
+        Ok(InitNs { ipc: self.ipc })
     }
 }
 
 impl InitNs {
-    /// In the init: enter the IPC and mount namespaces (the supervisor
-    /// stays in the host's mount namespace: the init pivots its own).
+    /// In the init: enter the IPC namespace (the supervisor never shares
+    /// the job's).
     pub fn enter(self) -> io::Result<()> {
         nix::sched::setns(self.ipc.as_fd(), CloneFlags::CLONE_NEWIPC)?;
-        nix::sched::setns(self.mnt.as_fd(), CloneFlags::CLONE_NEWNS)?;
         Ok(())
     }
 }
@@ -106,14 +101,7 @@ impl Pool {
     pub fn descriptors(&self) -> Vec<RawFd> {
         self.ready
             .iter()
-            .flat_map(|p| {
-                [
-                    p.user.as_raw_fd(),
-                    p.net.as_raw_fd(),
-                    p.ipc.as_raw_fd(),
-                    p.mnt.as_raw_fd(),
-                ]
-            })
+            .flat_map(|p| [p.user.as_raw_fd(), p.net.as_raw_fd(), p.ipc.as_raw_fd()])
             .chain(self.making.iter().map(|s| s.as_raw_fd()))
             .collect()
     }
@@ -166,18 +154,11 @@ impl Pool {
             return;
         };
         let mut tag = [0u8; 1];
-        match sys::recv_fds::<4>(sock.as_fd(), &mut tag, MsgFlags::empty()) {
-            Ok(m) if m.bytes == 1 && tag == *b"N" && !m.truncated && m.fds.len() == 4 => {
+        match sys::recv_fds::<3>(sock.as_fd(), &mut tag, MsgFlags::empty()) {
+            Ok(m) if m.bytes == 1 && tag == *b"N" && !m.truncated && m.fds.len() == 3 => {
                 let mut fds = m.fds.into_iter();
-                if let (Some(user), Some(net), Some(ipc), Some(mnt)) =
-                    (fds.next(), fds.next(), fds.next(), fds.next())
-                {
-                    self.ready.push(NsSet {
-                        user,
-                        net,
-                        ipc,
-                        mnt,
-                    });
+                if let (Some(user), Some(net), Some(ipc)) = (fds.next(), fds.next(), fds.next()) {
+                    self.ready.push(NsSet { user, net, ipc });
                 }
             }
             _ => self.off = true,
@@ -185,14 +166,11 @@ impl Pool {
     }
 }
 
-/// In the maker: new user, network, IPC and mount namespaces, the ids
-/// mapped, all four sent to the spawner.
+/// In the maker: new user, network and IPC namespaces, the ids mapped,
+/// all three sent to the spawner.
 fn make(uid: u32, gid: u32, to: BorrowedFd<'_>) -> io::Result<()> {
     nix::sched::unshare(
-        CloneFlags::CLONE_NEWUSER
-            | CloneFlags::CLONE_NEWNET
-            | CloneFlags::CLONE_NEWIPC
-            | CloneFlags::CLONE_NEWNS,
+        CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC,
     )?;
     crate::linux::write_id_maps(uid, gid)?;
     let open = |p: &str| -> io::Result<OwnedFd> {
@@ -205,11 +183,10 @@ fn make(uid: u32, gid: u32, to: BorrowedFd<'_>) -> io::Result<()> {
     let user = open("/proc/self/ns/user")?;
     let net = open("/proc/self/ns/net")?;
     let ipc = open("/proc/self/ns/ipc")?;
-    let mnt = open("/proc/self/ns/mnt")?;
     sys::send_fds(
         to,
         b"N",
-        &[user.as_fd(), net.as_fd(), ipc.as_fd(), mnt.as_fd()],
+        &[user.as_fd(), net.as_fd(), ipc.as_fd()],
         MsgFlags::empty(),
     )?;
     Ok(())

@@ -393,7 +393,6 @@ fn supervisor(
                 s.user.into_raw_fd(),
                 s.net.into_raw_fd(),
                 s.ipc.into_raw_fd(),
-                s.mnt.into_raw_fd(),
             ]
         }),
     };
@@ -450,7 +449,9 @@ mod tests {
         assert_eq!(Request::decode(&encode(b'K', 0, 0)), None, "pid 0");
         assert_eq!(Request::decode(&encode(b'K', 1 << 40, 0)), None);
         assert_eq!(Request::decode(&encode(b'Z', 1, 0)), None);
-        assert_eq!(Request::decode(&encode(b'F', 1, 2)), None, "egress 2");
+        for bad in [4, 7, -1, i32::MIN] {
+            assert_eq!(Request::decode(&encode(b'F', 1, bad)), None, "flags {bad}");
+        }
         assert_eq!(
             Reply::decode(&encode(b'F', 1, 0)),
             None,

@@ -108,10 +108,10 @@ pub struct Spec {
     /// With egress by name: a Unix socket on which the job's init sends the
     /// agent the proxy's listening socket (`SCM_RIGHTS`).
     pub egress: Option<RawFd>,
-    /// A user namespace and the network, IPC and mount namespaces it owns,
-    /// from the spawner's pool ([`crate::nspool`]), for this job alone
-    /// (only a fork of the spawner has them).
-    pub namespaces: Option<[RawFd; 4]>,
+    /// A user namespace and the network and IPC namespaces it owns, from
+    /// the spawner's pool ([`crate::nspool`]), for this job alone (only a
+    /// fork of the spawner has them).
+    pub namespaces: Option<[RawFd; 3]>,
 }
 
 /// Errors of the trampoline's setup, each naming its step.
@@ -241,12 +241,11 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let egress: Option<OwnedFd> = spec.egress.map(|fd| unsafe { sys::own_inherited_fd(fd) });
     #[cfg(target_os = "linux")]
     // SAFETY: as above (the spawner's fork passes the set's numbers).
-    let set = spec.namespaces.map(|[user, net, ipc, mnt]| unsafe {
+    let set = spec.namespaces.map(|[user, net, ipc]| unsafe {
         crate::nspool::NsSet {
             user: sys::own_inherited_fd(user),
             net: sys::own_inherited_fd(net),
             ipc: sys::own_inherited_fd(ipc),
-            mnt: sys::own_inherited_fd(mnt),
         }
     });
     for fd in lifeline
@@ -494,16 +493,17 @@ fn sandboxed(
         nix::unistd::getgid().as_raw(),
     );
     let mut flags = crate::linux::namespace_flags(job.plan);
-    // A set of the spawner's pool replaces every namespace but the PID
-    // namespace: the init is cloned from inside its user and network
-    // namespaces into a new PID namespace and enters the IPC and mount
-    // namespaces itself, holding its capabilities there as after a fresh
-    // clone; the ids are mapped already.
+    // A set of the spawner's pool replaces the user, network and IPC
+    // namespaces: the init is cloned from inside its user and network
+    // namespaces into new PID and mount namespaces (the mount namespace is
+    // never made ahead: it is a copy of the host's mount table as it is
+    // now) and enters the IPC namespace itself, holding its capabilities
+    // there as after a fresh clone; the ids are mapped already.
     let mut ids = Some((uid, gid));
     let mut init_ns = None;
     let entered = match job.set.take() {
         Some(set) if flags & libc::CLONE_NEWNET != 0 => set.enter().map(|ns| {
-            flags = libc::CLONE_NEWPID;
+            flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
             ids = None;
             init_ns = Some(ns);
         }),

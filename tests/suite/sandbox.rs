@@ -2635,14 +2635,14 @@ fn spawner_of(agent: u32) -> u32 {
         .expect("the agent's spawner")
 }
 
-// 52. Namespaces made ahead (the spawner's pool of user, network, IPC and
-// mount namespaces) are never shared: ten jobs with a network namespace of
-// their own, alive together (six started one after another, four at once),
-// are each in a user, network, IPC and mount namespace of their own, none
-// the host's; a
-// pair the spawner held is the next job's and then gone from the pool (so
-// the pool is what was tested); the uid is the agent's. Control: a job
-// with `network: "allow"` is in the host's network namespace.
+// 52. Namespaces made ahead (the spawner's pool of user, network and IPC
+// namespaces) are never shared: ten jobs with a network namespace of their
+// own, alive together (six started one after another, four at once), are
+// each in a user, network, IPC and mount namespace of their own, none the
+// agent's; a set the spawner held is the next job's and then gone from
+// the pool (so the pool is what was tested); the uid is the agent's.
+// Control: a job with `network: "allow"` is in the host's network
+// namespace. (tests/suite/pool.rs: what the host mounts meanwhile.)
 both!(
     c52_pooled_namespaces_are_never_shared,
     |e: Env| async move {
@@ -2741,3 +2741,73 @@ both!(
         }
     }
 );
+
+// 53. The request's cwd is entered inside the job's root only: a job
+// flips a name in its write root between a directory and a magic link
+// into the init's pre-pivot tree (`/proc/self/fd/N/../../..`, N among the
+// descriptors the init holds while it builds the root); a second job whose
+// cwd is that name never starts outside its root (no host /proc, no
+// deny_read carve-out read), whichever of the two it finds. Control: the
+// same job with the directory as cwd runs there. (Found by a review: the
+// init entered cwd with a plain chdir, which follows magic links.)
+both!(c53_cwd_never_leaves_the_root, |e: Env| async move {
+    std::fs::create_dir_all(e.ws.join("real")).unwrap();
+    if e.uid != current_uid() {
+        chown_r(&e.ws, e.uid);
+    }
+    let ws = e.ws.display().to_string();
+    let flip = format!(
+        "cd {ws}; end=$(($(date +%s)+20)); while [ $(date +%s) -lt $end ]; do \
+         for n in 3 4 5 6 7 8; do ln -sfn {ws}/real l1; mv -T l1 c; \
+         ln -sfn /proc/self/fd/$n/../../.. l2; mv -T l2 c; done; done"
+    );
+    let mut p = ProcessStartParams::new(
+        vec!["/bin/sh".into(), "-c".into(), flip],
+        wp(&e.ws),
+        path_env(),
+    );
+    p.sandbox = Some(e.ws_write());
+    let flipper = e.c.start(&p).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let secret = e.outside.join("secret");
+    let mut i = e.ws_write();
+    i.filesystem.deny_read = vec![wp(&e.outside)];
+    let probe = format!(
+        "pwd; ls /proc | grep -c '^[0-9]'; cat {} .{} 2>&1; echo end",
+        secret.display(),
+        secret.display()
+    );
+    let (mut started, mut refused) = (0, 0);
+    for _ in 0..30 {
+        let r =
+            e.c.exec_command(&exec_params(
+                vec!["/bin/sh".into(), "-c".into(), probe.clone()],
+                &e.ws.join("c"),
+                Some(i.clone()),
+            ))
+            .await;
+        match r {
+            Ok(r) => {
+                started += 1;
+                assert!(!r.output.contains("OUTSIDE-SECRET"), "{}", r.output);
+                // Only the job's own processes (its shell, ls, grep).
+                let pids: u32 = r
+                    .output
+                    .lines()
+                    .nth(1)
+                    .and_then(|l| l.trim().parse().ok())
+                    .unwrap_or(0);
+                assert!(pids <= 4, "the host's /proc: {}", r.output);
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    flipper
+        .signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .ok();
+    assert!(started + refused == 30);
+    let (out, code) = e.sh(Some(e.ws_write()), "cd real && pwd").await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.trim().ends_with("/real"), "control: {out}");
+});
