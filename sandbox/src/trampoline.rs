@@ -810,8 +810,12 @@ fn supervise(main: Pid, lifeline: Option<&OwnedFd>, sigfd: &SignalFd) -> i32 {
         let agent_gone = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| {
             r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLIN)
         });
-        // Drain the signalfd; exits are collected by `main_exited`.
+        // Drain the signalfd; the main process's exit is collected by
+        // `main_exited` (first: its exit needs no look at the others).
         while let Ok(Some(_)) = sigfd.read_signal() {}
+        if let Some(raw) = main_exited(main) {
+            return raw;
+        }
         reap_others(main);
         if agent_gone {
             kill_job(main);
@@ -821,13 +825,15 @@ fn supervise(main: Pid, lifeline: Option<&OwnedFd>, sigfd: &SignalFd) -> i32 {
 }
 
 /// If the main process has exited: kill its group while it is still a
-/// zombie (so its pgid cannot have been reused), clean up, and reap it.
+/// zombie (so its pgid cannot have been reused), reap it, and clean up.
 fn main_exited(main: Pid) -> Option<i32> {
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
     match waitid(Id::Pid(main), flags) {
         Ok(WaitStatus::StillAlive) => None,
         Ok(_) => {
-            kill_job(main);
+            // Its descendants outside the group were re-parented to this
+            // subreaper when it exited: `reap_main` kills and reaps them.
+            let _ = killpg(main, Signal::SIGKILL);
             Some(reap_main(main))
         }
         Err(_) => Some(0),
@@ -853,6 +859,12 @@ fn reap_main(main: Pid) -> i32 {
             Err(_) => break 0,
         }
     };
+    // No child left (the common end of a job): nothing else to kill. The
+    // main process's children were re-parented to this subreaper when it
+    // exited, so any live descendant has a live ancestor that is our child.
+    if let Err(nix::errno::Errno::ECHILD) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        return raw;
+    }
     // Everything else dies: kill what is re-parented to us, reap, repeat
     // (killing a parent re-parents its children to us) until none is left.
     for _ in 0..10_000 {

@@ -334,6 +334,38 @@ pub async fn every_signal_name_is_delivered_to_the_group_on(c: &Client) {
     assert_eq!(&ch.data[..], b"b\n");
 }
 
+/// The main process exits on its own, leaving a child in its group and a
+/// grandchild in a session of its own (`setsid`, re-parented to the
+/// supervisor): both are killed once the exit is collected, and the exit
+/// status is the main process's.
+#[tokio::test]
+async fn what_the_main_process_leaves_behind_dies_when_it_exits() {
+    let c = local_client().await;
+    let mut proc = c
+        .start(&params(&[
+            "sh",
+            "-c",
+            "sleep 1000 & echo $!; setsid sh -c 'sleep 1000 & echo $!; wait' & sleep 0.3; exit 7",
+        ]))
+        .await
+        .unwrap();
+    let mut out = String::new();
+    while out.lines().count() < 2 {
+        let ch = proc.next_output().await.unwrap().unwrap();
+        out.push_str(&String::from_utf8_lossy(&ch.data));
+    }
+    let pids: Vec<u32> = out.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert!(pids.iter().all(|p| alive(*p)), "{pids:?}");
+    let st = proc.wait().await.unwrap();
+    assert_eq!(st.code, Some(7), "{st:?}");
+    for p in pids {
+        assert!(
+            wait_dead(p, Duration::from_secs(5)).await,
+            "{p} survived the job"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_grandchild_dies_with_its_group() {
     let c = local_client().await;
