@@ -43,7 +43,7 @@ use seccompiler::{
     SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
 };
 use std::collections::BTreeMap;
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -562,16 +562,21 @@ fn stage(tree: OwnedFd) -> StepResult<OwnedFd> {
     openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))
 }
 
-/// A small tmpfs at `/dev` of `root` (made read-only once populated).
-fn mount_dev_tmpfs(root: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let (dir, _) = ensure(root, Path::new("dev"), false)?;
+/// A new tmpfs (no exec) of `mode` and `size` at the directory `rel`
+/// beneath `dir`, made if missing.
+fn tmpfs_at(dir: BorrowedFd<'_>, rel: &str, mode: &CStr, size: &CStr) -> io::Result<()> {
+    let (target, _) = ensure(dir, Path::new(rel), false)?;
     let m = sys::new_mount(
         c"tmpfs",
-        &[(c"mode", c"0755"), (c"size", c"64k")],
+        &[(c"mode", mode), (c"size", size)],
         RW | sys::MOUNT_ATTR_NOEXEC,
     )?;
-    sys::attach(m.as_fd(), dir.as_fd())?;
-    drop(dir);
+    sys::attach(m.as_fd(), target.as_fd())
+}
+
+/// A small tmpfs at `/dev` of `root` (made read-only once populated).
+fn mount_dev_tmpfs(root: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    tmpfs_at(root, "dev", c"0755", c"64k")?;
     Ok(openat2(
         root,
         "dev",
@@ -744,13 +749,7 @@ fn make_dev(
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }
-    let (shm, _) = ensure(dev, Path::new("shm"), false)?;
-    let m = sys::new_mount(
-        c"tmpfs",
-        &[(c"mode", c"1777"), (c"size", c"64m")],
-        RW | sys::MOUNT_ATTR_NOEXEC,
-    )?;
-    sys::attach(m.as_fd(), shm.as_fd())?;
+    tmpfs_at(dev, "shm", c"1777", c"64m")?;
     for (name, to) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -872,6 +871,14 @@ fn types_except(allowed: &[u64], extra: &[SeccompCondition]) -> io::Result<Vec<S
     Ok(out)
 }
 
+/// This build's `AUDIT_ARCH_*` (`seccomp_data.arch` of a native syscall).
+#[cfg(target_arch = "x86_64")]
+pub const NATIVE_AUDIT_ARCH: u32 = 0xc000_003e;
+#[cfg(target_arch = "aarch64")]
+pub const NATIVE_AUDIT_ARCH: u32 = 0xc000_00b7;
+#[cfg(target_arch = "riscv64")]
+pub const NATIVE_AUDIT_ARCH: u32 = 0xc000_00f3;
+
 /// The head of the job's one seccomp program, checks seccompiler cannot
 /// express (it checks only the architecture, and gives one action to all
 /// its rules), falling through to the rule list after it:
@@ -892,14 +899,9 @@ pub fn program_head() -> Vec<seccompiler::sock_filter> {
     const JEQ_K: u16 = 0x15;
     const RET_K: u16 = 0x06;
     let ins = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
-    // The native architecture (AUDIT_ARCH_*): any other (a compat ABI)
-    // is killed before a number is looked at.
-    #[cfg(target_arch = "x86_64")]
-    const NATIVE: u32 = 0xc000_003e;
-    #[cfg(target_arch = "aarch64")]
-    const NATIVE: u32 = 0xc000_00b7;
-    #[cfg(target_arch = "riscv64")]
-    const NATIVE: u32 = 0xc000_00f3;
+    // The native architecture: any other (a compat ABI) is killed before a
+    // number is looked at.
+    const NATIVE: u32 = NATIVE_AUDIT_ARCH;
     let mut head = vec![
         ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
         ins(JEQ_K, 1, 0, NATIVE),
@@ -1362,12 +1364,7 @@ mod tests {
 
     #[test]
     fn the_number_dispatch_changes_no_answer_and_shortens_the_path() {
-        #[cfg(target_arch = "x86_64")]
-        const NATIVE: u32 = 0xc000_003e;
-        #[cfg(target_arch = "aarch64")]
-        const NATIVE: u32 = 0xc000_00b7;
-        #[cfg(target_arch = "riscv64")]
-        const NATIVE: u32 = 0xc000_00f3;
+        const NATIVE: u32 = NATIVE_AUDIT_ARCH;
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             rng ^= rng << 13;

@@ -526,6 +526,40 @@ pub fn raw_pty_reader(
     (pty.slave, reader)
 }
 
+/// The command that starts an agent as uid 65534 (through `setpriv`) when
+/// `unprivileged` and this process is root, else as this process's user;
+/// and the uid it runs as.
+pub fn agent_command(unprivileged: bool) -> (tokio::process::Command, u32) {
+    if unprivileged && current_uid() == 0 {
+        let mut c = tokio::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(executor_bin_for_any_user());
+        (c, 65534)
+    } else {
+        (tokio::process::Command::new(executor_bin()), current_uid())
+    }
+}
+
+/// `both!(name, |unprivileged: bool| async move { ... })`: the body as two
+/// tests, `name::as_root` (`false`) and `name::as_unprivileged_user`
+/// (`true`), for suites whose agents [`agent_command`] starts.
+#[macro_export]
+macro_rules! root_and_unprivileged {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn as_root() {
+                ($body)(false).await;
+            }
+            #[tokio::test]
+            async fn as_unprivileged_user() {
+                ($body)(true).await;
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod prerequisite_tests {
     #[test]

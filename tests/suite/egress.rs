@@ -157,21 +157,7 @@ fn find<'a>(
     ds.iter().find(|d| d.host == host && d.decision == decision)
 }
 
-macro_rules! both {
-    ($name:ident, $body:expr) => {
-        mod $name {
-            use super::*;
-            #[tokio::test]
-            async fn as_root() {
-                ($body)(false).await;
-            }
-            #[tokio::test]
-            async fn as_unprivileged_user() {
-                ($body)(true).await;
-            }
-        }
-    };
-}
+use executor_tests::root_and_unprivileged as both;
 
 // An allowed name works over the HTTP proxy (curl, urllib), CONNECT with
 // TLS (curl, urllib) and SOCKS5 (curl, remote names); another name is

@@ -30,16 +30,7 @@ fn is_root() -> bool {
 }
 
 async fn env(unprivileged: bool) -> Env {
-    let drop = unprivileged && is_root();
-    let uid = if drop { 65534 } else { current_uid() };
-    let mut cmd = if drop {
-        let mut c = tokio::process::Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(executor_bin_for_any_user());
-        c
-    } else {
-        tokio::process::Command::new(executor_bin())
-    };
+    let (mut cmd, uid) = agent_command(unprivileged);
     cmd.current_dir("/");
     let c = Client::spawn(cmd, ClientOptions::default())
         .await
@@ -117,21 +108,7 @@ fn base(tag: &str, uid: u32) -> PathBuf {
     b
 }
 
-macro_rules! both {
-    ($name:ident, $body:expr) => {
-        mod $name {
-            use super::*;
-            #[tokio::test]
-            async fn as_root() {
-                ($body)(false).await;
-            }
-            #[tokio::test]
-            async fn as_unprivileged_user() {
-                ($body)(true).await;
-            }
-        }
-    };
-}
+use executor_tests::root_and_unprivileged as both;
 
 // 1. The host makes a writable bind mount read-only (remount,bind,ro)
 // after the pool was filled: a pooled job with it as a write root still

@@ -70,19 +70,10 @@ async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     std::fs::write(outside.join("secret"), "OUTSIDE-SECRET\n").unwrap();
     std::os::unix::fs::symlink("../.git/config", ws.join("src/link-to-git-config")).unwrap();
     std::os::unix::fs::symlink("../secrets/key", ws.join("src/link-to-key")).unwrap();
-    let drop = unprivileged && is_root();
-    let uid = if drop { 65534 } else { current_uid() };
-    if drop {
+    let (mut cmd, uid) = agent_command(unprivileged);
+    if uid != current_uid() {
         chown_r(&base, uid);
     }
-    let mut cmd = if drop {
-        let mut c = tokio::process::Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(executor_bin_for_any_user());
-        c
-    } else {
-        tokio::process::Command::new(executor_bin())
-    };
     if let Some(abi) = hook_abi {
         cmd.env("EXECUTOR_TEST_LANDLOCK_ABI", abi.to_string());
     }
