@@ -987,6 +987,10 @@ pub fn number_dispatch(keys: &[(u32, bool)]) -> Option<Vec<seccompiler::sock_fil
     Some(out)
 }
 
+/// `open_tree_attr` (Linux 6.15; the number is the same on every
+/// architecture since 5.1's common table; not in the libc crate yet).
+const SYS_OPEN_TREE_ATTR: libc::c_long = 467;
+
 /// Syscalls refused (EPERM) to every job, whatever its arguments.
 const ALWAYS_DENIED: &[libc::c_long] = &[
     libc::SYS_ptrace,
@@ -1024,6 +1028,7 @@ const ALWAYS_DENIED: &[libc::c_long] = &[
     libc::SYS_fspick,
     libc::SYS_move_mount,
     libc::SYS_open_tree,
+    SYS_OPEN_TREE_ATTR,
     libc::SYS_mount_setattr,
     // Watching what was granted is fine; fanotify needs privileges the
     // job does not have, refused outright for clarity.

@@ -223,6 +223,10 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "bpf")) { union bpf_attr a; memset(&a, 0, sizeof a); return report(syscall(SYS_bpf, BPF_MAP_CREATE, &a, sizeof a)); }
     if (!strcmp(c, "perf")) { struct perf_event_attr a; memset(&a, 0, sizeof a); a.size = sizeof a; a.type = PERF_TYPE_SOFTWARE; return report(syscall(SYS_perf_event_open, &a, 0, -1, -1, 0)); }
     if (!strcmp(c, "userfaultfd")) return report(syscall(SYS_userfaultfd, 0));
+    /* Without OPEN_TREE_CLONE both are an O_PATH open: the kernel allows it
+       to anyone; seccomp refuses the mount API as a whole. */
+    if (!strcmp(c, "open_tree")) return report(syscall(428 /* open_tree */, AT_FDCWD, "/tmp", O_CLOEXEC));
+    if (!strcmp(c, "open_tree_attr")) return report(syscall(467 /* open_tree_attr */, AT_FDCWD, "/tmp", O_CLOEXEC, 0, 0));
     if (!strcmp(c, "kexec")) return report(syscall(SYS_kexec_load, 0, 0, 0, 0));
     if (!strcmp(c, "init_module")) return report(syscall(SYS_init_module, "", 0, ""));
     if (!strcmp(c, "io_uring")) return report(syscall(SYS_io_uring_setup, 1, calloc(1, 256)));
