@@ -206,6 +206,9 @@ pub fn serve() -> io::Result<i32> {
         };
         if made {
             pool.collect();
+            // Up to the pool's target, one maker after another.
+            // SAFETY: the spawner is single-threaded (`serve`'s contract).
+            unsafe { pool.refill() };
         }
         while let Ok(Some(_)) = sigfd.read_signal() {}
         let served = reap(&sock, &mut children)
