@@ -899,12 +899,11 @@ pub fn program_head() -> Vec<seccompiler::sock_filter> {
     const JEQ_K: u16 = 0x15;
     const RET_K: u16 = 0x06;
     let ins = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
-    // The native architecture: any other (a compat ABI) is killed before a
-    // number is looked at.
-    const NATIVE: u32 = NATIVE_AUDIT_ARCH;
     let mut head = vec![
         ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-        ins(JEQ_K, 1, 0, NATIVE),
+        // The native architecture: any other (a compat ABI) is killed
+        // before a number is looked at.
+        ins(JEQ_K, 1, 0, NATIVE_AUDIT_ARCH),
         ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
         ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
     ];
@@ -1369,7 +1368,6 @@ mod tests {
 
     #[test]
     fn the_number_dispatch_changes_no_answer_and_shortens_the_path() {
-        const NATIVE: u32 = NATIVE_AUDIT_ARCH;
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             rng ^= rng << 13;
@@ -1401,9 +1399,9 @@ mod tests {
                 .chain([u32::MAX, 0x8000_0000, 0x3fff_ffff]);
             let mut checked = 0;
             for nr in numbers {
-                for arch in [NATIVE, 0x4000_0003, 0xc000_0028] {
+                for arch in [NATIVE_AUDIT_ARCH, 0x4000_0003, 0xc000_0028] {
                     let mut cases: Vec<[u64; 6]> = vec![[0; 6]];
-                    if arch == NATIVE && nr < 1024 {
+                    if arch == NATIVE_AUDIT_ARCH && nr < 1024 {
                         for i in 0..6 {
                             for &v in &values {
                                 let mut a = [0; 6];
@@ -1425,8 +1423,8 @@ mod tests {
             }
             assert!(checked > 100_000, "{checked}");
             // A syscall without rules is answered after a few comparisons.
-            let (action, steps) = run_bpf(&with, NATIVE, libc::SYS_read as u32, [0; 6]);
-            let (_, before) = run_bpf(&without, NATIVE, libc::SYS_read as u32, [0; 6]);
+            let (action, steps) = run_bpf(&with, NATIVE_AUDIT_ARCH, libc::SYS_read as u32, [0; 6]);
+            let (_, before) = run_bpf(&without, NATIVE_AUDIT_ARCH, libc::SYS_read as u32, [0; 6]);
             assert_eq!(action, 0x7fff_0000);
             assert!(
                 steps <= 20 && steps * 3 < before,

@@ -390,6 +390,43 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
+/// Direct children of `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The command name of `pid` (empty when gone).
+pub fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The agent's spawner: its live child named `executor-spawn`.
+pub fn spawner_of(agent: u32) -> Option<u32> {
+    children(agent)
+        .into_iter()
+        .find(|c| comm(*c) == "executor-spawn" && alive(*c))
+}
+
+/// What each descriptor `pid` holds open points at (`pipe:[N]`,
+/// `net:[N]`, a path), empty when it cannot be read.
+pub fn fd_links(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|l| l.to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Wait up to `within` for `pid` to be gone (or a zombie).
 pub async fn wait_dead(pid: u32, within: Duration) -> bool {
     let deadline = std::time::Instant::now() + within;

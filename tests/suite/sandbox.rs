@@ -2600,37 +2600,17 @@ both!(
     }
 );
 
-/// The namespace links (`net:[N]`, `user:[N]`, `ipc:[N]`, `mnt:[N]`) the
-/// process `pid` holds open (the spawner's namespace pool).
+/// The namespace links (`net:[N]`, `user:[N]`, `ipc:[N]`) the process
+/// `pid` holds open (the spawner's namespace pool).
 fn held_namespaces(pid: u32) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|f| std::fs::read_link(f.path()).ok())
-                .map(|l| l.to_string_lossy().into_owned())
-                .filter(|l| {
-                    ["net:[", "user:[", "ipc:[", "mnt:["]
-                        .iter()
-                        .any(|n| l.starts_with(n))
-                })
-                .collect()
+    fd_links(pid)
+        .into_iter()
+        .filter(|l| {
+            ["net:[", "user:[", "ipc:["]
+                .iter()
+                .any(|n| l.starts_with(n))
         })
-        .unwrap_or_default()
-}
-
-/// The agent's spawner: its child named `executor-spawn`.
-fn spawner_of(agent: u32) -> u32 {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
-        .find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm"))
-                .is_ok_and(|c| c.trim() == "executor-spawn")
-                && std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok()
-                && parent_pid(*p) == agent
-        })
-        .expect("the agent's spawner")
+        .collect()
 }
 
 // 52. Namespaces made ahead (the spawner's pool of user, network and IPC
@@ -2660,7 +2640,7 @@ both!(
                     .into_owned()
             })
             .collect();
-        let spawner = spawner_of(e.agent_pid);
+        let spawner = spawner_of(e.agent_pid).expect("the agent's spawner");
         let start = |i: usize, intent: SandboxIntent| {
             let script = format!(
                 "{{ readlink /proc/self/ns/net /proc/self/ns/user /proc/self/ns/ipc \

@@ -5,7 +5,10 @@
 
 use executor_client::Client;
 use executor_protocol::types::process::{ProcessStartParams, SignalName};
-use executor_tests::{client_with_config, local_client, path_env, RawAgent, WAIT};
+use executor_tests::{
+    alive, children, client_with_config, comm, fd_links, local_client, path_env, spawner_of,
+    RawAgent, WAIT,
+};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -25,40 +28,6 @@ fn sleeper(arg0: &str, secs: &str) -> ProcessStartParams {
     let mut p = ProcessStartParams::new(vec!["sleep".into(), secs.into()], "/", path_env());
     p.arg0 = Some(arg0.into());
     p
-}
-
-/// Direct children of `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
-fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
-
-/// Alive and not a zombie.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next().map(|st| st != "Z"))
-        })
-        .unwrap_or(false)
-}
-
-/// The agent's spawner: its child named `executor-spawn`.
-fn spawner_of(agent: u32) -> Option<u32> {
-    children(agent)
-        .into_iter()
-        .find(|c| comm(*c) == "executor-spawn" && alive(*c))
 }
 
 fn all_pids() -> Vec<u32> {
@@ -84,15 +53,10 @@ fn with_arg0(arg0: &str) -> Vec<u32> {
 
 /// The pipe inodes `pid` holds open.
 fn pipes_of(pid: u32) -> HashSet<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok())
-                .map(|l| l.to_string_lossy().into_owned())
-                .filter(|l| l.starts_with("pipe:"))
-                .collect()
-        })
-        .unwrap_or_default()
+    fd_links(pid)
+        .into_iter()
+        .filter(|l| l.starts_with("pipe:"))
+        .collect()
 }
 
 /// Live processes holding any of `pipes`.
