@@ -924,7 +924,12 @@ mod tests {
         let data: Vec<u8> = (0..len)
             .map(|i| (i % 249) as u8 ^ (i >> 12) as u8)
             .collect();
-        let p = std::env::temp_dir().join(format!("executor-conn-{}-{len}", std::process::id()));
+        // Unique per call: tests of this module run in parallel threads of
+        // one process, and each removes its file once opened.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("executor-conn-{}-{len}-{n}", std::process::id()));
         let mut f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

@@ -1,7 +1,12 @@
 //! `executor sandbox-exec --spawner`: the one small process that forks every
 //! job's supervisor, so that a job costs a fork of a small single-threaded
 //! process plus the exec of the program (no fork of the multithreaded agent,
-//! no reload of the agent binary per job).
+//! no reload of the agent binary per job). The fork happens ahead: after
+//! each start (and at its own start) the spawner forks the next job's
+//! supervisor, a *standby* ([`Standby`], `executor-ready`) that holds
+//! nothing but its own socket and waits there for a job's descriptors; a
+//! start hands them over in one message and forks only when no standby is
+//! alive.
 //!
 //! The agent starts it once (before its async runtime, again after it
 //! died), with an empty environment, cwd `/` and its end of a
@@ -179,6 +184,10 @@ pub fn serve() -> io::Result<i32> {
     // Once here instead of in every job's init (each inherits them).
     #[cfg(target_os = "linux")]
     crate::linux::precompile_seccomp()?;
+    // Read once here, after the last change to this process's signal
+    // dispositions; every supervisor and init inherits the answers.
+    sys::ignored_signals();
+    sys::cap_last_cap();
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     mask.thread_block().map_err(io::Error::from)?;
@@ -186,6 +195,8 @@ pub fn serve() -> io::Result<i32> {
         .map_err(io::Error::from)?;
     let mut children = HashSet::new();
     let mut pool = Pool::default();
+    // SAFETY: the spawner is single-threaded (`serve`'s contract).
+    let mut standby = unsafe { Standby::fork(&sock, &sigfd, &pool) };
     loop {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
@@ -211,8 +222,9 @@ pub fn serve() -> io::Result<i32> {
             unsafe { pool.refill() };
         }
         while let Ok(Some(_)) = sigfd.read_signal() {}
-        let served = reap(&sock, &mut children)
-            .and_then(|()| Ok(!sock_ready || answer(&sock, &sigfd, &mut children, &mut pool)?));
+        let served = reap(&sock, &mut children).and_then(|()| {
+            Ok(!sock_ready || answer(&sock, &sigfd, &mut children, &mut pool, &mut standby)?)
+        });
         match served {
             Ok(true) => {}
             Ok(false) => return Ok(0),
@@ -274,6 +286,7 @@ fn answer(
     sigfd: &SignalFd,
     children: &mut HashSet<i32>,
     pool: &mut Pool,
+    standby: &mut Option<Standby>,
 ) -> io::Result<bool> {
     let mut buf = [0u8; MSG_LEN];
     let msg = match sys::recv_fds::<{ FORK_FDS + 1 }>(sock.as_fd(), &mut buf, MsgFlags::empty()) {
@@ -306,18 +319,33 @@ fn answer(
                 return reply(sock, Reply::Forked { id, result }).map(|()| true);
             }
             let set = if netns { pool.take() } else { None };
-            // SAFETY: the spawner is single-threaded (`serve`'s contract).
-            let result = match unsafe { sys::fork_single_threaded() } {
-                Ok(ForkResult::Child) => supervisor(sock, sigfd, fds, set, pool),
-                Ok(ForkResult::Parent { child }) => {
-                    children.insert(child.as_raw());
-                    Ok(child.as_raw())
-                }
-                Err(e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
+            let handed = standby
+                .take()
+                .and_then(|s| s.hand_over(&fds, egress, set.as_ref()));
+            let result = match handed {
+                Some(pid) => Ok(pid),
+                // SAFETY: the spawner is single-threaded (`serve`'s
+                // contract).
+                None => match unsafe { sys::fork_single_threaded() } {
+                    Ok(ForkResult::Child) => {
+                        close_spawner_fds(sock, sigfd, pool);
+                        supervisor(fds, set)
+                    }
+                    Ok(ForkResult::Parent { child }) => Ok(child.as_raw()),
+                    Err(e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
+                },
             };
+            if let Ok(pid) = result {
+                children.insert(pid);
+            }
             // The set is the supervisor's alone: the spawner's copy goes.
             drop(set);
+            drop(fds);
             reply(sock, Reply::Forked { id, result })?;
+            // The next job's supervisor, forked now that this one is
+            // answered.
+            // SAFETY: the spawner is single-threaded (`serve`'s contract).
+            *standby = unsafe { Standby::fork(sock, sigfd, pool) };
             if netns {
                 // SAFETY: the spawner is single-threaded (`serve`'s
                 // contract).
@@ -341,18 +369,77 @@ fn answer(
     Ok(true)
 }
 
-/// The forked child: become the job's supervisor.
-/// `fds` holds [`FORK_FDS`] descriptors, or one more (the egress socket);
-/// `set`, the namespaces of the pool this job alone enters.
-fn supervisor(
-    sock: &OwnedFd,
-    sigfd: &SignalFd,
-    fds: Vec<OwnedFd>,
-    set: Option<NsSet>,
-    pool: &Pool,
-) -> ! {
-    // First thing: nothing of the spawner reaches the job (nor the pool's
-    // other sets, which are other jobs').
+/// A supervisor forked ahead of its job, while the spawner had nothing to
+/// do: it waits on its own socket for the job's descriptors, so that a
+/// start costs the spawner one message instead of a fork (and the job none
+/// of the fork's page-table copy). It is a fork of the spawner like any
+/// supervisor, holds nothing of the spawner's, the pool's or another job's
+/// (it closes them first thing), and ends when the spawner's end of its
+/// socket closes (the spawner exited) or when it was never handed a job.
+/// Until then it is `executor-ready`; with a job, `executor`.
+struct Standby {
+    pid: i32,
+    sock: OwnedFd,
+}
+
+impl Standby {
+    /// Fork a standby supervisor (`None` if the fork failed: the next job
+    /// is forked for then).
+    ///
+    /// # Safety
+    /// The caller is single-threaded (the child runs Rust code).
+    unsafe fn fork(sock: &OwnedFd, sigfd: &SignalFd, pool: &Pool) -> Option<Standby> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .ok()?;
+        // SAFETY: forwarded from the caller's contract.
+        match unsafe { sys::fork_single_threaded() } {
+            Ok(ForkResult::Child) => {
+                drop(ours);
+                close_spawner_fds(sock, sigfd, pool);
+                wait_for_job(theirs)
+            }
+            Ok(ForkResult::Parent { child }) => Some(Standby {
+                pid: child.as_raw(),
+                sock: ours,
+            }),
+            Err(_) => None,
+        }
+    }
+
+    /// Send the job's descriptors (and the pool's set for it): the pid of
+    /// the supervisor that has them, or `None` if the standby is gone (it
+    /// is killed; its exit is reaped and not reported, the agent never
+    /// asked for it).
+    fn hand_over(self, fds: &[OwnedFd], egress: bool, set: Option<&NsSet>) -> Option<i32> {
+        let mut all: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        if let Some(set) = set {
+            all.extend([set.user.as_fd(), set.net.as_fd(), set.ipc.as_fd()]);
+        }
+        let msg = Request::Fork {
+            id: 0,
+            egress,
+            netns: set.is_some(),
+        }
+        .encode();
+        match sys::send_fds(self.sock.as_fd(), &msg, &all, MsgFlags::MSG_NOSIGNAL) {
+            Ok(MSG_LEN) => Some(self.pid),
+            _ => {
+                let _ = nix::sys::signal::kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+                None
+            }
+        }
+    }
+}
+
+/// In a child of the spawner, first thing: nothing of the spawner reaches
+/// the job (nor the pool's sets, which are other jobs').
+fn close_spawner_fds(sock: &OwnedFd, sigfd: &SignalFd, pool: &Pool) {
     // SAFETY: these are the spawner's own descriptors, open, and this
     // child never uses them again (the borrowed owners are never dropped:
     // the child leaves by `exit`).
@@ -363,6 +450,51 @@ fn supervisor(
             libc::close(fd);
         }
     }
+}
+
+/// The standby's life: wait for one job's descriptors on `mine`, then be
+/// its supervisor. EOF (the spawner is gone) or anything but a well-formed
+/// hand-over ends it.
+fn wait_for_job(mine: OwnedFd) -> ! {
+    sys::set_process_name(c"executor-ready");
+    let mut buf = [0u8; MSG_LEN];
+    let msg = loop {
+        match sys::recv_fds::<{ FORK_FDS + 4 }>(mine.as_fd(), &mut buf, MsgFlags::empty()) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other,
+        }
+    };
+    drop(mine);
+    let Ok(sys::Received {
+        bytes: MSG_LEN,
+        truncated: false,
+        mut fds,
+    }) = msg
+    else {
+        std::process::exit(0)
+    };
+    let Some(Request::Fork {
+        egress, netns: set, ..
+    }) = Request::decode(&buf)
+    else {
+        std::process::exit(126)
+    };
+    if fds.len() != FORK_FDS + usize::from(egress) + 3 * usize::from(set) {
+        std::process::exit(126);
+    }
+    let set = set.then(|| {
+        let mut take = || fds.pop().expect("counted above");
+        let (ipc, net, user) = (take(), take(), take());
+        NsSet { user, net, ipc }
+    });
+    supervisor(fds, set)
+}
+
+/// In a child of the spawner that holds nothing of it any more: become
+/// the job's supervisor. `fds` holds [`FORK_FDS`] descriptors, or one more
+/// (the egress socket); `set`, the namespaces of the pool this job alone
+/// enters.
+fn supervisor(fds: Vec<OwnedFd>, set: Option<NsSet>) -> ! {
     // `executor` as every helper of the agent (the spawner alone is
     // `executor-spawn`); argv stays the spawner's (`executor sandbox-exec
     // --spawner`).

@@ -96,8 +96,47 @@ pub unsafe fn own_inherited_fd(fd: RawFd) -> OwnedFd {
 }
 
 /// Close every fd >= 3 except those in `keep` (inherited leftovers of a
-/// multithreaded parent must not reach the job).
+/// multithreaded parent must not reach the job): `close_range(2)` over the
+/// gaps between the kept numbers (Linux 5.9), or, where the kernel does
+/// not have it, every number `/proc/self/fd` lists.
 pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut kept: Vec<RawFd> = keep.iter().copied().filter(|&fd| fd > 2).collect();
+    kept.sort_unstable();
+    kept.dedup();
+    #[cfg(target_os = "linux")]
+    {
+        let close_range = |first: RawFd, last: libc::c_uint| {
+            // SAFETY: close_range takes two descriptor numbers and flags,
+            // no pointers; the descriptors in the range are not kept, and
+            // this process is single-threaded (no other owner can race).
+            let ret =
+                unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, last, 0u32) };
+            if ret < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        };
+        let mut first = 3;
+        let mut ranges = Vec::with_capacity(kept.len() + 1);
+        for &fd in &kept {
+            if fd > first {
+                ranges.push((first, (fd - 1) as libc::c_uint));
+            }
+            first = fd + 1;
+        }
+        ranges.push((first, libc::c_uint::MAX));
+        match ranges.iter().try_for_each(|&(a, b)| close_range(a, b)) {
+            Ok(()) => return Ok(()),
+            // An old kernel, or one that refuses it: the portable way.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EINVAL | libc::EPERM)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let mut fds = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
         if let Some(fd) = entry?
@@ -105,7 +144,7 @@ pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
             .to_str()
             .and_then(|s| s.parse::<RawFd>().ok())
         {
-            if fd > 2 && !keep.contains(&fd) {
+            if fd > 2 && kept.binary_search(&fd).is_err() {
                 fds.push(fd);
             }
         }
@@ -159,17 +198,69 @@ pub fn default_sigchld() {
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
 }
 
-/// Restore every catchable signal to its default disposition and empty the
-/// signal mask: a job starts as if from a fresh login, whatever the agent
-/// (which ignores SIGPIPE, as Rust programs do) had set.
-pub fn reset_signals() {
-    for sig in 1..=libc::SIGRTMAX() {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
+/// The kernel's `struct sigaction` as `rt_sigaction(2)` reads and writes
+/// it, with room to spare: the handler comes first on the architectures
+/// the agent is built for (x86_64, aarch64), and all zeros is `SIG_DFL`
+/// with no flags and an empty mask on every one. The raw system call
+/// instead of libc's `sigaction`: glibc refuses its internal signals (32
+/// and 33), which its `posix_spawn` leaves *ignored* in the processes it
+/// starts (so in the agent and the spawner), and an ignored disposition
+/// survives `execve`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KernelSigaction([u64; 4]);
+
+/// `rt_sigaction(sig, new, old)` with the kernel's 8-byte signal set.
+fn rt_sigaction(
+    sig: libc::c_int,
+    new: Option<&KernelSigaction>,
+    old: Option<&mut KernelSigaction>,
+) -> bool {
+    // SAFETY: both pointers are null or point at a KernelSigaction, which
+    // is larger than the kernel's struct on every supported architecture.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            new.map_or(std::ptr::null(), |n| n as *const KernelSigaction),
+            old.map_or(std::ptr::null_mut(), |o| o as *mut KernelSigaction),
+            8usize,
+        ) == 0
+    }
+}
+
+/// The signals this process ignores (`SIG_IGN`), one bit each (bit
+/// `n - 1` for signal `n`), read once per process: the spawner reads them
+/// at its start, and every supervisor it forks inherits the answer. Only
+/// an ignored disposition survives `execve` (handlers are reset by it), so
+/// these are the ones a job must have reset ([`reset_signals`]). Read
+/// before any fork; nothing changes a disposition to `SIG_IGN` after.
+pub fn ignored_signals() -> u64 {
+    static IGNORED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *IGNORED.get_or_init(|| {
+        let mut set = 0u64;
+        for sig in 1..=64 {
+            let mut old = KernelSigaction([0; 4]);
+            if rt_sigaction(sig, None, Some(&mut old)) && old.0[0] == libc::SIG_IGN as u64 {
+                set |= 1 << (sig - 1);
+            }
         }
-        // SAFETY: SIG_DFL installs no handler code; signals that cannot be
-        // changed make the call fail with EINVAL, which is ignored.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+        set
+    })
+}
+
+/// Give the job default dispositions and an empty signal mask, whatever
+/// the agent had (Rust programs ignore SIGPIPE; `nohup` ignores SIGHUP;
+/// glibc's `posix_spawn` ignores 32 and 33): a job starts as if from a
+/// fresh login. `ignored` is [`ignored_signals`], read before the fork:
+/// handled signals need nothing, `execve` resets them. System calls only
+/// (runs between `vfork` and `execve`).
+pub fn reset_signals(ignored: u64) {
+    let default = KernelSigaction([0; 4]);
+    for sig in 1..=64 {
+        if ignored & (1 << (sig - 1)) != 0 {
+            rt_sigaction(sig, Some(&default), None);
+        }
     }
     // SAFETY: an empty, initialised set is passed by pointer for reading
     // only; the old mask is not requested (null).
@@ -190,8 +281,197 @@ pub unsafe fn fork_single_threaded() -> io::Result<nix::unistd::ForkResult> {
     unsafe { nix::unistd::fork() }.map_err(io::Error::from)
 }
 
+#[cfg(target_os = "linux")]
+/// The stack a [`vfork_exec`] child runs on: its own mapping (the parent's
+/// stack is live, suspended below the child), with an inaccessible guard
+/// page at its low end so an overflow faults instead of writing into the
+/// parent's memory.
+#[derive(Debug)]
+pub struct ChildStack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+#[cfg(target_os = "linux")]
+impl ChildStack {
+    /// Bytes the child may use: [`exec_job`](crate::trampoline)'s frames,
+    /// a few system calls and `execve` need a few KiB.
+    const USABLE: usize = 64 << 10;
+    const GUARD: usize = 4 << 10;
+
+    pub fn new() -> io::Result<ChildStack> {
+        let len = Self::USABLE + Self::GUARD;
+        // SAFETY: a fresh anonymous private mapping at an address the
+        // kernel chooses; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = ChildStack { base, len };
+        // SAFETY: the first page of the mapping just made, owned here.
+        if unsafe { libc::mprotect(base, Self::GUARD, libc::PROT_NONE) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; no child runs
+        // on it any more (`vfork_exec` returns after the child left it).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+#[cfg(target_os = "linux")]
+/// Start a child that shares this process's memory until it calls
+/// `execve` or exits (`clone(CLONE_VM | CLONE_VFORK)`, what `posix_spawn`
+/// does): no page tables are copied and no copy-on-write faults follow,
+/// and this process is suspended until the child has left its memory, so
+/// when this returns the child has exec'd or exited. The child runs
+/// `child` on `stack` and exits (`_exit`) with its return value if it
+/// returns (a failed `execve`). Returns the child's pid.
+///
+/// # Safety
+/// The caller is single-threaded. `child` runs in this process's memory
+/// while it is suspended: it must only make system calls (no allocation,
+/// no locks, no unwinding, no `std::process::exit`), use only memory
+/// prepared before the call, and end in `execve` or by returning.
+pub unsafe fn vfork_exec(
+    stack: &mut ChildStack,
+    child: &mut dyn FnMut() -> libc::c_int,
+) -> io::Result<nix::unistd::Pid> {
+    extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `&mut &mut dyn FnMut` below, alive for the
+        // whole of the child's run (the parent is suspended meanwhile).
+        let f = unsafe { &mut *(arg as *mut &mut dyn FnMut() -> libc::c_int) };
+        f()
+    }
+    let mut f: &mut dyn FnMut() -> libc::c_int = child;
+    // The stack grows down from the end of the mapping (16-byte aligned:
+    // the mapping is page-aligned and its length a multiple of pages).
+    // SAFETY: `base + len` is one past the mapping's end, the stack's top.
+    let top = unsafe { stack.base.cast::<u8>().add(stack.len) }.cast::<libc::c_void>();
+    // SAFETY: CLONE_VM | CLONE_VFORK: the child runs `entry` on its own
+    // stack while this (single-threaded) process is suspended, so no lock
+    // is held and no other thread sees the shared memory change; `f` and
+    // everything it borrows outlive the child's use of them.
+    let ret = unsafe {
+        libc::clone(
+            entry,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut f as *mut &mut dyn FnMut() -> libc::c_int).cast::<libc::c_void>(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(nix::unistd::Pid::from_raw(ret))
+}
+
+/// Send one byte on a connected Unix socket with this process's
+/// credentials attached (`SCM_CREDENTIALS`: its pid, uid and gid as it sees
+/// them; the receiving kernel translates them into the receiver's
+/// namespaces, so a job's pid 2 arrives as its host pid). System calls and
+/// stack memory only: it runs between `vfork` and `execve`.
+#[cfg(target_os = "linux")]
+pub fn send_own_credentials(sock: RawFd) -> io::Result<()> {
+    let creds = libc::ucred {
+        pid: nix::unistd::getpid().as_raw(),
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+    };
+    // CMSG_SPACE(sizeof(ucred)) is 32 bytes on 64-bit Linux; 64 to spare,
+    // u64-aligned as a cmsghdr needs.
+    let mut control = [0u64; 8];
+    let byte = [b'p'];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // SAFETY: msghdr is plain data, all-zero valid; every pointer set below
+    // points at stack memory alive for the sendmsg call, and the control
+    // length (CMSG_SPACE of one ucred) fits the buffer.
+    let ret = unsafe {
+        let space = libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32) as usize;
+        debug_assert!(space <= std::mem::size_of_val(&control));
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_CREDENTIALS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::ucred>(), creds);
+        libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL)
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receive the byte [`send_own_credentials`] sent and the sender's pid as
+/// this process sees it (the socket has `SO_PASSCRED`). `None` at EOF or
+/// without credentials.
+#[cfg(target_os = "linux")]
+pub fn recv_sender_pid(sock: BorrowedFd<'_>) -> Option<nix::unistd::Pid> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixCredentials};
+    let mut byte = [0u8; 1];
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!(UnixCredentials);
+    loop {
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+            Ok(msg) if msg.bytes == 0 => return None,
+            Ok(msg) => {
+                return msg.cmsgs().ok()?.find_map(|c| match c {
+                    ControlMessageOwned::ScmCredentials(c) => {
+                        Some(nix::unistd::Pid::from_raw(c.pid()))
+                    }
+                    _ => None,
+                })
+            }
+        }
+    }
+}
+
 /// `MOUNT_ATTR_RDONLY`.
 pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+
+/// The highest capability number the kernel knows
+/// (`/proc/sys/kernel/cap_last_cap`; 40 if it cannot be read), read once
+/// per process: the spawner reads it at its start and every job's init
+/// inherits the answer.
+pub fn cap_last_cap() -> libc::c_ulong {
+    static LAST: std::sync::OnceLock<libc::c_ulong> = std::sync::OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(40)
+    })
+}
 
 /// Drop every capability for good: lock the securebits so root (uid 0,
 /// also inside a user namespace) regains nothing at exec, empty the
@@ -209,11 +489,7 @@ pub fn drop_all_capabilities() -> io::Result<()> {
     let securebits: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
     // SAFETY: PR_SET_SECUREBITS takes an integer; no pointers.
     check(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, securebits, 0, 0, 0) })?;
-    let last: libc::c_ulong = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40);
-    for cap in 0..=last {
+    for cap in 0..=cap_last_cap() {
         // SAFETY: PR_CAPBSET_DROP takes an integer capability number.
         check(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) })?;
     }

@@ -22,7 +22,15 @@
 //!   the exit to the supervisor (which reports it to the agent at once, and
 //!   reaps the init, whose exit tears the namespaces down, after). Killing
 //!   the init kills the job.
-//! - an unconfined job is forked directly; the supervisor is a child
+//! - the program's process starts as a `vfork` (`clone(CLONE_VM |
+//!   CLONE_VFORK)`, [`start_program`]): it shares the supervisor's (or the
+//!   init's) memory until its `execve`, so nothing is copied and the
+//!   parent resumes once the program runs; everything it needs (argv,
+//!   envp, the signals to reset) is prepared before, and it makes only
+//!   system calls. A sandboxed program sends its credentials to the
+//!   supervisor before its exec, so its host pid arrives translated by the
+//!   kernel (no look-up in `/proc`).
+//! - an unconfined job is started directly; the supervisor is a child
 //!   subreaper, so descendants that double-fork or `setsid` are re-parented
 //!   to it and killed when the program exits. With `deny_network` (a
 //!   degraded `allow_hosts` intent) the forked job installs the seccomp
@@ -38,10 +46,12 @@ use crate::sys;
 use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
-use nix::unistd::{ForkResult, Pid};
+#[cfg(not(target_os = "linux"))]
+use nix::unistd::ForkResult;
+use nix::unistd::Pid;
 use std::ffi::{CString, OsString};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
@@ -186,15 +196,95 @@ fn cstring(b: &[u8], what: &str) -> Result<CString, Error> {
     CString::new(b).map_err(|_| Error::Usage(format!("{what} contains NUL")))
 }
 
-/// What `execve` needs, prepared before any fork.
+/// What `execve` needs, prepared before the program's process starts (it
+/// runs in the supervisor's or the init's memory until it execs, and
+/// allocates nothing: see [`start_program`]).
 struct Exec {
     path: CString,
+    /// `argv` and `envp` as `execve` takes them: pointers to the strings
+    /// of the two vectors below (whose heap buffers never move), each list
+    /// ended by a null pointer.
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
     argv: Vec<CString>,
+    #[allow(dead_code)] // owns what `envp_ptrs` points to
     envp: Vec<CString>,
     tty: bool,
     /// The job's working directory, entered in the forked child (unconfined
     /// jobs; a sandboxed job's init enters it in the job's own root).
     cwd: Option<CString>,
+    /// [`sys::ignored_signals`], read before the program's process starts.
+    ignored_signals: u64,
+}
+
+impl Exec {
+    fn new(
+        path: CString,
+        argv: Vec<CString>,
+        envp: Vec<CString>,
+        tty: bool,
+        cwd: Option<CString>,
+    ) -> Exec {
+        let ptrs = |v: &[CString]| {
+            v.iter()
+                .map(|c| c.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        Exec {
+            argv_ptrs: ptrs(&argv),
+            envp_ptrs: ptrs(&envp),
+            path,
+            argv,
+            envp,
+            tty,
+            cwd,
+            ignored_signals: sys::ignored_signals(),
+        }
+    }
+}
+
+/// Start the program's process, in which `child` runs: it execs, or
+/// returns the exit code of a failure it has reported. On Linux the
+/// process shares this one's memory until it execs, and this one waits
+/// meanwhile ([`sys::vfork_exec`]): nothing is copied, so `child` must not
+/// allocate (everything is prepared in [`Exec`]). Elsewhere a `fork`.
+///
+/// # Safety
+/// The caller is single-threaded, and `child` keeps [`sys::vfork_exec`]'s
+/// contract (system calls and prepared memory only, no unwinding).
+unsafe fn start_program(child: &mut dyn FnMut() -> libc::c_int) -> io::Result<Pid> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut stack = sys::ChildStack::new()?;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { sys::vfork_exec(&mut stack, child) }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // SAFETY: forwarded from the caller's contract.
+        match unsafe { sys::fork_single_threaded() }? {
+            ForkResult::Child => {
+                let code = child();
+                // SAFETY: only async-signal-safe exit: no destructors.
+                unsafe { libc::_exit(code) }
+            }
+            ForkResult::Parent { child } => Ok(child),
+        }
+    }
+}
+
+/// In the program's process, after a failure: its record on the exec
+/// pipe and a line on the job's stderr (system calls only).
+fn report_failure(exec_w: RawFd, failure: &[u8; 8]) -> libc::c_int {
+    const SAID: &[u8] = b"executor sandbox-exec: exec failed\n";
+    // SAFETY: both buffers are valid for their lengths; short writes only
+    // shorten what is said (an 8-byte pipe write is atomic).
+    unsafe {
+        libc::write(exec_w, failure.as_ptr().cast(), failure.len());
+        libc::write(2, SAID.as_ptr().cast(), SAID.len());
+    }
+    127
 }
 
 /// [`run`], with a setup error said on stderr (the job's stderr: it names
@@ -286,24 +376,22 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
 
     // 6. Everything exec needs, prepared before the fork. The job's env is
     //    used here, at the final execve, and nowhere before.
-    let exec = Exec {
-        path: cstring(&job.exec, "the program path")?,
-        argv: job
-            .argv
+    let exec = Exec::new(
+        cstring(&job.exec, "the program path")?,
+        job.argv
             .iter()
             .map(|a| cstring(a, "an argument"))
             .collect::<Result<_, _>>()?,
-        envp: job
-            .env
+        job.env
             .iter()
             .map(|e| cstring(e, "an environment entry"))
             .collect::<Result<_, _>>()?,
-        tty: job.tty,
-        cwd: match job.sandbox {
+        job.tty,
+        match job.sandbox {
             None => Some(cstring(&job.cwd, "the working directory")?),
             Some(_) => None,
         },
-    };
+    );
     if exec.argv.is_empty() {
         return Err(Error::Usage("the job spec has an empty argv".into()));
     }
@@ -334,24 +422,20 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         None
     };
 
-    // 7. Fork the job.
-    // SAFETY: `run` is documented to be called single-threaded (the
-    // `executor sandbox-exec` entry point starts no threads).
-    let child = match unsafe { sys::fork_single_threaded() }.map_err(Error::Fork)? {
-        ForkResult::Child => {
-            drop(exec_r);
-            let failure = match net_filters.as_deref().map(deny_network_here) {
-                Some(Err(e)) => failure(FAIL_SANDBOX, SECCOMP_STEP, errno_of(&e)),
-                _ => exec_job(&exec),
-            };
-            let mut w = std::fs::File::from(exec_w);
-            let _ = w.write_all(&failure);
-            // Only async-signal-safe exit: no destructors, no atexit.
-            nix::unistd::write(std::io::stderr(), b"executor sandbox-exec: exec failed\n").ok();
-            std::process::exit(127);
-        }
-        ForkResult::Parent { child } => child,
+    // 7. Start the job's process. Both ends of the exec pipe are
+    //    close-on-exec: EOF once the program runs, a record if it failed.
+    let exec_fd = exec_w.as_raw_fd();
+    let mut program = || {
+        let failure = match net_filters.as_deref().map(deny_network_here) {
+            Some(Err(e)) => failure(FAIL_SANDBOX, SECCOMP_STEP, errno_of(&e)),
+            _ => exec_job(&exec),
+        };
+        report_failure(exec_fd, &failure)
     };
+    // SAFETY: `run` is documented to be called single-threaded (the
+    // `executor sandbox-exec` entry point starts no threads); the closure
+    // makes system calls on prepared memory only.
+    let child = unsafe { start_program(&mut program) }.map_err(Error::Fork)?;
     drop(exec_w);
     if report_start(&mut exec_r, &mut status, || Some(child)).is_err() {
         let _ = waitpid(child, None);
@@ -488,6 +572,10 @@ fn sandboxed(
 ) -> Result<i32, Error> {
     use std::os::unix::net::UnixStream;
     let (ctl, ctl_init) = UnixStream::pair().map_err(Error::Pipe)?;
+    // The program announces itself on `ctl` with its credentials: its pid
+    // arrives translated into this PID namespace.
+    nix::sys::socket::setsockopt(&ctl, nix::sys::socket::sockopt::PassCred, &true)
+        .map_err(|e| Error::Pipe(e.into()))?;
     let (uid, gid) = (
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
@@ -535,7 +623,10 @@ fn sandboxed(
     // The init has its own copies; the supervisor never needs them.
     drop(job.egress);
     drop(init_ns);
-    if report_start(&mut exec_r, &mut status, || program_of(init)).is_err() {
+    // The program sent its credentials before its exec: at EOF on the
+    // exec pipe they are waiting (EOF on `ctl` if the init died first).
+    let program = || sys::recv_sender_pid(ctl.as_fd()).or_else(|| program_of(init));
+    if report_start(&mut exec_r, &mut status, program).is_err() {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
         let _ = waitpid(init, None);
         return Ok(127);
@@ -641,16 +732,21 @@ fn job_init(
     if let Err((step, e)) = crate::linux::confine(plan, prep) {
         return fail(&mut w, step, &e);
     }
+    // The program: pid 2 of the namespace. It tells the supervisor its pid
+    // (credentials on `ctl`) and execs; `ctl` and the exec pipe are
+    // close-on-exec.
+    let (exec_fd, ctl_fd) = (w.as_raw_fd(), ctl.as_raw_fd());
+    let mut child = || match sys::send_own_credentials(ctl_fd) {
+        Ok(()) => report_failure(exec_fd, &exec_job(exec)),
+        Err(e) => report_failure(
+            exec_fd,
+            &failure(FAIL_SANDBOX, crate::linux::Step::Fork as u8, errno_of(&e)),
+        ),
+    };
     // SAFETY: the init is single-threaded (forked from the single-threaded
-    // supervisor).
-    let program = match unsafe { sys::fork_single_threaded() } {
-        Ok(ForkResult::Child) => {
-            drop(ctl);
-            let failure = exec_job(exec);
-            let _ = w.write_all(&failure);
-            std::process::exit(127);
-        }
-        Ok(ForkResult::Parent { child }) => child,
+    // supervisor); the closure makes system calls on prepared memory only.
+    let program = match unsafe { start_program(&mut child) } {
+        Ok(child) => child,
         Err(e) => return fail(&mut w, crate::linux::Step::Fork, &e),
     };
     drop(w);
@@ -769,7 +865,10 @@ fn exec_job(exec: &Exec) -> [u8; 8] {
         return failure(FAIL_EXEC, 0, e as i32);
     }
     if exec.tty {
-        if let Err(e) = sys::set_controlling_tty(std::io::stdin().as_fd()) {
+        // SAFETY: fd 0 is the job's terminal here (the spawner or the
+        // command line made it so), open for the call.
+        let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+        if let Err(e) = sys::set_controlling_tty(stdin) {
             return failure(FAIL_EXEC, 0, e.raw_os_error().unwrap_or(libc::EIO));
         }
     }
@@ -779,11 +878,17 @@ fn exec_job(exec: &Exec) -> [u8; 8] {
         }
     }
     // Default dispositions and an empty mask, whatever the agent had.
-    sys::reset_signals();
-    match nix::unistd::execve(&exec.path, &exec.argv, &exec.envp) {
-        Err(e) => failure(FAIL_EXEC, 0, e as i32),
-        Ok(never) => match never {},
-    }
+    sys::reset_signals(exec.ignored_signals);
+    // SAFETY: the path and both lists are NUL-terminated strings and
+    // null-terminated pointer arrays prepared in `Exec::new`, alive here.
+    unsafe {
+        libc::execve(
+            exec.path.as_ptr(),
+            exec.argv_ptrs.as_ptr(),
+            exec.envp_ptrs.as_ptr(),
+        )
+    };
+    failure(FAIL_EXEC, 0, nix::errno::Errno::last_raw())
 }
 
 /// Wait for the main process, killing the job if the agent goes away;

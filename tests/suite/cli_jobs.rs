@@ -763,3 +763,50 @@ fn net_host_allows_the_named_host_and_net_ask_denies_without_a_terminal() {
     let (code, all) = run("ask");
     assert_eq!(code, "403", "ask without a terminal denies: {all}");
 }
+
+/// A job starts with default signal dispositions and an empty mask,
+/// whatever the agent inherited: signals its caller ignores (`nohup`, a
+/// shell's `trap ''`), the SIGPIPE Rust ignores, and the internal signals
+/// 32 and 33 that glibc's `posix_spawn` leaves ignored in the agent and the
+/// spawner (an ignored disposition survives `execve`). Unconfined and
+/// sandboxed; the control shows the caller's trap is really inherited.
+#[test]
+fn a_job_starts_with_no_signal_ignored_or_blocked() {
+    let traps = "trap '' HUP INT QUIT TERM USR1 PIPE; exec \"$@\"";
+    let under_traps = |argv: &[&str]| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(traps)
+            .arg("sh")
+            .args(argv)
+            .output()
+            .unwrap()
+    };
+    let control = under_traps(&["grep", "^SigIgn:", "/proc/self/status"]);
+    let control = String::from_utf8_lossy(&control.stdout).into_owned();
+    let ignored = u64::from_str_radix(control.trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    // HUP, INT, QUIT, USR1, PIPE, TERM: bits 0, 1, 2, 9, 12, 14.
+    assert_eq!(
+        ignored & 0x5207,
+        0x5207,
+        "control: the traps are inherited by what the shell execs ({control})"
+    );
+    let client = client_bin();
+    let client = client.to_str().unwrap();
+    for sandbox in [
+        &[][..],
+        &["--net", "deny"][..],
+        &["--net", "allow", "--tmp"][..],
+    ] {
+        let mut argv = vec![client, "run"];
+        argv.extend(sandbox);
+        argv.extend(["--", "grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]);
+        let out = under_traps(&argv);
+        assert_eq!(out.status.code(), Some(0), "{sandbox:?}: {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n",
+            "{sandbox:?}"
+        );
+    }
+}

@@ -197,9 +197,23 @@ async fn a_thousand_concurrent_starts_run_or_hit_the_limit_and_leak_nothing() {
     }
     assert!(ran >= 100, "at least max_processes ran: {ran}");
     assert_eq!(ran + refused, 1000);
+    // Every supervisor is gone; the one standby (forked ahead for the next
+    // job, `executor-ready` until it has one) is all the spawner keeps.
+    let supervisors = || -> Vec<(u32, String)> {
+        children(spawner)
+            .into_iter()
+            .map(|p| (p, comm(p)))
+            .filter(|(_, c)| c != "executor-ready")
+            .collect()
+    };
     assert!(
-        eventually(|| children(spawner).is_empty()).await,
-        "the spawner still has children: {:?}",
+        eventually(|| supervisors().is_empty()).await,
+        "the spawner still has supervisors: {:?}",
+        supervisors()
+    );
+    assert!(
+        children(spawner).len() <= 1,
+        "one standby at most: {:?}",
         children(spawner)
     );
     assert!(
@@ -300,4 +314,99 @@ async fn a_start_that_times_out_never_runs_its_job_later() {
     assert!(flag.exists());
     c.close().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `(fd, target)` of every descriptor `pid` holds.
+fn fds_of(pid: u32) -> Vec<(u32, String)> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            Some((
+                fd,
+                std::fs::read_link(e.path())
+                    .ok()?
+                    .to_string_lossy()
+                    .into_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// The spawner's standby supervisor (`executor-ready`), other than `not`.
+async fn standby_of(spawner: u32, not: Option<u32>) -> Option<u32> {
+    let find = || {
+        children(spawner)
+            .into_iter()
+            .find(|&p| Some(p) != not && comm(p) == "executor-ready")
+    };
+    eventually(|| find().is_some()).await;
+    find()
+}
+
+// The supervisor the spawner forks ahead while it is idle: it holds nothing
+// but the spawner's stdio and its own socket (no lifeline, no job's pipe, no
+// namespace of the pool), the next job runs under it, a standby killed from
+// outside costs the next start a fork and nothing else, and the standby
+// goes when the agent does.
+#[tokio::test]
+async fn the_standby_supervisor_holds_nothing_and_is_replaced() {
+    let c = local_client().await;
+    let (agent, spawner) = agent_and_spawner(&c).await;
+    let standby = standby_of(spawner, None).await.expect("a standby");
+    let spawner_fds = fds_of(spawner);
+    let mut sockets = 0;
+    for (fd, target) in fds_of(standby) {
+        if fd <= 2 {
+            assert!(
+                spawner_fds.contains(&(fd, target.clone())),
+                "fd {fd} is the spawner's: {target}"
+            );
+        } else {
+            assert!(target.starts_with("socket:"), "fd {fd}: {target}");
+            sockets += 1;
+        }
+    }
+    assert_eq!(sockets, 1, "its own socket only: {:?}", fds_of(standby));
+    // So no lifeline and no job's pipe: what it shares with the agent is
+    // the spawner's own stdio (the agent's stderr).
+    let shared: HashSet<String> = pipes_of(agent)
+        .intersection(&pipes_of(standby))
+        .cloned()
+        .collect();
+    assert!(
+        shared.is_subset(&pipes_of(spawner)),
+        "no lifeline or job pipe before it has a job: {shared:?}"
+    );
+    // The next job runs under it, and the next standby is forked.
+    let name = marker("standby");
+    let job = c.start(&sleeper(&name, "1000")).await.unwrap();
+    assert_eq!(executor_tests::parent_pid(job.pid()), standby);
+    assert_eq!(comm(standby), "executor");
+    let next = standby_of(spawner, Some(standby))
+        .await
+        .expect("the next standby");
+    // Killed from outside: the next start forks its supervisor itself.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(next as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(eventually(|| !alive(next)).await);
+    let quick = c.start(&sleeper(&name, "0")).await.unwrap();
+    assert_ne!(executor_tests::parent_pid(quick.pid()), next);
+    assert_eq!(quick.wait().await.unwrap().code, Some(0));
+    let last = standby_of(spawner, Some(next))
+        .await
+        .expect("a standby again");
+    job.signal(SignalName::Kill).await.unwrap();
+    job.wait().await.unwrap();
+    c.close().await.unwrap();
+    assert!(eventually(|| !alive(agent)).await, "the agent exits");
+    assert!(
+        eventually(|| !alive(last)).await,
+        "the standby goes with it"
+    );
+    assert!(with_arg0(&name).is_empty());
 }

@@ -233,25 +233,13 @@ fn start_pumps(
         return;
     }
     let pipes = [
-        (
-            OutputStream::Stdout,
-            spawned.stdout.take().map(|p| p.into_owned_fd()),
-        ),
-        (
-            OutputStream::Stderr,
-            spawned.stderr.take().map(|p| p.into_owned_fd()),
-        ),
+        (OutputStream::Stdout, spawned.stdout.take()),
+        (OutputStream::Stderr, spawned.stderr.take()),
     ];
-    for (stream, fd) in pipes {
-        match fd.map(|fd| fd.and_then(PtyReader::from_owned_fd)) {
-            Some(Ok(r)) => {
+    for (stream, r) in pipes {
+        match r {
+            Some(r) => {
                 tokio::spawn(pump(stream, r));
-            }
-            Some(Err(e)) => {
-                // Never for a pipe the agent made; the job still runs,
-                // this stream's output is lost (and said so).
-                tracing::warn!(process_id = %proc.id, stream = ?stream, error = %e, "cannot read the job's output");
-                proc.stream_closed();
             }
             None => proc.stream_closed(),
         }

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+use tokio::process::ChildStdin;
 
 /// What to start.
 #[derive(Debug)]
@@ -50,8 +50,10 @@ pub struct Spawned {
     /// Carries the job's exit status from the supervisor.
     pub status: pipe::Receiver,
     pub stdin: Option<ChildStdin>,
-    pub stdout: Option<ChildStdout>,
-    pub stderr: Option<ChildStderr>,
+    /// The read ends of the job's stdout and stderr pipes, registered with
+    /// the runtime once, here (the output pumps read them as they are).
+    pub stdout: Option<pipe::Receiver>,
+    pub stderr: Option<pipe::Receiver>,
     /// The PTY master, for tty jobs.
     pub pty_master: Option<OwnedFd>,
     /// With egress by name: the proxy's listening socket, made by the job's
@@ -215,8 +217,8 @@ async fn first_status(status: &mut pipe::Receiver) -> std::io::Result<Option<Sta
 struct Stdio {
     job: [OwnedFd; 3],
     stdin: Option<ChildStdin>,
-    stdout: Option<ChildStdout>,
-    stderr: Option<ChildStderr>,
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
     pty_master: Option<OwnedFd>,
 }
 
@@ -263,14 +265,25 @@ fn stdio(req: &SpawnRequest<'_>) -> Result<Stdio, WireError> {
     Ok(Stdio {
         job: [stdin_job, out_w, err_w],
         stdin,
-        stdout: Some(
-            ChildStdout::from_std(std::process::ChildStdout::from(out_r)).map_err(tokio_io)?,
-        ),
-        stderr: Some(
-            ChildStderr::from_std(std::process::ChildStderr::from(err_r)).map_err(tokio_io)?,
-        ),
+        stdout: Some(receiver(out_r)?),
+        stderr: Some(receiver(err_r)?),
         pty_master: None,
     })
+}
+
+/// The agent's read end of a job's pipe, non-blocking and registered with
+/// the runtime once (the output pumps read it as it is).
+fn receiver(r: OwnedFd) -> Result<pipe::Receiver, WireError> {
+    let err = |e| io_err("job pipe", e);
+    let flags = fcntl(&r, FcntlArg::F_GETFL).map_err(err)?;
+    fcntl(
+        &r,
+        FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+    )
+    .map_err(err)?;
+    // The pipe was made here and is non-blocking now: what `_unchecked`
+    // asks of its caller.
+    pipe::Receiver::from_owned_fd_unchecked(r).map_err(|e| io_err("job pipe", e))
 }
 
 /// Wait (boundedly) until the spawner has reaped a supervisor that is
@@ -468,7 +481,7 @@ fn job_spec(req: &SpawnRequest<'_>, program: &Path) -> JobSpec {
 async fn start_failed(
     first: std::io::Result<Option<Status>>,
     supervisor: &mut Supervisor,
-    stderr: Option<&mut ChildStderr>,
+    stderr: Option<&mut pipe::Receiver>,
     req: &SpawnRequest<'_>,
     program: &Path,
 ) -> WireError {
