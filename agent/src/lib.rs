@@ -56,12 +56,14 @@
 //! [`process::spawn::spawn`] resolves the program, seals the job spec in a
 //! memfd and asks the spawner ([`process::spawner`], the small
 //! single-threaded `executor sandbox-exec --spawner` started with the
-//! agent) to fork the job's supervisor, handing it the job's stdio, the
+//! agent) for the job's supervisor, handing it the job's stdio, the
 //! lifeline, the status pipe, the spec (and, with egress by name, the
-//! socket for the proxy's listener) by `SCM_RIGHTS`. The supervisor runs
-//! the trampoline (`executor_sandbox::trampoline::run`), which applies the
-//! plan (namespaces, the new root, Landlock, seccomp:
-//! `executor_sandbox::linux`) and calls `execve`; it reports
+//! socket for the proxy's listener) by `SCM_RIGHTS`; the spawner passes
+//! them on to the supervisor it forked ahead (its standby) or forks one.
+//! The supervisor runs the trampoline
+//! (`executor_sandbox::trampoline::run`), which applies the plan
+//! (namespaces, the new root, Landlock, seccomp: `executor_sandbox::linux`)
+//! and starts the program with a `vfork` and `execve`; it reports
 //! `Status::Started { pid }` on the status pipe. The
 //! job is registered, its output pumps start, and the handler's
 //! `ProcessStartResult` goes back up: dispatch makes it a `Reply`, `conn`

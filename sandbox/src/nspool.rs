@@ -132,6 +132,13 @@ impl Pool {
         // SAFETY: the caller is single-threaded (this function's contract).
         match unsafe { sys::fork_single_threaded() } {
             Ok(ForkResult::Child) => {
+                // Made ahead, for a later job: the namespaces' creation
+                // (about 1.5 ms of CPU, most of it the network namespace)
+                // must not take a core from the job that just started, so
+                // the maker runs at the lowest priority (nice 19, not
+                // SCHED_IDLE: it takes the network stack's locks, which a
+                // starved holder would keep from other jobs).
+                sys::lowest_priority();
                 // Nothing of the spawner's (its socket to the agent, the
                 // pool's other sets) stays in the maker.
                 let code = match sys::close_fds_except(&[theirs.as_raw_fd()]) {

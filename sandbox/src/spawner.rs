@@ -413,9 +413,11 @@ impl Standby {
     }
 
     /// Send the job's descriptors (and the pool's set for it): the pid of
-    /// the supervisor that has them, or `None` if the standby is gone (it
-    /// is killed; its exit is reaped and not reported, the agent never
-    /// asked for it).
+    /// the supervisor that has them, or `None` if the standby is gone. It
+    /// is never signalled: a standby that died was reaped (and not
+    /// reported: the agent never asked for it), so its pid may be another
+    /// process's now; one that is alive and could not be sent to ends at
+    /// the EOF of its socket, closed here.
     fn hand_over(self, fds: &[OwnedFd], egress: bool, set: Option<&NsSet>) -> Option<i32> {
         let mut all: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
         if let Some(set) = set {
@@ -429,10 +431,7 @@ impl Standby {
         .encode();
         match sys::send_fds(self.sock.as_fd(), &msg, &all, MsgFlags::MSG_NOSIGNAL) {
             Ok(MSG_LEN) => Some(self.pid),
-            _ => {
-                let _ = nix::sys::signal::kill(Pid::from_raw(self.pid), Signal::SIGKILL);
-                None
-            }
+            _ => None,
         }
     }
 }

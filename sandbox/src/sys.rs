@@ -271,6 +271,13 @@ pub fn reset_signals(ignored: u64) {
     }
 }
 
+/// Run the calling process at the lowest scheduling priority (nice 19),
+/// best effort: work done ahead must yield to the work of now.
+pub fn lowest_priority() {
+    // SAFETY: integer arguments only; `who` 0 is the calling process.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+}
+
 /// `fork()` in a process known to be single-threaded.
 ///
 /// # Safety
@@ -425,9 +432,11 @@ pub fn send_own_credentials(sock: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Receive the byte [`send_own_credentials`] sent and the sender's pid as
-/// this process sees it (the socket has `SO_PASSCRED`). `None` at EOF or
-/// without credentials.
+/// Take the byte [`send_own_credentials`] sent, if it is queued, and the
+/// sender's pid as this process sees it (the socket has `SO_PASSCRED`).
+/// Never waits: `None` when nothing is queued (a sender killed before it
+/// sent must not leave the caller blocked), at EOF, or without
+/// credentials.
 #[cfg(target_os = "linux")]
 pub fn recv_sender_pid(sock: BorrowedFd<'_>) -> Option<nix::unistd::Pid> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixCredentials};
@@ -439,7 +448,7 @@ pub fn recv_sender_pid(sock: BorrowedFd<'_>) -> Option<nix::unistd::Pid> {
             sock.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
         ) {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => return None,

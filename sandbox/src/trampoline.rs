@@ -623,8 +623,9 @@ fn sandboxed(
     // The init has its own copies; the supervisor never needs them.
     drop(job.egress);
     drop(init_ns);
-    // The program sent its credentials before its exec: at EOF on the
-    // exec pipe they are waiting (EOF on `ctl` if the init died first).
+    // The program sent its credentials before its exec, so at EOF on the
+    // exec pipe they are queued; if they are not (it was killed before it
+    // sent them), the pid is looked up in /proc.
     let program = || sys::recv_sender_pid(ctl.as_fd()).or_else(|| program_of(init));
     if report_start(&mut exec_r, &mut status, program).is_err() {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);

@@ -394,9 +394,10 @@ async fn the_standby_supervisor_holds_nothing_and_is_replaced() {
     )
     .unwrap();
     assert!(eventually(|| !alive(next)).await);
-    let quick = c.start(&sleeper(&name, "0")).await.unwrap();
-    assert_ne!(executor_tests::parent_pid(quick.pid()), next);
-    assert_eq!(quick.wait().await.unwrap().code, Some(0));
+    let forked = c.start(&sleeper(&name, "1000")).await.unwrap();
+    assert_ne!(executor_tests::parent_pid(forked.pid()), next);
+    forked.signal(SignalName::Kill).await.unwrap();
+    assert_eq!(forked.wait().await.unwrap().signal_number, Some(9));
     let last = standby_of(spawner, Some(next))
         .await
         .expect("a standby again");
@@ -409,4 +410,54 @@ async fn the_standby_supervisor_holds_nothing_and_is_replaced() {
         "the standby goes with it"
     );
     assert!(with_arg0(&name).is_empty());
+}
+
+// A standby that died (killed from outside) was reaped; its pid may be
+// another process's by the time the next start finds the standby gone, and
+// that process must not be signalled. The dead standby's pid is handed to
+// an unrelated `sleep` (`ns_last_pid`, root only); the next start runs and
+// the sleep lives.
+#[tokio::test]
+async fn a_dead_standbys_pid_is_never_signalled() {
+    if executor_tests::current_uid() != 0 {
+        return executor_tests::prerequisite_missing("root (ns_last_pid)");
+    }
+    let c = local_client().await;
+    let (_, spawner) = agent_and_spawner(&c).await;
+    let standby = standby_of(spawner, None).await.expect("a standby");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(standby as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        eventually(|| !std::path::Path::new(&format!("/proc/{standby}")).exists()).await,
+        "the spawner reaps its dead standby"
+    );
+    // The standby's pid for a process of ours (other processes may take it
+    // first: a few tries).
+    let mut victim = None;
+    for _ in 0..20 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (standby - 1).to_string()).unwrap();
+        let mut sleep = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        if sleep.id() == standby {
+            victim = Some(sleep);
+            break;
+        }
+        sleep.kill().unwrap();
+        sleep.wait().unwrap();
+    }
+    let mut victim = victim.expect("the dead standby's pid for a new process");
+    let job = c.start(&sleeper(&marker("stale"), "0")).await.unwrap();
+    assert_eq!(job.wait().await.unwrap().code, Some(0));
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the process that has the dead standby's pid was signalled"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    c.close().await.unwrap();
 }
