@@ -180,13 +180,14 @@ async fn spawn_latency(iterations: usize) -> anyhow::Result<Row> {
         goal: "≤ 2× the bare spawn".into(),
         met: Some(ratio <= 2.0),
         note: format!(
-            "{}the agent never forks: its spawner (one small single-threaded process) forks the \
-             job's supervisor, which forks and execs the program; on top of a bare spawn+wait a \
-             job pays that second fork, the supervisor's setup (spec from the memfd, session, \
-             subreaper, signalfd, the exec pipe), the status messages supervisor → agent and a \
-             wire round trip plus the `process/exited` notification to the client (about ten \
-             wake-ups across five processes where the baseline has three). The {:.1} MB agent \
-             binary is no longer loaded per job.",
+            "{}the agent never forks: its spawner (one small single-threaded process) hands the \
+             job to a supervisor it forked ahead, which starts the program with a vfork (no \
+             page-table copy) and reports when it has exec'd; on top of a bare spawn+wait a job \
+             pays the supervisor's setup (spec from the memfd, session, subreaper, signalfd, the \
+             exec pipe), the status messages supervisor → agent and a wire round trip plus the \
+             `process/exited` notification to the client (about ten wake-ups across five \
+             processes where the baseline has three). The {:.1} MB agent binary is not loaded \
+             per job.",
             if ratio <= 2.0 { "" } else { "missed: " },
             std::fs::metadata(executor_client::target::local_executor()?)?.len() as f64 / 1e6
         ),

@@ -730,6 +730,15 @@ fn job_init(
     if let Err(e) = sys::set_not_dumpable() {
         return fail(&mut w, crate::linux::Step::Capabilities, &e);
     }
+    // The init dies with its supervisor: a supervisor killed from outside
+    // must not leave the job running unwatched (the init's death kills
+    // every process of its PID namespace).
+    match dies_with_supervisor(&ctl) {
+        Ok(true) => {}
+        // The supervisor is gone already: nobody to report to.
+        Ok(false) => return 127,
+        Err(e) => return fail(&mut w, crate::linux::Step::Namespaces, &e),
+    }
     if let Err((step, e)) = crate::linux::confine(plan, prep) {
         return fail(&mut w, step, &e);
     }
@@ -769,6 +778,26 @@ fn job_init(
     // now, while this init's exit tears the namespaces down.
     let _ = ctl.write_all(&raw.to_be_bytes());
     0
+}
+
+/// In the job's init: SIGKILL when the supervisor (the thread that cloned
+/// it: the supervisor is single-threaded) exits. Set after the init's last
+/// credential change that clears it (entering its user namespace; the
+/// capability drop and Landlock that follow only narrow its credentials,
+/// which keeps it). `false` if the supervisor died before: its end of
+/// `ctl` is closed then (`getppid` cannot tell: the parent is outside the
+/// init's PID namespace).
+#[cfg(target_os = "linux")]
+fn dies_with_supervisor(ctl: &std::os::unix::net::UnixStream) -> io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+    // A Unix stream socket whose peer closed polls as POLLHUP (always
+    // reported, whatever is asked).
+    let mut fds = [PollFd::new(ctl.as_fd(), PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO)?;
+    Ok(!fds[0]
+        .revents()
+        .is_some_and(|r| r.contains(PollFlags::POLLHUP)))
 }
 
 /// In the job's init (pid 1 of its PID namespace): SIGKILL every other

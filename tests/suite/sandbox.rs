@@ -2789,3 +2789,37 @@ both!(c53_cwd_never_leaves_the_root, |e: Env| async move {
     assert_eq!(code, 0, "{out}");
     assert!(out.trim().ends_with("/real"), "control: {out}");
 });
+
+// 54. A supervisor killed from outside takes its sandboxed job with it: the
+// job's init has a parent-death signal (set after its last credential
+// change, then a check that the supervisor was still there), and the
+// init's death kills its PID namespace. Control: the same job lives while
+// its supervisor does.
+both!(
+    c54_a_killed_supervisor_takes_its_sandboxed_job,
+    |e: Env| async move {
+        let mut p =
+            ProcessStartParams::new(vec!["sleep".into(), "1000".into()], wp(&e.ws), path_env());
+        p.sandbox = Some(e.ws_write());
+        let proc = e.c.start(&p).await.unwrap();
+        let job = proc.pid();
+        let init = ppid(job);
+        let supervisor = ppid(init);
+        assert_eq!(comm(supervisor), "executor");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(alive(job) && alive(init), "control: the job runs");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(supervisor as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        assert!(
+            wait_dead(init, WAIT).await,
+            "the init outlived its supervisor"
+        );
+        assert!(
+            wait_dead(job, WAIT).await,
+            "the job outlived its supervisor"
+        );
+    }
+);
