@@ -72,6 +72,7 @@ pub enum Step {
     Seccomp = 17,
     Fork = 18,
     Egress = 19,
+    Supervisor = 20,
 }
 
 impl Step {
@@ -97,6 +98,7 @@ impl Step {
             17 => "installing the seccomp filter",
             18 => "forking the job",
             19 => "opening the egress proxy port in the job's network namespace",
+            20 => "tying the job's init to its supervisor (parent-death signal)",
             _ => "an unknown sandbox step",
         }
     }

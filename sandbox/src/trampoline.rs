@@ -13,8 +13,11 @@
 //!
 //! - it watches a *lifeline* pipe whose write end only the agent holds: when
 //!   the agent dies (even by SIGKILL) the pipe hangs up and the supervisor
-//!   kills the whole job. (`PR_SET_PDEATHSIG` is not used: it fires when the
-//!   agent's *thread* that forked exits, and covers only the direct child.)
+//!   kills the whole job. (`PR_SET_PDEATHSIG` is not used for that link: it
+//!   fires when the agent's *thread* that forked exits, and covers only the
+//!   direct child. A sandboxed job's init has one, tied to its supervisor,
+//!   which is single-threaded: a supervisor killed from outside takes the
+//!   init, and with it the job's PID namespace.)
 //! - a sandboxed job runs under an init of its own, created by `clone` in
 //!   new namespaces ([`crate::linux`]): the init confines itself, forks the
 //!   program (pid 2 of the new PID namespace), and when the program exits
@@ -737,7 +740,7 @@ fn job_init(
         Ok(true) => {}
         // The supervisor is gone already: nobody to report to.
         Ok(false) => return 127,
-        Err(e) => return fail(&mut w, crate::linux::Step::Namespaces, &e),
+        Err(e) => return fail(&mut w, crate::linux::Step::Supervisor, &e),
     }
     if let Err((step, e)) = crate::linux::confine(plan, prep) {
         return fail(&mut w, step, &e);

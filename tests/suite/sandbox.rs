@@ -2793,33 +2793,57 @@ both!(c53_cwd_never_leaves_the_root, |e: Env| async move {
 // 54. A supervisor killed from outside takes its sandboxed job with it: the
 // job's init has a parent-death signal (set after its last credential
 // change, then a check that the supervisor was still there), and the
-// init's death kills its PID namespace. Control: the same job lives while
+// init's death kills its PID namespace. Twice: the agent's first job (its
+// namespaces made by its own clone) and one whose user and network
+// namespaces come from the spawner's pool. Control: each job lives while
 // its supervisor does.
 both!(
     c54_a_killed_supervisor_takes_its_sandboxed_job,
     |e: Env| async move {
-        let mut p =
-            ProcessStartParams::new(vec!["sleep".into(), "1000".into()], wp(&e.ws), path_env());
-        p.sandbox = Some(e.ws_write());
-        let proc = e.c.start(&p).await.unwrap();
-        let job = proc.pid();
-        let init = ppid(job);
-        let supervisor = ppid(init);
-        assert_eq!(comm(supervisor), "executor");
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert!(alive(job) && alive(init), "control: the job runs");
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(supervisor as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        assert!(
-            wait_dead(init, WAIT).await,
-            "the init outlived its supervisor"
-        );
-        assert!(
-            wait_dead(job, WAIT).await,
-            "the job outlived its supervisor"
-        );
+        let spawner = spawner_of(e.agent_pid).expect("the agent's spawner");
+        for pooled in [false, true] {
+            let held = if pooled {
+                let deadline = std::time::Instant::now() + WAIT;
+                while held_namespaces(spawner).is_empty() && std::time::Instant::now() < deadline {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                held_namespaces(spawner)
+            } else {
+                Vec::new()
+            };
+            let mut p =
+                ProcessStartParams::new(vec!["sleep".into(), "1000".into()], wp(&e.ws), path_env());
+            p.sandbox = Some(e.ws_write());
+            let proc = e.c.start(&p).await.unwrap();
+            let job = proc.pid();
+            let init = ppid(job);
+            let supervisor = ppid(init);
+            assert_eq!(comm(supervisor), "executor");
+            if pooled {
+                let net = std::fs::read_link(format!("/proc/{job}/ns/net"))
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                assert!(
+                    held.contains(&net),
+                    "the job's {net} came from the pool {held:?}"
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert!(alive(job) && alive(init), "control: the job runs");
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(supervisor as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+            assert!(
+                wait_dead(init, WAIT).await,
+                "pooled {pooled}: the init outlived its supervisor"
+            );
+            assert!(
+                wait_dead(job, WAIT).await,
+                "pooled {pooled}: the job outlived its supervisor"
+            );
+        }
     }
 );
