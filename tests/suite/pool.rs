@@ -110,17 +110,34 @@ fn base(tag: &str, uid: u32) -> PathBuf {
 
 use executor_tests::root_and_unprivileged as both;
 
+/// A host-mount case's directory for the agent's user (root or 65534),
+/// `None` (after saying so) where the test cannot change host mounts.
+fn host_case(tag: &str, unpriv: bool) -> Option<PathBuf> {
+    if !is_root() {
+        prerequisite_missing("root (host mounts)");
+        return None;
+    }
+    Some(base(tag, if unpriv { 65534 } else { 0 }))
+}
+
+/// `cmd`'s output in a read-all job with a fresh clone of the host's mount
+/// table (network `allow`: the control) and in one whose namespaces come
+/// from the pool (network `deny`).
+async fn fresh_and_pooled(e: &Env, cmd: &str) -> (String, String) {
+    let (fresh, _) = e.sh(intent(&[], NetworkIntent::Allow), cmd).await;
+    let (pooled, _) = e.sh(intent(&[], NetworkIntent::Deny), cmd).await;
+    (fresh, pooled)
+}
+
 // 1. The host makes a writable bind mount read-only (remount,bind,ro)
 // after the pool was filled: a pooled job with it as a write root still
 // writes through it; a fresh clone (control) gets EROFS.
 both!(
     a_host_read_only_remount_holds_for_a_pooled_job,
     |unpriv: bool| async move {
-        if !is_root() {
-            return prerequisite_missing("root (host mounts)");
-        }
-        let uid = if unpriv { 65534 } else { 0 };
-        let b = base("atk-ro", uid);
+        let Some(b) = host_case("atk-ro", unpriv) else {
+            return;
+        };
         let data = b.join("data");
         sh_host(&format!("mount --bind {0} {0}", data.display()));
         let e = env(unpriv).await;
@@ -167,11 +184,9 @@ both!(
 both!(
     what_the_host_covered_since_is_covered_for_a_pooled_job,
     |unpriv: bool| async move {
-        if !is_root() {
-            return prerequisite_missing("root (host mounts)");
-        }
-        let uid = if unpriv { 65534 } else { 0 };
-        let b = base("atk-hide", uid);
+        let Some(b) = host_case("atk-hide", unpriv) else {
+            return;
+        };
         let outside = b.join("outside");
         let e = env(unpriv).await;
         e.fill_pool().await;
@@ -179,9 +194,7 @@ both!(
             "mount -t tmpfs -o mode=755 hide {}",
             outside.display()
         ));
-        let cmd = format!("cat {}/secret", outside.display());
-        let (ctl, _) = e.sh(intent(&[], NetworkIntent::Allow), &cmd).await;
-        let (out, _) = e.sh(intent(&[], NetworkIntent::Deny), &cmd).await;
+        let (ctl, out) = fresh_and_pooled(&e, &format!("cat {}/secret", outside.display())).await;
         let _ = Command::new("umount").arg(&outside).status();
         let _ = std::fs::remove_dir_all(&b);
         assert!(!ctl.contains("OUTSIDE-SECRET"), "control: {ctl}");
@@ -197,11 +210,9 @@ both!(
 both!(
     a_volume_the_host_unmounted_is_gone_for_a_pooled_job,
     |unpriv: bool| async move {
-        if !is_root() {
-            return prerequisite_missing("root (host mounts)");
-        }
-        let uid = if unpriv { 65534 } else { 0 };
-        let b = base("atk-vol", uid);
+        let Some(b) = host_case("atk-vol", unpriv) else {
+            return;
+        };
         let vol = b.join("vol");
         sh_host(&format!(
             "mount -t tmpfs -o mode=755 vol {0} && echo VOLUME-SECRET > {0}/s && chmod 644 {0}/s",
@@ -210,9 +221,7 @@ both!(
         let e = env(unpriv).await;
         e.fill_pool().await;
         sh_host(&format!("umount {}", vol.display()));
-        let cmd = format!("cat {}/s", vol.display());
-        let (ctl, _) = e.sh(intent(&[], NetworkIntent::Allow), &cmd).await;
-        let (out, _) = e.sh(intent(&[], NetworkIntent::Deny), &cmd).await;
+        let (ctl, out) = fresh_and_pooled(&e, &format!("cat {}/s", vol.display())).await;
         let _ = std::fs::remove_dir_all(&b);
         assert!(!ctl.contains("VOLUME-SECRET"), "control: {ctl}");
         assert!(
