@@ -164,7 +164,18 @@ fn relative(p: &Path) -> PathBuf {
 /// Open `rel` beneath `root`, creating missing directories (and, when
 /// `file`, the last component as an empty file). Returns the descriptor and
 /// whether the last component existed already.
-fn ensure(root: BorrowedFd<'_>, rel: &Path, file: bool) -> io::Result<(OwnedFd, bool)> {
+///
+/// Only `root`'s own mount (the job's fresh tmpfs, its `/dev`) and the
+/// mounts in `also` (the job's `:tmp` directory) get anything made in
+/// them: beneath a mount bound from the host's tree (a write root) a
+/// missing component means what the agent checked is gone, and is
+/// `ENOENT`, never a file or directory made on the host.
+fn ensure(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    file: bool,
+    also: &[u64],
+) -> io::Result<(OwnedFd, bool)> {
     let how = || {
         OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
@@ -175,6 +186,7 @@ fn ensure(root: BorrowedFd<'_>, rel: &Path, file: bool) -> io::Result<(OwnedFd, 
             )
     };
     let mut cur = root.try_clone_to_owned()?;
+    let root_mount = sys::mount_id(root)?;
     let parts: Vec<_> = rel.components().collect();
     let mut existed = true;
     for (i, c) in parts.iter().enumerate() {
@@ -187,6 +199,10 @@ fn ensure(root: BorrowedFd<'_>, rel: &Path, file: bool) -> io::Result<(OwnedFd, 
             }
             Err(nix::errno::Errno::ENOENT) => {
                 existed = false;
+                let here = sys::mount_id(cur.as_fd())?;
+                if here != root_mount && !also.contains(&here) {
+                    return Err(io::Error::from_raw_os_error(libc::ENOENT));
+                }
                 if last && file {
                     let f = nix::fcntl::openat(
                         cur.as_fd(),
@@ -217,9 +233,10 @@ fn bind_at(
     src: BorrowedFd<'_>,
     tree: BorrowedFd<'_>,
     over: bool,
+    also: &[u64],
 ) -> io::Result<()> {
     let (sdev, sino, is_dir) = identity(src)?;
-    let (target, existed) = ensure(root, rel, !is_dir)?;
+    let (target, existed) = ensure(root, rel, !is_dir, also)?;
     if existed && !over {
         let (tdev, tino, _) = identity(target.as_fd())?;
         if (tdev, tino) != (sdev, sino) {
@@ -376,8 +393,12 @@ pub fn build_root(
     // hidden file while the carve-outs are covered.
     let dev = mount_dev_tmpfs(root.as_fd()).map_err(at(Step::Dev))?;
     let hidden = make_hidden(dev.as_fd())?;
-    attach_mounts(root.as_fd(), &mounts, hidden.as_fd())?;
-    make_symlinks(root.as_fd(), &symlinks)?;
+    // The job's own mounts beneath its root, where mount points may be
+    // made: its /dev (a read root such as /dev/null lands there), then
+    // its :tmp.
+    let dev_mount = sys::mount_id(dev.as_fd()).map_err(at(Step::Dev))?;
+    let own = attach_mounts(root.as_fd(), &mounts, hidden.as_fd(), vec![dev_mount])?;
+    make_symlinks(root.as_fd(), &symlinks, &own)?;
     drop(hidden);
     nix::unistd::unlinkat(dev.as_fd(), HIDDEN, nix::unistd::UnlinkatFlags::NoRemoveDir)
         .map_err(at(Step::DenyRead))?;
@@ -567,7 +588,7 @@ fn stage(tree: OwnedFd) -> StepResult<OwnedFd> {
 /// A new tmpfs (no exec) of `mode` and `size` at the directory `rel`
 /// beneath `dir`, made if missing.
 fn tmpfs_at(dir: BorrowedFd<'_>, rel: &str, mode: &CStr, size: &CStr) -> io::Result<()> {
-    let (target, _) = ensure(dir, Path::new(rel), false)?;
+    let (target, _) = ensure(dir, Path::new(rel), false, &[])?;
     let m = sys::new_mount(
         c"tmpfs",
         &[(c"mode", mode), (c"size", size)],
@@ -612,7 +633,15 @@ fn make_hidden(dir: BorrowedFd<'_>) -> StepResult<OwnedFd> {
 }
 
 /// Bind every cloned mount into `root`, cover the rest with `hidden`.
-fn attach_mounts(root: BorrowedFd<'_>, mounts: &[Mount], hidden: BorrowedFd<'_>) -> StepResult<()> {
+/// `own` holds the ids of the job's own mounts beneath `root` (where
+/// mount points may be made); the job's `:tmp` is added once bound, and
+/// the list returned.
+fn attach_mounts(
+    root: BorrowedFd<'_>,
+    mounts: &[Mount],
+    hidden: BorrowedFd<'_>,
+    mut own: Vec<u64>,
+) -> StepResult<Vec<u64>> {
     for m in mounts {
         let step = m.kind.step();
         match &m.tree {
@@ -622,23 +651,44 @@ fn attach_mounts(root: BorrowedFd<'_>, mounts: &[Mount], hidden: BorrowedFd<'_>)
                 m.fd.as_fd(),
                 tree.as_fd(),
                 m.kind == Kind::Tmp,
-            ),
-            None => cover(root, &m.rel, m.fd.as_fd(), hidden),
+                &own,
+            )
+            .and_then(|()| {
+                if m.kind == Kind::Tmp {
+                    own.push(sys::mount_id(tree.as_fd())?);
+                }
+                Ok(())
+            }),
+            None => cover(root, &m.rel, m.fd.as_fd(), hidden, &own),
         }
         .map_err(|e| mount_error(step, &m.rel, e))?;
     }
-    Ok(())
+    Ok(own)
 }
 
-/// Recreate the plan's symlinks in `root` (one already there, or in a
-/// read-only mount, is left as it is).
-fn make_symlinks(root: BorrowedFd<'_>, symlinks: &[(PathBuf, PathBuf)]) -> StepResult<()> {
+/// Recreate the plan's symlinks in `root` where the job's own mounts hold
+/// them (one already there, or in a mount bound from the host, is left as
+/// it is: nothing is made in the host's tree).
+fn make_symlinks(
+    root: BorrowedFd<'_>,
+    symlinks: &[(PathBuf, PathBuf)],
+    own: &[u64],
+) -> StepResult<()> {
+    let root_mount = sys::mount_id(root).map_err(at(Step::NewRoot))?;
     for (at_, to) in symlinks {
         let rel = relative(at_);
         let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
             continue;
         };
-        let (dir, _) = ensure(root, parent, false).map_err(at(Step::NewRoot))?;
+        let dir = match ensure(root, parent, false, own) {
+            Ok((dir, _)) => dir,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err((Step::NewRoot, e)),
+        };
+        let here = sys::mount_id(dir.as_fd()).map_err(at(Step::NewRoot))?;
+        if here != root_mount && !own.contains(&here) {
+            continue;
+        }
         match nix::unistd::symlinkat(to.as_path(), dir.as_fd(), name) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) | Err(nix::errno::Errno::EROFS) => {}
             Err(e) => return Err((Step::NewRoot, e.into())),
@@ -649,7 +699,7 @@ fn make_symlinks(root: BorrowedFd<'_>, symlinks: &[(PathBuf, PathBuf)]) -> StepR
 
 /// A `/proc` of the new PID namespace in `root`, without exec.
 fn mount_proc(root: BorrowedFd<'_>) -> StepResult<()> {
-    let (proc_dir, _) = ensure(root, Path::new("proc"), false).map_err(at(Step::Proc))?;
+    let (proc_dir, _) = ensure(root, Path::new("proc"), false, &[]).map_err(at(Step::Proc))?;
     let proc_mnt =
         sys::new_mount(c"proc", &[], RW | sys::MOUNT_ATTR_NOEXEC).map_err(at(Step::Proc))?;
     sys::attach(proc_mnt.as_fd(), proc_dir.as_fd()).map_err(at(Step::Proc))
@@ -690,9 +740,10 @@ fn cover(
     rel: &Path,
     src: BorrowedFd<'_>,
     hidden: BorrowedFd<'_>,
+    also: &[u64],
 ) -> io::Result<()> {
     let (sdev, sino, is_dir) = identity(src)?;
-    let (target, _) = ensure(root, rel, !is_dir)?;
+    let (target, _) = ensure(root, rel, !is_dir, also)?;
     let (tdev, tino, _) = identity(target.as_fd())?;
     if (tdev, tino) != (sdev, sino) {
         return Err(io::Error::other(
@@ -741,13 +792,13 @@ fn make_dev(
     own_pts: Option<&(PathBuf, OwnedFd)>,
 ) -> io::Result<()> {
     for (name, fd) in devices {
-        let (target, _) = ensure(dev, Path::new(name), true)?;
+        let (target, _) = ensure(dev, Path::new(name), true, &[])?;
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }
-    let (pts, _) = ensure(dev, Path::new("pts"), false)?;
+    let (pts, _) = ensure(dev, Path::new("pts"), false, &[])?;
     if let Some((n, fd)) = own_pts {
-        let (target, _) = ensure(pts.as_fd(), &relative(n), true)?;
+        let (target, _) = ensure(pts.as_fd(), &relative(n), true, &[])?;
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }
@@ -1319,6 +1370,98 @@ pub fn cstr(p: &Path) -> io::Result<CString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ensure` beneath a host directory bound into a fresh root (a write
+    /// root): a missing name is `ENOENT` and nothing is made on the host;
+    /// in the root's own tmpfs missing directories are made (control).
+    /// In a forked child, in new user and mount namespaces.
+    #[test]
+    fn ensure_makes_nothing_beneath_a_mount_bound_from_the_host() {
+        let base = std::env::temp_dir().join(format!("sbx-ensure-{}", std::process::id()));
+        let ws = base.join("ws");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        let ws = std::fs::canonicalize(ws).unwrap();
+        let tmp = base.join("own-tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        let child = || -> Result<(), String> {
+            let step = |what: &'static str| move |e: io::Error| format!("{what}: {e}");
+            nix::sched::unshare(
+                nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS,
+            )
+            .map_err(|e| format!("unshare: {e}"))?;
+            write_id_maps(uid, gid).map_err(step("id maps"))?;
+            make_mounts_private().map_err(|(_, e)| format!("private: {e}"))?;
+            let src = open_here(ws.to_str().unwrap()).map_err(step("open ws"))?;
+            let tree = clone_with(src.as_fd(), RW).map_err(step("clone ws"))?;
+            let own = open_here(tmp.to_str().unwrap()).map_err(step("open tmp"))?;
+            let own_tree = clone_with(own.as_fd(), RW).map_err(step("clone tmp"))?;
+            let root = stage_fresh_root().map_err(|(_, e)| format!("stage: {e}"))?;
+            let rel = relative(&ws);
+            bind_at(root.as_fd(), &rel, src.as_fd(), tree.as_fd(), false, &[])
+                .map_err(step("bind ws"))?;
+            for file in [true, false] {
+                match ensure(root.as_fd(), &rel.join("gone"), file, &[]) {
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    other => return Err(format!("beneath the bound ws (file {file}): {other:?}")),
+                }
+            }
+            // The job's own `:tmp` (a host directory of its own) may get
+            // mount points: its mount id is passed in `also`.
+            bind_at(
+                root.as_fd(),
+                Path::new("own-tmp"),
+                own.as_fd(),
+                own_tree.as_fd(),
+                true,
+                &[],
+            )
+            .map_err(step("bind tmp"))?;
+            let also = [sys::mount_id(own_tree.as_fd()).map_err(step("mount id"))?];
+            match ensure(root.as_fd(), Path::new("own-tmp/made"), false, &[]) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                other => return Err(format!("in :tmp without its id: {other:?}")),
+            }
+            ensure(root.as_fd(), Path::new("own-tmp/made"), false, &also)
+                .map_err(step("control: in the job's :tmp"))?;
+            let (_, existed) = ensure(root.as_fd(), &rel.join("sub"), false, &[])
+                .map_err(step("control: an existing name beneath ws"))?;
+            let (_, made) = ensure(root.as_fd(), Path::new("skeleton/dir"), false, &[])
+                .map_err(step("control: the root's own tmpfs"))?;
+            if !existed || made {
+                return Err(format!("existed {existed}, made {made}"));
+            }
+            Ok(())
+        };
+        // SAFETY: the child only runs `child` (system calls and small
+        // allocations, which glibc's fork keeps usable) and `_exit`s.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let code = match child() {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        1
+                    }
+                };
+                // SAFETY: ends the forked child without unwinding.
+                unsafe { libc::_exit(code) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let st = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(st, nix::sys::wait::WaitStatus::Exited(child, 0));
+                assert!(
+                    std::fs::symlink_metadata(ws.join("gone")).is_err(),
+                    "made on the host"
+                );
+                assert!(tmp.join("made").is_dir(), "control: made in :tmp");
+            }
+        }
+        let _ = std::fs::remove_dir_all(base);
+    }
 
     /// What a job installs is the same program whether the spawner
     /// compiled it ahead or the job compiles it, for every network intent

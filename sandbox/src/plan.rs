@@ -12,7 +12,7 @@
 //! spec ([`crate::spec`]).
 
 use crate::placeholder::{Maker, Placeholders};
-use crate::policy::{root_paths, Policy, Root};
+use crate::policy::{root_paths, Checked, Policy, Root};
 use crate::Capabilities;
 use executor_protocol::types::sandbox::NetworkIntent;
 use serde::{Deserialize, Serialize};
@@ -482,8 +482,8 @@ impl<'a> CarveOuts<'a> {
         }
     }
 
-    /// An existing carve-out: covered by identity; one with other hard links
-    /// fails (`required`) or is reported as degraded.
+    /// An existing carve-out: covered by the identity `m` has; one with
+    /// other hard links fails (`required`) or is reported as degraded.
     fn add_existing(
         &mut self,
         field: &str,
@@ -508,7 +508,12 @@ impl<'a> CarveOuts<'a> {
             // It may be another live job's placeholder: hold it.
             self.maker(d)?.hold(w, d).map_err(placeholder_io(d))?;
         }
-        let n = node(d, "carve-out")?;
+        // The identity the hard-link check saw (one look-up for both).
+        let n = Node {
+            path: bytes(d),
+            dev: m.dev(),
+            ino: m.ino(),
+        };
         self.push(n, d, is_read);
         Ok(())
     }
@@ -547,20 +552,25 @@ impl<'a> CarveOuts<'a> {
 
     /// Symlinks on the way to carve-outs, inside write roots: covered
     /// read-only, so the names cannot be swapped (`rm .env` of a `.env`
-    /// link to the protected file is `EBUSY`).
-    fn add_links(&mut self, links: &[PathBuf], visible: &Visible<'_>) -> Result<(), PlanError> {
+    /// link to the protected file is `EBUSY`). Each keeps the identity of
+    /// the link the policy's walk went through (never looked up again
+    /// here): a link swapped back for a directory since makes the job's
+    /// start fail instead of leaving the real directory uncovered.
+    fn add_links(&mut self, links: &[Checked], visible: &Visible<'_>) {
         for link in links {
-            let is_link = std::fs::symlink_metadata(link).is_ok_and(|m| m.file_type().is_symlink());
-            if is_link && visible.contains(link) && enclosing(link, self.write_paths).is_some() {
-                let covered = self.deny_write.iter().any(|n| n.path() == link.as_path());
+            let path = link.path.as_path();
+            if visible.contains(path) && enclosing(path, self.write_paths).is_some() {
+                let covered = self.deny_write.iter().any(|n| n.path() == path);
                 if !covered {
-                    self.deny_write
-                        .push(node(link, "a symlink on the way to a carve-out")?);
-                    self.pinned_below.push(link.clone());
+                    self.deny_write.push(Node {
+                        path: bytes(path),
+                        dev: link.dev,
+                        ino: link.ino,
+                    });
+                    self.pinned_below.push(path.to_path_buf());
                 }
             }
         }
-        Ok(())
     }
 
     /// Pins: every ancestor between a carve-out and its write root, except
@@ -657,19 +667,23 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
     let abi = caps.landlock_abi.unwrap_or(0);
     let net = network_plan(policy, abi, &mut degraded)?;
     let write_paths = root_paths(&policy.write);
-    let read = match &policy.read {
-        None => None,
-        Some(roots) => Some(
-            root_paths(roots)
-                .iter()
-                .map(|p| node(p, "read root"))
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
+    // The roots keep the identity the policy's one look-up found: the
+    // trampoline mounts that node or nothing.
+    let checked = |roots: &[Root]| -> Vec<Node> {
+        roots
+            .iter()
+            .filter_map(|r| match r {
+                Root::Path(c) => Some(Node {
+                    path: bytes(&c.path),
+                    dev: c.dev,
+                    ino: c.ino,
+                }),
+                Root::Tmp => None,
+            })
+            .collect()
     };
-    let write = write_paths
-        .iter()
-        .map(|p| node(p, "write root"))
-        .collect::<Result<Vec<_>, _>>()?;
+    let read = policy.read.as_deref().map(checked);
+    let write = checked(&policy.write);
 
     let needs_tmp = policy.write.contains(&Root::Tmp)
         || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
@@ -688,7 +702,7 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
         carve.add(&field, d, false, &visible, &mut degraded)?;
     }
     let placeholders = carve.maker.take().and_then(Maker::finish);
-    carve.add_links(&policy.carve_out_links, &visible)?;
+    carve.add_links(&policy.carve_out_links, &visible);
     let pin = carve.pins()?;
 
     // Other jobs' private directories are never visible to a job.

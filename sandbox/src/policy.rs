@@ -17,10 +17,49 @@ use std::path::{Path, PathBuf};
 /// One root of a resolved policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Root {
-    /// An existing, canonical path.
-    Path(PathBuf),
+    /// An existing path, canonical, with the identity of what it named.
+    Path(Checked),
     /// The process's private temp dir (made at spawn).
     Tmp,
+}
+
+/// A root as the agent resolved it, in one look-up: the canonical path of
+/// what the given path named at that moment, and that node's identity.
+/// The two never come from different look-ups, so a name swapped for a
+/// symlink while the agent checks it cannot make the agent check one
+/// place and grant another: the trampoline opens `path` without following
+/// anything and refuses a node whose identity is not this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl Checked {
+    /// A path with no identity (device and inode 0, which no node has):
+    /// for what only generates a profile from a policy (Seatbelt, tests).
+    /// A plan made from it fails at the trampoline's identity check.
+    pub fn unchecked(path: impl Into<PathBuf>) -> Checked {
+        Checked {
+            path: path.into(),
+            dev: 0,
+            ino: 0,
+        }
+    }
+}
+
+impl std::ops::Deref for Checked {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for Checked {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
 }
 
 /// The paths of `roots`, without `:tmp` (which belongs to a process).
@@ -28,7 +67,7 @@ pub fn root_paths(roots: &[Root]) -> Vec<PathBuf> {
     roots
         .iter()
         .filter_map(|r| match r {
-            Root::Path(p) => Some(p.clone()),
+            Root::Path(p) => Some(p.path.clone()),
             Root::Tmp => None,
         })
         .collect()
@@ -50,10 +89,12 @@ pub struct Policy {
     /// recreates them so the names it was given still lead somewhere.
     pub links: Vec<(PathBuf, PathBuf)>,
     /// Symlinks met on the way to a carve-out (the carve-out itself when
-    /// it is one, and its symlinked ancestors): inside a write root they
-    /// are pinned, so the name the intent gave cannot be swapped for
-    /// something the carve-out does not cover.
-    pub carve_out_links: Vec<PathBuf>,
+    /// it is one, and its symlinked ancestors), each with the identity of
+    /// the link the walk went through: inside a write root they are
+    /// pinned, so the name the intent gave cannot be swapped for something
+    /// the carve-out does not cover (nor be a directory again by the time
+    /// the job starts: the job's start then fails).
+    pub carve_out_links: Vec<Checked>,
 }
 
 /// What the symbols mean for one request.
@@ -82,6 +123,12 @@ pub enum PolicyError {
     TmpCarveOut { field: String },
     #[error("{field}: {path:?} is a symbolic link; a write root must name the directory itself")]
     SymlinkRoot { field: String, path: String },
+    #[error("{field}: {path:?} cannot be resolved: {reason}")]
+    Unresolvable {
+        field: String,
+        path: String,
+        reason: String,
+    },
 }
 
 impl PolicyError {
@@ -93,7 +140,8 @@ impl PolicyError {
             | PolicyError::NoCwd { field }
             | PolicyError::NoHome { field }
             | PolicyError::TmpCarveOut { field }
-            | PolicyError::SymlinkRoot { field, .. } => field,
+            | PolicyError::SymlinkRoot { field, .. }
+            | PolicyError::Unresolvable { field, .. } => field,
         }
     }
 }
@@ -152,27 +200,6 @@ fn expand(p: &WirePath, field: &str, ctx: &Context) -> Result<Expanded, PolicyEr
     }
 }
 
-/// The symlinks met resolving `path` component by component.
-fn links_on(path: &Path, out: &mut Vec<(PathBuf, PathBuf)>) {
-    let mut cur = PathBuf::from("/");
-    for c in path.components() {
-        let std::path::Component::Normal(n) = c else {
-            continue;
-        };
-        let next = cur.join(n);
-        match std::fs::read_link(&next) {
-            Ok(to) => {
-                let entry = (next.clone(), to);
-                if !out.contains(&entry) {
-                    out.push(entry);
-                }
-                cur = std::fs::canonicalize(&next).unwrap_or(next);
-            }
-            Err(_) => cur = next,
-        }
-    }
-}
-
 /// Roots must exist; a broken symlink does not. A write root may not be a
 /// symlink itself (what it points to could change after the check).
 fn roots(
@@ -188,23 +215,34 @@ fn roots(
             Expanded::Tmp => out.push(Root::Tmp),
             Expanded::Paths(paths) => {
                 for path in paths {
-                    let canon =
-                        std::fs::canonicalize(&path).map_err(|_| PolicyError::MissingRoot {
-                            field: field.clone(),
-                            path: path.to_string_lossy().into_owned(),
-                        })?;
-                    if name == "write"
-                        && std::fs::symlink_metadata(&path)
-                            .is_ok_and(|m| m.file_type().is_symlink())
-                    {
+                    let missing = || PolicyError::MissingRoot {
+                        field: field.clone(),
+                        path: path.to_string_lossy().into_owned(),
+                    };
+                    let w = walk(&path, name != "write").map_err(|_| missing())?;
+                    if w.final_link {
                         return Err(PolicyError::SymlinkRoot {
                             field: field.clone(),
                             path: path.to_string_lossy().into_owned(),
                         });
                     }
-                    links_on(&path, links);
-                    if !out.contains(&Root::Path(canon.clone())) {
-                        out.push(Root::Path(canon));
+                    let (dev, ino) = w.node.ok_or_else(missing)?;
+                    for (at, to) in w.links {
+                        let l = (at.path, to);
+                        if !links.contains(&l) {
+                            links.push(l);
+                        }
+                    }
+                    let checked = Checked {
+                        path: w.path,
+                        dev,
+                        ino,
+                    };
+                    if !out
+                        .iter()
+                        .any(|r| matches!(r, Root::Path(c) if c.path == checked.path))
+                    {
+                        out.push(Root::Path(checked));
                     }
                 }
             }
@@ -213,63 +251,212 @@ fn roots(
     Ok(out)
 }
 
-/// Remove `.` and resolve `..` lexically, and resolve the longest existing
-/// prefix through the filesystem (so a carve-out names what a process would
-/// reach), keeping the not-yet-existing tail.
-fn carve_out_path(path: &Path) -> PathBuf {
-    let mut clean = PathBuf::from("/");
-    for c in path.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                clean.pop();
-            }
-            std::path::Component::Normal(n) => clean.push(n),
-            _ => {}
-        }
-    }
-    // A carve-out that is a symlink names what it points to (even when
-    // that does not exist yet): follow it, lexically, a bounded number of
-    // times.
-    for _ in 0..40 {
-        let Ok(to) = std::fs::read_link(&clean) else {
-            break;
-        };
-        let base = clean
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("/"));
-        let mut next = PathBuf::from("/");
-        for c in base.join(to).components() {
-            match c {
-                std::path::Component::ParentDir => {
-                    next.pop();
+/// What one walk of a path found.
+#[derive(Debug)]
+struct Walk {
+    /// Canonical: the existing part with its symlinks resolved, then the
+    /// part that does not exist (yet), lexically clean.
+    path: PathBuf,
+    /// The identity of `path` when all of it exists.
+    node: Option<(u64, u64)>,
+    /// The symlinks met, in order: where (with the link's own identity)
+    /// and what it points to.
+    links: Vec<(Checked, PathBuf)>,
+    /// The last component is a symlink, not followed.
+    final_link: bool,
+}
+
+/// Symlinks followed in one walk (the kernel's 40) before the rest is
+/// taken lexically.
+const MAX_LINKS: usize = 40;
+
+/// Walk the absolute `path` once, component by component, each looked up
+/// in the directory the previous one opened (never by a path string
+/// again): the canonical path, the symlinks met on the way and the
+/// identity of what it names all come from the same look-ups, so a name
+/// swapped for a symlink while the agent checks it cannot make the agent
+/// check one place and grant or protect another. A final symlink is
+/// followed when `follow` (even when it points at nothing yet);
+/// otherwise `final_link` is set. From the first component that does not
+/// exist (or cannot be searched) on, the rest is kept lexically.
+fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    use std::path::Component;
+    // The names of `p`, `..` kept; `None` for the root.
+    fn parts(p: &Path) -> Vec<Option<OsString>> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::RootDir => Some(None),
+                Component::Normal(_) | Component::ParentDir => {
+                    Some(Some(c.as_os_str().to_os_string()))
                 }
-                std::path::Component::Normal(n) => next.push(n),
-                _ => {}
-            }
-        }
-        clean = next;
+                _ => None,
+            })
+            .collect()
     }
-    let mut existing = clean.clone();
-    let mut tail = Vec::new();
-    loop {
-        if let Ok(c) = std::fs::canonicalize(&existing) {
-            let mut out = c;
-            for t in tail.iter().rev() {
-                out.push(t);
+    let root = look::root()?;
+    let mut w = Walk {
+        path: PathBuf::from("/"),
+        node: None,
+        links: Vec::new(),
+        final_link: false,
+    };
+    // The open directories along `w.path`; empty at `/`.
+    let mut dirs: Vec<look::Dir> = Vec::new();
+    // Components that do not exist, after the existing part.
+    let mut tail: Vec<OsString> = Vec::new();
+    let given = parts(path);
+    if given.first() != Some(&None) {
+        return Err(std::io::Error::other("not an absolute path"));
+    }
+    let mut queue: VecDeque<OsString> = given.into_iter().flatten().collect();
+    let mut hops = 0;
+    while let Some(name) = queue.pop_front() {
+        if name == ".." {
+            if tail.pop().is_none() && dirs.pop().is_some() {
+                w.path.pop();
             }
-            return out;
+            continue;
         }
-        match (
-            existing.file_name().map(|n| n.to_os_string()),
-            existing.parent(),
-        ) {
-            (Some(name), Some(parent)) => {
-                tail.push(name);
-                existing = parent.to_path_buf();
+        if !tail.is_empty() {
+            tail.push(name);
+            continue;
+        }
+        let dir = dirs.last().unwrap_or(&root);
+        match look::child(dir, &name) {
+            Ok(look::Found::Node(d)) => {
+                w.path.push(&name);
+                dirs.push(d);
             }
-            _ => return clean,
+            Ok(look::Found::Link(to, (dev, ino))) => {
+                if queue.is_empty() && !follow {
+                    w.final_link = true;
+                    w.path.push(&name);
+                    return Ok(w);
+                }
+                hops += 1;
+                if hops > MAX_LINKS {
+                    // A loop (`ln -s .env .env`): where the name leads
+                    // cannot be known; it and the rest are kept lexically,
+                    // as a missing component is (a root is then missing,
+                    // a carve-out covers the link itself).
+                    tail.push(name);
+                    continue;
+                }
+                let at = Checked {
+                    path: w.path.join(&name),
+                    dev,
+                    ino,
+                };
+                w.links.push((at, to.clone()));
+                let mut next = Vec::new();
+                for c in parts(&to) {
+                    match c {
+                        None => {
+                            dirs.clear();
+                            w.path = PathBuf::from("/");
+                        }
+                        Some(c) => next.push(c),
+                    }
+                }
+                for c in next.into_iter().rev() {
+                    queue.push_front(c);
+                }
+            }
+            Err(_) => tail.push(name),
         }
+    }
+    if tail.is_empty() {
+        w.node = Some(look::identity(dirs.last().unwrap_or(&root))?);
+    }
+    w.path.extend(tail);
+    Ok(w)
+}
+
+/// The look-ups of [`walk`]: one component in an open directory.
+#[cfg(target_os = "linux")]
+mod look {
+    use nix::fcntl::{openat, readlinkat, OFlag};
+    use nix::sys::stat::{fstat, Mode};
+    use std::ffi::OsStr;
+    use std::os::fd::OwnedFd;
+    use std::path::PathBuf;
+
+    /// A node of the walk, open with `O_PATH` (never followed).
+    pub type Dir = OwnedFd;
+
+    pub enum Found {
+        Node(Dir),
+        /// A symlink: its target and its own identity.
+        Link(PathBuf, (u64, u64)),
+    }
+
+    pub fn root() -> std::io::Result<Dir> {
+        Ok(nix::fcntl::open(
+            "/",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
+    /// `name` in `dir`, not following it; a symlink's target is read from
+    /// the symlink opened here (`readlinkat` with an empty path).
+    pub fn child(dir: &Dir, name: &OsStr) -> std::io::Result<Found> {
+        let fd = openat(
+            dir,
+            name,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = fstat(&fd)?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Ok(Found::Link(
+                PathBuf::from(readlinkat(&fd, "")?),
+                (st.st_dev, st.st_ino),
+            ));
+        }
+        Ok(Found::Node(fd))
+    }
+
+    pub fn identity(d: &Dir) -> std::io::Result<(u64, u64)> {
+        let st = fstat(d)?;
+        Ok((st.st_dev, st.st_ino))
+    }
+}
+
+/// The look-ups of [`walk`] where there is no `O_PATH` (macOS, where only
+/// a Seatbelt profile is made from the paths): by path, one component at
+/// a time.
+#[cfg(not(target_os = "linux"))]
+mod look {
+    use std::ffi::OsStr;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+
+    pub type Dir = PathBuf;
+
+    pub enum Found {
+        Node(Dir),
+        Link(PathBuf, (u64, u64)),
+    }
+
+    pub fn root() -> std::io::Result<Dir> {
+        Ok(PathBuf::from("/"))
+    }
+
+    pub fn child(dir: &Dir, name: &OsStr) -> std::io::Result<Found> {
+        let p = dir.join(name);
+        let m = std::fs::symlink_metadata(&p)?;
+        if m.file_type().is_symlink() {
+            return Ok(Found::Link(std::fs::read_link(&p)?, (m.dev(), m.ino())));
+        }
+        Ok(Found::Node(p))
+    }
+
+    pub fn identity(d: &Dir) -> std::io::Result<(u64, u64)> {
+        let m = std::fs::symlink_metadata(d)?;
+        Ok((m.dev(), m.ino()))
     }
 }
 
@@ -277,7 +464,7 @@ fn carve_outs(
     list: &[WirePath],
     name: &str,
     ctx: &Context,
-    links: &mut Vec<PathBuf>,
+    links: &mut Vec<Checked>,
 ) -> Result<Vec<PathBuf>, PolicyError> {
     let mut out = Vec::new();
     for (i, p) in list.iter().enumerate() {
@@ -286,16 +473,20 @@ fn carve_outs(
             Expanded::Tmp => return Err(PolicyError::TmpCarveOut { field }),
             Expanded::Paths(paths) => {
                 for path in paths {
-                    let mut met = Vec::new();
-                    links_on(&path, &mut met);
-                    for (at, _) in met {
+                    // A carve-out names what a process would reach: a
+                    // symlink is followed, also to what does not exist yet.
+                    let w = walk(&path, true).map_err(|e| PolicyError::Unresolvable {
+                        field: field.clone(),
+                        path: path.to_string_lossy().into_owned(),
+                        reason: e.to_string(),
+                    })?;
+                    for (at, _) in w.links {
                         if !links.contains(&at) {
                             links.push(at);
                         }
                     }
-                    let c = carve_out_path(&path);
-                    if !out.contains(&c) {
-                        out.push(c);
+                    if !out.contains(&w.path) {
+                        out.push(w.path);
                     }
                 }
             }
@@ -329,6 +520,9 @@ pub fn resolve(intent: &SandboxIntent, ctx: &Context) -> Result<Policy, PolicyEr
 mod tests {
     use super::*;
     use executor_protocol::types::sandbox::FilesystemIntent;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
 
     fn dir() -> PathBuf {
         let d = std::env::temp_dir().join(format!("sbx-policy-{}", std::process::id()));
@@ -363,14 +557,20 @@ mod tests {
         };
         let p = resolve(&intent, &ctx).unwrap();
         assert_eq!(
-            p.read,
-            Some(vec![Root::Path(d.clone()), Root::Path("/usr".into())])
+            p.read.as_deref().map(root_paths),
+            Some(vec![d.clone(), "/usr".into()])
         );
         assert_eq!(
-            p.write,
-            vec![Root::Path(d.join("ws")), Root::Tmp],
+            root_paths(&p.write),
+            vec![d.join("ws")],
             "duplicates collapse"
         );
+        assert_eq!(p.write.last(), Some(&Root::Tmp));
+        let Some(Root::Path(ws)) = p.write.first() else {
+            panic!("{:?}", p.write)
+        };
+        let m = std::fs::metadata(d.join("ws")).unwrap();
+        assert_eq!((ws.dev, ws.ino), (m.dev(), m.ino()), "the identity travels");
         assert_eq!(
             p.deny_write,
             vec![d.join("ws/.git"), d.join("ws/later")],
@@ -401,6 +601,207 @@ mod tests {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(d.join("nowhere"), &link).unwrap();
         let e = resolve(&mk(vec![link.to_str().unwrap().into()]), &ctx).unwrap_err();
-        assert!(matches!(e, PolicyError::MissingRoot { .. }));
+        assert!(matches!(e, PolicyError::SymlinkRoot { .. }), "{e}");
+        let mut read = mk(vec![]);
+        read.filesystem.read = ReadRoots::Paths(vec![link.to_str().unwrap().into()]);
+        let e = resolve(&read, &ctx).unwrap_err();
+        assert!(matches!(e, PolicyError::MissingRoot { .. }), "{e}");
+    }
+
+    /// Run `swap` in a loop on another thread while `check` runs `n`
+    /// times.
+    fn racing(swap: impl Fn() + Send + 'static, n: usize, mut check: impl FnMut()) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                swap();
+            }
+        });
+        for _ in 0..n {
+            check();
+        }
+        stop.store(true, Ordering::Relaxed);
+        t.join().unwrap();
+    }
+
+    /// A tree for the race tests: `ws/<name>` (a directory) and
+    /// `outside/<name>`, canonical.
+    fn race_dirs(test: &str, name: &str) -> (PathBuf, PathBuf) {
+        let d = dir().join(test);
+        let _ = std::fs::remove_dir_all(&d);
+        for p in ["ws", "outside"] {
+            std::fs::create_dir_all(d.join(p).join(name).join("sub")).unwrap();
+        }
+        (d.join("ws"), d.join("outside"))
+    }
+
+    /// `ws/<name>` swapped for a symlink to `outside/<name>` and back.
+    fn swapper(ws: &Path, outside: &Path, name: &str) -> impl Fn() + Send + 'static {
+        let (real, parked, target) = (
+            ws.join(name),
+            ws.join(format!("{name}-parked")),
+            outside.join(name),
+        );
+        move || {
+            if std::fs::rename(&real, &parked).is_ok() {
+                let _ = std::os::unix::fs::symlink(&target, &real);
+                let _ = std::fs::remove_file(&real);
+                let _ = std::fs::rename(&parked, &real);
+            }
+        }
+    }
+
+    fn write_root(p: &Path) -> SandboxIntent {
+        SandboxIntent {
+            filesystem: FilesystemIntent {
+                write: vec![p.to_str().unwrap().into()],
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    // A write root swapped for a symlink while it is resolved names the
+    // directory itself or is refused; it never names where the link
+    // points (the check that it is not a symlink and the resolution were
+    // two look-ups: the link could be followed by one and gone for the
+    // other).
+    #[test]
+    fn a_write_root_swapped_for_a_link_is_never_followed() {
+        let (ws, outside) = race_dirs("swap-root", "sub");
+        let real = std::fs::metadata(ws.join("sub")).unwrap();
+        let intent = write_root(&ws.join("sub"));
+        let (mut named, mut refused) = (0, 0);
+        racing(swapper(&ws, &outside, "sub"), 20_000, || {
+            match resolve(&intent, &Context::default()) {
+                Ok(p) => {
+                    let Some(Root::Path(c)) = p.write.first() else {
+                        panic!("{:?}", p.write)
+                    };
+                    // The directory itself, where it was at that moment
+                    // (its name, or the name it was parked under).
+                    assert!(
+                        [ws.join("sub"), ws.join("sub-parked")].contains(&c.path),
+                        "followed the swapped link: {}",
+                        c.path.display()
+                    );
+                    assert_eq!((c.dev, c.ino), (real.dev(), real.ino()));
+                    named += 1;
+                }
+                Err(PolicyError::SymlinkRoot { .. } | PolicyError::MissingRoot { .. }) => {
+                    refused += 1
+                }
+                Err(e) => panic!("{e}"),
+            }
+        });
+        // Both states were met: the race ran.
+        assert!(named > 0 && refused > 0, "{named} named, {refused} refused");
+    }
+
+    // The parent of a root swapped for a symlink: the root resolves to
+    // wherever the name led at one moment, and its identity is that
+    // place's, never one place's path with the other's identity.
+    #[test]
+    fn a_root_under_a_swapped_parent_keeps_path_and_identity_together() {
+        let (ws, outside) = race_dirs("swap-parent", "a");
+        let ids = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.dev(), m.ino())
+        };
+        let (inside_id, outside_id) = (ids(&ws.join("a/sub")), ids(&outside.join("a/sub")));
+        for follow in [false, true] {
+            let mut intent = write_root(&ws.join("a/sub"));
+            if follow {
+                intent.filesystem.read = ReadRoots::Paths(intent.filesystem.write.clone());
+                intent.filesystem.write.clear();
+            }
+            let (mut inside, mut elsewhere) = (0, 0);
+            racing(swapper(&ws, &outside, "a"), 20_000, || {
+                let Ok(p) = resolve(&intent, &Context::default()) else {
+                    return;
+                };
+                let roots = if follow { p.read.unwrap() } else { p.write };
+                let Some(Root::Path(c)) = roots.first() else {
+                    panic!("{roots:?}")
+                };
+                if [ws.join("a/sub"), ws.join("a-parked/sub")].contains(&c.path) {
+                    assert_eq!((c.dev, c.ino), inside_id);
+                    inside += 1;
+                } else {
+                    assert_eq!(c.path, outside.join("a/sub"));
+                    assert_eq!((c.dev, c.ino), outside_id);
+                    elsewhere += 1;
+                }
+            });
+            assert!(
+                inside > 0 && elsewhere > 0,
+                "{inside} inside, {elsewhere} elsewhere"
+            );
+        }
+    }
+
+    // A carve-out under a parent swapped for a symlink: either the name
+    // led through the link (then the carve-out is where it led and the
+    // link is among the links to pin, so the job cannot swap it back) or
+    // it did not (the carve-out is the name itself). Never the place the
+    // link led with no link to pin: the job would then write the real
+    // `.git/hooks` once the link is gone.
+    #[test]
+    fn a_carve_out_under_a_swapped_parent_names_the_link_it_went_through() {
+        let (ws, outside) = race_dirs("swap-carve-out", ".git");
+        let mut intent = write_root(&ws);
+        intent.filesystem.deny_write = vec![ws.join(".git/sub").to_str().unwrap().into()];
+        let (mut direct, mut through) = (0, 0);
+        racing(swapper(&ws, &outside, ".git"), 20_000, || {
+            let p = resolve(&intent, &Context::default()).unwrap();
+            let linked = p.carve_out_links.iter().any(|l| l.path == ws.join(".git"));
+            match p.deny_write.as_slice() {
+                [c] if *c == outside.join(".git/sub") => {
+                    assert!(linked, "went through a link it does not pin");
+                    through += 1;
+                }
+                [c] if [ws.join(".git/sub"), ws.join(".git-parked/sub")].contains(c) => {
+                    assert!(!linked, "{:?}", p.carve_out_links);
+                    direct += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        });
+        assert!(
+            direct > 0 && through > 0,
+            "{direct} direct, {through} through"
+        );
+    }
+
+    // A symlink loop (which a job can make: `ln -s .env .env`) in a
+    // carve-out is taken lexically from the looping name on, never an
+    // error that would fail every later request of a profile naming it; a
+    // root through a loop is missing.
+    #[test]
+    fn a_symlink_loop_is_kept_lexically() {
+        let d = dir().join("loops");
+        let _ = std::fs::remove_dir_all(&d);
+        let ws = d.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::os::unix::fs::symlink(".env", ws.join(".env")).unwrap();
+        std::os::unix::fs::symlink("b", ws.join("a")).unwrap();
+        std::os::unix::fs::symlink("a", ws.join("b")).unwrap();
+        let mut intent = write_root(&ws);
+        intent.filesystem.deny_read = vec![
+            ws.join(".env").to_str().unwrap().into(),
+            ws.join("a/x").to_str().unwrap().into(),
+        ];
+        let p = resolve(&intent, &Context::default()).unwrap();
+        assert_eq!(p.deny_read.len(), 2, "{:?}", p.deny_read);
+        assert_eq!(p.deny_read[0], ws.join(".env"));
+        assert!(
+            p.deny_read[1].starts_with(&ws) && p.deny_read[1].ends_with("x"),
+            "{:?}",
+            p.deny_read[1]
+        );
+        assert!(p.carve_out_links.iter().any(|l| l.path == ws.join(".env")));
+        let e = resolve(&write_root(&ws.join("a/x")), &Context::default()).unwrap_err();
+        assert!(matches!(e, PolicyError::MissingRoot { .. }), "{e}");
     }
 }

@@ -62,7 +62,7 @@ fn quote(p: &Path) -> Result<String, Error> {
 
 fn root_path(r: &Root, tmp: Option<&Path>) -> Result<PathBuf, Error> {
     match r {
-        Root::Path(p) => Ok(macos_canonical(p)),
+        Root::Path(p) => Ok(macos_canonical(&p.path)),
         Root::Tmp => tmp.map(macos_canonical).ok_or(Error::NoTmp),
     }
 }

@@ -598,6 +598,36 @@ pub fn clone_tree(fd: BorrowedFd<'_>, recursive: bool) -> io::Result<OwnedFd> {
     fd_result(unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags) })
 }
 
+/// The id of the mount `fd` is on (`statx` `STATX_MNT_ID`, Linux 5.8;
+/// before that the `mnt_id` line of `/proc/self/fdinfo`). Bind mounts of
+/// one filesystem share a device number; each has its own mount id.
+#[cfg(target_os = "linux")]
+pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: statx is plain data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid empty C string, a borrowed open fd and a pointer to
+    // the live `stx`, which the kernel fills; the raw system call keeps
+    // the binary free of glibc's 2.28 wrapper.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            &mut stx as *mut libc::statx,
+        )
+    };
+    if r == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0 {
+        return Ok(stx.stx_mnt_id);
+    }
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::other("no mnt_id in fdinfo"))
+}
+
 /// Attach the detached mount `from` onto the object `to` names
 /// (`move_mount` with both `*_EMPTY_PATH` flags: no path lookup).
 #[cfg(target_os = "linux")]

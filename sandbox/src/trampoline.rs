@@ -546,8 +546,17 @@ fn failure(kind: u8, step: u8, errno: i32) -> [u8; 8] {
     [kind, step, 0, 0, e[0], e[1], e[2], e[3]]
 }
 
+/// The errno a failure reports (only the step and this number reach the
+/// agent): the system call's own, else one for the error's kind (an error
+/// that names its path keeps the kind of the one it wraps).
 fn errno_of(e: &io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::EPERM)
+    e.raw_os_error().unwrap_or(match e.kind() {
+        io::ErrorKind::NotFound => libc::ENOENT,
+        io::ErrorKind::PermissionDenied => libc::EACCES,
+        io::ErrorKind::NotADirectory => libc::ENOTDIR,
+        io::ErrorKind::ReadOnlyFilesystem => libc::EROFS,
+        _ => libc::EPERM,
+    })
 }
 
 /// What the job's init needs.

@@ -2,7 +2,7 @@
 //! intended change with `UPDATE_GOLDEN=1 cargo test -p executor-sandbox`.
 
 use executor_protocol::types::sandbox::NetworkIntent;
-use executor_sandbox::policy::{Policy, Root};
+use executor_sandbox::policy::{Checked, Policy, Root};
 use executor_sandbox::seatbelt::{command_line, profile};
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,7 @@ fn check(name: &str, got: &str) {
 }
 
 fn p(s: &str) -> Root {
-    Root::Path(PathBuf::from(s))
+    Root::Path(Checked::unchecked(s))
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn paths_needing_quoting() {
     // Not UTF-8: refused, never mangled.
     use std::os::unix::ffi::OsStrExt;
     let bad = Policy {
-        write: vec![Root::Path(PathBuf::from(std::ffi::OsStr::from_bytes(
+        write: vec![Root::Path(Checked::unchecked(std::ffi::OsStr::from_bytes(
             b"/x/\xff",
         )))],
         ..policy

@@ -1410,7 +1410,11 @@ both!(c39_carve_out_ancestors_are_pinned, |e: Env| async move {
 });
 
 // 40. A root swapped for a symlink between the request and the spawn is
-// never followed: a race loop from outside while jobs start.
+// never followed: a race loop from outside while jobs start. (The agent's
+// check that a write root is not a symlink and its canonicalization were
+// two look-ups: about one start in 800 was bound where the link pointed.
+// Both are one walk now; policy::tests::a_write_root_swapped_... races the
+// walk itself 20,000 times.)
 both!(c40_swapped_root_is_not_followed, |e: Env| async move {
     let sub = e.ws.join("sub");
     let parked = e.ws.join("sub-real");
@@ -1436,7 +1440,7 @@ both!(c40_swapped_root_is_not_followed, |e: Env| async move {
         }
     });
     let mut ran = 0;
-    for n in 0..40 {
+    for n in 0..100 {
         let mut i = e.ws_write();
         i.filesystem.write = vec![wp(&sub)];
         let p = exec_params(
@@ -2847,3 +2851,178 @@ both!(
         }
     }
 );
+
+// 55. A node the agent checked that is gone from a write root by the time
+// the job starts (a pinned directory, a `deny_write` file) fails the start
+// at the identity step, and nothing is made on the host in its place.
+// Driven through `executor sandbox-exec` with a plan made of nodes that
+// were checked, then removed. (One gone between that step and its mount
+// is `ensure`'s case: it makes mount points only in the job's own tmpfs,
+// never beneath a write root; linux::tests::ensure_makes_nothing_...)
+// Control: the same plan with the nodes in place starts and runs.
+#[test]
+fn c55_the_init_makes_nothing_on_the_host() {
+    use executor_sandbox::plan::{Node, WireNet, WirePlan};
+    use executor_sandbox::spec::JobSpec;
+    use executor_sandbox::trampoline::Status;
+    use serde_bytes::ByteBuf;
+    use std::os::fd::AsRawFd;
+    let base = unique_tempdir("sbx-gone");
+    let ws = base.join("ws");
+    let (dir, file) = (ws.join("pinned"), ws.join("protected"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(&file, "x").unwrap();
+    let abi = executor_sandbox::Capabilities::probe()
+        .landlock_abi
+        .expect("Landlock");
+    let plan = WirePlan {
+        landlock_abi: abi,
+        read: None,
+        write: vec![Node::at(&ws).unwrap()],
+        tmp: None,
+        deny_write: vec![Node::at(&file).unwrap()],
+        deny_read: vec![],
+        pin: vec![Node::at(&dir).unwrap()],
+        symlinks: vec![],
+        net: WireNet::Deny,
+    };
+    let bytes = |s: &str| ByteBuf::from(s.as_bytes().to_vec());
+    let start = |plan: &WirePlan| -> Status {
+        let spec = JobSpec {
+            exec: bytes("/bin/true"),
+            argv: vec![bytes("true")],
+            env: vec![],
+            cwd: bytes("/"),
+            tty: false,
+            sandbox: Some(plan.clone()),
+            deny_network: false,
+        };
+        let memfd = spec.to_memfd().unwrap();
+        let (life_r, life_w) = nix::unistd::pipe().unwrap();
+        let (status_r, status_w) = nix::unistd::pipe().unwrap();
+        for fd in [&memfd, &life_r, &status_w] {
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )
+            .unwrap();
+        }
+        let mut child = std::process::Command::new(executor_bin())
+            .arg("sandbox-exec")
+            .args(["--lifeline", &life_r.as_raw_fd().to_string()])
+            .args(["--status", &status_w.as_raw_fd().to_string()])
+            .args(["--spec", &memfd.as_raw_fd().to_string()])
+            .spawn()
+            .unwrap();
+        drop((memfd, life_r, status_w));
+        let mut msg = [0u8; Status::LEN];
+        std::io::Read::read_exact(&mut std::fs::File::from(status_r), &mut msg).unwrap();
+        child.wait().unwrap();
+        drop(life_w);
+        Status::decode(msg).expect("a status")
+    };
+    // Control: everything the plan names is there.
+    assert!(
+        matches!(start(&plan), Status::Started { .. }),
+        "control: the plan starts"
+    );
+    std::fs::remove_dir(&dir).unwrap();
+    let identity = executor_sandbox::linux::Step::Identity as u8;
+    let st = start(&plan);
+    assert!(
+        matches!(st, Status::SandboxFailed { step, .. } if step == identity),
+        "{st:?}"
+    );
+    assert!(
+        std::fs::symlink_metadata(&dir).is_err(),
+        "the pinned directory was made again on the host"
+    );
+    std::fs::create_dir(&dir).unwrap();
+    let mut plan = plan;
+    plan.pin = vec![Node::at(&dir).unwrap()];
+    std::fs::remove_file(&file).unwrap();
+    let st = start(&plan);
+    assert!(
+        matches!(st, Status::SandboxFailed { step, .. } if step == identity),
+        "{st:?}"
+    );
+    assert!(
+        std::fs::symlink_metadata(&file).is_err(),
+        "the protected file was made again on the host"
+    );
+}
+
+// 56. Roots whose mount points lie in the job's own mounts still start:
+// under its /dev (`/dev/null`, `/dev/shm`), under its `:tmp` (a workspace
+// in the host's /tmp next to `:tmp`), a file root, nested write roots, a
+// read root inside a write root. (The init makes mount points only in the
+// job's own tmpfs root, /dev and `:tmp`, never beneath a mount bound from
+// the host: c55 and linux::tests::ensure_makes_nothing_...)
+both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
+    std::fs::write(e.ws.join("file-root"), "FILEROOT\n").unwrap();
+    std::fs::create_dir_all(e.ws.join("src/inner")).unwrap();
+    if e.uid != current_uid() {
+        chown_r(&e.ws, e.uid);
+    }
+    let system: Vec<executor_protocol::WirePath> = ["/usr", "/bin", "/lib", "/lib64", "/etc"]
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| (*p).into())
+        .collect();
+    let fresh = |read: Vec<executor_protocol::WirePath>,
+                 write: Vec<executor_protocol::WirePath>| {
+        let mut i = e.ws_write();
+        i.filesystem.read = ReadRoots::Paths(system.iter().cloned().chain(read).collect());
+        i.filesystem.write = write;
+        i
+    };
+    let mut all_shm = e.ws_write();
+    all_shm.filesystem.write = vec![wp(&e.ws), "/dev/shm".into()];
+    let mut all_tmp = e.ws_write();
+    all_tmp.filesystem.write = vec![wp(&e.ws), ":tmp".into()];
+    let mut ro_in_rw = fresh(vec![wp(&e.ws.join("src/inner"))], vec![wp(&e.ws)]);
+    ro_in_rw.filesystem.deny_write = vec![wp(&e.ws.join("src/inner"))];
+    let file = e.ws.join("file-root");
+    let cases = [
+        (
+            "read /dev/null",
+            fresh(vec!["/dev/null".into()], vec![wp(&e.ws)]),
+            "cat /dev/null".to_string(),
+        ),
+        (
+            "read /dev/shm",
+            fresh(vec!["/dev/shm".into()], vec![wp(&e.ws)]),
+            "true".into(),
+        ),
+        ("read all, write /dev/shm", all_shm, "true".into()),
+        (
+            "fresh root, :tmp, ws under /tmp",
+            fresh(vec![], vec![wp(&e.ws), ":tmp".into()]),
+            "touch /tmp/x".into(),
+        ),
+        (
+            "read all, :tmp, ws under /tmp",
+            all_tmp,
+            "touch /tmp/x src/y".into(),
+        ),
+        (
+            "a file read root",
+            fresh(vec![wp(&file)], vec![]),
+            format!("cat {}", file.display()),
+        ),
+        (
+            "nested write roots",
+            fresh(vec![], vec![wp(&e.ws), wp(&e.ws.join("src"))]),
+            "touch src/x".into(),
+        ),
+        (
+            "a read root in a write root",
+            ro_in_rw,
+            "! touch src/inner/x".into(),
+        ),
+    ];
+    for (name, intent, script) in cases {
+        let (out, code) = e.sh(Some(intent), &format!("{script} && echo RAN")).await;
+        assert_eq!((code, out.contains("RAN")), (0, true), "{name}: {out}");
+    }
+});

@@ -130,7 +130,7 @@ impl Confinement {
         // A carve-out named through a symlink keeps its name: the link
         // itself is protected too.
         let mut deny_write = policy.deny_write;
-        deny_write.extend(policy.carve_out_links);
+        deny_write.extend(policy.carve_out_links.into_iter().map(|l| l.path));
         Ok(Some(Confinement {
             read,
             write,
@@ -186,7 +186,7 @@ impl Confinement {
         open: Open,
     ) -> Result<InRoot, WireError> {
         let root_fd: OwnedFd =
-            open_root(root).map_err(|e| io_error(&e, root, "cannot open sandbox root"))?;
+            open_sandbox_root(root).map_err(|e| io_error(&e, root, "cannot open sandbox root"))?;
         if rel.as_os_str().is_empty() {
             // The root itself: readable as a whole, never replaced.
             if open.access != Access::Read {
@@ -352,6 +352,20 @@ enum Step {
     Escaped,
     Denied(WireError),
     Failed(WireError),
+}
+
+/// A root of the policy (canonical: the policy's one walk resolved every
+/// symlink in it), opened without following any: a name swapped for a
+/// symlink since (by a job allowed to write its parent) is `ELOOP`, never
+/// the place the link points to.
+fn open_sandbox_root(root: &Path) -> std::io::Result<OwnedFd> {
+    Ok(nix::fcntl::openat2(
+        nix::fcntl::AT_FDCWD,
+        root,
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )?)
 }
 
 fn open_root(root: &Path) -> std::io::Result<OwnedFd> {
