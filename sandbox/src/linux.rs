@@ -185,41 +185,65 @@ fn ensure(
                     | ResolveFlag::RESOLVE_BENEATH,
             )
     };
-    let mut cur = root.try_clone_to_owned()?;
-    let root_mount = sys::mount_id(root)?;
     let parts: Vec<_> = rel.components().collect();
+    // Most of the job's root exists already (the clone of the host's
+    // tree, a root inside another): one look-up of the whole path first.
+    if parts.len() > 1 {
+        if let Ok(fd) = openat2(root, rel, how()) {
+            return Ok((fd, true));
+        }
+    }
+    // The directory walked so far; `None`: `root` itself.
+    let mut cur: Option<OwnedFd> = None;
+    let mut root_mount = None;
     let mut existed = true;
     for (i, c) in parts.iter().enumerate() {
         let name = c.as_os_str();
         let last = i + 1 == parts.len();
-        cur = match openat2(cur.as_fd(), name, how()) {
+        let dir = cur.as_ref().map_or(root, |f| f.as_fd());
+        let next = match openat2(dir, name, how()) {
             Ok(fd) => {
                 existed = true;
                 fd
             }
             Err(nix::errno::Errno::ENOENT) => {
                 existed = false;
-                let here = sys::mount_id(cur.as_fd())?;
-                if here != root_mount && !also.contains(&here) {
-                    return Err(io::Error::from_raw_os_error(libc::ENOENT));
+                // `root` itself is its own mount; below it, a look-up.
+                if cur.is_some() {
+                    let here = sys::mount_id(dir)?;
+                    let own = match root_mount {
+                        Some(m) => m,
+                        None => *root_mount.insert(sys::mount_id(root)?),
+                    };
+                    if here != own && !also.contains(&here) {
+                        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+                    }
                 }
                 if last && file {
-                    let f = nix::fcntl::openat(
-                        cur.as_fd(),
-                        name,
-                        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-                        Mode::from_bits_truncate(0o644),
-                    )?;
-                    drop(f);
+                    drop(new_file(dir, name)?);
                 } else {
-                    nix::sys::stat::mkdirat(cur.as_fd(), name, Mode::from_bits_truncate(0o755))?;
+                    nix::sys::stat::mkdirat(dir, name, Mode::from_bits_truncate(0o755))?;
                 }
-                openat2(cur.as_fd(), name, how())?
+                openat2(dir, name, how())?
             }
             Err(e) => return Err(e.into()),
         };
+        cur = Some(next);
     }
-    Ok((cur, existed))
+    match cur {
+        Some(fd) => Ok((fd, existed)),
+        None => Ok((root.try_clone_to_owned()?, true)),
+    }
+}
+
+/// A new empty file `name` in `dir` (`O_EXCL`: never one that is there).
+fn new_file(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) -> io::Result<OwnedFd> {
+    Ok(nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )?)
 }
 
 /// Attach `tree` (a detached clone of `src`) at `rel` beneath `root`. An
@@ -791,8 +815,17 @@ fn make_dev(
     devices: &[(&str, OwnedFd)],
     own_pts: Option<&(PathBuf, OwnedFd)>,
 ) -> io::Result<()> {
+    // The job's /dev is a tmpfs made for it: each device's mount point is
+    // made directly, and the descriptor that made it is the target
+    // (`move_mount` attaches to the object an fd names); one there already
+    // (a read root such as /dev/null) is opened.
     for (name, fd) in devices {
-        let (target, _) = ensure(dev, Path::new(name), true, &[])?;
+        let target = match new_file(dev, std::ffi::OsStr::new(name)) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                ensure(dev, Path::new(name), true, &[])?.0
+            }
+            made => made?,
+        };
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }

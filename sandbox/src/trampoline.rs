@@ -22,9 +22,10 @@
 //!   new namespaces ([`crate::linux`]): the init confines itself, forks the
 //!   program (pid 2 of the new PID namespace), and when the program exits
 //!   kills and reaps everything left in the namespace before it reports
-//!   the exit to the supervisor (which reports it to the agent at once, and
-//!   reaps the init, whose exit tears the namespaces down, after). Killing
-//!   the init kills the job.
+//!   the exit to the supervisor (which reports it to the agent at once,
+//!   then closes its end of the init's socket: only then does the init
+//!   exit, and its exit tears the namespaces down; the supervisor reaps
+//!   it). Killing the init kills the job.
 //! - the program's process starts as a `vfork` (`clone(CLONE_VM |
 //!   CLONE_VFORK)`, [`start_program`]): it shares the supervisor's (or the
 //!   init's) memory until its `execve`, so nothing is copied and the
@@ -652,8 +653,10 @@ fn sandboxed(
     release_stdio();
     let raw = supervise_init(init, &mut ctl, lifeline.as_ref(), &sigfd);
     send(&mut status, Status::Exited { raw });
-    // The init reported (or is gone): reap it (its namespaces' teardown)
-    // after the agent heard of the exit.
+    // The init reported (or is gone): let it exit (it waits for this end
+    // to close) and reap it (its namespaces' teardown) after the agent
+    // heard of the exit.
+    drop(ctl);
     let _ = wait_for(init);
     Ok(0)
 }
@@ -787,8 +790,13 @@ fn job_init(
     };
     end_namespace();
     // Nothing of the job runs any more: the supervisor may report the exit
-    // now, while this init's exit tears the namespaces down.
+    // now.
     let _ = ctl.write_all(&raw.to_be_bytes());
+    // The init's exit tears the namespaces down (the mount table, the
+    // network namespace): it waits until the supervisor has reported the
+    // exit and closed its end, so that work never competes with the
+    // report for a core. (A supervisor that dies closes its end too.)
+    let _ = ctl.read(&mut go);
     0
 }
 
