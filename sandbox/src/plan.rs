@@ -405,12 +405,20 @@ struct Visible<'a> {
 }
 
 impl Visible<'_> {
-    /// Whether `p` is in the job's root.
+    /// Whether `p` is in the job's root. With its own :tmp, the host's
+    /// /tmp is reachable only through a root strictly below it (bound over
+    /// the job's /tmp); a root at or above /tmp (`/tmp`, `/`) is covered
+    /// there by the job's own.
     fn contains(&self, p: &Path) -> bool {
-        self.write.iter().any(|w| p.starts_with(w))
+        let tmp = Path::new("/tmp");
+        let through = |r: &PathBuf| {
+            let strictly_below_tmp = r.starts_with(tmp) && r.as_path() != tmp;
+            p.starts_with(r) && !(self.own_tmp && p.starts_with(tmp) && !strictly_below_tmp)
+        };
+        self.write.iter().any(through)
             || match &self.read {
-                None => !(self.own_tmp && p.starts_with("/tmp")),
-                Some(r) => r.iter().any(|r| p.starts_with(r)),
+                None => !(self.own_tmp && p.starts_with(tmp)),
+                Some(r) => r.iter().any(through),
             }
     }
 }

@@ -2980,6 +2980,8 @@ both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
     all_shm.filesystem.write = vec![wp(&e.ws), "/dev/shm".into()];
     let mut all_tmp = e.ws_write();
     all_tmp.filesystem.write = vec![wp(&e.ws), ":tmp".into()];
+    let mut tmp_and_own = e.ws_write();
+    tmp_and_own.filesystem.write = vec!["/tmp".into(), ":tmp".into()];
     let mut ro_in_rw = fresh(vec![wp(&e.ws.join("src/inner"))], vec![wp(&e.ws)]);
     ro_in_rw.filesystem.deny_write = vec![wp(&e.ws.join("src/inner"))];
     let file = e.ws.join("file-root");
@@ -3024,5 +3026,38 @@ both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
     for (name, intent, script) in cases {
         let (out, code) = e.sh(Some(intent), &format!("{script} && echo RAN")).await;
         assert_eq!((code, out.contains("RAN")), (0, true), "{name}: {out}");
+    }
+    // A root at /tmp with the job's own :tmp over it: the host's /tmp (the
+    // workspace, the jobs' directory) is not there, so nothing in it needs
+    // covering (it made every such start fail); run from `/`.
+    let tmp_cases = [
+        (
+            "write /tmp and :tmp (the job's own /tmp over it)",
+            tmp_and_own,
+            "touch /tmp/x && test \"$(ls -A /tmp)\" = x",
+        ),
+        (
+            "read /tmp and :tmp",
+            fresh(vec!["/tmp".into()], vec![":tmp".into()]),
+            "touch /tmp/x",
+        ),
+    ];
+    for (name, intent, script) in tmp_cases {
+        let p = exec_params(
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("{script} && echo RAN"),
+            ],
+            Path::new("/"),
+            Some(intent),
+        );
+        let r = e.c.exec_command(&p).await.expect(name);
+        assert_eq!(
+            (r.exit_code, r.output.contains("RAN")),
+            (Some(0), true),
+            "{name}: {}",
+            r.output
+        );
     }
 });
