@@ -165,9 +165,10 @@ fn relative(p: &Path) -> PathBuf {
 /// `file`, the last component as an empty file). Returns the descriptor and
 /// whether the last component existed already.
 ///
-/// Only `root`'s own mount (the job's fresh tmpfs, its `/dev`) and the
-/// mounts in `also` (the job's `:tmp` directory) get anything made in
-/// them: beneath a mount bound from the host's tree (a write root) a
+/// Only `root`'s own mount (the job's fresh tmpfs, its `/dev`: `root`
+/// must be one of the job's own mounts, what is made directly in it is
+/// not checked) and the mounts in `also` (the job's `:tmp` directory) get
+/// anything made in them: beneath a mount bound from the host's tree (a write root) a
 /// missing component means what the agent checked is gone, and is
 /// `ENOENT`, never a file or directory made on the host.
 fn ensure(
@@ -829,9 +830,11 @@ fn make_dev(
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }
-    let (pts, _) = ensure(dev, Path::new("pts"), false, &[])?;
+    ensure(dev, Path::new("pts"), false, &[])?;
     if let Some((n, fd)) = own_pts {
-        let (target, _) = ensure(pts.as_fd(), &relative(n), true, &[])?;
+        // Looked up from /dev itself: a `pts` bound from the host (a read
+        // root `/dev/pts`) is another mount, where nothing is made.
+        let (target, _) = ensure(dev, &Path::new("pts").join(relative(n)), true, &[])?;
         let tree = sys::clone_tree(fd.as_fd(), false)?;
         sys::attach(tree.as_fd(), target.as_fd())?;
     }
