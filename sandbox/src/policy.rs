@@ -1,8 +1,11 @@
-//! From a `SandboxIntent` to a resolved policy: symbols expanded, roots
-//! canonicalized once, every path checked. This runs for every request that
-//! carries an intent, before anything is decided or spawned, so a bad
-//! intent is `invalid_params` naming the offending entry (never a silent
-//! weakening, never a spawn).
+//! From a `SandboxIntent` to a resolved policy: symbols expanded, every
+//! root and carve-out resolved by one walk (`walk`: each component opened
+//! in the directory the previous one opened, so its canonical path, the
+//! symlinks met and its identity come from the same look-ups), every path
+//! checked. This runs for every request that carries an intent, before
+//! anything is decided or spawned, so a bad intent is `invalid_params`
+//! naming the offending entry (never a silent weakening, never a spawn).
+//! Depends on `std`, `nix` and the protocol's intent types.
 //!
 //! Symbols: `:cwd` (the request's cwd), `:workspace_roots` (the configured
 //! workspace roots, default the cwd), `:tmp` (a private temp dir of the
