@@ -211,12 +211,11 @@ fn ensure(
                 existed = false;
                 // `root` itself is its own mount; below it, a look-up.
                 if cur.is_some() {
-                    let here = sys::mount_id(dir)?;
-                    let own = match root_mount {
+                    let root_mount = match root_mount {
                         Some(m) => m,
                         None => *root_mount.insert(sys::mount_id(root)?),
                     };
-                    if here != own && !also.contains(&here) {
+                    if !job_owns(dir, root_mount, also)? {
                         return Err(io::Error::from_raw_os_error(libc::ENOENT));
                     }
                 }
@@ -235,6 +234,13 @@ fn ensure(
         Some(fd) => Ok((fd, existed)),
         None => Ok((root.try_clone_to_owned()?, true)),
     }
+}
+
+/// Whether `dir` is on one of the job's own mounts: the root's
+/// (`root_mount`) or one in `also`.
+fn job_owns(dir: BorrowedFd<'_>, root_mount: u64, also: &[u64]) -> io::Result<bool> {
+    let here = sys::mount_id(dir)?;
+    Ok(here == root_mount || also.contains(&here))
 }
 
 /// A new empty file `name` in `dir` (`O_EXCL`: never one that is there).
@@ -710,8 +716,7 @@ fn make_symlinks(
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
             Err(e) => return Err((Step::NewRoot, e)),
         };
-        let here = sys::mount_id(dir.as_fd()).map_err(at(Step::NewRoot))?;
-        if here != root_mount && !own.contains(&here) {
+        if !job_owns(dir.as_fd(), root_mount, own).map_err(at(Step::NewRoot))? {
             continue;
         }
         match nix::unistd::symlinkat(to.as_path(), dir.as_fd(), name) {
@@ -1472,30 +1477,12 @@ mod tests {
             }
             Ok(())
         };
-        // SAFETY: the child only runs `child` (system calls and small
-        // allocations, which glibc's fork keeps usable) and `_exit`s.
-        match unsafe { nix::unistd::fork() }.unwrap() {
-            nix::unistd::ForkResult::Child => {
-                let code = match child() {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        eprintln!("{e}");
-                        1
-                    }
-                };
-                // SAFETY: ends the forked child without unwinding.
-                unsafe { libc::_exit(code) }
-            }
-            nix::unistd::ForkResult::Parent { child } => {
-                let st = nix::sys::wait::waitpid(child, None).unwrap();
-                assert_eq!(st, nix::sys::wait::WaitStatus::Exited(child, 0));
-                assert!(
-                    std::fs::symlink_metadata(ws.join("gone")).is_err(),
-                    "made on the host"
-                );
-                assert!(tmp.join("made").is_dir(), "control: made in :tmp");
-            }
-        }
+        crate::sys::in_forked_child(child).unwrap();
+        assert!(
+            std::fs::symlink_metadata(ws.join("gone")).is_err(),
+            "made on the host"
+        );
+        assert!(tmp.join("made").is_dir(), "control: made in :tmp");
         let _ = std::fs::remove_dir_all(base);
     }
 

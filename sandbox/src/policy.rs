@@ -305,8 +305,11 @@ fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
         links: Vec::new(),
         final_link: false,
     };
-    // The open directories along `w.path`; empty at `/`.
-    let mut dirs: Vec<look::Dir> = Vec::new();
+    // The directory `w.path` names (`None`: `/`) and its depth: one
+    // descriptor at a time, however deep the tree a request names (`..`
+    // opens the parent, as the kernel resolves it).
+    let mut cur: Option<look::Dir> = None;
+    let mut depth = 0usize;
     // Components that do not exist, after the existing part.
     let mut tail: Vec<OsString> = Vec::new();
     let given = parts(path);
@@ -317,8 +320,13 @@ fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
     let mut hops = 0;
     while let Some(name) = queue.pop_front() {
         if name == ".." {
-            if tail.pop().is_none() && dirs.pop().is_some() {
+            if tail.pop().is_none() && depth > 0 {
+                depth -= 1;
                 w.path.pop();
+                cur = match (depth, &cur) {
+                    (0, _) | (_, None) => None,
+                    (_, Some(d)) => Some(look::parent(d)?),
+                };
             }
             continue;
         }
@@ -326,11 +334,12 @@ fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
             tail.push(name);
             continue;
         }
-        let dir = dirs.last().unwrap_or(&root);
+        let dir = cur.as_ref().unwrap_or(&root);
         match look::child(dir, &name) {
             Ok(look::Found::Node(d)) => {
                 w.path.push(&name);
-                dirs.push(d);
+                depth += 1;
+                cur = Some(d);
             }
             Ok(look::Found::Link(to, (dev, ino))) => {
                 if queue.is_empty() && !follow {
@@ -357,7 +366,8 @@ fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
                 for c in parts(&to) {
                     match c {
                         None => {
-                            dirs.clear();
+                            cur = None;
+                            depth = 0;
                             w.path = PathBuf::from("/");
                         }
                         Some(c) => next.push(c),
@@ -371,7 +381,7 @@ fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
         }
     }
     if tail.is_empty() {
-        w.node = Some(look::identity(dirs.last().unwrap_or(&root))?);
+        w.node = Some(look::identity(cur.as_ref().unwrap_or(&root))?);
     }
     w.path.extend(tail);
     Ok(w)
@@ -422,6 +432,17 @@ mod look {
         Ok(Found::Node(fd))
     }
 
+    /// The directory above `d` (`..` of `d`, across a mount's root as the
+    /// kernel resolves it).
+    pub fn parent(d: &Dir) -> std::io::Result<Dir> {
+        Ok(openat(
+            d,
+            "..",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
     pub fn identity(d: &Dir) -> std::io::Result<(u64, u64)> {
         let st = fstat(d)?;
         Ok((st.st_dev, st.st_ino))
@@ -455,6 +476,11 @@ mod look {
             return Ok(Found::Link(std::fs::read_link(&p)?, (m.dev(), m.ino())));
         }
         Ok(Found::Node(p))
+    }
+
+    pub fn parent(d: &Dir) -> std::io::Result<Dir> {
+        Ok(d.parent()
+            .map_or_else(|| PathBuf::from("/"), |p| p.to_path_buf()))
     }
 
     pub fn identity(d: &Dir) -> std::io::Result<(u64, u64)> {
@@ -806,5 +832,33 @@ mod tests {
         assert!(p.carve_out_links.iter().any(|l| l.path == ws.join(".env")));
         let e = resolve(&write_root(&ws.join("a/x")), &Context::default()).unwrap_err();
         assert!(matches!(e, PolicyError::MissingRoot { .. }), "{e}");
+    }
+
+    // A root at the bottom of a tree deeper than the descriptors the agent
+    // may hold (a job can make one): the walk holds one directory open at a
+    // time, so it resolves; `..` on the way opens the parent. In a forked
+    // child with `RLIMIT_NOFILE` 32 and a tree 100 deep.
+    #[test]
+    fn a_deep_tree_is_walked_with_one_descriptor_at_a_time() {
+        let base = dir().join("deep");
+        let _ = std::fs::remove_dir_all(&base);
+        let mut bottom = base.clone();
+        for _ in 0..100 {
+            bottom.push("d");
+        }
+        std::fs::create_dir_all(bottom.join("x")).unwrap();
+        let via_dotdot = bottom.join("x/../x");
+        let child = || -> Result<(), String> {
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 32, 32)
+                .map_err(|e| e.to_string())?;
+            let p = resolve(&write_root(&via_dotdot), &Context::default())
+                .map_err(|e| e.to_string())?;
+            match p.write.first() {
+                Some(Root::Path(c)) if c.path == bottom.join("x") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        };
+        crate::sys::in_forked_child(child).unwrap();
+        let _ = std::fs::remove_dir_all(base);
     }
 }

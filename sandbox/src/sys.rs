@@ -959,3 +959,31 @@ pub fn splice_file_to_pipe(
     }
     Ok(ret as usize)
 }
+
+/// For tests that change what a process may do (namespaces, limits): run
+/// `f` in a forked child and return what it said (`Err` carries its
+/// message, printed by the child too).
+#[cfg(test)]
+pub(crate) fn in_forked_child(f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    // SAFETY: the child only runs `f` (system calls and small allocations,
+    // which glibc's fork keeps usable) and `_exit`s.
+    match unsafe { nix::unistd::fork() }.map_err(|e| e.to_string())? {
+        nix::unistd::ForkResult::Child => {
+            let code = match f() {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("{e}");
+                    1
+                }
+            };
+            // SAFETY: ends the forked child without unwinding.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            match nix::sys::wait::waitpid(child, None).map_err(|e| e.to_string())? {
+                nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+                st => Err(format!("the child ended {st:?} (its message is above)")),
+            }
+        }
+    }
+}
