@@ -952,13 +952,14 @@ fn cond64(arg: u8, op: SeccompCmpOp, v: u64) -> io::Result<SeccompCondition> {
 /// Deny every socket type (`type & SOCK_TYPE_MASK`: four bits, 16 values;
 /// the kernel refuses any other bit but `SOCK_NONBLOCK` and
 /// `SOCK_CLOEXEC`) but `allowed`: an allow-list, as a few masked
-/// comparisons of argument 1 that together match every other type and
-/// never an allowed one (a cover of the refused values by bit patterns:
-/// for stream and seqpacket, bit 3 set, bit 1 set or bit 0 clear; three
-/// rules instead of one per refused type, so a shorter program for the
-/// kernel to convert and JIT at every job's start).
+/// comparisons of argument 1's low four bits that together match every
+/// other type and never an allowed one (a cover of the refused values by
+/// bit patterns: for stream and seqpacket, bit 3 set, or bit 3 clear and
+/// bit 1 set, or bits 3, 1 and 0 clear; three rules instead of one per
+/// refused type, so a shorter program for the kernel to convert and JIT
+/// at every job's start).
 fn types_except(allowed: &[u64]) -> io::Result<Vec<SeccompRule>> {
-    type_patterns(allowed)
+    type_patterns(allowed)?
         .into_iter()
         .map(|(mask, value)| rule(vec![cond(1, SeccompCmpOp::MaskedEq(mask), value)?]))
         .collect()
@@ -966,8 +967,16 @@ fn types_except(allowed: &[u64]) -> io::Result<Vec<SeccompRule>> {
 
 /// `(mask, value)` pairs over the four type bits such that a type `t` is
 /// outside `allowed` exactly when `t & mask == value` for one of them
-/// (greedy: each pattern the one matching the most refused types left).
-fn type_patterns(allowed: &[u64]) -> Vec<(u64, u64)> {
+/// (greedy: each pattern the one matching the most refused types left;
+/// `(0xf, t)` always matches a refused `t`, so every one is covered). An
+/// allowed value beyond the four bits is an error: it could not be told
+/// apart from the type its low bits name.
+fn type_patterns(allowed: &[u64]) -> io::Result<Vec<(u64, u64)>> {
+    if let Some(bad) = allowed.iter().find(|&&a| a > 0xf) {
+        return Err(io::Error::other(format!(
+            "socket type {bad:#x} is not a type"
+        )));
+    }
     let hits = |(mask, value): (u64, u64), t: u64| t & mask == value;
     let candidates: Vec<(u64, u64)> = (0..16u64)
         .flat_map(|mask| (0..16u64).map(move |value| (mask, value)))
@@ -977,17 +986,16 @@ fn type_patterns(allowed: &[u64]) -> Vec<(u64, u64)> {
     let mut left: Vec<u64> = (0..16).filter(|t| !allowed.contains(t)).collect();
     let mut out = Vec::new();
     while !left.is_empty() {
-        // Every refused value matches the pattern of all four bits.
-        let Some(&best) = candidates
+        let best = candidates
             .iter()
-            .max_by_key(|&&p| left.iter().filter(|&&t| hits(p, t)).count())
-        else {
-            break;
-        };
+            .copied()
+            .max_by_key(|&p| left.iter().filter(|&&t| hits(p, t)).count())
+            .filter(|&p| left.iter().any(|&t| hits(p, t)))
+            .ok_or_else(|| io::Error::other("no pattern covers the refused socket types"))?;
         left.retain(|&t| !hits(best, t));
         out.push(best);
     }
-    out
+    Ok(out)
 }
 
 /// This build's `AUDIT_ARCH_*` (`seccomp_data.arch` of a native syscall).
@@ -1588,37 +1596,39 @@ mod tests {
                                     (NetShape::TcpOnly, n) if n == SYS_socket => tcp,
                                     (NetShape::TcpOnly, _) => unix,
                                 };
-                                let args =
-                                    [domain as u64, (t | flags) as u64, proto as u64, 0, 0, 0];
-                                let (action, _) =
-                                    run_bpf(&prog, NATIVE_AUDIT_ARCH, nr as u32, args);
-                                assert_eq!(
-                                    action,
-                                    if allowed { ALLOW } else { eperm },
-                                    "{shape:?} nr {nr} domain {domain} type {t} flags {flags:#x} proto {proto}"
-                                );
+                                // Bits the type's check must not read: the
+                                // high word, and bits the kernel refuses.
+                                for extra in [0, 1 << 32, 0xffff_ffff << 32, 0x10, 1 << 31] {
+                                    let ty = (t | flags) as u64 | extra;
+                                    let args = [domain as u64, ty, proto as u64, 0, 0, 0];
+                                    let (action, _) =
+                                        run_bpf(&prog, NATIVE_AUDIT_ARCH, nr as u32, args);
+                                    assert_eq!(
+                                        action,
+                                        if allowed { ALLOW } else { eperm },
+                                        "{shape:?} nr {nr} domain {domain} type {ty:#x} proto {proto}"
+                                    );
+                                }
                             }
                         }
                     }
                 }
             }
         }
-        // The cover is the allow-list's complement, for any list.
-        for allowed in [
-            vec![],
-            vec![1],
-            vec![1, 5],
-            vec![0, 15],
-            (0..16).collect::<Vec<u64>>(),
-        ] {
-            let pats = type_patterns(&allowed);
+        // The cover is the allow-list's complement, for every list of
+        // types; a value beyond the type bits is refused.
+        for set in 0..1u32 << 16 {
+            let allowed: Vec<u64> = (0..16).filter(|t| set & 1 << t != 0).collect();
+            let pats = type_patterns(&allowed).unwrap();
             for t in 0..16u64 {
                 let refused = pats.iter().any(|&(m, v)| t & m == v);
                 assert_eq!(refused, !allowed.contains(&t), "{allowed:?} type {t}");
             }
         }
-        assert_eq!(type_patterns(UNIX_TYPES).len(), 3);
-        assert_eq!(type_patterns(&[libc::SOCK_STREAM as u64]).len(), 4);
+        assert!(type_patterns(&[17]).is_err());
+        assert!(type_patterns(&[1, 0x801]).is_err());
+        assert_eq!(type_patterns(UNIX_TYPES).unwrap().len(), 3);
+        assert_eq!(type_patterns(&[libc::SOCK_STREAM as u64]).unwrap().len(), 4);
         // 371 and 416 instructions with one rule per refused type.
         let len = |s| compile_seccomp(s).unwrap()[0].len();
         assert!(len(NetShape::Deny) <= 240, "{}", len(NetShape::Deny));
