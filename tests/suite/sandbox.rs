@@ -2926,30 +2926,26 @@ fn c55_the_init_makes_nothing_on_the_host() {
         matches!(start(&plan), Status::Started { .. }),
         "control: the plan starts"
     );
+    // The start fails at the identity step and `gone` is not made again.
+    let fails_without = |plan: &WirePlan, gone: &Path, what: &str| {
+        let identity = executor_sandbox::linux::Step::Identity as u8;
+        let st = start(plan);
+        assert!(
+            matches!(st, Status::SandboxFailed { step, .. } if step == identity),
+            "{what}: {st:?}"
+        );
+        assert!(
+            std::fs::symlink_metadata(gone).is_err(),
+            "the {what} was made again on the host"
+        );
+    };
     std::fs::remove_dir(&dir).unwrap();
-    let identity = executor_sandbox::linux::Step::Identity as u8;
-    let st = start(&plan);
-    assert!(
-        matches!(st, Status::SandboxFailed { step, .. } if step == identity),
-        "{st:?}"
-    );
-    assert!(
-        std::fs::symlink_metadata(&dir).is_err(),
-        "the pinned directory was made again on the host"
-    );
+    fails_without(&plan, &dir, "pinned directory");
     std::fs::create_dir(&dir).unwrap();
     let mut plan = plan;
     plan.pin = vec![Node::at(&dir).unwrap()];
     std::fs::remove_file(&file).unwrap();
-    let st = start(&plan);
-    assert!(
-        matches!(st, Status::SandboxFailed { step, .. } if step == identity),
-        "{st:?}"
-    );
-    assert!(
-        std::fs::symlink_metadata(&file).is_err(),
-        "the protected file was made again on the host"
-    );
+    fails_without(&plan, &file, "protected file");
 }
 
 // 56. Roots whose mount points lie in the job's own mounts still start:
