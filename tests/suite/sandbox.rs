@@ -1273,9 +1273,36 @@ both!(c36_unix_sockets_under_deny, |e: Env| async move {
 // 37. SysV IPC of other processes is out of reach (ENOENT: the job's own
 // IPC namespace), and what a job makes does not outlive it.
 both!(c37_ipc_namespace, |e: Env| async move {
-    let key = 0x4500_0000
+    // A key no object of the host has (an earlier run's, another user's:
+    // creating on it would fail with EACCES), removed again at the end.
+    let in_use = |key: i32| {
+        ["shm", "msg", "sem"].iter().any(|kind| {
+            std::fs::read_to_string(format!("/proc/sysvipc/{kind}"))
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .any(|l| l.split_whitespace().next() == Some(key.to_string().as_str()))
+        })
+    };
+    let mut key = 0x4500_0000
         + (std::process::id() as i32 & 0xffff)
         + if e.uid == current_uid() { 0 } else { 0x10000 };
+    while in_use(key) || in_use(key + 1) {
+        key += 0x20000;
+    }
+    struct Remove(i32);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            for flag in ["-M", "-Q", "-S"] {
+                let _ = std::process::Command::new("ipcrm")
+                    .arg(flag)
+                    .arg(self.0.to_string())
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+        }
+    }
+    let _remove = Remove(key);
     // Objects of an unsandboxed process of the same user.
     for (create, call) in [
         ("shm-create", "shm-write"),
@@ -1306,10 +1333,6 @@ both!(c37_ipc_namespace, |e: Env| async move {
         e.hostile(None, &format!("shm-write {key2}")).await,
         "errno=2"
     );
-    let _ = std::process::Command::new("ipcrm")
-        .arg("-M")
-        .arg(key.to_string())
-        .status();
 });
 
 // 38. A port allow-list: TCP stream sockets only (no MPTCP), no Fast Open,
