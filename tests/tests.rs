@@ -29,6 +29,8 @@ mod fuzzish;
 mod hardening;
 #[path = "suite/http.rs"]
 mod http;
+#[path = "suite/policy_table.rs"]
+mod policy_table;
 #[path = "suite/pool.rs"]
 mod pool;
 #[path = "suite/process.rs"]

@@ -2,19 +2,27 @@
 //! and/or syslog (`[audit] syslog`, the `/dev/log` socket that journald
 //! also serves). Never on stdout.
 //!
-//! An event names the request (method, id, and what it acts on: argv,
-//! cwd, path, URL without query or credentials), its outcome (`ok` or the
+//! An event names the request (method, id), its outcome (`ok` or the
 //! error code), its duration, the session, the profile and where the SSH
-//! connection came from (`SSH_CLIENT`, `SSH_CONNECTION`). It never holds
-//! secrets: no resume token, no environment values, no request or file
-//! data, no header values, no stdin text.
+//! connection came from (`SSH_CLIENT`, `SSH_CONNECTION`): the agent's own
+//! fields. What the request acted on comes from what the agent validated
+//! and did, never from the raw params: the decoded params' targets
+//! ([`Audited`]: argv, cwd, path, URL without query or credentials) and
+//! what the handlers report while the request runs ([`Notes`]: the pid of
+//! a job spawned, `sandboxed` from the policy enforced). A key a client
+//! adds to its params never reaches those fields; when the params were
+//! not decoded (the request was refused before), what they claimed is
+//! described under `request`, a nested object that cannot shadow them.
+//! It never holds secrets: no resume token, no environment values, no
+//! request or file data, no header values, no stdin text.
 
 use crate::config::AuditConfig;
 use executor_protocol::ErrorCode;
 use rmpv::Value;
 use serde_json::{json, Map, Value as Json};
+use std::future::Future;
 use std::io::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Where audit events go; a no-op when nothing is configured.
@@ -110,7 +118,11 @@ impl Audit {
         if !self.enabled() {
             return;
         }
-        let mut line = self.origin.clone();
+        let mut line = event.details;
+        // The agent's own fields last: nothing above can shadow them.
+        for (k, v) in &self.origin {
+            line.insert(k.clone(), v.clone());
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -130,9 +142,6 @@ impl Audit {
             "duration_us".into(),
             json!(event.elapsed.as_micros() as u64),
         );
-        for (k, v) in event.details {
-            line.insert(k, v);
-        }
         let text = Json::Object(line).to_string();
         if let Some(f) = &self.file {
             let mut f = f.lock().expect("audit file lock");
@@ -155,9 +164,192 @@ pub struct Event<'a> {
     pub session_id: Option<&'a str>,
     pub method: &'a str,
     pub id: Option<u64>,
+    /// What the agent validated and did ([`Notes::take`]), and under
+    /// `request` what undecoded params claimed ([`describe`]); the line's
+    /// own fields are written over these.
     pub details: Map<String, Json>,
     pub outcome: Option<ErrorCode>,
     pub elapsed: Duration,
+}
+
+tokio::task_local! {
+    static NOTES: Notes;
+}
+
+/// What the agent validated and did for one request, filled while its
+/// handler runs (in the request's task: [`Notes::scope`]) by the dispatch
+/// ([`note_params`]) and the handlers ([`note_sandboxed`],
+/// [`note_spawned`]). Outside a scope (tests, the fuzzer) notes go
+/// nowhere.
+#[derive(Debug, Clone, Default)]
+pub struct Notes(Arc<Mutex<Noted>>);
+
+#[derive(Debug, Default)]
+struct Noted {
+    fields: Map<String, Json>,
+    decoded: bool,
+}
+
+impl Notes {
+    /// Run `f` with this record as the current request's.
+    pub async fn scope<F: Future>(&self, f: F) -> F::Output {
+        NOTES.scope(self.clone(), f).await
+    }
+
+    /// The fields noted, and whether the params were decoded.
+    pub fn take(&self) -> (Map<String, Json>, bool) {
+        let mut n = self.0.lock().expect("audit notes lock");
+        (std::mem::take(&mut n.fields), n.decoded)
+    }
+}
+
+fn with_notes(f: impl FnOnce(&mut Noted)) {
+    let _ = NOTES.try_with(|n| f(&mut n.0.lock().expect("audit notes lock")));
+}
+
+/// The decoded params of the current request: what it acts on, from the
+/// fields the agent validated.
+pub fn note_params<P: Audited>(params: &P) {
+    with_notes(|n| {
+        n.decoded = true;
+        params.audit(&mut Details(&mut n.fields));
+    });
+}
+
+/// Whether the current request runs under a sandbox policy the agent
+/// enforces (the last word wins: a job whose plan degraded to nothing is
+/// noted `false` after its policy was resolved).
+pub fn note_sandboxed(enforced: bool) {
+    with_notes(|n| {
+        n.fields.insert("sandboxed".into(), json!(enforced));
+    });
+}
+
+/// What of a job's intent was not enforced (`required: false`).
+pub fn note_degraded(what: &[String]) {
+    with_notes(|n| {
+        n.fields.insert("sandbox_degraded".into(), json!(what));
+    });
+}
+
+/// A job the current request spawned.
+pub fn note_spawned(pid: u32, process_id: &str) {
+    with_notes(|n| {
+        n.fields.insert("pid".into(), json!(pid));
+        n.fields.insert("process_id".into(), json!(process_id));
+    });
+}
+
+/// Where a params type writes what it acts on.
+#[derive(Debug)]
+pub struct Details<'a>(&'a mut Map<String, Json>);
+
+impl Details<'_> {
+    fn path(&mut self, key: &str, p: &executor_protocol::WirePath) {
+        self.0.insert(key.into(), Json::String(p.display()));
+    }
+    fn text(&mut self, key: &str, s: &str) {
+        self.0.insert(key.into(), Json::String(s.into()));
+    }
+    fn num(&mut self, key: &str, n: u64) {
+        self.0.insert(key.into(), json!(n));
+    }
+    fn argv(&mut self, argv: &[String]) {
+        self.0.insert("argv".into(), json!(argv));
+    }
+    fn cwd(&mut self, cwd: Option<&executor_protocol::WirePath>) {
+        if let Some(c) = cwd {
+            self.path("cwd", c);
+        }
+    }
+}
+
+/// What a request's decoded params act on, for the audit line: every
+/// request's params type implements it (the dispatch requires it), so a
+/// method cannot be added without deciding what its line says.
+pub trait Audited {
+    fn audit(&self, d: &mut Details<'_>);
+}
+
+mod audited {
+    use super::{Audited, Details};
+    use executor_protocol::types::fs::Scoped;
+    use executor_protocol::types::{exec, fs, http, process, session};
+
+    macro_rules! audited {
+        ($($t:ty => |$p:pat_param, $d:ident| $body:block)*) => {
+            $(impl Audited for $t {
+                fn audit(&self, $d: &mut Details<'_>) {
+                    let $p = self;
+                    $body
+                }
+            })*
+        };
+    }
+
+    audited! {
+        session::EnvironmentInfoParams => |_, _d| {}
+        session::ToolsListParams => |_, _d| {}
+        process::ProcessListParams => |_, _d| {}
+        process::ProcessStartParams => |p, d| {
+            d.argv(&p.argv);
+            d.path("cwd", &p.cwd);
+            d.0.insert("tty".into(), p.tty.into());
+        }
+        exec::ExecCommandParams => |p, d| {
+            d.argv(&p.command);
+            d.path("cwd", &p.cwd);
+            d.0.insert("tty".into(), p.tty.into());
+        }
+        process::ProcessReadParams => |p, d| { d.text("process_id", &p.process_id) }
+        process::ProcessWriteParams => |p, d| { d.text("process_id", &p.process_id) }
+        process::ProcessSignalParams => |p, d| {
+            d.text("process_id", &p.process_id);
+            d.text("signal", p.signal.as_str());
+        }
+        process::ProcessResizeParams => |p, d| { d.text("process_id", &p.process_id) }
+        exec::WriteStdinParams => |p, d| { d.text("process_id", &p.process_id) }
+        fs::StatParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::CanonicalizeParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::ReadFileParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::WriteFileParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::CreateDirectoryParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::RemoveParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::RenameParams => |p, d| {
+            d.path("from", &p.from);
+            d.path("to", &p.to);
+            d.cwd(p.cwd())
+        }
+        fs::WalkParams => |p, d| { d.path("root", &p.root); d.cwd(p.cwd()) }
+        fs::ReadLinkParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::CreateSymlinkParams => |p, d| {
+            d.path("path", &p.path);
+            d.path("target", &p.target);
+            d.cwd(p.cwd())
+        }
+        fs::OpenParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::OpenWriteParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
+        fs::ReadBlockParams => |p, d| { d.num("handle", p.handle) }
+        fs::WriteBlockParams => |p, d| { d.num("handle", p.handle) }
+        fs::CommitParams => |p, d| { d.num("handle", p.handle) }
+        fs::CloseParams => |p, d| { d.num("handle", p.handle) }
+        fs::ReadStreamParams => |p, d| {
+            if let Some(path) = &p.path {
+                d.path("path", path);
+            }
+            if let Some(h) = p.handle {
+                d.num("handle", h);
+            }
+            d.cwd(p.cwd())
+        }
+        fs::ReadCreditParams => |p, d| { d.num("stream_id", p.stream_id) }
+        fs::ReadCancelParams => |p, d| { d.num("stream_id", p.stream_id) }
+        http::HttpRequestParams => |p, d| {
+            d.text("url", &super::redact_url(&p.url));
+            d.text("http_method", &p.method);
+        }
+        http::HttpCancelParams => |p, d| { d.num("stream_id", p.stream_id) }
+    }
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -182,8 +374,10 @@ fn redact_url(raw: &str) -> String {
     }
 }
 
-/// What a request acts on, from its params: an allow-list of keys, so that
-/// nothing secret (env, data, body, headers, stdin) can slip in.
+/// What undecoded params claim to act on (logged under `request`, never
+/// as the line's own fields): an allow-list of keys, each under its own
+/// name, so that nothing secret (env, data, body, headers, stdin) can
+/// slip in.
 pub fn describe(method: &str, params: &Value) -> Map<String, Json> {
     let mut out = Map::new();
     let Value::Map(entries) = params else {
@@ -195,24 +389,21 @@ pub fn describe(method: &str, params: &Value) -> Map<String, Json> {
             "argv" | "command" => {
                 if let Value::Array(items) = v {
                     let argv: Vec<Json> = items.iter().filter_map(text).map(Json::String).collect();
-                    out.insert("argv".into(), Json::Array(argv));
+                    out.insert(key.into(), Json::Array(argv));
                 }
             }
-            "cwd" | "path" | "from" | "to" | "root" => {
+            "cwd" | "path" | "from" | "to" | "root" | "target" => {
                 if let Some(t) = text(v) {
                     out.insert(key.into(), Json::String(t));
                 }
             }
-            "process_id" | "handle" | "stream_id" | "session_id" | "signal" | "tty" => {
+            "process_id" | "handle" | "stream_id" | "signal" | "tty" => {
                 let j = match v {
                     Value::Boolean(b) => json!(b),
                     Value::Integer(i) => i.as_u64().map_or(Json::Null, |n| json!(n)),
                     other => text(other).map_or(Json::Null, Json::String),
                 };
                 out.insert(key.into(), j);
-            }
-            "sandbox" | "sandbox_permissions" => {
-                out.insert("sandboxed".into(), json!(!v.is_nil()));
             }
             "url" if method == executor_protocol::methods::HTTP_REQUEST => {
                 if let Some(t) = text(v) {

@@ -30,8 +30,9 @@
 //! [profiles.readonly]
 //! methods.allow = ["fs/*", "environment/info"]  # exact names or `family/*`
 //! methods.deny = ["fs/remove"]                  # deny wins
-//! read_only = true         # refuse every mutating fs method, process/start
-//!                          # and exec_command (unless in methods.allow by name)
+//! read_only = true         # only the methods `executor --list-methods` marks
+//!                          # read-only (no writes, no jobs, no network), and
+//!                          # any named exactly in methods.allow
 //! allow_root = false       # refuse to start as root
 //! workspace_roots = ["/srv/work"]               # what `:workspace_roots` means
 //! # Jobs and HTTP run under this intent; a request's own intent may only
@@ -100,21 +101,6 @@ impl Default for Profile {
     }
 }
 
-/// Methods that change the host: refused under `read_only`.
-pub const MUTATING: &[&str] = &[
-    methods::FS_WRITE_FILE,
-    methods::FS_CREATE_DIRECTORY,
-    methods::FS_REMOVE,
-    methods::FS_RENAME,
-    methods::FS_OPEN_WRITE,
-    methods::FS_WRITE_BLOCK,
-    methods::FS_COMMIT,
-    methods::PROCESS_START,
-    methods::PROCESS_WRITE,
-    methods::EXEC_COMMAND,
-    methods::WRITE_STDIN,
-];
-
 /// `name` exactly, `family/*`, or `*`.
 fn pattern_matches(pattern: &str, method: &str) -> bool {
     match pattern.strip_suffix("/*") {
@@ -139,9 +125,27 @@ impl Profile {
                 "{method} is refused by profile {who}: not in methods.allow"
             ));
         }
-        if self.read_only && MUTATING.contains(&method) && !self.allow.iter().any(|p| p == method) {
+        // read_only is an allow-list: the methods the protocol's table
+        // marks read-only (nothing changed on the host, nothing started,
+        // no network), and those `methods.allow` names exactly.
+        let read_only = methods::facts(method).is_some_and(|f| f.is_read_only());
+        if self.read_only && !read_only && !self.allow.iter().any(|p| p == method) {
+            let what = match methods::facts(method) {
+                Some(f) => [
+                    (f.changes_host, "changes the host"),
+                    (f.spawns, "starts a process"),
+                    (f.network, "reaches the network"),
+                ]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, w)| *w)
+                .collect::<Vec<_>>()
+                .join(" and "),
+                None => "not in the method table".into(),
+            };
             return Err(format!(
-                "{method} is refused by profile {who}: read_only (allow it by name in methods.allow)"
+                "{method} is refused by profile {who}: read_only ({method} {what}; \
+                 allow it by name in methods.allow)"
             ));
         }
         Ok(())
@@ -323,7 +327,8 @@ impl Config {
             let raw_p = p.get_ref();
             check_method_patterns(&ctx, &key, raw_p)?;
             if let Some(sb) = &raw_p.sandbox {
-                check_sandbox_roots(&ctx, &format!("{key}.sandbox"), sb)?;
+                let has_roots = !raw_p.workspace_roots.is_empty();
+                check_sandbox_roots(&ctx, &format!("{key}.sandbox"), sb, has_roots)?;
             }
             let roots = workspace_roots(&ctx, &key, raw_p)?;
             if let Some(l) = &raw_p.limits {
@@ -698,6 +703,7 @@ fn check_sandbox_roots(
     ctx: &Ctx<'_>,
     key: &str,
     sb: &toml::Spanned<SandboxIntent>,
+    has_workspace_roots: bool,
 ) -> Result<(), ConfigError> {
     use executor_protocol::types::sandbox::ReadRoots;
     let fs = &sb.get_ref().filesystem;
@@ -712,9 +718,26 @@ fn check_sandbox_roots(
         (&fs.deny_write[..], "deny_write"),
     ] {
         for (i, root) in list.iter().enumerate() {
-            if executor_sandbox::policy::well_formed_root(root) {
+            // A profile's roots never depend on a request: `:cwd` (and
+            // `:workspace_roots` without `workspace_roots`, which means
+            // the cwd) would be the request's cwd, so the client would
+            // choose the roots the profile imposes.
+            let why = if !executor_sandbox::policy::well_formed_root(root) {
+                format!(
+                    "is not absolute and not a symbol ({})",
+                    executor_sandbox::policy::SYMBOLS.join(", ")
+                )
+            } else if root.as_bytes() == b":cwd" {
+                "would be each request's cwd: a profile's roots must not depend on a request \
+                 (name the directory, or use :workspace_roots with workspace_roots set)"
+                    .to_string()
+            } else if root.as_bytes() == b":workspace_roots" && !has_workspace_roots {
+                "without workspace_roots would be each request's cwd: a profile's roots must \
+                 not depend on a request (set workspace_roots in this profile)"
+                    .to_string()
+            } else {
                 continue;
-            }
+            };
             let shown = root.display();
             let span = sb.span();
             let at = ctx.text[span.clone()]
@@ -724,10 +747,7 @@ fn check_sandbox_roots(
             return Err(ctx.invalid(
                 Some(at..at),
                 &format!("{key}.filesystem.{name}[{i}]"),
-                format!(
-                    "{shown:?} is not absolute and not a symbol ({})",
-                    executor_sandbox::policy::SYMBOLS.join(", ")
-                ),
+                format!("{shown:?} {why}"),
             ));
         }
     }
@@ -946,6 +966,70 @@ limits.max_open_files = 9
             e.to_string().contains(":2: profiles.x.methods.allow[0]"),
             "{e}"
         );
+    }
+
+    /// Issue 29.1: `read_only` allowed fs/createSymlink (a hand-kept
+    /// deny-list missed it). It is now the table's allow-list: exactly
+    /// the methods marked read-only pass, every other is refused naming
+    /// the method and the rule, unless `methods.allow` names it exactly.
+    #[test]
+    fn read_only_allows_exactly_the_tables_read_only_methods() {
+        let path = Path::new("/c.toml");
+        let c = Config::parse(path, "[profiles.ro]\nread_only = true\n", Some("ro")).unwrap();
+        for (m, facts) in methods::REQUEST_FACTS {
+            match c.profile.check(m) {
+                Ok(()) => assert!(facts.is_read_only(), "{m} allowed under read_only"),
+                Err(e) => {
+                    assert!(!facts.is_read_only(), "{m} refused: {e}");
+                    assert!(e.contains(m) && e.contains("read_only"), "{e}");
+                }
+            }
+        }
+        let e = c.profile.check(methods::FS_CREATE_SYMLINK).unwrap_err();
+        assert!(e.contains("changes the host"), "{e}");
+        let e = c.profile.check(methods::HTTP_REQUEST).unwrap_err();
+        assert!(e.contains("reaches the network"), "{e}");
+        // Named exactly: allowed; a family pattern does not lift read_only.
+        let c = Config::parse(
+            path,
+            "[profiles.ro]\nread_only = true\nmethods.allow = [\"http/request\", \"fs/*\"]\n",
+            Some("ro"),
+        )
+        .unwrap();
+        assert!(c.profile.check(methods::HTTP_REQUEST).is_ok());
+        assert!(c.profile.check(methods::FS_READ_FILE).is_ok());
+        assert!(c.profile.check(methods::FS_CREATE_SYMLINK).is_err());
+    }
+
+    /// Issue 29.4: a profile intent whose roots would come from the
+    /// request's cwd is refused at load, naming the key.
+    #[test]
+    fn a_profile_intent_needing_a_request_cwd_is_refused() {
+        let path = Path::new("/c.toml");
+        for (intent, key) in [
+            (
+                "write = [\":cwd\"]",
+                "profiles.p.sandbox.filesystem.write[0]",
+            ),
+            (
+                "write = [\":workspace_roots\"]",
+                "profiles.p.sandbox.filesystem.write[0]",
+            ),
+            (
+                "deny_write = [\"/a\", \":cwd\"]",
+                "profiles.p.sandbox.filesystem.deny_write[1]",
+            ),
+        ] {
+            let text = format!("[profiles.p]\nsandbox = {{ filesystem = {{ {intent} }} }}\n");
+            let e = Config::parse(path, &text, Some("p"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!(":2: {key}: ")), "{intent}: {e}");
+            assert!(e.contains("must not depend on a request"), "{e}");
+        }
+        let ok = "[profiles.p]\nworkspace_roots = [\"/srv\"]\n\
+                  sandbox = { filesystem = { write = [\":workspace_roots\", \":tmp\"], deny_read = [\":home\"] } }\n";
+        Config::parse(path, ok, Some("p")).unwrap();
     }
 
     #[test]

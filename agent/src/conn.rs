@@ -373,12 +373,15 @@ async fn handle_frame(frame: &[u8], conn: &mut Conn<'_>, bytes: OwnedSemaphorePe
     }
 }
 
-/// One request's audit record: what it asked (described when it
-/// arrived) and how long it took; [`RequestAudit::audit_event`] writes it.
+/// One request's audit record: what the agent noted while it ran
+/// ([`audit::Notes`]: its decoded params, what its handler did), what its
+/// raw params claimed (kept for a request refused before they were
+/// decoded), and how long it took; [`RequestAudit::audit_event`] writes it.
 struct RequestAudit {
     id: u64,
     method: String,
-    details: serde_json::Map<String, serde_json::Value>,
+    claimed: serde_json::Map<String, serde_json::Value>,
+    notes: audit::Notes,
     started: std::time::Instant,
 }
 
@@ -387,11 +390,12 @@ impl RequestAudit {
         RequestAudit {
             id,
             method: method.to_string(),
-            details: if session.audit().enabled() {
+            claimed: if session.audit().enabled() {
                 audit::describe(method, params)
             } else {
                 Default::default()
             },
+            notes: audit::Notes::default(),
             started: std::time::Instant::now(),
         }
     }
@@ -401,11 +405,21 @@ impl RequestAudit {
         if !session.audit().enabled() {
             return;
         }
+        let (mut details, decoded) = self.notes.take();
+        // A method taking an intent says whether one was enforced: the
+        // agent's decision, `false` unless a handler noted a policy.
+        let takes_intent = methods::facts(&self.method).is_some_and(|f| f.intent.is_some());
+        if decoded && takes_intent && !details.contains_key("sandboxed") {
+            details.insert("sandboxed".into(), serde_json::Value::Bool(false));
+        }
+        if !decoded && !self.claimed.is_empty() {
+            details.insert("request".into(), serde_json::Value::Object(self.claimed));
+        }
         session.audit().record(Event {
             session_id: session.id(),
             method: &self.method,
             id: Some(self.id),
-            details: self.details,
+            details,
             outcome,
             elapsed: self.started.elapsed(),
         });
@@ -527,7 +541,7 @@ fn admit(conn: &Conn<'_>, method: &str) -> Result<(), Refused> {
         )
         .into());
     }
-    if conn.generation.is_none() {
+    if conn.generation.is_none() && !methods::facts(method).is_some_and(|f| f.before_initialize) {
         return Err(WireError::new(
             ErrorCode::NotInitialized,
             format!("{method:?} before initialize: send initialize first"),
@@ -596,7 +610,9 @@ async fn run_request(r: Request, permit: OwnedSemaphorePermit, token: Cancellati
         audit,
     } = r;
     let max = responder.max_frame;
-    let work = AssertUnwindSafe(dispatch::dispatch(&session, &method, params)).catch_unwind();
+    let notes = audit.notes.clone();
+    let work =
+        AssertUnwindSafe(notes.scope(dispatch::dispatch(&session, &method, params))).catch_unwind();
     let outcome = tokio::select! {
         r = work => r.unwrap_or_else(|panic| Err(panicked(&method, panic))),
         _ = token.cancelled() => Err(WireError::new(

@@ -30,12 +30,13 @@ async fn run<'a, P, R, F>(
     handler: impl FnOnce(&'a Arc<Session>, P) -> F,
 ) -> Result<Reply, WireError>
 where
-    P: Request,
+    P: Request + crate::audit::Audited,
     R: IntoReply,
     F: Future<Output = Result<R, WireError>>,
 {
     debug_assert_eq!(P::METHOD, method, "a handler routed under another method");
     let p: P = from_params(params)?;
+    crate::audit::note_params(&p);
     handler(s, p).await.map(IntoReply::into_reply)
 }
 

@@ -147,11 +147,15 @@ fn answer_forced_command() -> anyhow::Result<bool> {
     Ok(false)
 }
 
-/// `--list-methods`: every request method of the protocol, one per line.
+/// `--list-methods`: every request method of the protocol, one per line,
+/// with its facts from the protocol's table after a tab (`read-only`, or
+/// `changes-host`, `spawns`, `network`; `intent=FIELD`): what a
+/// `read_only` profile allows is what is marked `read-only`.
 fn print_methods() -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    for m in executor_protocol::methods::ALL_REQUESTS {
-        std::io::Write::write_all(&mut out, format!("{m}\n").as_bytes())?;
+    for (m, facts) in executor_protocol::methods::REQUEST_FACTS {
+        let line = format!("{m}\t{}\n", facts.describe());
+        std::io::Write::write_all(&mut out, line.as_bytes())?;
     }
     Ok(())
 }

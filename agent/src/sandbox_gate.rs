@@ -149,6 +149,12 @@ fn narrow(mut req: Policy, profile: Policy, param: &str) -> Result<Policy, WireE
 
 /// The policy a request runs under: its own intent, the profile's default
 /// intent, or its own narrowed to the profile's; `None` without either.
+///
+/// The profile's intent is resolved without the request's cwd: a
+/// profile's roots never depend on a request field (the configuration
+/// refuses a profile intent that would need one, `:cwd` or
+/// `:workspace_roots` without `workspace_roots`; one built otherwise
+/// fails here, whatever the request says).
 pub fn effective_policy(
     intent: Option<&SandboxIntent>,
     cwd: Option<&Path>,
@@ -156,16 +162,18 @@ pub fn effective_policy(
     profile: &Profile,
 ) -> Result<Option<Policy>, WireError> {
     let roots = &profile.workspace_roots;
-    Ok(match (intent, profile.sandbox.as_ref()) {
+    let policy = match (intent, profile.sandbox.as_ref()) {
         (None, None) => None,
         (Some(i), None) => Some(resolve_intent(i, cwd, roots, param)?),
-        (None, Some(p)) => Some(resolve_intent(p, cwd, roots, "profile sandbox")?),
+        (None, Some(p)) => Some(resolve_intent(p, None, roots, "profile sandbox")?),
         (Some(i), Some(p)) => Some(narrow(
             resolve_intent(i, cwd, roots, param)?,
-            resolve_intent(p, cwd, roots, "profile sandbox")?,
+            resolve_intent(p, None, roots, "profile sandbox")?,
             param,
         )?),
-    })
+    };
+    crate::audit::note_sandboxed(policy.is_some());
+    Ok(policy)
 }
 
 /// Decide for a job started with `intent` in `cwd`, under the profile's
@@ -270,5 +278,47 @@ impl Decision {
             }
             Decision::Degraded(d, _) => (None, JobFiles::default(), Some(d)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use executor_protocol::types::sandbox::FilesystemIntent;
+    use executor_protocol::WirePath;
+
+    fn profile(write: &str, roots: &[&str]) -> Profile {
+        Profile {
+            workspace_roots: roots.iter().map(PathBuf::from).collect(),
+            sandbox: Some(SandboxIntent {
+                filesystem: FilesystemIntent {
+                    write: vec![WirePath::from(write)],
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+            ..Profile::default()
+        }
+    }
+
+    /// Issue 29.4: a profile intent naming `:cwd` (or `:workspace_roots`
+    /// without roots) took the request's cwd as the profile's root. Built
+    /// past the configuration's check, it is refused for every cwd.
+    #[test]
+    fn a_profile_intent_never_takes_the_request_cwd() {
+        for p in [profile(":cwd", &[]), profile(":workspace_roots", &[])] {
+            for cwd in ["/srv/a", "/tmp"] {
+                let e = effective_policy(None, Some(Path::new(cwd)), "sandbox", &p).unwrap_err();
+                assert_eq!(e.code, ErrorCode::InvalidParams, "{e}");
+                assert!(e.message.contains("profile sandbox"), "{e}");
+            }
+        }
+        // Control: configured roots, the same for two cwds.
+        let p = profile(":workspace_roots", &["/usr"]);
+        let a = effective_policy(None, Some(Path::new("/srv/a")), "sandbox", &p).unwrap();
+        let b = effective_policy(None, Some(Path::new("/tmp")), "sandbox", &p).unwrap();
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.write, b.write);
+        assert!(matches!(&a.write[..], [Root::Path(r)] if r.path == Path::new("/usr")));
     }
 }

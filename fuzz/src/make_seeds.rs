@@ -53,6 +53,27 @@ fn main() -> std::io::Result<()> {
         ),
         ("fs/close", map(vec![("handle", 1.into())])),
         (
+            "fs/readStream",
+            map(vec![
+                ("path", p("sub/b.bin")),
+                ("block_bytes", 16384.into()),
+                ("credit_bytes", 32768.into()),
+            ]),
+        ),
+        (
+            "fs/readCredit",
+            map(vec![("stream_id", 1.into()), ("bytes", 16384.into())]),
+        ),
+        ("fs/readCancel", map(vec![("stream_id", 1.into())])),
+        ("fs/readLink", map(vec![("path", p("out"))])),
+        (
+            "fs/createSymlink",
+            map(vec![
+                ("path", p("planted")),
+                ("target", "/etc/shadow".into()),
+            ]),
+        ),
+        (
             "fs/writeFile",
             map(vec![
                 ("path", p("w")),

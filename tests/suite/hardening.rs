@@ -528,8 +528,19 @@ fn list_methods_prints_every_method() {
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    let listed: Vec<&str> = text.lines().collect();
+    let listed: Vec<&str> = text
+        .lines()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
     assert_eq!(listed, executor_protocol::methods::ALL_REQUESTS);
+    // Each with its facts from the table.
+    for line in text.lines() {
+        let (m, facts) = line.split_once('\t').expect("METHOD<TAB>FACTS");
+        let f = executor_protocol::methods::facts(m).unwrap();
+        assert_eq!(facts, f.describe(), "{line}");
+    }
+    assert!(text.contains("fs/createSymlink\tchanges-host"), "{text}");
+    assert!(text.contains("fs/readFile\tread-only"), "{text}");
 }
 
 /// `process/start` params running `script` under the raw `sandbox` value.

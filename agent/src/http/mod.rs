@@ -227,6 +227,8 @@ fn check_host_header(url: &Url, i: usize, name: &str, value: &str) -> Result<(),
 /// `http/request`: a whole response, or a stream's head (sent before any
 /// of its deltas: the pump waits for the head to be queued).
 pub async fn handle_request(s: &Arc<Session>, p: HttpRequestParams) -> Result<Reply, WireError> {
+    // Destinations are judged under the request's or the profile's intent.
+    crate::audit::note_sandboxed(p.sandbox.is_some() || s.profile().sandbox.is_some());
     let req = prepare(s, p)?;
     let streams = s.http_streams();
     let permit = if req.stream {

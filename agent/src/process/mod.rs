@@ -91,6 +91,11 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let egress_rules = decision.take_egress();
     let deny_network = decision.denies_network_unconfined();
     let (sandbox, files, sandbox_degraded) = decision.into_parts();
+    // The audit line says what is enforced: a plan, or nothing.
+    crate::audit::note_sandboxed(sandbox.is_some());
+    if let Some(d) = &sandbox_degraded {
+        crate::audit::note_degraded(d);
+    }
     // Egress by name: the job's environment names its proxy (§8).
     let egress_port = match sandbox.as_ref().map(|p| &p.net) {
         Some(executor_sandbox::plan::WireNet::Egress { port }) => Some(*port),
@@ -129,6 +134,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         live: Live::new(cap as usize, streams, stdin, pty),
     });
     table.insert(proc.clone());
+    crate::audit::note_spawned(spawned.pid, &proc.id);
     tracing::info!(
         session_id = s.id().unwrap_or_default(),
         process_id = %proc.id,

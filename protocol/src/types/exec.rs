@@ -20,6 +20,7 @@ fn default_tokens() -> u64 {
 }
 
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecCommandParams {
     pub command: Vec<String>,
     pub cwd: WirePath,
@@ -60,6 +61,7 @@ impl std::fmt::Debug for ExecCommandParams {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WriteStdinParams {
     pub process_id: String,
     #[serde(default)]

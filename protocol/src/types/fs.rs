@@ -12,8 +12,8 @@ pub const WALK_MAX_DIRECTORIES: u64 = 10_000;
 
 macro_rules! fs_params {
     ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty,)* }) => {
-        $(#[$m])*
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        $(#[$m])*
         pub struct $name {
             $($(#[$fm])* pub $f: $t,)*
             #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +99,8 @@ pub struct ReadFileResult {
 }
 
 fs_params! {
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct WriteFileParams {
         pub path: WirePath,
         pub data: ByteBuf,
@@ -112,6 +114,8 @@ fs_params! {
 }
 
 fs_params! {
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct CreateDirectoryParams {
         pub path: WirePath,
         #[serde(default)]
@@ -120,6 +124,8 @@ fs_params! {
 }
 
 fs_params! {
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct RemoveParams {
         pub path: WirePath,
         #[serde(default)]
@@ -128,6 +134,8 @@ fs_params! {
 }
 
 fs_params! {
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct RenameParams {
         pub from: WirePath,
         pub to: WirePath,
@@ -288,6 +296,8 @@ fs_params! {
 }
 
 fs_params! {
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct OpenWriteParams {
         pub path: WirePath,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -321,6 +331,8 @@ pub struct ReadLinkResult {
 
 fs_params! {
     /// `fs/createSymlink`: a new symlink at `path` holding `target`.
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct CreateSymlinkParams {
         pub path: WirePath,
         pub target: WirePath,
@@ -333,6 +345,8 @@ pub struct HandleResult {
 }
 
 fs_params! {
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct WriteBlockParams {
         pub handle: u64,
         pub offset: u64,
@@ -342,6 +356,8 @@ fs_params! {
 
 fs_params! {
     /// `fs/commit`.
+    /// Changes the host: an unknown key is an error naming it.
+    #[serde(deny_unknown_fields)]
     pub struct CommitParams {
         pub handle: u64,
     }

@@ -48,6 +48,7 @@ fn d_timeout() -> u64 {
 
 /// Never log `headers` values or `body`: they may carry credentials.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HttpRequestParams {
     pub method: String,
     pub url: String,

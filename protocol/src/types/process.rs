@@ -7,6 +7,7 @@ use serde_bytes::ByteBuf;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PtySize {
     pub rows: u16,
     pub cols: u16,
@@ -53,6 +54,7 @@ impl EnvBase {
 
 /// Never log `env` values: they may hold secrets.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcessStartParams {
     pub argv: Vec<String>,
     pub cwd: WirePath,
@@ -201,6 +203,7 @@ pub struct ProcessReadResult {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcessWriteParams {
     pub process_id: String,
     pub data: ByteBuf,
@@ -224,12 +227,14 @@ crate::wire_enum! {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcessSignalParams {
     pub process_id: String,
     pub signal: SignalName,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcessResizeParams {
     pub process_id: String,
     pub rows: u16,
