@@ -689,6 +689,21 @@ both!(
             let r = a.request(*id, method, params).await;
             outcomes.insert(*id, r);
         }
+        // Control: a job that is confined is logged so.
+        let info = a.request(11, m::ENVIRONMENT_INFO, &map(&[])).await;
+        let enforceable =
+            path(&info, "result.sandbox.enforceable").and_then(|v| v.as_bool()) == Some(true);
+        if enforceable {
+            let intent = map(&[("filesystem", map(&[("write", Value::Array(vec![s(&ws)]))]))]);
+            let p = map(&[
+                ("argv", real.clone()),
+                ("cwd", s(&ws)),
+                ("env", env_map()),
+                ("sandbox", intent),
+            ]);
+            let r = a.request(12, m::PROCESS_START, &p).await;
+            assert!(get(&r, "result").is_some(), "{r:?}");
+        }
         a.close_and_wait().await;
         let lines = audit_lines(&log);
         let line = |id: u64| {
@@ -769,6 +784,16 @@ both!(
             "{}",
             line(10)
         );
+        if enforceable {
+            assert_eq!(
+                line(12)["sandboxed"],
+                true,
+                "audit: a confined job logged unconfined: {}",
+                line(12)
+            );
+        } else {
+            prerequisite_missing("an enforceable sandbox (the audit test's confined control)");
+        }
     }
 );
 
