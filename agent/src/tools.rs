@@ -38,10 +38,12 @@ pub fn specs() -> Vec<ToolSpec> {
                     "sandbox_permissions": {"type": "object"},
                     "additional_permissions": {"type": "object"},
                     "additional_permissions_preapproved": {"type": "boolean"},
-                    "justification": {"type": "string"}
+                    "justification": {"type": "string"},
+                    "exec_approval_requirement": {"description": "accepted and ignored"},
+                    "env_base": {"type": "string", "enum": ["none", "agent", "login"], "default": "none"}
                 },
                 "required": ["command", "cwd", "env"],
-                "additionalProperties": true
+                "additionalProperties": false
             })),
         },
         ToolSpec {
@@ -58,7 +60,7 @@ pub fn specs() -> Vec<ToolSpec> {
                     "max_output_tokens": {"type": "integer", "minimum": 0, "default": DEFAULT_MAX_OUTPUT_TOKENS}
                 },
                 "required": ["process_id"],
-                "additionalProperties": true
+                "additionalProperties": false
             })),
         },
     ];
@@ -70,4 +72,32 @@ pub fn specs() -> Vec<ToolSpec> {
 /// `tools/list`
 pub async fn list(_s: &Arc<Session>, _p: ToolsListParams) -> Result<ToolsListResult, WireError> {
     Ok(ToolsListResult { tools: specs() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The schemas say `additionalProperties: false` because the methods
+    /// refuse unknown keys: every property they list is a key the method
+    /// accepts, and a key they do not list is refused.
+    #[test]
+    fn each_schema_lists_exactly_keys_its_method_accepts() {
+        for spec in specs() {
+            let json: serde_json::Value = rmpv::ext::from_value(spec.input_schema).unwrap();
+            assert_eq!(json["additionalProperties"], false, "{}", spec.name);
+            let props = json["properties"].as_object().unwrap();
+            let known = |key: &str| {
+                let params = rmpv::Value::Map(vec![(key.into(), rmpv::Value::Nil)]);
+                match m::validate_params(&spec.name, params) {
+                    Err(e) => !e.message.contains("unknown field"),
+                    Ok(()) => true,
+                }
+            };
+            for key in props.keys() {
+                assert!(known(key), "{}: {key} is listed but refused", spec.name);
+            }
+            assert!(!known("zz_unlisted"), "{}", spec.name);
+        }
+    }
 }
