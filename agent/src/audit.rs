@@ -191,9 +191,14 @@ struct Noted {
 }
 
 impl Notes {
-    /// Run `f` with this record as the current request's.
-    pub async fn scope<F: Future>(&self, f: F) -> F::Output {
-        NOTES.scope(self.clone(), f).await
+    /// Run `f` with this record as the current request's (when `on`:
+    /// with the audit log off nothing is noted).
+    pub async fn scope<F: Future>(&self, on: bool, f: F) -> F::Output {
+        if on {
+            NOTES.scope(self.clone(), f).await
+        } else {
+            f.await
+        }
     }
 
     /// The fields noted, and whether the params were decoded.

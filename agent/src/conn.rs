@@ -611,8 +611,9 @@ async fn run_request(r: Request, permit: OwnedSemaphorePermit, token: Cancellati
     } = r;
     let max = responder.max_frame;
     let notes = audit.notes.clone();
-    let work =
-        AssertUnwindSafe(notes.scope(dispatch::dispatch(&session, &method, params))).catch_unwind();
+    let noting = session.audit().enabled();
+    let work = AssertUnwindSafe(notes.scope(noting, dispatch::dispatch(&session, &method, params)))
+        .catch_unwind();
     let outcome = tokio::select! {
         r = work => r.unwrap_or_else(|panic| Err(panicked(&method, panic))),
         _ = token.cancelled() => Err(WireError::new(
