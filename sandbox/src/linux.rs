@@ -27,7 +27,9 @@
 //! 5. builds a Landlock ruleset from the same descriptors (the second
 //!    layer), drops every capability, sets `no_new_privs`, enforces
 //!    Landlock, and installs the seccomp filters (other syscall ABIs killed
-//!    or refused, socket types by allow-list).
+//!    or refused, socket types by allow-list, set-id modes and the
+//!    terminal ioctls that inject input or change the line discipline
+//!    refused).
 //!
 //! The job inherits all of it. Depends on [`crate::plan`] and [`crate::sys`].
 
@@ -1013,7 +1015,10 @@ pub const NATIVE_AUDIT_ARCH: u32 = 0xc000_00f3;
 ///   `int 0x80`) kills the process, and a syscall number with
 ///   `__X32_SYSCALL_BIT` set is refused with EPERM;
 /// - `clone3` answers ENOSYS, so libc falls back to `clone`, whose flags
-///   the rule list can read.
+///   the rule list can read;
+/// - `openat2` answers ENOSYS, so callers fall back to `openat`, whose
+///   flags and mode the rule list can read (set-id modes,
+///   [`set_id_modes`]).
 ///
 /// One program instead of one per check: the kernel converts and JITs it
 /// once per job, and runs one filter per system call of the job. In one
@@ -1045,6 +1050,8 @@ pub fn program_head() -> Vec<seccompiler::sock_filter> {
     }
     head.extend([
         ins(JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        ins(JEQ_K, 0, 1, libc::SYS_openat2 as u32),
         ins(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
     ]);
     head
@@ -1161,6 +1168,87 @@ const ALWAYS_DENIED: &[libc::c_long] = &[
     libc::SYS_fanotify_init,
 ];
 
+/// Terminal ioctls refused to every job (EPERM): faking input into the
+/// terminal's other readers (`TIOCSTI`; `TIOCLINUX`, whose selection
+/// paste does the same on a virtual console), changing the line
+/// discipline (`TIOCSETD`: the kernel loads and runs the discipline's
+/// code, a module autoloaded on demand on many hosts: n_gsm, n_hdlc and
+/// others had exploitable bugs), redirecting the console (`TIOCCONS`) and
+/// reconfiguring serial hardware (`TIOCSSERIAL`). `TIOCSCTTY` stays
+/// allowed: the job takes its terminal with it after the filter is in
+/// force.
+const REFUSED_IOCTLS: [u64; 5] = [
+    libc::TIOCSTI,
+    libc::TIOCLINUX,
+    libc::TIOCSETD,
+    libc::TIOCCONS,
+    libc::TIOCSSERIAL,
+];
+
+/// `fchmodat2` (Linux 6.6; the same number on every architecture).
+const SYS_FCHMODAT2: libc::c_long = 452;
+
+/// The bits of a mode that confer privileges on whoever runs the file.
+const SET_ID_BITS: [u64; 2] = [libc::S_ISUID as u64, libc::S_ISGID as u64];
+
+/// The flags under which `open` reads its mode: `O_CREAT`, and
+/// `O_TMPFILE`'s own bit (an unnamed file a later `linkat` names).
+const OPEN_MODE_FLAGS: [u64; 2] = [libc::O_CREAT as u64, 0o20_000_000];
+
+/// Set-id bits refused in every mode a job gives (EPERM): a set-uid or
+/// set-gid file made in a write root runs as the agent's user for anyone
+/// on the host who can reach it. The mode changes (`chmod`, `fchmod`,
+/// `fchmodat`, `fchmodat2`) and the modes of what is made (`mkdir`,
+/// `mkdirat`, `mknod`, `mknodat`; `open`, `openat` with `O_CREAT` or
+/// `O_TMPFILE`, `creat`). The mode is compared in its low 32 bits (a
+/// `umode_t` of 16 for the kernel): bits above cannot hide the set-id
+/// ones. `openat2` takes its mode in a structure seccomp cannot read: it
+/// is ENOSYS in [`program_head`] instead, and libc falls back to `openat`.
+/// `io_uring` (which opens files itself) is refused outright, and file
+/// capabilities need `CAP_SETFCAP`, which the job does not have.
+fn set_id_modes(deny: &mut DenyMap) -> io::Result<()> {
+    use libc::*;
+    let bits = |arg: u8| -> io::Result<Vec<SeccompRule>> {
+        SET_ID_BITS
+            .iter()
+            .map(|&b| rule(vec![cond(arg, SeccompCmpOp::MaskedEq(b), b)?]))
+            .collect()
+    };
+    let mut mode_args: Vec<(c_long, u8)> = vec![
+        (SYS_fchmod, 1),
+        (SYS_fchmodat, 2),
+        (SYS_FCHMODAT2, 2),
+        (SYS_mkdirat, 2),
+        (SYS_mknodat, 2),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    mode_args.extend([
+        (SYS_chmod, 1),
+        (SYS_mkdir, 1),
+        (SYS_mknod, 1),
+        (SYS_creat, 1),
+    ]);
+    for (nr, arg) in mode_args {
+        deny.insert(nr, bits(arg)?);
+    }
+    let mut open_args: Vec<(c_long, u8, u8)> = vec![(SYS_openat, 2, 3)];
+    #[cfg(target_arch = "x86_64")]
+    open_args.push((SYS_open, 1, 2));
+    for (nr, flags, mode) in open_args {
+        let mut rules = Vec::new();
+        for f in OPEN_MODE_FLAGS {
+            for b in SET_ID_BITS {
+                rules.push(rule(vec![
+                    cond(flags, SeccompCmpOp::MaskedEq(f), f)?,
+                    cond(mode, SeccompCmpOp::MaskedEq(b), b)?,
+                ])?);
+            }
+        }
+        deny.insert(nr, rules);
+    }
+    Ok(())
+}
+
 /// The `clone` flags that make new namespaces, refused to every job.
 const CLONE_NAMESPACE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWNS,
@@ -1185,11 +1273,16 @@ fn base_denials() -> io::Result<DenyMap> {
     for &nr in ALWAYS_DENIED {
         deny.insert(nr, vec![]);
     }
-    // Faking terminal input into the controlling terminal's other readers.
+    // Terminal ioctls (the command is 32 bits: the kernel drops the
+    // upper word, and so does a `Dword` comparison).
     deny.insert(
         SYS_ioctl,
-        vec![rule(vec![cond(1, SeccompCmpOp::Eq, TIOCSTI)?])?],
+        REFUSED_IOCTLS
+            .iter()
+            .map(|&cmd| rule(vec![cond(1, SeccompCmpOp::Eq, cmd)?]))
+            .collect::<io::Result<_>>()?,
     );
+    set_id_modes(&mut deny)?;
     // New namespaces through clone flags.
     let mut clone_rules = Vec::new();
     for &f in CLONE_NAMESPACE_FLAGS {
@@ -1629,10 +1722,92 @@ mod tests {
         assert!(type_patterns(&[1, 0x801]).is_err());
         assert_eq!(type_patterns(UNIX_TYPES).unwrap().len(), 3);
         assert_eq!(type_patterns(&[libc::SOCK_STREAM as u64]).unwrap().len(), 4);
-        // 371 and 416 instructions with one rule per refused type.
+        // 371 and 416 instructions with one rule per refused type (240 and
+        // 285 with the cover, 474 and 519 with the set-id modes).
         let len = |s| compile_seccomp(s).unwrap()[0].len();
-        assert!(len(NetShape::Deny) <= 240, "{}", len(NetShape::Deny));
-        assert!(len(NetShape::TcpOnly) <= 285, "{}", len(NetShape::TcpOnly));
+        assert!(len(NetShape::Deny) <= 474, "{}", len(NetShape::Deny));
+        assert!(len(NetShape::TcpOnly) <= 519, "{}", len(NetShape::TcpOnly));
+    }
+
+    /// Set-id bits in any mode a job gives are refused (EPERM), whatever
+    /// else the mode or the register holds; other modes, and open's mode
+    /// without `O_CREAT`/`O_TMPFILE`, are not; `openat2` is ENOSYS; the
+    /// refused terminal ioctls are refused with any upper word, others not.
+    #[test]
+    fn set_id_modes_and_tty_ioctls_are_refused_in_every_shape() {
+        use libc::*;
+        const ALLOW: u32 = 0x7fff_0000;
+        let eperm = SECCOMP_RET_ERRNO | EPERM as u32;
+        let enosys = SECCOMP_RET_ERRNO | ENOSYS as u32;
+        let mut modes: Vec<u64> = (0..0o10000).step_by(7).collect();
+        modes.extend([0o4000, 0o2000, 0o6755, 0o1777, 0o777, 0o644]);
+        let extras = [0, 0xffff_0000, 1 << 32, 0xffff_ffff << 32];
+        let tmpfile = 0o20_000_000u64;
+        for shape in NetShape::ALL {
+            let prog = compile_seccomp(shape).unwrap().remove(0);
+            let run =
+                |nr: c_long, args: [u64; 6]| run_bpf(&prog, NATIVE_AUDIT_ARCH, nr as u32, args).0;
+            let mut mode_arg: Vec<(c_long, usize)> = vec![
+                (SYS_fchmod, 1),
+                (SYS_fchmodat, 2),
+                (SYS_FCHMODAT2, 2),
+                (SYS_mkdirat, 2),
+                (SYS_mknodat, 2),
+            ];
+            #[cfg(target_arch = "x86_64")]
+            mode_arg.extend([
+                (SYS_chmod, 1),
+                (SYS_mkdir, 1),
+                (SYS_mknod, 1),
+                (SYS_creat, 1),
+            ]);
+            for &m in &modes {
+                let set_id = m & 0o6000 != 0;
+                for x in extras {
+                    for &(nr, i) in &mode_arg {
+                        let mut args = [3, 0x1000, 0, 0, 0, 0];
+                        args[i] = m | x;
+                        let want = if set_id { eperm } else { ALLOW };
+                        assert_eq!(run(nr, args), want, "{shape:?} nr {nr} mode {:#o}", m | x);
+                    }
+                    let mut opens: Vec<(c_long, usize, usize)> = vec![(SYS_openat, 2, 3)];
+                    #[cfg(target_arch = "x86_64")]
+                    opens.push((SYS_open, 1, 2));
+                    for &(nr, fi, mi) in &opens {
+                        for flags in [
+                            O_RDONLY as u64,
+                            O_WRONLY as u64 | O_TRUNC as u64,
+                            O_CREAT as u64 | O_WRONLY as u64,
+                            O_CREAT as u64 | O_EXCL as u64 | O_CLOEXEC as u64,
+                            tmpfile | O_DIRECTORY as u64 | O_RDWR as u64,
+                        ] {
+                            let mut args = [AT_FDCWD as u64, 0x1000, 0x1000, 0, 0, 0];
+                            args[fi] = flags | x;
+                            args[mi] = m | x;
+                            let creates = (flags | x) & (O_CREAT as u64 | tmpfile) != 0;
+                            let want = if set_id && creates { eperm } else { ALLOW };
+                            assert_eq!(
+                                run(nr, args),
+                                want,
+                                "{shape:?} nr {nr} flags {flags:#o} mode {:#o}",
+                                m | x
+                            );
+                        }
+                    }
+                }
+            }
+            assert_eq!(run(SYS_openat2, [0; 6]), enosys, "{shape:?}");
+            for cmd in REFUSED_IOCTLS {
+                for x in [0, 1 << 32, 0xffff_ffff << 32] {
+                    assert_eq!(run(SYS_ioctl, [0, cmd | x, 0, 0, 0, 0]), eperm, "{cmd:#x}");
+                }
+            }
+            for cmd in [
+                TIOCGWINSZ, TIOCSWINSZ, TIOCGETD, TCGETS, TCSETS, TIOCSCTTY, FIONREAD,
+            ] {
+                assert_eq!(run(SYS_ioctl, [0, cmd, 0, 0, 0, 0]), ALLOW, "{cmd:#x}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,250 @@
+//! Escape cases at the kernel's interface (issue 29, items 3 and 12, and
+//! the roots `/`, `/dev` and a cwd under `/tmp`): set-id modes refused by
+//! seccomp and nothing set-id left on the host, terminal ioctls that change
+//! the line discipline or inject input refused, and roots the fresh root
+//! could not be built from. Each case runs with the agent as root and as
+//! uid 65534 (`both!` of the escape suite), each denial with its control.
+
+use super::*;
+
+/// The helper of these cases (sandbox_kernel.c), compiled once, executable
+/// by any user.
+fn helper() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = executor_bin_for_any_user().parent().unwrap().to_path_buf();
+        let out = dir.join("hostile-kernel");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("suite/sandbox_kernel.c");
+        let st = std::process::Command::new("cc")
+            .arg("-O1")
+            .arg("-o")
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("cc");
+        assert!(st.success(), "compiling the kernel helper");
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+        out
+    })
+    .clone()
+}
+
+/// The helper's lines `NAME RESULT` as a map.
+fn verdicts(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.trim().split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Every file and directory below `root` (not following links) whose mode
+/// has S_ISUID or S_ISGID, with its mode.
+fn set_id_below(root: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut found = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if m.mode() & 0o6000 != 0 {
+            found.push(format!("{} {:o}", p.display(), m.mode()));
+        }
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap().flatten() {
+                todo.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+// Set-id modes (issue 29, item 3): every call that sets a mode refuses
+// S_ISUID and S_ISGID (seccomp, EPERM): chmod, fchmod, fchmodat,
+// fchmodat2, and the modes of mkdir, mknod and of open/openat/creat with
+// O_CREAT or O_TMPFILE; openat2 (whose mode seccomp cannot read) is ENOSYS,
+// so libc falls back to openat. Variants: bits the kernel drops around the
+// set-id ones (the upper word, bits above umode_t), the magic link of a
+// descriptor, an O_TMPFILE given a name by linkat, `cp -p`, `install -m`,
+// `tar -xp` and `chmod u+s`/`g+s` of the shell's tools, a hard link to a
+// set-id file of the host (EXDEV: another mount), file capabilities by
+// xattr (EPERM: capabilities dropped). Then the write root is walked on the
+// host: nothing in it is set-id. Controls: modes without set-id bits
+// (0755, 0644, sticky 01777, a fifo) succeed, and open's mode without
+// O_CREAT is not read.
+both!(setid_modes_never_reach_the_host, |e: Env| async move {
+    let w = e.ws.join("setid");
+    std::fs::create_dir(&w).unwrap();
+    // A set-uid program of the host, outside the write root, to copy,
+    // archive and link.
+    let suid = e.outside.join("suid-true");
+    std::fs::copy("/bin/true", &suid).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let tar = e.outside.join("suid.tar");
+    let st = std::process::Command::new("tar")
+        .arg("-cpf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&e.outside)
+        .arg("suid-true")
+        .status()
+        .unwrap();
+    assert!(st.success(), "tar -c");
+    if e.uid != current_uid() {
+        chown_r(&e.base, e.uid);
+        // chown clears the bits: set them again, as the agent's user's.
+        std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    }
+    let out = e
+        .hostile_kernel(Some(e.ws_write()), &format!("setid {}", w.display()))
+        .await;
+    let v = verdicts(&out);
+    let refused = [
+        "chmod-4755",
+        "chmod-2755",
+        "chmod-6755",
+        "chmod-high-bits",
+        "chmod-upper-word",
+        "fchmod-4755",
+        "fchmod-2711",
+        "fchmodat-4755",
+        "fchmodat2-2755",
+        "chmod-proc-fd",
+        "mkdir-2755",
+        "mkdirat-6755",
+        "mknod-reg-4755",
+        "mknodat-reg-2755",
+        "open-creat-4755",
+        "openat-creat-2755",
+        "creat-4755",
+        "open-tmpfile-4755",
+        "io_uring_setup",
+    ];
+    for name in refused {
+        assert_eq!(
+            v.get(name).map(String::as_str),
+            Some(EPERM),
+            "{name} must be refused by seccomp (EPERM): {out}"
+        );
+    }
+    assert_eq!(
+        v.get("openat2-creat-4755").map(String::as_str),
+        Some("errno=38"),
+        "openat2 must be ENOSYS (seccomp: its mode is out of reach): {out}"
+    );
+    assert_eq!(
+        v.get("setxattr-capability").map(String::as_str),
+        Some(EPERM),
+        "file capabilities need CAP_SETFCAP (dropped): {out}"
+    );
+    for (name, verdict) in &v {
+        if name.starts_with("control-") {
+            assert_eq!(verdict, "ok", "positive control {name}: {out}");
+        }
+    }
+    assert!(
+        v.len() > refused.len() + 10,
+        "the helper ran every try: {out}"
+    );
+    // The shell's tools: each fails or copies without the bits.
+    let (w_, s_, t_) = (w.display(), suid.display(), tar.display());
+    let script = format!(
+        "touch {w_}/u {w_}/g; mkdir {w_}/gd; \
+         chmod u+s {w_}/u; echo chmod-u+s=$?; chmod g+s {w_}/g; echo chmod-g+s=$?; \
+         chmod g+s {w_}/gd; echo chmod-g+s-dir=$?; \
+         mkdir -m 2755 {w_}/mkdir-m; echo mkdir-m=$?; \
+         cp -p {s_} {w_}/cp-p; echo cp-p=$?; \
+         install -m 4755 /bin/true {w_}/installed; echo install-m=$?; \
+         mkdir {w_}/untar && tar -xpf {t_} -C {w_}/untar; echo tar-xp=$?; \
+         ln {s_} {w_}/hardlink; echo hardlink=$?; \
+         cp -a {s_} {w_}/cp-a; echo cp-a=$?; true"
+    );
+    let (out, code) = e.sh(Some(e.ws_write()), &script).await;
+    assert_eq!(code, 0, "{out}");
+    for tool in ["chmod-u+s", "chmod-g+s", "chmod-g+s-dir", "hardlink"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(tool) && !l.ends_with("=0")),
+            "{tool} must fail (seccomp EPERM; a link: EXDEV, another mount): {out}"
+        );
+    }
+    assert!(
+        w.join("cp-p").exists() && w.join("installed").exists(),
+        "control: the copies are made, without the bits: {out}"
+    );
+    let left = set_id_below(&e.ws);
+    assert!(
+        left.is_empty(),
+        "set-id files or directories left on the host by a job (seccomp must refuse the mode): {left:?}\n{out}"
+    );
+    // Control: the host-side set-uid file the job copied is still set-uid
+    // (the walk can see a set-id bit).
+    assert_eq!(
+        set_id_below(&e.outside).len(),
+        1,
+        "control: the walk sees set-id bits"
+    );
+});
+
+// Terminal ioctls (issue 29, item 12): on a PTY job's terminal, changing
+// the line discipline (TIOCSETD: loads and runs a discipline's kernel code),
+// injecting input (TIOCSTI, TIOCLINUX), redirecting the console (TIOCCONS)
+// and reconfiguring serial hardware (TIOCSSERIAL) are refused by seccomp
+// (EPERM); variant: TIOCSETD with bits in the upper word, which the kernel
+// drops. Controls: TIOCGETD, TIOCGWINSZ and tcgetattr/tcsetattr work.
+both!(
+    tty_ioctls_that_change_or_inject_are_refused,
+    |e: Env| async move {
+        let mut p = ProcessStartParams::new(
+            vec![helper().display().to_string(), "tty".into()],
+            wp(&e.ws),
+            path_env(),
+        );
+        p.tty = true;
+        p.sandbox = Some(e.ws_write());
+        let mut proc = e.c.start(&p).await.unwrap();
+        let mut out = Vec::new();
+        while let Some(ch) = proc.next_output().await.unwrap() {
+            out.extend_from_slice(&ch.data);
+        }
+        let out = String::from_utf8_lossy(&out).replace('\r', "");
+        let v = verdicts(&out);
+        for name in [
+            "TIOCSETD",
+            "TIOCSTI",
+            "TIOCLINUX",
+            "TIOCCONS",
+            "TIOCSSERIAL",
+            "TIOCSETD-upper-word",
+        ] {
+            assert_eq!(
+                v.get(name).map(String::as_str),
+                Some(EPERM),
+                "{name} must be refused by seccomp (EPERM): {out}"
+            );
+        }
+        for name in [
+            "control-TIOCGETD",
+            "control-TIOCGWINSZ",
+            "control-tcgetattr",
+            "control-tcsetattr",
+        ] {
+            assert_eq!(
+                v.get(name).map(String::as_str),
+                Some("ok"),
+                "positive control {name}: {out}"
+            );
+        }
+        assert_eq!(proc.exit_status().unwrap().code, Some(0), "{out}");
+    }
+);
+
+impl Env {
+    /// Run the kernel helper with `args`; its output.
+    async fn hostile_kernel(&self, intent: Option<SandboxIntent>, args: &str) -> String {
+        let (out, _) = self
+            .sh(intent, &format!("{} {args}", helper().display()))
+            .await;
+        out
+    }
+}
