@@ -344,6 +344,8 @@ struct Grants {
 pub struct Prepared {
     grants: Grants,
     tty: bool,
+    /// A root `/dev` (`Some(true)`: a write root), see [`Opened`].
+    dev_root: Option<bool>,
 }
 
 const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
@@ -405,6 +407,8 @@ pub fn build_root(
         mut mounts,
         symlinks,
         grants,
+        root_writable,
+        dev_root,
     } = open_mounts(p)?;
     let devices = open_devices()?;
     // The job's own pts, opened in this mount namespace (fd 0 belongs to
@@ -418,9 +422,10 @@ pub fn build_root(
     // Every clone is made before the staging mount below exists (a
     // recursive clone of the host's /tmp would otherwise contain it).
     clone_trees(&mut mounts)?;
-    let root = match p.read {
-        None => stage_host_root()?,
-        Some(_) => stage_fresh_root()?,
+    let root = match &p.read {
+        _ if root_writable => stage_host_root(RW)?,
+        Some(roots) if !roots.iter().any(|n| n.path() == Path::new("/")) => stage_fresh_root()?,
+        _ => stage_host_root(RO)?,
     };
     // /dev is a tmpfs of the job's own in either root; it holds the
     // hidden file while the carve-outs are covered.
@@ -436,14 +441,25 @@ pub fn build_root(
     nix::unistd::unlinkat(dev.as_fd(), HIDDEN, nix::unistd::UnlinkatFlags::NoRemoveDir)
         .map_err(at(Step::DenyRead))?;
     make_dev(dev.as_fd(), &devices, pts.as_ref()).map_err(at(Step::Dev))?;
-    // Nothing more is created in /dev or in the root itself.
-    sys::set_mount_attr(dev.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0).map_err(at(Step::Dev))?;
+    // Nothing more is created in /dev (but with a write root `/dev`: then
+    // in that tmpfs of the job's own only) or in the root itself (but with
+    // a write root `/`).
+    if dev_root != Some(true) {
+        sys::set_mount_attr(dev.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0)
+            .map_err(at(Step::Dev))?;
+    }
     drop(dev);
     mount_proc(root.as_fd())?;
-    sys::set_mount_attr(root.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0)
-        .map_err(at(Step::NewRoot))?;
+    if !root_writable {
+        sys::set_mount_attr(root.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0)
+            .map_err(at(Step::NewRoot))?;
+    }
     enter_root(&root, cwd)?;
-    Ok(Prepared { grants, tty })
+    Ok(Prepared {
+        grants,
+        tty,
+        dev_root,
+    })
 }
 
 /// Step 1: every mount of the new mount namespace made private.
@@ -465,6 +481,11 @@ struct Opened {
     mounts: Vec<Mount>,
     symlinks: Vec<(PathBuf, PathBuf)>,
     grants: Grants,
+    /// A write root `/`: the clone of the host's tree stays writable.
+    root_writable: bool,
+    /// A root `/dev` (`Some(true)`: a write root): the job's own /dev
+    /// stands for it, granted to Landlock after the pivot.
+    dev_root: Option<bool>,
 }
 
 impl Opened {
@@ -516,16 +537,31 @@ fn open_mounts(p: &WirePlan) -> StepResult<Opened> {
             read: Vec::new(),
             write: Vec::new(),
         },
+        root_writable: false,
+        dev_root: None,
     };
     // `read: "all"` opens nothing here: the host's whole tree is cloned at
-    // once by [`stage_host_root`].
-    if let Some(roots) = &p.read {
-        for n in roots {
+    // once by [`stage_host_root`]. A root `/` is that clone (writable for
+    // a write root: granted to Landlock, nothing mounted); a root `/dev`
+    // is the job's own /dev (nothing of the host's is bound there).
+    let roots = p.read.iter().flatten().map(|n| (n, false));
+    for (n, write) in roots.chain(p.write.iter().map(|n| (n, true))) {
+        if n.path() == Path::new(crate::plan::HOST_DEV) {
+            open_node(n).map_err(at(Step::Identity))?;
+            o.dev_root = Some(o.dev_root.unwrap_or(false) || write);
+        } else if n.path() == Path::new("/") {
+            let fd = open_node(n).map_err(at(Step::Identity))?;
+            o.root_writable |= write;
+            if write {
+                o.grants.write.push(fd);
+            } else {
+                o.grants.read.push(fd);
+            }
+        } else if write {
+            o.grant(n, relative(n.path()), Kind::Write, true)?;
+        } else {
             o.grant(n, relative(n.path()), Kind::Read, false)?;
         }
-    }
-    for n in &p.write {
-        o.grant(n, relative(n.path()), Kind::Write, true)?;
     }
     if let Some(n) = &p.tmp {
         o.grant(n, PathBuf::from("tmp"), Kind::Tmp, true)?;
@@ -599,14 +635,15 @@ fn stage_fresh_root() -> StepResult<OwnedFd> {
     stage(root_mnt)
 }
 
-/// Step 3's root for `read: "all"`: one recursive, read-only clone of the
-/// host's whole tree (what `/dev`, `/proc` and `:tmp` cover stays beneath
+/// Step 3's root for `read: "all"`: one recursive clone of the
+/// host's whole tree, read-only (`attrs` [`RO`]; [`RW`] for a write root
+/// `/`, where the host's own read-only mounts stay read-only) (what `/dev`, `/proc` and `:tmp` cover stays beneath
 /// the job's own, which nothing in the job can unmount), staged as
 /// [`stage_fresh_root`] stages its tmpfs. One clone instead of one per
 /// top-level entry: the mounts of a job's start are most of its cost.
-fn stage_host_root() -> StepResult<OwnedFd> {
+fn stage_host_root(attrs: u64) -> StepResult<OwnedFd> {
     let host = open_here("/").map_err(at(Step::NewRoot))?;
-    let tree = clone_with(host.as_fd(), RO).map_err(at(Step::NewRoot))?;
+    let tree = clone_with(host.as_fd(), attrs).map_err(at(Step::NewRoot))?;
     stage(tree)
 }
 
@@ -909,6 +946,14 @@ fn landlock_ruleset(p: &WirePlan, prep: Prepared) -> StepResult<landlock::Rulese
         created = add(created, open(dev)?, AccessFs::ReadFile.into())?;
     }
     created = add(created, open("/dev/shm")?, AccessFs::from_all(abi))?;
+    // A root `/dev`: the job's own. Written, the devices beneath become
+    // writable too (null, zero, full, random, urandom: any user's on any
+    // host; tty: writable already with a terminal, ENXIO without).
+    match prep.dev_root {
+        Some(true) => created = add(created, open("/dev")?, AccessFs::from_all(abi))?,
+        Some(false) => created = add(created, open("/dev")?, AccessFs::ReadDir.into())?,
+        None => {}
+    }
     if prep.tty {
         let tty_access = if p.landlock_abi >= 5 {
             rw_dev | AccessFs::IoctlDev

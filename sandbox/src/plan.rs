@@ -354,6 +354,9 @@ fn bytes(p: &Path) -> ByteBuf {
     ByteBuf::from(p.as_os_str().as_bytes().to_vec())
 }
 
+/// The host's `/dev`: as a root, the job's own `/dev` stands for it.
+pub const HOST_DEV: &str = "/dev";
+
 /// The deepest write root that contains `p`.
 fn enclosing<'a>(p: &Path, write: &'a [PathBuf]) -> Option<&'a PathBuf> {
     write
@@ -690,14 +693,40 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             })
             .collect()
     };
-    let read = policy.read.as_deref().map(checked);
+    // A root `/` (read or write) is the host's whole tree: `read: None`.
+    let slash = |roots: &[Root]| {
+        roots
+            .iter()
+            .any(|r| matches!(r, Root::Path(c) if c.path == Path::new("/")))
+    };
+    let everything = slash(&policy.write) || policy.read.as_deref().is_some_and(slash);
+    let read = match policy.read.as_deref() {
+        Some(roots) if !everything => Some(checked(roots)),
+        _ => None,
+    };
     let write = checked(&policy.write);
+    // A root `/dev` is the job's own /dev (the init binds nothing of the
+    // host's there): nothing of the host's /dev is visible, writable, or
+    // gets a placeholder.
+    let write_paths: Vec<PathBuf> = write_paths
+        .into_iter()
+        .filter(|p| p != Path::new(HOST_DEV))
+        .collect();
+    let read_paths = match policy.read.as_deref() {
+        Some(roots) if !everything => Some(
+            root_paths(roots)
+                .into_iter()
+                .filter(|p| p != Path::new(HOST_DEV))
+                .collect(),
+        ),
+        _ => None,
+    };
 
     let needs_tmp = policy.write.contains(&Root::Tmp)
         || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
     let visible = Visible {
         write: &write_paths,
-        read: policy.read.as_deref().map(root_paths),
+        read: read_paths,
         own_tmp: needs_tmp,
     };
     let mut carve = CarveOuts::new(&write_paths, policy.required);

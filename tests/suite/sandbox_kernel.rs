@@ -248,3 +248,148 @@ impl Env {
         out
     }
 }
+
+/// `executor-client ARGS` run as the agent's user of `e` (through
+/// `setpriv` when that is not this process's), cwd `cwd`, stdin from
+/// /dev/null; (exit code, stdout, stderr).
+fn cli_as(e: &Env, cwd: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let client = executor_tests::cli::client_bin();
+    let mut c = if e.uid != current_uid() {
+        let mut c = std::process::Command::new("setpriv");
+        c.arg(format!("--reuid={}", e.uid))
+            .arg(format!("--regid={}", e.uid))
+            .args(["--clear-groups", "--"])
+            .arg(&client);
+        c
+    } else {
+        std::process::Command::new(&client)
+    };
+    let out = c
+        .args(["--target", "local"])
+        .args(args)
+        .current_dir(cwd)
+        .env("EXECUTOR_BIN", executor_bin_for_any_user())
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("EXECUTOR_TARGET")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("executor-client");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A device of the host that no job's /dev has (the job gets null, zero,
+/// full, random, urandom, tty, its pts and shm).
+fn host_only_device() -> Option<&'static str> {
+    [
+        "/dev/kmsg",
+        "/dev/loop-control",
+        "/dev/console",
+        "/dev/ptmx",
+    ]
+    .into_iter()
+    .find(|d| Path::new(d).exists())
+}
+
+// Roots at `/` and `/dev` (issue 29, functional): a read root `/` is
+// `read: "all"` (the host's tree read-only, the job's own /dev and /proc
+// over the host's); a root `/dev`, read or write, is the job's own /dev
+// (a write root makes that tmpfs writable, never the host's /dev nor a
+// device it does not have); a write root `/` makes the host's tree
+// writable, still with the job's own /dev and /proc. Before, every one
+// failed to start ("binding the roots: Operation not permitted"). Through
+// the CLI (`--ro /`, `--ro /dev`, `--rw /dev`) and through intents.
+// Controls: a device of the host is not in the job's /dev, a file made in
+// the job's /dev is not on the host, a carve-out under a root `/` holds.
+both!(roots_at_slash_and_dev_start, |e: Env| async move {
+    let dev = host_only_device().expect("a host device no job has");
+    let ws = e.ws.display().to_string();
+    let made = format!("/dev/executor-made-{}", std::process::id());
+    let system: Vec<executor_protocol::WirePath> = ["/usr", "/bin", "/lib", "/lib64", "/etc"]
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| (*p).into())
+        .collect();
+    let with = |read: Option<Vec<executor_protocol::WirePath>>,
+                write: Vec<executor_protocol::WirePath>| {
+        let mut i = e.ws_write();
+        if let Some(r) = read {
+            i.filesystem.read = ReadRoots::Paths(r);
+        }
+        i.filesystem.write = write;
+        i
+    };
+    let plus = |extra: &str| -> Vec<executor_protocol::WirePath> {
+        system.iter().cloned().chain([extra.into()]).collect()
+    };
+    let mut slash_rw = with(None, vec!["/".into()]);
+    slash_rw.filesystem.deny_write = vec![wp(&e.ws.join("src"))];
+    let cases = [
+        (
+            "read /",
+            with(Some(vec!["/".into()]), vec![wp(&e.ws)]),
+            format!("cat /etc/hostname >/dev/null && touch {ws}/by-read-slash && test -c /dev/null && test ! -e {dev} && test -d /proc/self/fd && ! touch /etc/x"),
+        ),
+        (
+            "read /dev",
+            with(Some(plus("/dev")), vec![wp(&e.ws)]),
+            format!("test -c /dev/null && ls /dev >/dev/null && test ! -e {dev} && ! touch {made}"),
+        ),
+        (
+            "write /dev",
+            with(None, vec!["/dev".into(), wp(&e.ws)]),
+            format!("touch {made} && test -f {made} && echo x > /dev/null && test ! -e {dev} && test -d /dev/shm"),
+        ),
+        (
+            "write /dev, fresh root",
+            with(Some(system.clone()), vec!["/dev".into(), wp(&e.ws)]),
+            format!("mkdir /dev/d && touch /dev/d/f && test ! -e {dev}"),
+        ),
+        (
+            "write /",
+            slash_rw,
+            format!("touch {ws}/by-write-slash && test ! -e {dev} && test -d /proc/self/fd && ! touch {ws}/src/x && ! touch {made}"),
+        ),
+    ];
+    for (name, intent, script) in cases {
+        let (out, code) = e.sh(Some(intent), &format!("{script} && echo RAN")).await;
+        assert_eq!((code, out.contains("RAN")), (0, true), "{name}: {out}");
+    }
+    assert!(e.ws.join("by-read-slash").exists() && e.ws.join("by-write-slash").exists());
+    assert!(
+        !Path::new(&made).exists(),
+        "a file made in the job's /dev is on the host"
+    );
+    assert!(
+        !e.ws.join("src/x").exists(),
+        "deny_write under a write root /"
+    );
+    // The CLI's flags.
+    for (args, script) in [
+        (
+            &["--ro", "/"][..],
+            format!("cat /etc/hostname >/dev/null && test ! -e {dev}"),
+        ),
+        (
+            &["--ro", "/usr", "--ro", "/dev"][..],
+            "test -c /dev/null".to_string(),
+        ),
+        (
+            &["--rw", "/dev"][..],
+            format!("touch {made} && test ! -e {dev}"),
+        ),
+    ] {
+        let mut argv: Vec<&str> = vec!["run", "--cwd", "/"];
+        argv.extend(args);
+        argv.extend(["--", "/usr/bin/sh", "-c", &script]);
+        let (code, out, err) = cli_as(&e, &e.ws, &argv);
+        assert_eq!(code, Some(0), "{args:?}: {out}{err}");
+    }
+    assert!(
+        !Path::new(&made).exists(),
+        "a file made in the job's /dev is on the host"
+    );
+});
