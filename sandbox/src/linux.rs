@@ -566,6 +566,9 @@ fn open_mounts(p: &WirePlan) -> StepResult<Opened> {
     if let Some(n) = &p.tmp {
         o.grant(n, PathBuf::from("tmp"), Kind::Tmp, true)?;
     }
+    for n in &p.read_over_tmp {
+        o.grant(n, relative(n.path()), Kind::Read, false)?;
+    }
     for (list, kind) in [
         (&p.pin, Kind::Pin),
         (&p.deny_write, Kind::DenyWrite),

@@ -110,6 +110,10 @@ pub struct WirePlan {
     /// Symlinks to recreate in the fresh root: (where, what it points to).
     pub symlinks: Vec<(ByteBuf, ByteBuf)>,
     pub net: WireNet,
+    /// Bound read-only where `read` is `None` (everything readable) and
+    /// the job's own `:tmp` covers the host's /tmp: the request's cwd
+    /// there ([`cwd_over_tmp`]).
+    pub read_over_tmp: Vec<Node>,
 }
 
 /// Why no plan can be made; `Unavailable` means "this host cannot enforce
@@ -405,6 +409,8 @@ struct Visible<'a> {
     write: &'a [PathBuf],
     read: Option<Vec<PathBuf>>,
     own_tmp: bool,
+    /// Roots in the host's /tmp bound over the job's own (the cwd).
+    over_tmp: Vec<PathBuf>,
 }
 
 impl Visible<'_> {
@@ -419,11 +425,74 @@ impl Visible<'_> {
             p.starts_with(r) && !(self.own_tmp && p.starts_with(tmp) && !strictly_below_tmp)
         };
         self.write.iter().any(through)
+            || self.over_tmp.iter().any(through)
             || match &self.read {
                 None => !(self.own_tmp && p.starts_with(tmp)),
                 Some(r) => r.iter().any(through),
             }
     }
+}
+
+/// How the request's cwd is in the job's root when the job's own `:tmp`
+/// covers the host's /tmp.
+#[derive(Debug, PartialEq, Eq)]
+enum CwdOverTmp {
+    /// Visible already (outside /tmp, /tmp itself, or inside a root
+    /// strictly below /tmp), or missing (the spawn reports that).
+    AsIs,
+    /// Granted by a root at or above /tmp: bound at its place over the
+    /// job's /tmp, writable when a write root grants it (and no
+    /// `deny_write` holds it).
+    Bind {
+        node: crate::policy::Checked,
+        write: bool,
+    },
+}
+
+/// With the job's own `:tmp` at /tmp, the host's /tmp is not in the job's
+/// root, though a root at or above it (`read: "all"`, `/`, `/tmp`) grants
+/// what it holds: a cwd there is bound over the job's /tmp with the access
+/// that root gives, its carve-outs covered as in any root. A cwd there
+/// that nothing grants, inside a `deny_read` path, or in the jobs'
+/// directory (other jobs' `:tmp`) cannot be entered: `Unavailable`, naming
+/// it and what to grant. Never wider than the policy: only what a root
+/// grants is bound.
+fn cwd_over_tmp(
+    cwd: &Path,
+    policy: &Policy,
+    visible: &Visible<'_>,
+) -> Result<CwdOverTmp, PlanError> {
+    let tmp = Path::new("/tmp");
+    let Some(c) = crate::policy::existing(cwd) else {
+        return Ok(CwdOverTmp::AsIs);
+    };
+    if !visible.own_tmp || !c.path.starts_with(tmp) || c.path == tmp || visible.contains(&c.path) {
+        return Ok(CwdOverTmp::AsIs);
+    }
+    let refuse = |why: String| {
+        PlanError::Unavailable(format!(
+            "the working directory {} is not in the job's sandbox ({why}): its own :tmp is              mounted over the host's /tmp, so grant the directory itself (a read or write              root at it or below /tmp, e.g. --ro/--rw {}) or run from a granted directory",
+            cwd.display(),
+            c.path.display()
+        ))
+    };
+    if c.path.starts_with(jobs_parent()) {
+        return Err(refuse("it is in the jobs' private directory".into()));
+    }
+    if let Some(d) = policy.deny_read.iter().find(|d| c.path.starts_with(d)) {
+        return Err(refuse(format!("deny_read covers {}", d.display())));
+    }
+    let above = |r: &PathBuf| c.path.starts_with(r) && !(r.starts_with(tmp) && r != tmp);
+    let denied_write = policy.deny_write.iter().any(|d| c.path.starts_with(d));
+    let write = !denied_write && visible.write.iter().any(above);
+    let read = match &visible.read {
+        None => true,
+        Some(roots) => roots.iter().any(above),
+    };
+    if !write && !read {
+        return Err(refuse("no read or write root grants it".into()));
+    }
+    Ok(CwdOverTmp::Bind { node: c, write })
 }
 
 /// The error of making or holding a placeholder for the carve-out `d`.
@@ -673,7 +742,12 @@ fn job_symlinks(policy: &Policy, write_paths: &[PathBuf]) -> Vec<(ByteBuf, ByteB
 
 /// Make the plan for `policy` on a host with `caps`; `param` names the
 /// request field of the intent, for messages (`sandbox`).
-pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, PlanError> {
+pub fn plan(
+    policy: &Policy,
+    caps: &Capabilities,
+    param: &str,
+    cwd: Option<&Path>,
+) -> Result<Plan, PlanError> {
     let mut degraded = Vec::new();
     let abi = caps.landlock_abi.unwrap_or(0);
     let net = network_plan(policy, abi, &mut degraded)?;
@@ -700,15 +774,15 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             .any(|r| matches!(r, Root::Path(c) if c.path == Path::new("/")))
     };
     let everything = slash(&policy.write) || policy.read.as_deref().is_some_and(slash);
-    let read = match policy.read.as_deref() {
+    let mut read = match policy.read.as_deref() {
         Some(roots) if !everything => Some(checked(roots)),
         _ => None,
     };
-    let write = checked(&policy.write);
+    let mut write = checked(&policy.write);
     // A root `/dev` is the job's own /dev (the init binds nothing of the
     // host's there): nothing of the host's /dev is visible, writable, or
     // gets a placeholder.
-    let write_paths: Vec<PathBuf> = write_paths
+    let mut write_paths: Vec<PathBuf> = write_paths
         .into_iter()
         .filter(|p| p != Path::new(HOST_DEV))
         .collect();
@@ -724,10 +798,45 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
 
     let needs_tmp = policy.write.contains(&Root::Tmp)
         || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
+    // The cwd, decided against what the roots alone make visible.
+    let cwd_bind = match cwd {
+        Some(cwd) => cwd_over_tmp(
+            cwd,
+            policy,
+            &Visible {
+                write: &write_paths,
+                read: read_paths.clone(),
+                own_tmp: needs_tmp,
+                over_tmp: Vec::new(),
+            },
+        )?,
+        None => CwdOverTmp::AsIs,
+    };
+    let mut over_tmp = Vec::new();
+    let mut read_over_tmp = Vec::new();
+    if let CwdOverTmp::Bind { node, write: w } = cwd_bind {
+        let n = Node {
+            path: bytes(&node.path),
+            dev: node.dev,
+            ino: node.ino,
+        };
+        match (w, read.as_mut()) {
+            (true, _) => write.push(n),
+            (false, Some(list)) => list.push(n),
+            (false, None) => read_over_tmp.push(n),
+        }
+        if w {
+            // A write root of its own: its carve-outs get placeholders and
+            // pins as in any write root.
+            write_paths.push(node.path.clone());
+        }
+        over_tmp.push(node.path);
+    }
     let visible = Visible {
         write: &write_paths,
         read: read_paths,
         own_tmp: needs_tmp,
+        over_tmp,
     };
     let mut carve = CarveOuts::new(&write_paths, policy.required);
     for (i, d) in policy.deny_read.iter().enumerate() {
@@ -771,6 +880,7 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             pin,
             symlinks,
             net,
+            read_over_tmp,
         },
         files: JobFiles {
             tmp: job_dir,

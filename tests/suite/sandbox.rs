@@ -2908,6 +2908,7 @@ fn c55_the_init_makes_nothing_on_the_host() {
         pin: vec![Node::at(&dir).unwrap()],
         symlinks: vec![],
         net: WireNet::Deny,
+        read_over_tmp: vec![],
     };
     let bytes = |s: &str| ByteBuf::from(s.as_bytes().to_vec());
     let start = |plan: &WirePlan| -> Status {

@@ -393,3 +393,113 @@ both!(roots_at_slash_and_dev_start, |e: Env| async move {
         "a file made in the job's /dev is on the host"
     );
 });
+
+// A cwd under /tmp with the job's own :tmp (issue 29, functional): a root
+// at or above /tmp (`read: "all"`, a write root `/tmp`) grants the cwd,
+// but the job's /tmp is its own: the cwd is bound at its place over it,
+// with the access that root gives, its carve-outs covered. Before, every
+// such start failed ("entering the working directory: No such file or
+// directory", no path named): the README's test command in a clone under
+// /tmp (`executor-client run --tmp` from there). A cwd the job cannot
+// enter is `sandbox_unavailable` naming it and what to grant: one no root
+// grants; one inside a deny_read directory (variant: never exposed by the
+// binding); one in the jobs' directory (variant: another job's :tmp is
+// never bound). Controls: the job's /tmp is still its own, the rest of the
+// host's /tmp stays hidden.
+both!(
+    a_granted_cwd_under_tmp_is_entered_with_its_own_tmp,
+    |e: Env| async move {
+        let ws = e.ws.display().to_string();
+        let (out, code) = e
+            .sh(None, &format!("echo host > {}/beside", e.base.display()))
+            .await;
+        assert_eq!(code, 0, "{out}");
+        let tmp_all = {
+            let mut i = e.ws_write();
+            i.filesystem.write = vec![":tmp".into()];
+            i
+        };
+        let mut tmp_all_carved = tmp_all.clone();
+        tmp_all_carved.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+        let mut tmp_rw = e.ws_write();
+        tmp_rw.filesystem.write = vec!["/tmp".into(), ":tmp".into()];
+        tmp_rw.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+        let beside = e.base.join("beside").display().to_string();
+        let cases = [
+        (
+            "read all, :tmp",
+            tmp_all,
+            format!("test \"$(pwd)\" = {ws} && cat src/main.rs >/dev/null && ! touch new && touch /tmp/own && test ! -e {beside}"),
+        ),
+        (
+            "read all, :tmp, deny_read in the cwd",
+            tmp_all_carved,
+            "! cat secrets/key && cat src/main.rs >/dev/null".to_string(),
+        ),
+        (
+            "write /tmp, :tmp, deny_write in the cwd",
+            tmp_rw,
+            format!("test \"$(pwd)\" = {ws} && touch new && ! touch .git/x && test ! -e {beside}"),
+        ),
+    ];
+        for (name, intent, script) in cases {
+            let (out, code) = e.sh(Some(intent), &format!("{script} && echo RAN")).await;
+            assert_eq!((code, out.contains("RAN")), (0, true), "{name}: {out}");
+        }
+        assert!(
+            e.ws.join("new").exists(),
+            "written through the write root /tmp"
+        );
+        assert!(!e.ws.join(".git/x").exists(), "deny_write in the cwd");
+        // Cwds the job cannot enter: the error names the cwd and what to grant.
+        let mut system_only = e.ws_write();
+        system_only.filesystem.read = ReadRoots::Paths(
+            ["/usr", "/bin", "/lib", "/lib64", "/etc"]
+                .iter()
+                .filter(|p| Path::new(p).exists())
+                .map(|p| (*p).into())
+                .collect(),
+        );
+        system_only.filesystem.write = vec![":tmp".into()];
+        let mut in_secrets = e.ws_write();
+        in_secrets.filesystem.write = vec![":tmp".into()];
+        in_secrets.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+        let mut no_tmp = system_only.clone();
+        no_tmp.filesystem.write = vec![wp(&e.ws)];
+        let jobs = std::path::PathBuf::from(format!("/tmp/executor-jobs-{}", e.uid));
+        let mut in_jobs = e.ws_write();
+        in_jobs.filesystem.write = vec![":tmp".into()];
+        for (name, intent, cwd) in [
+            ("no root grants it", system_only, e.ws.clone()),
+            (
+                "outside every root (found by the init)",
+                no_tmp,
+                e.outside.clone(),
+            ),
+            (
+                "inside a deny_read directory",
+                in_secrets,
+                e.ws.join("secrets"),
+            ),
+            ("the jobs' directory", in_jobs, jobs.clone()),
+        ] {
+            if !cwd.is_dir() {
+                prerequisite_missing(&format!("{} (made by the agent)", cwd.display()));
+                continue;
+            }
+            let p = exec_params(vec!["/bin/cat".into(), "key".into()], &cwd, Some(intent));
+            let err = remote(e.c.exec_command(&p).await.expect_err(name));
+            assert_eq!(err.code, ErrorCode::SandboxUnavailable, "{name}: {err:?}");
+            assert!(
+                err.message.contains(&cwd.display().to_string()) && err.message.contains("grant"),
+                "{name}: the error names the cwd and what to grant: {}",
+                err.message
+            );
+            assert!(!err.message.contains("TOPSECRET"), "{name}");
+        }
+        // The CLI from a cwd under /tmp, as the README's test command in a
+        // clone there: `run --tmp` enters it.
+        let (code, out, err) = cli_as(&e, &e.ws, &["run", "--tmp", "--", "/bin/pwd"]);
+        assert_eq!((code, out.trim()), (Some(0), ws.as_str()), "{err}");
+    }
+);
