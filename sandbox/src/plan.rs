@@ -417,17 +417,21 @@ impl Visible<'_> {
     /// Whether `p` is in the job's root. With its own :tmp, the host's
     /// /tmp is reachable only through a root strictly below it (bound over
     /// the job's /tmp); a root at or above /tmp (`/tmp`, `/`) is covered
-    /// there by the job's own.
+    /// there by the job's own. The host's /dev likewise: the job's /dev is
+    /// its own, so only a root strictly below /dev reaches into it.
     fn contains(&self, p: &Path) -> bool {
-        let tmp = Path::new("/tmp");
-        let through = |r: &PathBuf| {
-            let strictly_below_tmp = r.starts_with(tmp) && r.as_path() != tmp;
-            p.starts_with(r) && !(self.own_tmp && p.starts_with(tmp) && !strictly_below_tmp)
+        let (tmp, dev) = (Path::new("/tmp"), Path::new(HOST_DEV));
+        let covered = |p: &Path, under: &Path, own: bool, r: Option<&PathBuf>| {
+            let strictly_below = r.is_some_and(|r| r.starts_with(under) && r.as_path() != under);
+            own && p.starts_with(under) && !strictly_below
         };
+        let hidden =
+            |r: Option<&PathBuf>| covered(p, tmp, self.own_tmp, r) || covered(p, dev, true, r);
+        let through = |r: &PathBuf| p.starts_with(r) && !hidden(Some(r));
         self.write.iter().any(through)
             || self.over_tmp.iter().any(through)
             || match &self.read {
-                None => !(self.own_tmp && p.starts_with(tmp)),
+                None => !hidden(None),
                 Some(r) => r.iter().any(through),
             }
     }

@@ -325,6 +325,9 @@ both!(roots_at_slash_and_dev_start, |e: Env| async move {
     let plus = |extra: &str| -> Vec<executor_protocol::WirePath> {
         system.iter().cloned().chain([extra.into()]).collect()
     };
+    // A carve-out in the host's /dev needs nothing: none of it is there.
+    let mut dev_carved = with(None, vec!["/dev".into(), wp(&e.ws)]);
+    dev_carved.filesystem.deny_read = vec![dev.into()];
     let mut slash_rw = with(None, vec!["/".into()]);
     slash_rw.filesystem.deny_write = vec![wp(&e.ws.join("src"))];
     let cases = [
@@ -347,6 +350,11 @@ both!(roots_at_slash_and_dev_start, |e: Env| async move {
             "write /dev, fresh root",
             with(Some(system.clone()), vec!["/dev".into(), wp(&e.ws)]),
             format!("mkdir /dev/d && touch /dev/d/f && test ! -e {dev}"),
+        ),
+        (
+            "write /dev, deny_read of a host device",
+            dev_carved,
+            format!("test ! -e {dev} && touch {made}"),
         ),
         (
             "write /",
