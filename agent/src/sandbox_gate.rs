@@ -214,7 +214,7 @@ pub fn gate(
             DenyNetwork(false),
         ));
     }
-    match executor_sandbox::plan::plan(&policy, caps, param) {
+    match executor_sandbox::plan::plan(&policy, caps, param, cwd) {
         Ok(plan) => Ok(Decision::Enforce(Box::new(plan), egress)),
         Err(PlanError::Unavailable(what)) => Err(unavailable(what)),
         Err(e @ PlanError::Io { .. }) => Err(WireError::new(ErrorCode::Io, e.to_string())),

@@ -110,6 +110,10 @@ pub struct WirePlan {
     /// Symlinks to recreate in the fresh root: (where, what it points to).
     pub symlinks: Vec<(ByteBuf, ByteBuf)>,
     pub net: WireNet,
+    /// Bound read-only where `read` is `None` (everything readable) and
+    /// the job's own `:tmp` covers the host's /tmp: the request's cwd
+    /// there ([`cwd_over_tmp`]).
+    pub read_over_tmp: Vec<Node>,
 }
 
 /// Why no plan can be made; `Unavailable` means "this host cannot enforce
@@ -354,6 +358,9 @@ fn bytes(p: &Path) -> ByteBuf {
     ByteBuf::from(p.as_os_str().as_bytes().to_vec())
 }
 
+/// The host's `/dev`: as a root, the job's own `/dev` stands for it.
+pub const HOST_DEV: &str = "/dev";
+
 /// The deepest write root that contains `p`.
 fn enclosing<'a>(p: &Path, write: &'a [PathBuf]) -> Option<&'a PathBuf> {
     write
@@ -402,25 +409,94 @@ struct Visible<'a> {
     write: &'a [PathBuf],
     read: Option<Vec<PathBuf>>,
     own_tmp: bool,
+    /// Roots in the host's /tmp bound over the job's own (the cwd).
+    over_tmp: Vec<PathBuf>,
 }
 
 impl Visible<'_> {
     /// Whether `p` is in the job's root. With its own :tmp, the host's
     /// /tmp is reachable only through a root strictly below it (bound over
     /// the job's /tmp); a root at or above /tmp (`/tmp`, `/`) is covered
-    /// there by the job's own.
+    /// there by the job's own. The host's /dev likewise: the job's /dev is
+    /// its own, so only a root strictly below /dev reaches into it.
     fn contains(&self, p: &Path) -> bool {
-        let tmp = Path::new("/tmp");
-        let through = |r: &PathBuf| {
-            let strictly_below_tmp = r.starts_with(tmp) && r.as_path() != tmp;
-            p.starts_with(r) && !(self.own_tmp && p.starts_with(tmp) && !strictly_below_tmp)
+        let (tmp, dev) = (Path::new("/tmp"), Path::new(HOST_DEV));
+        let covered = |p: &Path, under: &Path, own: bool, r: Option<&PathBuf>| {
+            let strictly_below = r.is_some_and(|r| r.starts_with(under) && r.as_path() != under);
+            own && p.starts_with(under) && !strictly_below
         };
+        let hidden =
+            |r: Option<&PathBuf>| covered(p, tmp, self.own_tmp, r) || covered(p, dev, true, r);
+        let through = |r: &PathBuf| p.starts_with(r) && !hidden(Some(r));
         self.write.iter().any(through)
+            || self.over_tmp.iter().any(through)
             || match &self.read {
-                None => !(self.own_tmp && p.starts_with(tmp)),
+                None => !hidden(None),
                 Some(r) => r.iter().any(through),
             }
     }
+}
+
+/// How the request's cwd is in the job's root when the job's own `:tmp`
+/// covers the host's /tmp.
+#[derive(Debug, PartialEq, Eq)]
+enum CwdOverTmp {
+    /// Visible already (outside /tmp, /tmp itself, or inside a root
+    /// strictly below /tmp), or missing (the spawn reports that).
+    AsIs,
+    /// Granted by a root at or above /tmp: bound at its place over the
+    /// job's /tmp, writable when a write root grants it (and no
+    /// `deny_write` holds it).
+    Bind {
+        node: crate::policy::Checked,
+        write: bool,
+    },
+}
+
+/// With the job's own `:tmp` at /tmp, the host's /tmp is not in the job's
+/// root, though a root at or above it (`read: "all"`, `/`, `/tmp`) grants
+/// what it holds: a cwd there is bound over the job's /tmp with the access
+/// that root gives, its carve-outs covered as in any root. A cwd there
+/// that nothing grants, inside a `deny_read` path, or in the jobs'
+/// directory (other jobs' `:tmp`) cannot be entered: `Unavailable`, naming
+/// it and what to grant. Never wider than the policy: only what a root
+/// grants is bound.
+fn cwd_over_tmp(
+    cwd: &Path,
+    policy: &Policy,
+    visible: &Visible<'_>,
+) -> Result<CwdOverTmp, PlanError> {
+    let tmp = Path::new("/tmp");
+    let Some(c) = crate::policy::existing(cwd) else {
+        return Ok(CwdOverTmp::AsIs);
+    };
+    if !visible.own_tmp || !c.path.starts_with(tmp) || c.path == tmp || visible.contains(&c.path) {
+        return Ok(CwdOverTmp::AsIs);
+    }
+    let refuse = |why: String| {
+        PlanError::Unavailable(format!(
+            "the working directory {} is not in the job's sandbox ({why}): its own :tmp is              mounted over the host's /tmp, so grant the directory itself (a read or write              root at it or below /tmp, e.g. --ro/--rw {}) or run from a granted directory",
+            cwd.display(),
+            c.path.display()
+        ))
+    };
+    if c.path.starts_with(jobs_parent()) {
+        return Err(refuse("it is in the jobs' private directory".into()));
+    }
+    if let Some(d) = policy.deny_read.iter().find(|d| c.path.starts_with(d)) {
+        return Err(refuse(format!("deny_read covers {}", d.display())));
+    }
+    let above = |r: &PathBuf| c.path.starts_with(r) && !(r.starts_with(tmp) && r != tmp);
+    let denied_write = policy.deny_write.iter().any(|d| c.path.starts_with(d));
+    let write = !denied_write && visible.write.iter().any(above);
+    let read = match &visible.read {
+        None => true,
+        Some(roots) => roots.iter().any(above),
+    };
+    if !write && !read {
+        return Err(refuse("no read or write root grants it".into()));
+    }
+    Ok(CwdOverTmp::Bind { node: c, write })
 }
 
 /// The error of making or holding a placeholder for the carve-out `d`.
@@ -670,7 +746,12 @@ fn job_symlinks(policy: &Policy, write_paths: &[PathBuf]) -> Vec<(ByteBuf, ByteB
 
 /// Make the plan for `policy` on a host with `caps`; `param` names the
 /// request field of the intent, for messages (`sandbox`).
-pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, PlanError> {
+pub fn plan(
+    policy: &Policy,
+    caps: &Capabilities,
+    param: &str,
+    cwd: Option<&Path>,
+) -> Result<Plan, PlanError> {
     let mut degraded = Vec::new();
     let abi = caps.landlock_abi.unwrap_or(0);
     let net = network_plan(policy, abi, &mut degraded)?;
@@ -690,15 +771,76 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             })
             .collect()
     };
-    let read = policy.read.as_deref().map(checked);
-    let write = checked(&policy.write);
+    // A root `/` (read or write) is the host's whole tree: `read: None`.
+    let slash = |roots: &[Root]| {
+        roots
+            .iter()
+            .any(|r| matches!(r, Root::Path(c) if c.path == Path::new("/")))
+    };
+    let everything = slash(&policy.write) || policy.read.as_deref().is_some_and(slash);
+    let mut read = match policy.read.as_deref() {
+        Some(roots) if !everything => Some(checked(roots)),
+        _ => None,
+    };
+    let mut write = checked(&policy.write);
+    // A root `/dev` is the job's own /dev (the init binds nothing of the
+    // host's there): nothing of the host's /dev is visible, writable, or
+    // gets a placeholder.
+    let mut write_paths: Vec<PathBuf> = write_paths
+        .into_iter()
+        .filter(|p| p != Path::new(HOST_DEV))
+        .collect();
+    let read_paths = match policy.read.as_deref() {
+        Some(roots) if !everything => Some(
+            root_paths(roots)
+                .into_iter()
+                .filter(|p| p != Path::new(HOST_DEV))
+                .collect(),
+        ),
+        _ => None,
+    };
 
     let needs_tmp = policy.write.contains(&Root::Tmp)
         || policy.read.as_ref().is_some_and(|r| r.contains(&Root::Tmp));
+    // The cwd, decided against what the roots alone make visible.
+    let cwd_bind = match cwd {
+        Some(cwd) => cwd_over_tmp(
+            cwd,
+            policy,
+            &Visible {
+                write: &write_paths,
+                read: read_paths.clone(),
+                own_tmp: needs_tmp,
+                over_tmp: Vec::new(),
+            },
+        )?,
+        None => CwdOverTmp::AsIs,
+    };
+    let mut over_tmp = Vec::new();
+    let mut read_over_tmp = Vec::new();
+    if let CwdOverTmp::Bind { node, write: w } = cwd_bind {
+        let n = Node {
+            path: bytes(&node.path),
+            dev: node.dev,
+            ino: node.ino,
+        };
+        match (w, read.as_mut()) {
+            (true, _) => write.push(n),
+            (false, Some(list)) => list.push(n),
+            (false, None) => read_over_tmp.push(n),
+        }
+        if w {
+            // A write root of its own: its carve-outs get placeholders and
+            // pins as in any write root.
+            write_paths.push(node.path.clone());
+        }
+        over_tmp.push(node.path);
+    }
     let visible = Visible {
         write: &write_paths,
-        read: policy.read.as_deref().map(root_paths),
+        read: read_paths,
         own_tmp: needs_tmp,
+        over_tmp,
     };
     let mut carve = CarveOuts::new(&write_paths, policy.required);
     for (i, d) in policy.deny_read.iter().enumerate() {
@@ -742,6 +884,7 @@ pub fn plan(policy: &Policy, caps: &Capabilities, param: &str) -> Result<Plan, P
             pin,
             symlinks,
             net,
+            read_over_tmp,
         },
         files: JobFiles {
             tmp: job_dir,

@@ -489,6 +489,19 @@ mod look {
     }
 }
 
+/// The canonical path and identity of the existing `path` (symlinks
+/// followed), from one walk as a root's ([`walk`]); `None` when some of it
+/// does not exist.
+pub fn existing(path: &Path) -> Option<Checked> {
+    let w = walk(path, true).ok()?;
+    let (dev, ino) = w.node?;
+    Some(Checked {
+        path: w.path,
+        dev,
+        ino,
+    })
+}
+
 fn carve_outs(
     list: &[WirePath],
     name: &str,

@@ -2908,6 +2908,7 @@ fn c55_the_init_makes_nothing_on_the_host() {
         pin: vec![Node::at(&dir).unwrap()],
         symlinks: vec![],
         net: WireNet::Deny,
+        read_over_tmp: vec![],
     };
     let bytes = |s: &str| ByteBuf::from(s.as_bytes().to_vec());
     let start = |plan: &WirePlan| -> Status {
@@ -3080,3 +3081,6 @@ both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
         );
     }
 });
+
+#[path = "sandbox_kernel.rs"]
+mod kernel;

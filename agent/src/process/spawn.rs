@@ -486,6 +486,23 @@ async fn start_failed(
     program: &Path,
 ) -> WireError {
     match first {
+        Ok(Some(Status::SandboxFailed { step, errno }))
+            if step == executor_sandbox::linux::Step::Cwd as u8 =>
+        {
+            reap(supervisor).await;
+            WireError::new(
+                ErrorCode::SandboxUnavailable,
+                format!(
+                    "the sandbox could not be set up (entering the working directory {}: {}): \
+                     the job's root does not hold it; grant it (a read or write root at it or \
+                     above it) or run from a granted directory; nothing was run",
+                    req.cwd.display(),
+                    std::io::Error::from_raw_os_error(errno)
+                ),
+            )
+            .with("errno", errno)
+            .with("path", req.cwd.to_string_lossy().as_ref())
+        }
         Ok(Some(Status::SandboxFailed { step, errno })) => {
             reap(supervisor).await;
             WireError::new(
