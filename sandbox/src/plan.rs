@@ -490,8 +490,9 @@ impl<'a> CarveOuts<'a> {
         }
     }
 
-    /// An existing carve-out: covered by the identity `m` has; one with
-    /// other hard links fails (`required`) or is reported as degraded.
+    /// An existing carve-out: covered by the identity `m` has; one whose
+    /// data has other names ([`linked_names`]) fails (`required`) or is
+    /// reported as degraded.
     fn add_existing(
         &mut self,
         field: &str,
@@ -500,13 +501,7 @@ impl<'a> CarveOuts<'a> {
         is_read: bool,
         degraded: &mut Vec<String>,
     ) -> Result<(), PlanError> {
-        if !m.is_dir() && m.nlink() > 1 {
-            let what = format!(
-                "{field}: {} has {} hard links; it stays {} through the others",
-                d.display(),
-                m.nlink(),
-                if is_read { "readable" } else { "writable" }
-            );
+        if let Some(what) = linked_names(field, d, m, is_read) {
             if self.required {
                 return Err(PlanError::Unavailable(what));
             }
@@ -610,6 +605,43 @@ impl<'a> CarveOuts<'a> {
             }
         }
         Ok(pin)
+    }
+}
+
+/// Why the existing carve-out `d` (field `field`, node `m`) would not
+/// protect its data: a file with other hard links, a directory holding a
+/// file with names outside it ([`crate::holds`]), or a directory too large
+/// (or changing too fast) to examine. `None`: no other name reaches it.
+fn linked_names(field: &str, d: &Path, m: &std::fs::Metadata, is_read: bool) -> Option<String> {
+    let stays = if is_read { "readable" } else { "writable" };
+    if !m.is_dir() {
+        return (m.nlink() > 1).then(|| {
+            format!(
+                "{field}: {} has {} hard links; it stays {stays} through the others",
+                d.display(),
+                m.nlink(),
+            )
+        });
+    }
+    #[cfg(not(target_os = "linux"))]
+    return Some(format!(
+        "{field}: {} cannot be examined for hard links on this platform",
+        d.display()
+    ));
+    #[cfg(target_os = "linux")]
+    match crate::holds::linked_out(d, Some((m.dev(), m.ino())), crate::holds::MAX_ENTRIES) {
+        Ok(l) => l.first().map(|f| {
+            format!(
+                "{field}: {} holds {} ({} hard links), {} file(s) in all with names outside it; they stay {stays} through those",
+                d.display(),
+                f.path.display(),
+                f.nlink,
+                l.len(),
+            )
+        }),
+        Err(e) => Some(format!(
+            "{field}: {e}; a file in it with other hard links would stay {stays} through those"
+        )),
     }
 }
 

@@ -3080,3 +3080,6 @@ both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
         );
     }
 });
+
+#[path = "sandbox_carve.rs"]
+mod carve;
