@@ -512,6 +512,15 @@ both!(
             std::fs::read(ws.join("src/main.rs")).unwrap(),
             b"fn main() {}\n"
         );
+        // create_parents through a link within the root that points up
+        // resolves as the host does (it was refused before).
+        std::os::unix::fs::symlink("../src", ws.join("src/up")).unwrap();
+        let mut p = write_params(&ws.join("src/up/made/f"), b"up\n", false, &i);
+        p.create_parents = true;
+        e.c.call(&p)
+            .await
+            .expect("create_parents through src/up -> ../src");
+        assert_eq!(std::fs::read(ws.join("src/made/f")).unwrap(), b"up\n");
         // Atomic: the link itself is replaced.
         e.c.call(&write_params(
             &ws.join("src/to-outside"),
