@@ -79,7 +79,10 @@ pub fn linked_out(
             .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS),
     ) {
         Ok(fd) => fd,
-        Err(nix::errno::Errno::ENOENT) if expect.is_none() => return Ok(Vec::new()),
+        // Not there (or a file where a directory of it would be).
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) if expect.is_none() => {
+            return Ok(Vec::new())
+        }
         Err(e) => return Err(io(path)(e)),
     };
     let st = fstat(&fd).map_err(io(path))?;
@@ -283,6 +286,9 @@ mod tests {
         // one holds nothing.
         assert_eq!(linked_out(&d.join("out/notes"), None, 10).unwrap().len(), 1);
         assert!(linked_out(&d.join("nothing"), None, 10).unwrap().is_empty());
+        assert!(linked_out(&c.join("alone/below"), None, 10)
+            .unwrap()
+            .is_empty());
         let _ = std::fs::remove_dir_all(d);
     }
 

