@@ -630,18 +630,33 @@ fn linked_names(field: &str, d: &Path, m: &std::fs::Metadata, is_read: bool) -> 
     ));
     #[cfg(target_os = "linux")]
     match crate::holds::linked_out(d, Some((m.dev(), m.ino())), crate::holds::MAX_ENTRIES) {
+        // Nothing inside a deny_read carve-out is named (its names are
+        // part of what it hides).
         Ok(l) => l.first().map(|f| {
+            let which = if is_read {
+                format!("a file ({} hard links)", f.nlink)
+            } else {
+                format!("{} ({} hard links)", f.path.display(), f.nlink)
+            };
             format!(
-                "{field}: {} holds {} ({} hard links), {} file(s) in all with names outside it; they stay {stays} through those",
+                "{field}: {} holds {which}, {} file(s) in all with names outside it; they stay {stays} through those",
                 d.display(),
-                f.path.display(),
-                f.nlink,
                 l.len(),
             )
         }),
-        Err(e) => Some(format!(
-            "{field}: {e}; a file in it with other hard links would stay {stays} through those"
-        )),
+        Err(e) => {
+            let why = match e {
+                crate::holds::ScanError::TooMany { .. } => e.to_string(),
+                _ if is_read => format!(
+                    "{} cannot be examined for hard links (it changed, or cannot be read)",
+                    d.display()
+                ),
+                _ => e.to_string(),
+            };
+            Some(format!(
+                "{field}: {why}; a file in it with other hard links would stay {stays} through those"
+            ))
+        }
     }
 }
 

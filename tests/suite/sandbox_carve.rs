@@ -80,8 +80,12 @@ both!(
         assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable), "{err}");
         let msg = err.to_string();
         assert!(
-            msg.contains("deny_read.0") && msg.contains("secrets/key") && msg.contains("hard link"),
-            "the plan names the carve-out and the file: {msg}"
+            msg.contains("deny_read.0") && msg.contains("secrets") && msg.contains("hard link"),
+            "the plan names the carve-out: {msg}"
+        );
+        assert!(
+            !msg.contains("secrets/key"),
+            "and no name inside a deny_read carve-out: {msg}"
         );
         std::fs::remove_file(e.ws.join("src/notes.txt")).unwrap();
 
@@ -130,7 +134,10 @@ both!(
         nested.filesystem.deny_read = vec![wp(&e.ws.join(".git/private"))];
         let err = run(&e, &nested, "cat src/tok").await.unwrap_err();
         assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable), "{err}");
-        assert!(err.to_string().contains(".git/private/token"), "{err}");
+        assert!(
+            err.to_string().contains("deny_read.0: ") && !err.to_string().contains("token"),
+            "{err}"
+        );
         // Two names inside the same carve-out are no way in: runs.
         std::fs::remove_file(e.ws.join("src/tok")).unwrap();
         std::fs::hard_link(
