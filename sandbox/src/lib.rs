@@ -12,6 +12,8 @@
 //!   roots; a missing root is an error naming it);
 //! - [`plan`]: a policy turned into what the trampoline applies (roots and
 //!   carve-outs by identity, pins, the job's private directory);
+//! - [`holds`]: what a carve-out holds by identity (its files with hard
+//!   links outside it), for the plan and the agent's fs confinement;
 //! - [`spec`]: the job spec the agent hands the trampoline in a sealed memfd;
 //! - [`linux`]: the enforcement the job's init applies before it forks the
 //!   program (user, mount, PID, IPC and network namespaces, a fresh root,
@@ -32,6 +34,8 @@
 //! few descriptor hand-overs of [`trampoline`] and [`spawner`]), each block with a
 //! `// SAFETY:` comment.
 
+#[cfg(target_os = "linux")]
+pub mod holds;
 #[cfg(target_os = "linux")]
 pub mod linux;
 #[cfg(target_os = "linux")]

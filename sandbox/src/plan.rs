@@ -566,8 +566,9 @@ impl<'a> CarveOuts<'a> {
         }
     }
 
-    /// An existing carve-out: covered by the identity `m` has; one with
-    /// other hard links fails (`required`) or is reported as degraded.
+    /// An existing carve-out: covered by the identity `m` has; one whose
+    /// data has other names ([`linked_names`]) fails (`required`) or is
+    /// reported as degraded.
     fn add_existing(
         &mut self,
         field: &str,
@@ -576,13 +577,7 @@ impl<'a> CarveOuts<'a> {
         is_read: bool,
         degraded: &mut Vec<String>,
     ) -> Result<(), PlanError> {
-        if !m.is_dir() && m.nlink() > 1 {
-            let what = format!(
-                "{field}: {} has {} hard links; it stays {} through the others",
-                d.display(),
-                m.nlink(),
-                if is_read { "readable" } else { "writable" }
-            );
+        if let Some(what) = linked_names(field, d, m, is_read) {
             if self.required {
                 return Err(PlanError::Unavailable(what));
             }
@@ -686,6 +681,58 @@ impl<'a> CarveOuts<'a> {
             }
         }
         Ok(pin)
+    }
+}
+
+/// Why the existing carve-out `d` (field `field`, node `m`) would not
+/// protect its data: a file with other hard links, a directory holding a
+/// file with names outside it ([`crate::holds`]), or a directory too large
+/// (or changing too fast) to examine. `None`: no other name reaches it.
+fn linked_names(field: &str, d: &Path, m: &std::fs::Metadata, is_read: bool) -> Option<String> {
+    let stays = if is_read { "readable" } else { "writable" };
+    if !m.is_dir() {
+        return (m.nlink() > 1).then(|| {
+            format!(
+                "{field}: {} has {} hard links; it stays {stays} through the others",
+                d.display(),
+                m.nlink(),
+            )
+        });
+    }
+    #[cfg(not(target_os = "linux"))]
+    return Some(format!(
+        "{field}: {} cannot be examined for hard links on this platform",
+        d.display()
+    ));
+    #[cfg(target_os = "linux")]
+    match crate::holds::linked_out(d, Some((m.dev(), m.ino())), crate::holds::MAX_ENTRIES) {
+        // Nothing inside a deny_read carve-out is named (its names are
+        // part of what it hides).
+        Ok(l) => l.first().map(|f| {
+            let which = if is_read {
+                format!("a file ({} hard links)", f.nlink)
+            } else {
+                format!("{} ({} hard links)", f.path.display(), f.nlink)
+            };
+            format!(
+                "{field}: {} holds {which}, {} file(s) in all with names outside it; they stay {stays} through those",
+                d.display(),
+                l.len(),
+            )
+        }),
+        Err(e) => {
+            let why = match e {
+                crate::holds::ScanError::TooMany { .. } => e.to_string(),
+                _ if is_read => format!(
+                    "{} cannot be examined for hard links (it changed, or cannot be read)",
+                    d.display()
+                ),
+                _ => e.to_string(),
+            };
+            Some(format!(
+                "{field}: {why}; a file in it with other hard links would stay {stays} through those"
+            ))
+        }
     }
 }
 

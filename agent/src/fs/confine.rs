@@ -1,9 +1,15 @@
 //! Filesystem requests under a sandbox intent: every path is resolved
-//! *beneath* an allowed root by the kernel (`openat2` with
-//! `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`), so `..`, symlinks leading out
-//! of the roots and `/proc/self/root`-style magic links are refused with
-//! `sandbox_denied`, never judged by string prefixes. The resolved path then
-//! has no symlink left in it, and carve-outs are checked on it.
+//! *beneath* an allowed root one component at a time, each looked up by the
+//! kernel in the directory the previous one opened (`openat2` with
+//! `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, never following), symlinks
+//! expanded from the link opened and `..` never above the root, so `..`,
+//! symlinks leading out of the roots and `/proc` magic links are refused
+//! with `sandbox_denied`, never judged by string prefixes. Nothing is
+//! looked up inside a `deny_read` carve-out: below one, every answer is
+//! `sandbox_denied`. The resolved path has no symlink left in it, and
+//! carve-outs are checked on it; a file with other hard links is checked
+//! by identity against what the carve-outs hold (carve-outs protect data,
+//! not names: [`executor_sandbox::holds`]).
 //!
 //! A path is looked up once: the result ([`Resolved`]) holds the opened
 //! directory that contains it and the object itself, and every operation
@@ -19,6 +25,7 @@ use executor_protocol::types::fs::Scoped;
 use executor_protocol::{ErrorCode, WireError, WirePath};
 use executor_sandbox::policy::root_paths;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -57,12 +64,80 @@ pub enum Access {
 }
 
 /// The roots and carve-outs an fs request is confined to.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Confinement {
     read: Vec<PathBuf>,
     write: Vec<PathBuf>,
     deny_read: Vec<PathBuf>,
     deny_write: Vec<PathBuf>,
+    /// The intent's own `deny_read` carve-outs (not the agent's `/proc`
+    /// and `/dev`), examined for hard links when first needed.
+    held_read: Held,
+    /// Its `deny_write` carve-outs (and the links on the way to them).
+    held_write: Held,
+}
+
+/// (device, inode) of a file with names outside a carve-out, and that carve-out.
+type HeldFiles = Vec<((u64, u64), PathBuf)>;
+
+/// The files of some carve-outs that have names outside them
+/// ([`executor_sandbox::holds`]), found once per request, and only when a
+/// file with more than one link is met: carve-outs protect data, not
+/// names, so such a name is refused as the carve-out itself is.
+#[derive(Debug)]
+struct Held {
+    carve_outs: Vec<PathBuf>,
+    /// (device, inode) -> the carve-out holding it; or why a carve-out
+    /// could not be examined (then every file with other links is refused).
+    found: std::sync::OnceLock<Result<HeldFiles, String>>,
+}
+
+impl Held {
+    fn new(carve_outs: Vec<PathBuf>) -> Held {
+        Held {
+            carve_outs,
+            found: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn found(&self) -> &Result<HeldFiles, String> {
+        self.found.get_or_init(|| {
+            let mut out = Vec::new();
+            for c in &self.carve_outs {
+                let held =
+                    executor_sandbox::holds::linked_out(c, None, executor_sandbox::holds::MAX_ENTRIES)
+                        .map_err(|e| match e {
+                            executor_sandbox::holds::ScanError::TooMany { max, .. } => format!(
+                                "the carve-out {} holds more than {max} entries, too many to examine for hard links",
+                                c.display()
+                            ),
+                            _ => format!(
+                                "the carve-out {} cannot be examined for hard links",
+                                c.display()
+                            ),
+                        })?;
+                out.extend(held.into_iter().map(|l| ((l.dev, l.ino), c.clone())));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Why the file of identity `id` (a non-directory with other links)
+    /// must be refused, if it must.
+    fn refuses(&self, id: (u64, u64)) -> Option<String> {
+        if self.carve_outs.is_empty() {
+            return None;
+        }
+        match self.found() {
+            Ok(found) => found.iter().find(|(i, _)| *i == id).map(|(_, c)| {
+                format!(
+                    "another name (hard link) of a file inside the carve-out {}",
+                    c.display()
+                )
+            }),
+            Err(why) => Some(format!("has other hard links, and {why}")),
+        }
+    }
 }
 
 fn denied(path: &Path, rule: String) -> WireError {
@@ -72,20 +147,6 @@ fn denied(path: &Path, rule: String) -> WireError {
     )
     .with("path", super::wire_path_value(path))
     .with("rule", rule)
-}
-
-/// Beneath a root with `flags` (always close-on-exec). For the root `/`
-/// (`read: "all"`) absolute symlinks resolve as the host resolves them
-/// (`RESOLVE_IN_ROOT` of `/`); below any other root they are refused.
-fn how_in(root: &Path, flags: OFlag) -> OpenHow {
-    let scope = if root == Path::new("/") {
-        ResolveFlag::RESOLVE_IN_ROOT
-    } else {
-        ResolveFlag::RESOLVE_BENEATH
-    };
-    OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC)
-        .resolve(scope | ResolveFlag::RESOLVE_NO_MAGICLINKS)
 }
 
 /// Beneath the directory opened (a last component, or one step of
@@ -125,17 +186,21 @@ impl Confinement {
         // The agent's /proc and /dev are not the job's (a job gets its own
         // /proc and a minimal /dev): under an intent they are never read
         // through the agent (its environment, its memory, raw disks).
+        let held_read = Held::new(policy.deny_read.clone());
         let mut deny_read = policy.deny_read;
         deny_read.extend([PathBuf::from("/proc"), PathBuf::from("/dev")]);
         // A carve-out named through a symlink keeps its name: the link
         // itself is protected too.
         let mut deny_write = policy.deny_write;
         deny_write.extend(policy.carve_out_links.into_iter().map(|l| l.path));
+        let held_write = Held::new(deny_write.clone());
         Ok(Some(Confinement {
             read,
             write,
             deny_read,
             deny_write,
+            held_read,
+            held_write,
         }))
     }
 
@@ -177,7 +242,11 @@ impl Confinement {
         })
     }
 
-    /// Resolve `path` (`rel` below `root`) beneath `root`.
+    /// Resolve `path` (`rel` below `root`) beneath `root`, one component
+    /// at a time ([`Beneath`]): nothing inside a `deny_read` carve-out is
+    /// ever looked up, so what is below one answers `sandbox_denied`
+    /// whatever it holds (never `not_found` or `not_a_directory` by what
+    /// a name inside it is).
     fn resolve_in(
         &self,
         root: &Path,
@@ -198,32 +267,90 @@ impl Confinement {
             self.check_carve_outs(path, root, open.access)?;
             return Resolved::whole(root, root_fd, true).map(InRoot::Found);
         }
-        let (rel_parent, name) = match (rel.parent(), rel.file_name()) {
-            (Some(p), Some(n)) => (p, n.to_os_string()),
-            _ => return Ok(InRoot::NotHere),
+        if rel.file_name().is_none() {
+            return Ok(InRoot::NotHere);
+        }
+        let mut walk = Beneath {
+            conf: self,
+            root,
+            root_fd: &root_fd,
+            path,
+            access: open.access,
+            hops: 0,
         };
-        let parent_fd =
-            match self.open_parent(&root_fd, root, rel_parent, open.access, open.create_parents) {
-                Ok(fd) => fd,
-                Err(Step::Escaped) => return Ok(InRoot::Escaped),
-                Err(Step::Denied(w) | Step::Failed(w)) => return Err(w),
-            };
-        let Some((node, real)) =
-            open_node(&root_fd, root, rel, &parent_fd, &name, open.follow, path)?
-        else {
-            return Ok(InRoot::Escaped);
+        let (parent, name, node) = match walk.run(rel, open.follow, open.create_parents) {
+            Ok(found) => found,
+            Err(Step::Escaped) => return Ok(InRoot::Escaped),
+            Err(Step::Denied(w) | Step::Failed(w)) => return Err(w),
+        };
+        let resolve_err = |e: std::io::Error| io_error(&e, path, "cannot resolve");
+        let real = match &node {
+            Some(fd) => real_path(fd).map_err(resolve_err)?,
+            None => real_path(&parent).map_err(resolve_err)?.join(&name),
         };
         if !real.starts_with(root) {
             return Ok(InRoot::Escaped);
         }
         self.check_carve_outs(path, &real, open.access)?;
+        if let Some(fd) = &node {
+            self.check_identity(path, fd, open.access)?;
+        }
+        // A final symlink not followed: where it leads, for an operation
+        // that would go through it (an in-place write refuses it).
+        let mut link_out = None;
+        if open.access == Access::Write && !open.follow && node.as_ref().is_some_and(is_symlink) {
+            let through = Open {
+                follow: true,
+                create_parents: false,
+                ..open
+            };
+            if let Err(w) = self.resolve(path, through) {
+                if w.code == ErrorCode::SandboxDenied {
+                    link_out = Some(w);
+                }
+            }
+        }
         Ok(InRoot::Found(Resolved {
             path: real,
-            parent: parent_fd,
+            parent,
             name: Some(name),
             node,
             confined: true,
+            link_out,
         }))
+    }
+
+    /// A file with other names (hard links) whose identity is one a
+    /// carve-out holds is refused as the carve-out itself: checked on the
+    /// descriptor the operation acts on, so a name swapped meanwhile
+    /// changes nothing.
+    pub fn check_identity(
+        &self,
+        path: &Path,
+        fd: &impl std::os::fd::AsFd,
+        access: Access,
+    ) -> Result<(), WireError> {
+        let st = nix::sys::stat::fstat(fd).map_err(|e| io_error(&e.into(), path, "cannot stat"))?;
+        if let Some(rule) = self.refuses_identity(&st, access) {
+            return Err(denied(path, rule));
+        }
+        Ok(())
+    }
+
+    /// Why a node of this `stat` is refused for `access` by the inode rule.
+    pub fn refuses_identity(
+        &self,
+        st: &nix::sys::stat::FileStat,
+        access: Access,
+    ) -> Option<String> {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR || st.st_nlink <= 1 {
+            return None;
+        }
+        let id = (st.st_dev, st.st_ino);
+        self.held_read.refuses(id).or_else(|| match access {
+            Access::Read => None,
+            Access::Write | Access::Move => self.held_write.refuses(id),
+        })
     }
 
     fn check_carve_outs(&self, path: &Path, real: &Path, access: Access) -> Result<(), WireError> {
@@ -253,93 +380,6 @@ impl Confinement {
             }
         }
         Ok(())
-    }
-
-    /// The directory `rel` (relative, maybe empty) beneath `root_fd`,
-    /// opened; with `create`, missing components are made one at a time
-    /// relative to the last opened one.
-    fn open_parent(
-        &self,
-        root_fd: &OwnedFd,
-        root: &Path,
-        rel: &Path,
-        access: Access,
-        create: bool,
-    ) -> Result<OwnedFd, Step> {
-        let dir_how = || how_beneath(OFlag::O_PATH | OFlag::O_DIRECTORY);
-        let target = if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        };
-        let fail = |e: nix::errno::Errno, at: &Path| {
-            Step::Failed(io_error(
-                &std::io::Error::from(e),
-                &root.join(at),
-                "cannot resolve",
-            ))
-        };
-        match openat2(
-            root_fd,
-            target,
-            how_in(root, OFlag::O_PATH | OFlag::O_DIRECTORY),
-        ) {
-            Ok(fd) => return Ok(fd),
-            Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
-                return Err(Step::Escaped)
-            }
-            Err(nix::errno::Errno::ENOENT) if create => {}
-            Err(e) => return Err(fail(e, rel)),
-        }
-        let mut cur = root_fd
-            .try_clone()
-            .map_err(|e| Step::Failed(io_error(&e, root, "cannot resolve")))?;
-        let mut at = PathBuf::new();
-        for c in rel.components() {
-            at.push(c);
-            let name = c.as_os_str();
-            match openat2(&cur, name, dir_how()) {
-                Ok(fd) => {
-                    cur = fd;
-                    continue;
-                }
-                Err(nix::errno::Errno::ENOENT) => {}
-                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
-                    return Err(Step::Escaped)
-                }
-                Err(e) => return Err(fail(e, &at)),
-            }
-            let real = real_path(&cur)
-                .map_err(|e| Step::Failed(io_error(&e, &root.join(&at), "cannot resolve")))?
-                .join(name);
-            if !real.starts_with(root) {
-                return Err(Step::Escaped);
-            }
-            self.check_carve_outs(&root.join(&at), &real, access)
-                .map_err(Step::Denied)?;
-            match nix::sys::stat::mkdirat(
-                &cur,
-                name,
-                nix::sys::stat::Mode::from_bits_truncate(0o777),
-            ) {
-                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-                Err(e) => {
-                    return Err(Step::Failed(io_error(
-                        &std::io::Error::from(e),
-                        &root.join(&at),
-                        "cannot create directory",
-                    )))
-                }
-            }
-            cur = match openat2(&cur, name, dir_how()) {
-                Ok(fd) => fd,
-                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
-                    return Err(Step::Escaped)
-                }
-                Err(e) => return Err(fail(e, &at)),
-            };
-        }
-        Ok(cur)
     }
 
     /// Whether a directory met during a walk is hidden by a carve-out.
@@ -390,6 +430,10 @@ pub struct Resolved {
     pub node: Option<OwnedFd>,
     /// Under a sandbox: a final symlink is never written through.
     pub confined: bool,
+    /// The final component is a symlink (not followed) that leads where
+    /// the intent refuses: the answer of an operation that would go
+    /// through it (`sandbox_denied`, not the `ELOOP` of `O_NOFOLLOW`).
+    pub link_out: Option<WireError>,
 }
 
 impl Resolved {
@@ -404,6 +448,7 @@ impl Resolved {
             name: None,
             node: Some(fd),
             confined,
+            link_out: None,
         })
     }
 
@@ -467,46 +512,210 @@ enum InRoot {
     NotHere,
 }
 
-/// `name` in `parent_fd` (without following a final symlink unless
-/// `follow`; a final symlink out of the directory is followed beneath
-/// the root): its descriptor (`None`: it does not exist yet) and its real
-/// path; `None` when it leads out of the root.
-fn open_node(
-    root_fd: &OwnedFd,
-    root: &Path,
-    rel: &Path,
-    parent_fd: &OwnedFd,
-    name: &std::ffi::OsStr,
-    follow: bool,
-    path: &Path,
-) -> Result<Option<(Option<OwnedFd>, PathBuf)>, WireError> {
-    let resolve_err = |e: std::io::Error| io_error(&e, path, "cannot resolve");
-    let real_parent = real_path(parent_fd).map_err(resolve_err)?;
-    let flags = if follow {
-        OFlag::O_PATH
-    } else {
-        OFlag::O_PATH | OFlag::O_NOFOLLOW
-    };
-    Ok(Some(match openat2(parent_fd, name, how_beneath(flags)) {
-        Ok(fd) if follow => {
-            let real = real_path(&fd).map_err(resolve_err)?;
-            (Some(fd), real)
+/// Whether `fd` is a symlink (opened without following it).
+fn is_symlink(fd: &OwnedFd) -> bool {
+    nix::sys::stat::fstat(fd).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+}
+
+/// Symlinks followed in one resolution (the kernel's 40) before it is
+/// refused as a loop.
+const MAX_LINKS: usize = 40;
+
+/// One resolution beneath a root, one component at a time, each looked up
+/// in the directory the previous one opened (`openat2` with
+/// `RESOLVE_BENEATH`, never following anything): a symlink's target is
+/// read from the link opened and its components resolved in turn (an
+/// absolute one from the root under `read: "all"`, refused below any
+/// other root, as `RESOLVE_BENEATH` refuses it); `..` reopens the
+/// directories already resolved from the root
+/// (`RESOLVE_NO_SYMLINKS`), never above it. Before any name is looked up
+/// in a directory, the directory is checked against the `deny_read`
+/// carve-outs: nothing inside one is looked up.
+struct Beneath<'a> {
+    conf: &'a Confinement,
+    root: &'a Path,
+    root_fd: &'a OwnedFd,
+    path: &'a Path,
+    access: Access,
+    hops: usize,
+}
+
+impl Beneath<'_> {
+    fn fail(&self, e: nix::errno::Errno, at: &Path) -> Step {
+        Step::Failed(io_error(
+            &std::io::Error::from(e),
+            &self.root.join(at),
+            "cannot resolve",
+        ))
+    }
+
+    /// The directory `rel` (plain names, already resolved) from the root.
+    fn reopen(&self, rel: &[OsString]) -> Result<OwnedFd, Step> {
+        let at: PathBuf = rel.iter().collect();
+        let target = if rel.is_empty() { Path::new(".") } else { &at };
+        openat2(
+            self.root_fd,
+            target,
+            OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                .resolve(
+                    ResolveFlag::RESOLVE_BENEATH
+                        | ResolveFlag::RESOLVE_NO_SYMLINKS
+                        | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+                ),
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::EXDEV | nix::errno::Errno::ELOOP => Step::Escaped,
+            e => self.fail(e, &at),
+        })
+    }
+
+    /// Refused before `name` is looked up in `dir`: `dir` is inside a
+    /// `deny_read` carve-out (by the real path of the directory opened),
+    /// or `name` is one and more follows it (a file carve-out, or one
+    /// that does not exist, is not looked into either).
+    fn may_look_in(&self, dir: &OwnedFd, name: &OsStr, last: bool) -> Result<(), Step> {
+        let real =
+            real_path(dir).map_err(|e| Step::Failed(io_error(&e, self.path, "cannot resolve")))?;
+        let below = |d: &&PathBuf| real.starts_with(d) || (!last && real.join(name).starts_with(d));
+        if let Some(d) = self.conf.deny_read.iter().find(below) {
+            return Err(Step::Denied(denied(
+                self.path,
+                format!("inside the carve-out {}", d.display()),
+            )));
         }
-        Ok(fd) => (Some(fd), real_parent.join(name)),
-        Err(nix::errno::Errno::ENOENT) => (None, real_parent.join(name)),
-        Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
-            // A final symlink out of this directory: follow it beneath the
-            // root instead.
-            match openat2(root_fd, rel, how_in(root, OFlag::O_PATH)) {
-                Ok(fd) => {
-                    let real = real_path(&fd).map_err(resolve_err)?;
-                    (Some(fd), real)
+        Ok(())
+    }
+
+    /// Resolve `rel`: the directory holding its last component, that
+    /// component's name, and the object (`None`: it does not exist). A
+    /// final symlink is followed when `follow`; missing directories on the
+    /// way are made when `create` (each checked against the carve-outs
+    /// first).
+    fn run(
+        &mut self,
+        rel: &Path,
+        follow: bool,
+        create: bool,
+    ) -> Result<(OwnedFd, OsString, Option<OwnedFd>), Step> {
+        use std::collections::VecDeque;
+        use std::path::Component;
+        fn names(p: &Path) -> impl Iterator<Item = OsString> + '_ {
+            p.components().filter_map(|c| match c {
+                Component::Normal(_) | Component::ParentDir => Some(c.as_os_str().to_os_string()),
+                _ => None,
+            })
+        }
+        let in_root = self.root == Path::new("/");
+        let mut queue: VecDeque<OsString> = names(rel).collect();
+        let mut done: Vec<OsString> = Vec::new();
+        let mut cur = self.reopen(&done)?;
+        while let Some(name) = queue.pop_front() {
+            let last = queue.is_empty();
+            if name == ".." {
+                if done.pop().is_none() && !in_root {
+                    return Err(Step::Escaped);
                 }
-                Err(_) => return Ok(None),
+                cur = self.reopen(&done)?;
+                continue;
+            }
+            self.may_look_in(&cur, &name, last)?;
+            let at: PathBuf = done.iter().chain([&name]).collect();
+            let how = how_beneath(OFlag::O_PATH | OFlag::O_NOFOLLOW);
+            let fd = match openat2(&cur, name.as_os_str(), how) {
+                Ok(fd) => fd,
+                Err(nix::errno::Errno::ENOENT) if last => return Ok((cur, name, None)),
+                Err(nix::errno::Errno::ENOENT) if create => {
+                    cur = self.make_dir(&cur, &at, &name)?;
+                    done.push(name);
+                    continue;
+                }
+                Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => {
+                    return Err(Step::Escaped)
+                }
+                Err(e) => return Err(self.fail(e, &at)),
+            };
+            let st = nix::sys::stat::fstat(&fd).map_err(|e| self.fail(e, &at))?;
+            match st.st_mode & libc::S_IFMT {
+                libc::S_IFLNK if !last || follow => {
+                    self.hops += 1;
+                    if self.hops > MAX_LINKS || on_procfs(&cur) {
+                        return Err(Step::Escaped);
+                    }
+                    let to = nix::fcntl::readlinkat(&fd, "").map_err(|e| self.fail(e, &at))?;
+                    let to = PathBuf::from(to);
+                    if to.is_absolute() {
+                        if !in_root {
+                            return Err(Step::Escaped);
+                        }
+                        done.clear();
+                        cur = self.reopen(&done)?;
+                    }
+                    let ahead: Vec<OsString> = names(&to).collect();
+                    if ahead.is_empty() && last {
+                        // A link to `/` (or to `.`): the directory itself.
+                        queue.push_back(".".into());
+                    }
+                    for c in ahead.into_iter().rev() {
+                        queue.push_front(c);
+                    }
+                }
+                _ if last => return Ok((cur, name, Some(fd))),
+                libc::S_IFDIR => {
+                    done.push(name);
+                    cur = fd;
+                }
+                _ => return Err(self.fail(nix::errno::Errno::ENOTDIR, &at)),
             }
         }
-        Err(e) => return Err(resolve_err(std::io::Error::from(e))),
-    }))
+        // The path ends in `..` (or a link to a directory ends so): the
+        // object is the directory reached, named in its parent.
+        let Some(name) = done.pop() else {
+            return Err(Step::Escaped);
+        };
+        let parent = self.reopen(&done)?;
+        Ok((parent, name, Some(cur)))
+    }
+
+    /// Make the missing directory `name` in `cur` (at `at` below the
+    /// root), checked against the carve-outs first, and open it.
+    fn make_dir(&self, cur: &OwnedFd, at: &Path, name: &OsStr) -> Result<OwnedFd, Step> {
+        let real = real_path(cur)
+            .map_err(|e| Step::Failed(io_error(&e, &self.root.join(at), "cannot resolve")))?
+            .join(name);
+        if !real.starts_with(self.root) {
+            return Err(Step::Escaped);
+        }
+        self.conf
+            .check_carve_outs(&self.root.join(at), &real, self.access)
+            .map_err(Step::Denied)?;
+        match nix::sys::stat::mkdirat(cur, name, nix::sys::stat::Mode::from_bits_truncate(0o777)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => {
+                return Err(Step::Failed(io_error(
+                    &std::io::Error::from(e),
+                    &self.root.join(at),
+                    "cannot create directory",
+                )))
+            }
+        }
+        match openat2(
+            cur,
+            name,
+            how_beneath(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW),
+        ) {
+            Ok(fd) => Ok(fd),
+            Err(nix::errno::Errno::EXDEV) | Err(nix::errno::Errno::ELOOP) => Err(Step::Escaped),
+            Err(e) => Err(self.fail(e, at)),
+        }
+    }
+}
+
+/// Whether `dir` is on a procfs (whose symlinks are magic links).
+fn on_procfs(dir: &OwnedFd) -> bool {
+    nix::sys::statfs::fstatfs(dir).map_or(true, |fs| {
+        fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC
+    })
 }
 
 /// How a request opens its path: what it does with it, whether a final
@@ -600,5 +809,6 @@ fn unconfined(path: &Path, follow: bool, create_parents: bool) -> Result<Resolve
         name: Some(name),
         node,
         confined: false,
+        link_out: None,
     })
 }

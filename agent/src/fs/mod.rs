@@ -464,23 +464,59 @@ pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, W
             }
             t.finish(p.mode, FileTimes::default())?;
         } else {
-            // In place; under a sandbox never through a final symlink.
-            let mut flags = nix::fcntl::OFlag::O_WRONLY
-                | nix::fcntl::OFlag::O_CREAT
-                | nix::fcntl::OFlag::O_TRUNC
-                | nix::fcntl::OFlag::O_CLOEXEC;
-            if path.confined {
-                flags |= nix::fcntl::OFlag::O_NOFOLLOW;
-            }
+            // In place; under a sandbox never through a final symlink,
+            // and only into the object the resolution checked: the name
+            // is looked up again here, so what it opens must be that
+            // object (or, where there was none, a file this open made),
+            // and it is truncated only once that holds.
+            use nix::fcntl::OFlag;
+            let mut flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_CLOEXEC;
+            let expected = match (&path.node, path.confined) {
+                (_, false) => {
+                    flags |= OFlag::O_TRUNC;
+                    None
+                }
+                (None, true) => {
+                    flags |= OFlag::O_NOFOLLOW | OFlag::O_EXCL;
+                    None
+                }
+                (Some(node), true) => {
+                    flags |= OFlag::O_NOFOLLOW;
+                    let st = nix::sys::stat::fstat(node)
+                        .map_err(|e| io_error(&e.into(), &path.path, "cannot stat"))?;
+                    Some((st.st_dev, st.st_ino))
+                }
+            };
             // A FIFO without a reader fails (ENXIO) instead of blocking.
-            flags |= nix::fcntl::OFlag::O_NONBLOCK;
-            let fd = nix::fcntl::openat(
+            flags |= OFlag::O_NONBLOCK;
+            let fd = match nix::fcntl::openat(
                 &path.parent,
                 path.name()?,
                 flags,
                 nix::sys::stat::Mode::from_bits_truncate(p.mode.unwrap_or(0o666)),
-            )
-            .map_err(|e| io_error(&e.into(), &path.path, "cannot open for writing"))?;
+            ) {
+                Ok(fd) => fd,
+                // Through a final symlink the intent refuses: say so.
+                Err(nix::errno::Errno::ELOOP) if path.link_out.is_some() => {
+                    return Err(path.link_out.clone().expect("checked"))
+                }
+                Err(e) => return Err(io_error(&e.into(), &path.path, "cannot open for writing")),
+            };
+            if path.confined {
+                let st = nix::sys::stat::fstat(&fd)
+                    .map_err(|e| io_error(&e.into(), &path.path, "cannot stat"))?;
+                if expected.is_some_and(|id| id != (st.st_dev, st.st_ino)) {
+                    return Err(io_error(
+                        &io::Error::from_raw_os_error(libc::EAGAIN),
+                        &path.path,
+                        "replaced while it was opened for writing; not written",
+                    ));
+                }
+                if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                    nix::unistd::ftruncate(&fd, 0)
+                        .map_err(|e| io_error(&e.into(), &path.path, "cannot truncate"))?;
+                }
+            }
             let mut f = std::fs::File::from(fd);
             let path = path.path;
             if let Some(mode) = p.mode {

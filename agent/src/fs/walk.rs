@@ -348,13 +348,18 @@ impl Walk<'_> {
         stat: nix::Result<FileStat>,
         depth: u32,
     ) {
-        let (kind, size, mtime) = match stat {
+        let (kind, size, mtime, linked) = match stat {
             Ok(st) => (
                 kind_of_mode(st.st_mode),
                 st.st_size as u64,
                 st.st_mtime
                     .saturating_mul(1_000_000_000)
                     .saturating_add(st.st_mtime_nsec),
+                // Another name of a file a deny_read carve-out holds.
+                self.confinement.is_some_and(|c| {
+                    c.refuses_identity(&st, super::confine::Access::Read)
+                        .is_some()
+                }),
             ),
             Err(e) => {
                 let e = std::io::Error::from(e);
@@ -364,9 +369,10 @@ impl Walk<'_> {
                 return;
             }
         };
-        let hidden = self
-            .confinement
-            .is_some_and(|c| c.hidden(&abs.join(OsStr::from_bytes(name))));
+        let hidden = linked
+            || self
+                .confinement
+                .is_some_and(|c| c.hidden(&abs.join(OsStr::from_bytes(name))));
         let (size, mtime) = if hidden { (0, 0) } else { (size, mtime) };
         if hidden {
             self.hidden_error(path.clone());
