@@ -349,16 +349,34 @@ impl Ctx {
             profile: None,
         };
         let judged = canon.bare();
+        // A name reaches this host itself only where an address says so
+        // (an address pattern, or http.allow): its own interfaces are
+        // looked up once per destination, and judged on exactly the
+        // addresses connected to below.
+        let own = match &canon {
+            Host::Name(_) => Some(executor_sandbox::sys::host_addresses().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot list this host's addresses: only loopback and unspecified addresses are known as its own");
+                Vec::new()
+            })),
+            Host::Ip(_) => None,
+        };
         let (ok, refused): (Vec<_>, Vec<_>) = addrs
             .iter()
-            .map(|ip| (*ip, policy.check_addr(&judged, *ip, port)))
+            .map(|ip| {
+                let r = policy.check_addr(&judged, *ip, port).map_err(|r| r.rule);
+                let r = r.and_then(|()| match &own {
+                    Some(own) => self.name_may_reach(*ip, port, own),
+                    None => Ok(()),
+                });
+                (*ip, r)
+            })
             .partition(|(_, r)| r.is_ok());
         let ok: Vec<IpAddr> = ok.into_iter().map(|(ip, _)| ip).collect();
         if ok.is_empty() {
             let addrs: Vec<IpAddr> = refused.iter().map(|(ip, _)| *ip).collect();
             let why = refused
                 .into_iter()
-                .find_map(|(ip, r)| r.err().map(|r| format!("{ip}: {}", r.rule)))
+                .find_map(|(ip, r)| r.err().map(|rule| format!("{ip}: {rule}")))
                 .unwrap_or_else(|| "no address".into());
             self.report(&key, false, DecisionSource::Policy, &addrs);
             return Err(fail(Refused::Policy(why)));
@@ -376,6 +394,26 @@ impl Ctx {
             }
         }
         Err(fail(Refused::ConnectFailed(last)))
+    }
+
+    /// Whether a destination given by name may connect to `ip`, one of
+    /// its resolved addresses: not when `ip` is this host (loopback, the
+    /// unspecified address, an address of its interfaces, or an IPv6
+    /// address carrying one of those), unless an address or network
+    /// pattern of `allow_hosts`, or an address entry of `http.allow`,
+    /// admits it.
+    fn name_may_reach(&self, ip: IpAddr, port: u16, own: &[IpAddr]) -> Result<(), String> {
+        let Some(what) = host_itself(ip, own) else {
+            return Ok(());
+        };
+        if self.job.rules.admits(&Host::Ip(ip), port)
+            || crate::destinations::allow_names_addr(&self.job.allow, ip, port)
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "{what}: a name never reaches this host's own services (name the address in allow_hosts or http.allow)"
+        ))
     }
 
     /// Put `key` to the client (once at a time per host:port).
@@ -510,9 +548,63 @@ impl Ctx {
     }
 }
 
+/// What makes `ip` this host itself, if it is: loopback, unspecified,
+/// one of `own` (the addresses of its interfaces), directly or as an IPv4
+/// address an IPv6 address carries.
+fn host_itself(ip: IpAddr, own: &[IpAddr]) -> Option<String> {
+    let mut judged = vec![matching::canonical_ip(ip)];
+    if let IpAddr::V6(v6) = ip {
+        judged.extend(
+            crate::destinations::embedded_ipv4(v6)
+                .into_iter()
+                .map(|e| IpAddr::V4(e.ipv4)),
+        );
+    }
+    judged.into_iter().find_map(|a| {
+        if a.is_loopback() {
+            Some(format!("{a} is a loopback address"))
+        } else if a.is_unspecified() || matches!(a, IpAddr::V4(v4) if v4.octets()[0] == 0) {
+            Some(format!(
+                "{a} is an unspecified address (it reaches this host)"
+            ))
+        } else if own.iter().any(|o| matching::canonical_ip(*o) == a) {
+            Some(format!("{a} is an address of this host's interfaces"))
+        } else {
+            None
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_itself_is_loopback_unspecified_or_its_own_addresses_in_any_form() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let own = [ip("192.0.2.2"), ip("fd00::2")];
+        for local in [
+            "127.0.0.1",
+            "127.9.8.7",
+            "::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "0.0.0.0",
+            "::",
+            "0.1.2.3",
+            "192.0.2.2",
+            "::ffff:192.0.2.2",
+            "fd00::2",
+            // Teredo whose client (inverted last 32 bits) is loopback.
+            "2001:0:808:808::80ff:fffe",
+        ] {
+            assert!(host_itself(ip(local), &own).is_some(), "{local}");
+        }
+        for remote in ["192.0.2.3", "8.8.8.8", "fd00::3", "::ffff:8.8.8.8"] {
+            assert!(host_itself(ip(remote), &own).is_none(), "{remote}");
+        }
+    }
 
     #[test]
     fn the_environment_names_the_proxy_and_replaces_the_requests_values() {
