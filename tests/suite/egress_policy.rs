@@ -11,6 +11,8 @@
 //! chosen addresses).
 
 use super::egress::{agent_with_hosts, decisions, egress, find, Agent};
+use executor_agent::egress::{MAX_ASKS, REPORT_BUDGET};
+use executor_client::egress::EgressPolicy;
 use executor_client::{Client, ClientOptions, ErrorCode};
 use executor_protocol::methods as m;
 use executor_protocol::types::network::*;
@@ -18,6 +20,7 @@ use executor_tests::http::TestServer;
 use executor_tests::*;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +44,7 @@ async fn plain_agent(unprivileged: bool, options: ClientOptions, config: &str) -
     )
     .unwrap();
     std::fs::write(dir.join("raw.py"), RAW_CLIENT).unwrap();
+    std::fs::write(dir.join("flood.py"), FLOOD).unwrap();
     let (mut cmd, uid) = agent_command(unprivileged);
     if uid != current_uid() {
         chown_r(&dir, uid);
@@ -74,6 +78,41 @@ except socket.timeout:
 except ConnectionResetError:
     got += b'<reset>'
 sys.stdout.write(got.decode('latin1'))
+"#;
+
+/// A job that opens N CONNECT tunnels to distinct names
+/// (`n0.TAG:443`, `n1.TAG:443`, ...), `W` at a time (argv: N TAG W), and
+/// prints how many got each status, then the seconds it took.
+const FLOOD: &str = r#"
+import os, socket, sys, threading, time
+port = int(os.environ['HTTP_PROXY'].rsplit(':', 1)[1])
+n, tag, width = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+codes, lock = {}, threading.Lock()
+def one(i):
+    s = socket.create_connection(('127.0.0.1', port))
+    s.settimeout(30)
+    s.sendall(b'CONNECT n%d.%s:443 HTTP/1.1\r\n\r\n' % (i, tag.encode()))
+    got = b''
+    try:
+        while True:
+            b = s.recv(4096)
+            if not b:
+                break
+            got += b
+    except OSError:
+        pass
+    s.close()
+    c = got.split(b' ')[1].decode() if got.startswith(b'HTTP/') else '-'
+    with lock:
+        codes[c] = codes.get(c, 0) + 1
+def worker(w):
+    for i in range(w, n, width):
+        one(i)
+t = time.time()
+ts = [threading.Thread(target=worker, args=(w,)) for w in range(width)]
+[x.start() for x in ts]
+[x.join() for x in ts]
+print(' '.join('%s=%d' % kv for kv in sorted(codes.items())), '%.3f' % (time.time() - t))
 "#;
 
 /// An upstream that records every byte it receives, answers the first
@@ -661,5 +700,176 @@ both!(
                 .result::<Value>()
                 .await;
         assert!(r.is_ok(), "positive control: {r:?}");
+    }
+);
+
+/// Runs the flood job: the status counts line and the seconds it took.
+async fn flood(
+    a: &Agent,
+    intent: &executor_protocol::types::sandbox::SandboxIntent,
+    n: usize,
+    tag: &str,
+    width: usize,
+) -> (String, f64) {
+    let (out, code) = a
+        .sh(
+            intent,
+            &format!(
+                "/usr/bin/python3 {} {n} {tag} {width}",
+                a.dir.join("flood.py").display()
+            ),
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let (codes, secs) = out
+        .trim()
+        .rsplit_once(' ')
+        .unwrap_or_else(|| panic!("{out}"));
+    (codes.to_string(), secs.parse().unwrap())
+}
+
+/// The decisions (notifications, or audit lines) about hosts under `tag`:
+/// how many reports, and how many decisions they stand for (a report with
+/// `suppressed: N` stands for N).
+fn accounted(ds: &[(String, Option<u64>)], tag: &str) -> (usize, u64, u64) {
+    let mine: Vec<_> = ds.iter().filter(|(h, _)| h.ends_with(tag)).collect();
+    let stands_for = mine.iter().map(|(_, s)| s.unwrap_or(1)).sum();
+    let counted = mine.iter().filter_map(|(_, s)| *s).sum();
+    (mine.len(), stands_for, counted)
+}
+
+// One job looping refused connections to distinct names flooded the audit
+// log and the client (a report per decision). Reports of a job are now
+// bounded per second (REPORT_BUDGET on their own, then one report counting
+// the rest, `suppressed: N`), notifications and audit lines alike, and
+// every decision is accounted for: the reports stand for exactly the
+// decisions made. Positive control: a few refusals are each reported on
+// their own. The layer is the agent's egress reporting.
+both!(
+    decision_reports_are_bounded_per_job,
+    |unprivileged| async move {
+        let Some(a) = plain_agent(unprivileged, ClientOptions::default(), "").await else {
+            return;
+        };
+        let intent = egress(&["127.0.0.1:1".into()], false, 1000);
+        let mut sub = a.c.subscribe(&[m::NETWORK_DECISION]);
+        // Positive control: three refusals, three reports.
+        let (codes, _) = flood(&a, &intent, 3, "few.test", 1).await;
+        assert_eq!(codes, "403=3");
+        // The flood: sequential, then 8 at a time.
+        const N: usize = 1500;
+        let (codes, secs1) = flood(&a, &intent, N, "flood.test", 1).await;
+        assert_eq!(codes, format!("403={N}"));
+        let (codes, secs2) = flood(&a, &intent, N, "wide.test", 8).await;
+        assert_eq!(codes, format!("403={N}"));
+        // The last count is reported at the end of its second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let notes: Vec<(String, Option<u64>)> = decisions(&mut sub)
+            .await
+            .into_iter()
+            .inspect(|d| assert_eq!(d.decision, EgressVerdict::Deny, "{d:?}"))
+            .map(|d| (d.host, d.suppressed))
+            .collect();
+        let lines: Vec<(String, Option<u64>)> = a
+            .audit_lines()
+            .into_iter()
+            .map(|l| {
+                (
+                    l["host"].as_str().unwrap_or_default().to_string(),
+                    l["suppressed"].as_u64(),
+                )
+            })
+            .collect();
+        for (what, reports) in [("notifications", &notes), ("audit lines", &lines)] {
+            assert_eq!(
+                accounted(reports, ".few.test"),
+                (3, 3, 0),
+                "positive control, {what}: {reports:?}"
+            );
+            for (tag, secs) in [(".flood.test", secs1), (".wide.test", secs2)] {
+                let (count, stands_for, counted) = accounted(reports, tag);
+                // Per started second: the budget and one count.
+                let bound = (REPORT_BUDGET as usize + 1) * (secs.ceil() as usize + 1);
+                assert!(
+                count <= bound,
+                "{tag}: {count} {what} for {N} refusals in {secs} s (bound {bound}): the agent's egress reporting must bound them"
+            );
+                assert_eq!(
+                    stands_for, N as u64,
+                    "{tag}: every decision accounted for in the {what}"
+                );
+                assert!(
+                    counted > 0,
+                    "{tag}: the suppressed count is reported in the {what}"
+                );
+            }
+        }
+    }
+);
+
+// `ask` under a flood: a job opening connections to many distinct names at
+// once had every one put to the client. At most MAX_ASKS questions of a job
+// are outstanding; past it a destination is refused without asking (source
+// `limit`), and reported (within the report budget, counted past it).
+// Positive control: fewer parallel names than the bound are each asked.
+both!(
+    outstanding_asks_are_bounded_per_job,
+    |unprivileged| async move {
+        let asked = Arc::new(AtomicU32::new(0));
+        let count = asked.clone();
+        let policy = EgressPolicy::new(move |req: PolicyRequestParams| {
+            count.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // Slow for the flood, at once for the control.
+                if req.host.ends_with(".flood.test") {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                PolicyRequestResult {
+                    decision: EgressVerdict::Deny,
+                    scope: EgressScope::Once,
+                }
+            }
+        });
+        let options = ClientOptions {
+            egress_policy: Some(policy),
+            ..Default::default()
+        };
+        let Some(a) = plain_agent(unprivileged, options, "").await else {
+            return;
+        };
+        let intent = egress(&["127.0.0.1:1".into()], true, 1500);
+        let mut sub = a.c.subscribe(&[m::NETWORK_DECISION]);
+        // Positive control: 3 at once, each asked.
+        let (codes, _) = flood(&a, &intent, 3, "few.test", 3).await;
+        assert_eq!(codes, "403=3");
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            3,
+            "positive control: each asked"
+        );
+        // 40 at once.
+        asked.store(0, Ordering::SeqCst);
+        let (codes, secs) = flood(&a, &intent, 40, "flood.test", 40).await;
+        assert_eq!(codes, "403=40");
+        let n = asked.load(Ordering::SeqCst) as usize;
+        assert!(
+        (1..=MAX_ASKS).contains(&n),
+        "{n} questions for 40 parallel names: the agent's egress proxy must bound outstanding asks at {MAX_ASKS}"
+    );
+        assert!(
+            secs < 10.0,
+            "refused without waiting for the client: {secs} s"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let ds = decisions(&mut sub).await;
+        let reports: Vec<(String, Option<u64>)> =
+            ds.iter().map(|d| (d.host.clone(), d.suppressed)).collect();
+        assert_eq!(accounted(&reports, ".flood.test").1, 40, "{ds:?}");
+        assert!(
+            ds.iter()
+                .any(|d| d.host.ends_with(".flood.test") && d.source == DecisionSource::Limit),
+            "{ds:?}"
+        );
+        assert!(a.audit_lines().iter().any(|l| l["source"] == "limit"));
     }
 );

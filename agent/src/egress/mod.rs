@@ -12,14 +12,19 @@
 //!    with its port against `allow_hosts`, then against what the client
 //!    allowed for the job's lifetime; not matched: with `ask`, the client
 //!    is asked (`network/policyRequest`, one request per host:port at a
-//!    time, parallel connections wait for the same answer), else refused;
+//!    time, parallel connections wait for the same answer; at most
+//!    [`MAX_ASKS`] host:ports asked at once per job, past it refused
+//!    unasked, source `limit`), else refused;
 //! 2. a name is resolved once, here; every address is judged by the
 //!    agent's destination policy of §6 ([`crate::destinations`]: the
 //!    refused ranges and the configuration's `http.allow`); the connection
 //!    goes only to addresses that pass, directly (not through the
 //!    configuration's `http.proxy`);
-//! 3. the decision is a `network/decision` notification and an audit line
-//!    (at most one of each per host:port and decision per second);
+//! 3. the decision is a `network/decision` notification and an audit line:
+//!    per job and second at most one per host:port and decision, and at
+//!    most [`REPORT_BUDGET`] in all; the decisions left out are counted,
+//!    and the count is reported once at the end of that second (on a
+//!    report of the last of them, `suppressed: N`);
 //! 4. the bytes are relayed ([`relay`]) with 64 KiB per direction.
 //!
 //! At most `max_egress_connections` connections of a job are served at
@@ -59,8 +64,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections past `max_egress_connections` being told so at once; more
 /// are closed without an answer.
 const REFUSING_AT_ONCE: usize = 16;
-/// At most one report per host:port and decision in this interval.
+/// The window of the report budget: at most one report per host:port and
+/// decision in it, and at most [`REPORT_BUDGET`] in all.
 const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// The most decisions of a job reported on their own per
+/// [`REPORT_INTERVAL`] (notifications and audit lines alike); one more
+/// report per interval counts those left out.
+pub const REPORT_BUDGET: u32 = 20;
+/// The most host:ports of a job put to the client at once.
+pub const MAX_ASKS: usize = 8;
 
 /// A job's egress rules, parsed from its intent.
 #[derive(Debug, Clone)]
@@ -155,8 +167,25 @@ struct Ctx {
     granted: Mutex<HashSet<Key>>,
     /// Questions in flight: later connections wait for the same answer.
     pending: Mutex<HashMap<Key, watch::Receiver<Option<Answer>>>>,
-    reported: Mutex<HashMap<(Key, bool), Instant>>,
+    reports: Mutex<Reports>,
     stop: CancellationToken,
+}
+
+/// The report budget of a job (see [`REPORT_BUDGET`]).
+#[derive(Default)]
+struct Reports {
+    /// When the current window began.
+    window: Option<Instant>,
+    /// Reports sent in it.
+    sent: u32,
+    /// What was reported in it.
+    seen: HashSet<(Key, bool)>,
+    /// Decisions not reported since the last count was reported, and the
+    /// last of them.
+    suppressed: u64,
+    last: Option<NetworkDecision>,
+    /// A task will report the count at the end of the window.
+    flushing: bool,
 }
 
 /// A running proxy; dropping it stops accepting and ends the job's relayed
@@ -197,7 +226,7 @@ pub fn serve(listener: OwnedFd, job: Job) -> std::io::Result<Server> {
         job,
         granted: Mutex::default(),
         pending: Mutex::default(),
-        reported: Mutex::default(),
+        reports: Mutex::default(),
         stop: stop.clone(),
     });
     tokio::spawn(async move {
@@ -429,6 +458,12 @@ impl Ctx {
             let mut pending = self.pending.lock().expect("pending lock");
             match pending.get(key) {
                 Some(rx) => (rx.clone(), None),
+                None if pending.len() >= MAX_ASKS => {
+                    return Answer {
+                        allow: false,
+                        source: DecisionSource::Limit,
+                    }
+                }
                 None => {
                     let (tx, rx) = watch::channel(None);
                     pending.insert(key.clone(), rx.clone());
@@ -501,22 +536,10 @@ impl Ctx {
         answer
     }
 
-    /// The `network/decision` notification and the audit line, at most one
-    /// per host:port and decision per [`REPORT_INTERVAL`].
-    fn report(&self, key: &Key, allow: bool, source: DecisionSource, addrs: &[IpAddr]) {
-        {
-            let mut reported = self.reported.lock().expect("reported lock");
-            let now = Instant::now();
-            let slot = (key.clone(), allow);
-            if reported
-                .get(&slot)
-                .is_some_and(|t| now.duration_since(*t) < REPORT_INTERVAL)
-            {
-                return;
-            }
-            reported.retain(|_, t| now.duration_since(*t) < REPORT_INTERVAL);
-            reported.insert(slot, now);
-        }
+    /// The `network/decision` notification and the audit line, within the
+    /// job's budget (see [`REPORT_BUDGET`]); past it the decision is
+    /// counted, and the count reported at the end of the window.
+    fn report(self: &Arc<Self>, key: &Key, allow: bool, source: DecisionSource, addrs: &[IpAddr]) {
         let note = NetworkDecision {
             process_id: self.job.process_id.clone(),
             host: key.0.bare(),
@@ -528,7 +551,60 @@ impl Ctx {
             },
             source,
             addresses: addrs.iter().map(IpAddr::to_string).collect(),
+            suppressed: None,
         };
+        {
+            let mut r = self.reports.lock().expect("reports lock");
+            let now = Instant::now();
+            let window = match r.window {
+                Some(w) if now.duration_since(w) < REPORT_INTERVAL => w,
+                _ => {
+                    r.window = Some(now);
+                    r.sent = 0;
+                    r.seen.clear();
+                    now
+                }
+            };
+            let slot = (key.clone(), allow);
+            if r.sent >= REPORT_BUDGET || r.seen.contains(&slot) {
+                r.suppressed += 1;
+                r.last = Some(note);
+                if !r.flushing {
+                    r.flushing = true;
+                    let ctx = self.clone();
+                    let at = tokio::time::Instant::from_std(window + REPORT_INTERVAL);
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(at).await;
+                        ctx.report_suppressed();
+                    });
+                }
+                return;
+            }
+            r.seen.insert(slot);
+            r.sent += 1;
+        }
+        self.emit(note);
+    }
+
+    /// Report how many decisions were left out since the last such report,
+    /// on the last of them.
+    fn report_suppressed(&self) {
+        let note = {
+            let mut r = self.reports.lock().expect("reports lock");
+            r.flushing = false;
+            let n = std::mem::take(&mut r.suppressed);
+            match r.last.take() {
+                Some(mut last) if n > 0 => {
+                    last.suppressed = Some(n);
+                    last
+                }
+                _ => return,
+            }
+        };
+        self.emit(note);
+    }
+
+    fn emit(&self, note: NetworkDecision) {
         tracing::info!(
             process_id = %note.process_id,
             host = %note.host,
@@ -536,6 +612,7 @@ impl Ctx {
             decision = note.decision.as_str(),
             source = note.source.as_str(),
             addresses = ?note.addresses,
+            suppressed = note.suppressed,
             "egress decision"
         );
         (self.job.audit)(&note);
