@@ -17,9 +17,12 @@
 //!    unasked, source `limit`), else refused;
 //! 2. a name is resolved once, here; every address is judged by the
 //!    agent's destination policy of §6 ([`crate::destinations`]: the
-//!    refused ranges and the configuration's `http.allow`); the connection
-//!    goes only to addresses that pass, directly (not through the
-//!    configuration's `http.proxy`);
+//!    refused ranges and the configuration's `http.allow`), and a name's
+//!    addresses that are this host itself (loopback, unspecified, its
+//!    interfaces' addresses, see `host_itself`) are refused unless an address
+//!    pattern or an address entry of `http.allow` admits them; the
+//!    connection goes only to addresses that pass, directly (not through
+//!    the configuration's `http.proxy`);
 //! 3. the decision is a `network/decision` notification and an audit line:
 //!    per job and second at most one per host:port and decision, and at
 //!    most [`REPORT_BUDGET`] in all; the decisions left out are counted,
