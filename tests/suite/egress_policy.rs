@@ -873,3 +873,61 @@ both!(
         assert!(a.audit_lines().iter().any(|l| l["source"] == "limit"));
     }
 );
+
+// The same without a private `/etc/hosts` (so it runs for any user, root
+// or not): `localhost` resolves to loopback on every host and reaches
+// nothing through the proxy, over HTTP and SOCKS5 (the layer: the agent's
+// egress policy, 403 naming the rule). Positive controls: the address
+// pattern, and the name once the configuration's `http.allow` names
+// loopback.
+both!(
+    localhost_never_reaches_loopback,
+    |unprivileged| async move {
+        let Some(a) = plain_agent(unprivileged, ClientOptions::default(), "").await else {
+            return;
+        };
+        let server = TestServer::start().await;
+        let p = server.addr.port();
+        let by_name = egress(&[format!("localhost:{p}")], false, 1000);
+        let curl = |url: &str| format!("curl -sS --noproxy '' -w ' %{{http_code}}' {url}");
+        let (out, _) = a
+            .sh(&by_name, &curl(&format!("http://localhost:{p}/headers")))
+            .await;
+        assert!(
+            out.ends_with(" 403") && out.contains("loopback") && !out.contains("host: "),
+            "the agent's egress policy must refuse localhost: {out}"
+        );
+        let (out, code) = a
+            .sh(
+                &by_name,
+                &format!("curl -sS --noproxy '' -x \"$ALL_PROXY\" http://localhost:{p}/headers"),
+            )
+            .await;
+        assert!(code != 0 && !out.contains("host: "), "SOCKS5: {out}");
+        let by_address = egress(&[format!("127.0.0.1:{p}")], false, 1000);
+        let (out, _) = a
+            .sh(&by_address, &curl(&format!("http://127.0.0.1:{p}/headers")))
+            .await;
+        assert!(
+            out.ends_with(" 200") && out.contains("host: "),
+            "positive control: {out}"
+        );
+        a.c.close().await.unwrap();
+        let Some(a) = plain_agent(
+            unprivileged,
+            ClientOptions::default(),
+            "[http]\nallow = [\"127.0.0.0/8\"]\n",
+        )
+        .await
+        else {
+            return;
+        };
+        let (out, _) = a
+            .sh(&by_name, &curl(&format!("http://localhost:{p}/headers")))
+            .await;
+        assert!(
+            out.ends_with(" 200") && out.contains("host: "),
+            "positive control with http.allow: {out}"
+        );
+    }
+);
