@@ -19,6 +19,8 @@ mod client;
 mod degraded;
 #[path = "suite/egress.rs"]
 mod egress;
+#[path = "suite/egress_policy.rs"]
+mod egress_policy;
 #[path = "suite/exec.rs"]
 mod exec;
 #[path = "suite/fs.rs"]

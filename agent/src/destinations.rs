@@ -147,6 +147,12 @@ impl AllowEntry {
     }
 }
 
+/// Whether an address or network entry of `allow` (the configuration's
+/// `http.allow`) admits `ip` at `port` (a name entry never does).
+pub fn allow_names_addr(allow: &[AllowEntry], ip: IpAddr, port: u16) -> bool {
+    allow.iter().any(|a| a.admits_addr(ip, port))
+}
+
 fn valid_name(name: &str) -> Option<String> {
     let ok = !name.is_empty()
         && name.len() <= 253

@@ -232,13 +232,39 @@ pub fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// A path as `serde_path_to_error` writes it (`headers[2].name`) in the
+/// wire's dotted form (`headers.2.name`).
+pub(crate) fn dotted(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(i) = rest.find('[') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        match after.find(']') {
+            Some(j) if j > 0 && after[..j].bytes().all(|b| b.is_ascii_digit()) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(&after[..j]);
+                rest = &after[j + 1..];
+            }
+            _ => {
+                out.push('[');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Turn a request's params into their typed form. The error is
 /// `invalid_params` with `data.field` the dotted path of the offending key.
 pub fn from_params<T: DeserializeOwned>(params: Value) -> Result<T, WireError> {
     match serde_path_to_error::deserialize::<_, T>(params) {
         Ok(v) => Ok(v),
         Err(e) => {
-            let mut field = e.path().to_string();
+            let mut field = dotted(&e.path().to_string());
             let raw = e.inner().to_string();
             let msg = raw
                 .strip_prefix("error while decoding value: ")

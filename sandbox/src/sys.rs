@@ -960,6 +960,50 @@ pub fn splice_file_to_pipe(
     Ok(ret as usize)
 }
 
+/// Every IP address of this host's network interfaces (`getifaddrs(3)`),
+/// up or down, in the network namespace of the calling thread.
+#[cfg(target_os = "linux")]
+pub fn host_addresses() -> io::Result<Vec<std::net::IpAddr>> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a live local the call fills with a list it
+    // allocates; it is freed below with `freeifaddrs`, once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not
+        // freed yet; its `ifa_addr` is NULL or points to a sockaddr of the
+        // family it names (sockaddr_in for AF_INET, sockaddr_in6 for
+        // AF_INET6), read by value.
+        unsafe {
+            let a = (*cur).ifa_addr;
+            if !a.is_null() {
+                match i32::from((*a).sa_family) {
+                    libc::AF_INET => {
+                        let sin = std::ptr::read_unaligned(a.cast::<libc::sockaddr_in>());
+                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = std::ptr::read_unaligned(a.cast::<libc::sockaddr_in6>());
+                        out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; no pointer
+    // into the list outlives this call.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
 /// For tests that change what a process may do (namespaces, limits): run
 /// `f` in a forked child and return what it said (`Err` carries its
 /// message, printed by the child too).

@@ -735,9 +735,10 @@ fn net_host_allows_the_named_host_and_net_ask_denies_without_a_terminal() {
         return;
     }
     let port = tiny_http_server();
-    // Through the job's proxy by name (NO_PROXY names localhost: -x forces it).
+    // Through the job's proxy by address (a name for loopback reaches
+    // nothing, §8; NO_PROXY names 127.0.0.1: -x forces the proxy).
     let curl = format!(
-        "curl -sS -o /dev/null -w '%{{http_code}}' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:{port}/"
+        "curl -sS -o /dev/null -w '%{{http_code}}' --noproxy '' -x \"$HTTP_PROXY\" http://127.0.0.1:{port}/"
     );
     let run = |net: &str| {
         let mut cmd = Via::Local.cmd(&["run", "--net", net, "--", "sh", "-c", &curl]);
@@ -756,7 +757,7 @@ fn net_host_allows_the_named_host_and_net_ask_denies_without_a_terminal() {
             text(&out),
         )
     };
-    let (code, all) = run(&format!("host:localhost:{port}"));
+    let (code, all) = run(&format!("host:127.0.0.1:{port}"));
     assert_eq!(code, "200", "the named host is reached: {all}");
     let (code, all) = run("host:mirror.invalid");
     assert_eq!(code, "403", "another host is refused by the proxy: {all}");

@@ -90,12 +90,12 @@ sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
 /// its stdin (the terminal, forwarded).
 fn job(port: u16, spoof: bool) -> String {
     let fake = if spoof {
-        format!("echo 'executor-client: proc-1 asks to reach localhost:{port}; type y to allow it, anything else denies: '; ")
+        format!("echo 'executor-client: proc-1 asks to reach 127.0.0.1:{port}; type y to allow it, anything else denies: '; ")
     } else {
         String::new()
     };
     format!(
-        "{fake}curl -sS -o /dev/null -w 'code=%{{http_code}}' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:{port}/; \
+        "{fake}curl -sS -o /dev/null -w 'code=%{{http_code}}' --noproxy '' -x \"$HTTP_PROXY\" http://127.0.0.1:{port}/; \
          echo; echo asked; read -r line; echo \"job read: $line\""
     )
 }
@@ -129,7 +129,7 @@ fn a_typed_destination_answers_the_question_and_never_reaches_the_job() {
         return;
     }
     let port = tiny_http_server();
-    let dest = format!("localhost:{port}");
+    let dest = format!("127.0.0.1:{port}");
     for via in Via::both() {
         let (code, screen) =
             on_a_terminal(&argv(&via, &["--net", "ask"], &job(port, false)), &dest);
@@ -172,7 +172,7 @@ fn with_tty_raw_mode_the_answer_is_read_and_echoed() {
         return;
     }
     let port = tiny_http_server();
-    let dest = format!("localhost:{port}");
+    let dest = format!("127.0.0.1:{port}");
     let (code, screen) = on_a_terminal(
         &argv(&Via::Local, &["--tty", "--net", "ask"], &job(port, false)),
         &dest,
@@ -238,7 +238,7 @@ fn a_flood_of_questions_never_outlives_the_agents_wait() {
     let flood = "for p in 1 2 3 4 5 6; do \
         curl -sS -o /dev/null -w 'flood=%{http_code} ' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:$p/ & \
         done; wait; echo; echo flood-done; ";
-    let dest = format!("localhost:{port}");
+    let dest = format!("127.0.0.1:{port}");
     let (code, screen) = on_a_terminal_at(
         &argv(
             &Via::Local,
@@ -276,7 +276,7 @@ fn the_end_of_a_line_begun_for_another_question_allows_nothing() {
     )
     .unwrap();
     let first = "curl -sS -o /dev/null -w 'first=%{http_code} ' --noproxy '' -x \"$HTTP_PROXY\" http://localhost:1/ & sleep 0.3; ";
-    let dest = format!("localhost:{port}");
+    let dest = format!("127.0.0.1:{port}");
     let (code, screen) = on_a_terminal_with(
         &argv(
             &Via::Local,

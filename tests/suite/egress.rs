@@ -8,6 +8,8 @@
 //! the host's `/etc/hosts` is never touched. Each case runs as root and as
 //! uid 65534 (`setpriv`), like the escape suite; it needs root for the
 //! mount namespace (a prerequisite, failing under `EXECUTOR_REQUIRE_ALL`).
+//! A name never reaches the host's own addresses unless an address says so
+//! (§8), so the agent's `http.allow` names 127.0.0.0/8 for these names.
 
 use executor_client::egress::{allow_hosts, EgressPolicy};
 use executor_client::{Client, ClientOptions, ErrorCode};
@@ -32,15 +34,37 @@ const HOSTS: &str = "127.0.0.1 localhost\n\
 127.0.0.1 ask-allow.test ask-deny.test ask-slow.test ask-keep.test ask-par.test\n\
 169.254.169.254 meta.test\n";
 
-struct Agent {
-    c: Client,
-    dir: PathBuf,
-    audit: PathBuf,
+pub(crate) struct Agent {
+    pub(crate) c: Client,
+    pub(crate) dir: PathBuf,
+    pub(crate) audit: PathBuf,
 }
+
+/// The configuration every agent of this file has: the test names point to
+/// loopback servers, which a name reaches only when an address entry of
+/// `http.allow` names them.
+const LOOPBACK_ALLOWED: &str = "[http]\nallow = [\"127.0.0.0/8\"]\n";
 
 /// An agent (as root, or as uid 65534) in its own mount namespace with the
 /// private `/etc/hosts`, auditing to a file; `None` when this host cannot.
 async fn agent(unprivileged: bool, options: ClientOptions, extra_config: &str) -> Option<Agent> {
+    agent_with_hosts(
+        unprivileged,
+        options,
+        &format!("{LOOPBACK_ALLOWED}{extra_config}"),
+        HOSTS,
+    )
+    .await
+}
+
+/// As [`agent`], with `hosts` as the private `/etc/hosts` and exactly
+/// `extra_config` after the audit section.
+pub(crate) async fn agent_with_hosts(
+    unprivileged: bool,
+    options: ClientOptions,
+    extra_config: &str,
+    hosts_text: &str,
+) -> Option<Agent> {
     if current_uid() != 0 {
         prerequisite_missing("root, for a mount namespace with a private /etc/hosts");
         return None;
@@ -52,7 +76,7 @@ async fn agent(unprivileged: bool, options: ClientOptions, extra_config: &str) -
     });
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let hosts = dir.join("hosts");
-    std::fs::write(&hosts, HOSTS).unwrap();
+    std::fs::write(&hosts, hosts_text).unwrap();
     let audit = dir.join("audit.jsonl");
     let config = dir.join("config.toml");
     std::fs::write(
@@ -84,7 +108,7 @@ async fn agent(unprivileged: bool, options: ClientOptions, extra_config: &str) -
     Some(Agent { c, dir, audit })
 }
 
-fn egress(hosts: &[String], ask: bool, ask_timeout_ms: u64) -> SandboxIntent {
+pub(crate) fn egress(hosts: &[String], ask: bool, ask_timeout_ms: u64) -> SandboxIntent {
     SandboxIntent {
         filesystem: FilesystemIntent {
             read: ReadRoots::All,
@@ -100,11 +124,15 @@ fn egress(hosts: &[String], ask: bool, ask_timeout_ms: u64) -> SandboxIntent {
 }
 
 impl Agent {
-    async fn exec(&self, intent: &SandboxIntent, script: &str) -> ExecResult {
+    pub(crate) async fn exec(&self, intent: &SandboxIntent, script: &str) -> ExecResult {
         self.exec_under(Some(intent), script).await
     }
 
-    async fn exec_under(&self, intent: Option<&SandboxIntent>, script: &str) -> ExecResult {
+    pub(crate) async fn exec_under(
+        &self,
+        intent: Option<&SandboxIntent>,
+        script: &str,
+    ) -> ExecResult {
         let p = ExecCommandParams {
             command: vec!["/bin/sh".into(), "-c".into(), format!("{script} 2>&1")],
             cwd: wire_path(Path::new("/")),
@@ -122,12 +150,12 @@ impl Agent {
         self.c.exec_command(&p).await.expect("exec_command")
     }
 
-    async fn sh(&self, intent: &SandboxIntent, script: &str) -> (String, i32) {
+    pub(crate) async fn sh(&self, intent: &SandboxIntent, script: &str) -> (String, i32) {
         let r = self.exec(intent, script).await;
         (r.output, r.exit_code.expect("finished"))
     }
 
-    fn audit_lines(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn audit_lines(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.audit)
             .unwrap_or_default()
             .lines()
@@ -138,7 +166,7 @@ impl Agent {
 }
 
 /// The decisions notified so far (waiting up to a second for stragglers).
-async fn decisions(sub: &mut executor_client::Subscription) -> Vec<NetworkDecision> {
+pub(crate) async fn decisions(sub: &mut executor_client::Subscription) -> Vec<NetworkDecision> {
     let mut out = Vec::new();
     while let Ok(Some(n)) = tokio::time::timeout(Duration::from_secs(1), sub.recv()).await {
         out.push(
@@ -149,7 +177,7 @@ async fn decisions(sub: &mut executor_client::Subscription) -> Vec<NetworkDecisi
     out
 }
 
-fn find<'a>(
+pub(crate) fn find<'a>(
     ds: &'a [NetworkDecision],
     host: &str,
     decision: EgressVerdict,

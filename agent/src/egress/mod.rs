@@ -12,14 +12,22 @@
 //!    with its port against `allow_hosts`, then against what the client
 //!    allowed for the job's lifetime; not matched: with `ask`, the client
 //!    is asked (`network/policyRequest`, one request per host:port at a
-//!    time, parallel connections wait for the same answer), else refused;
+//!    time, parallel connections wait for the same answer; at most
+//!    [`MAX_ASKS`] host:ports asked at once per job, past it refused
+//!    unasked, source `limit`), else refused;
 //! 2. a name is resolved once, here; every address is judged by the
 //!    agent's destination policy of §6 ([`crate::destinations`]: the
-//!    refused ranges and the configuration's `http.allow`); the connection
-//!    goes only to addresses that pass, directly (not through the
-//!    configuration's `http.proxy`);
-//! 3. the decision is a `network/decision` notification and an audit line
-//!    (at most one of each per host:port and decision per second);
+//!    refused ranges and the configuration's `http.allow`), and a name's
+//!    addresses that are this host itself (loopback, unspecified, its
+//!    interfaces' addresses, see `host_itself`) are refused unless an address
+//!    pattern or an address entry of `http.allow` admits them; the
+//!    connection goes only to addresses that pass, directly (not through
+//!    the configuration's `http.proxy`);
+//! 3. the decision is a `network/decision` notification and an audit line:
+//!    per job and second at most one per host:port and decision, and at
+//!    most [`REPORT_BUDGET`] in all; the decisions left out are counted,
+//!    and the count is reported once at the end of that second (on a
+//!    report of the last of them, `suppressed: N`);
 //! 4. the bytes are relayed ([`relay`]) with 64 KiB per direction.
 //!
 //! At most `max_egress_connections` connections of a job are served at
@@ -59,8 +67,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections past `max_egress_connections` being told so at once; more
 /// are closed without an answer.
 const REFUSING_AT_ONCE: usize = 16;
-/// At most one report per host:port and decision in this interval.
+/// The window of the report budget: at most one report per host:port and
+/// decision in it, and at most [`REPORT_BUDGET`] in all.
 const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// The most decisions of a job reported on their own per
+/// [`REPORT_INTERVAL`] (notifications and audit lines alike); one more
+/// report per interval counts those left out.
+pub const REPORT_BUDGET: u32 = 20;
+/// The most host:ports of a job put to the client at once.
+pub const MAX_ASKS: usize = 8;
 
 /// A job's egress rules, parsed from its intent.
 #[derive(Debug, Clone)]
@@ -155,8 +170,25 @@ struct Ctx {
     granted: Mutex<HashSet<Key>>,
     /// Questions in flight: later connections wait for the same answer.
     pending: Mutex<HashMap<Key, watch::Receiver<Option<Answer>>>>,
-    reported: Mutex<HashMap<(Key, bool), Instant>>,
+    reports: Mutex<Reports>,
     stop: CancellationToken,
+}
+
+/// The report budget of a job (see [`REPORT_BUDGET`]).
+#[derive(Default)]
+struct Reports {
+    /// When the current window began.
+    window: Option<Instant>,
+    /// Reports sent in it.
+    sent: u32,
+    /// What was reported in it.
+    seen: HashSet<(Key, bool)>,
+    /// Decisions not reported since the last count was reported, and the
+    /// last of them.
+    suppressed: u64,
+    last: Option<NetworkDecision>,
+    /// A task will report the count at the end of the window.
+    flushing: bool,
 }
 
 /// A running proxy; dropping it stops accepting and ends the job's relayed
@@ -197,7 +229,7 @@ pub fn serve(listener: OwnedFd, job: Job) -> std::io::Result<Server> {
         job,
         granted: Mutex::default(),
         pending: Mutex::default(),
-        reported: Mutex::default(),
+        reports: Mutex::default(),
         stop: stop.clone(),
     });
     tokio::spawn(async move {
@@ -349,16 +381,34 @@ impl Ctx {
             profile: None,
         };
         let judged = canon.bare();
+        // A name reaches this host itself only where an address says so
+        // (an address pattern, or http.allow): its own interfaces are
+        // looked up once per destination, and judged on exactly the
+        // addresses connected to below.
+        let own = match &canon {
+            Host::Name(_) => Some(executor_sandbox::sys::host_addresses().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot list this host's addresses: only loopback and unspecified addresses are known as its own");
+                Vec::new()
+            })),
+            Host::Ip(_) => None,
+        };
         let (ok, refused): (Vec<_>, Vec<_>) = addrs
             .iter()
-            .map(|ip| (*ip, policy.check_addr(&judged, *ip, port)))
+            .map(|ip| {
+                let r = policy.check_addr(&judged, *ip, port).map_err(|r| r.rule);
+                let r = r.and_then(|()| match &own {
+                    Some(own) => self.name_may_reach(*ip, port, own),
+                    None => Ok(()),
+                });
+                (*ip, r)
+            })
             .partition(|(_, r)| r.is_ok());
         let ok: Vec<IpAddr> = ok.into_iter().map(|(ip, _)| ip).collect();
         if ok.is_empty() {
             let addrs: Vec<IpAddr> = refused.iter().map(|(ip, _)| *ip).collect();
             let why = refused
                 .into_iter()
-                .find_map(|(ip, r)| r.err().map(|r| format!("{ip}: {}", r.rule)))
+                .find_map(|(ip, r)| r.err().map(|rule| format!("{ip}: {rule}")))
                 .unwrap_or_else(|| "no address".into());
             self.report(&key, false, DecisionSource::Policy, &addrs);
             return Err(fail(Refused::Policy(why)));
@@ -378,6 +428,26 @@ impl Ctx {
         Err(fail(Refused::ConnectFailed(last)))
     }
 
+    /// Whether a destination given by name may connect to `ip`, one of
+    /// its resolved addresses: not when `ip` is this host (loopback, the
+    /// unspecified address, an address of its interfaces, or an IPv6
+    /// address carrying one of those), unless an address or network
+    /// pattern of `allow_hosts`, or an address entry of `http.allow`,
+    /// admits it.
+    fn name_may_reach(&self, ip: IpAddr, port: u16, own: &[IpAddr]) -> Result<(), String> {
+        let Some(what) = host_itself(ip, own) else {
+            return Ok(());
+        };
+        if self.job.rules.admits(&Host::Ip(ip), port)
+            || crate::destinations::allow_names_addr(&self.job.allow, ip, port)
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "{what}: a name never reaches this host's own services (name the address in allow_hosts or http.allow)"
+        ))
+    }
+
     /// Put `key` to the client (once at a time per host:port).
     async fn ask(self: &Arc<Self>, key: &Key, protocol: EgressProtocol) -> Answer {
         let no_client = Answer {
@@ -391,6 +461,12 @@ impl Ctx {
             let mut pending = self.pending.lock().expect("pending lock");
             match pending.get(key) {
                 Some(rx) => (rx.clone(), None),
+                None if pending.len() >= MAX_ASKS => {
+                    return Answer {
+                        allow: false,
+                        source: DecisionSource::Limit,
+                    }
+                }
                 None => {
                     let (tx, rx) = watch::channel(None);
                     pending.insert(key.clone(), rx.clone());
@@ -463,22 +539,10 @@ impl Ctx {
         answer
     }
 
-    /// The `network/decision` notification and the audit line, at most one
-    /// per host:port and decision per [`REPORT_INTERVAL`].
-    fn report(&self, key: &Key, allow: bool, source: DecisionSource, addrs: &[IpAddr]) {
-        {
-            let mut reported = self.reported.lock().expect("reported lock");
-            let now = Instant::now();
-            let slot = (key.clone(), allow);
-            if reported
-                .get(&slot)
-                .is_some_and(|t| now.duration_since(*t) < REPORT_INTERVAL)
-            {
-                return;
-            }
-            reported.retain(|_, t| now.duration_since(*t) < REPORT_INTERVAL);
-            reported.insert(slot, now);
-        }
+    /// The `network/decision` notification and the audit line, within the
+    /// job's budget (see [`REPORT_BUDGET`]); past it the decision is
+    /// counted, and the count reported at the end of the window.
+    fn report(self: &Arc<Self>, key: &Key, allow: bool, source: DecisionSource, addrs: &[IpAddr]) {
         let note = NetworkDecision {
             process_id: self.job.process_id.clone(),
             host: key.0.bare(),
@@ -490,7 +554,60 @@ impl Ctx {
             },
             source,
             addresses: addrs.iter().map(IpAddr::to_string).collect(),
+            suppressed: None,
         };
+        {
+            let mut r = self.reports.lock().expect("reports lock");
+            let now = Instant::now();
+            let window = match r.window {
+                Some(w) if now.duration_since(w) < REPORT_INTERVAL => w,
+                _ => {
+                    r.window = Some(now);
+                    r.sent = 0;
+                    r.seen.clear();
+                    now
+                }
+            };
+            let slot = (key.clone(), allow);
+            if r.sent >= REPORT_BUDGET || r.seen.contains(&slot) {
+                r.suppressed += 1;
+                r.last = Some(note);
+                if !r.flushing {
+                    r.flushing = true;
+                    let ctx = self.clone();
+                    let at = tokio::time::Instant::from_std(window + REPORT_INTERVAL);
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(at).await;
+                        ctx.report_suppressed();
+                    });
+                }
+                return;
+            }
+            r.seen.insert(slot);
+            r.sent += 1;
+        }
+        self.emit(note);
+    }
+
+    /// Report how many decisions were left out since the last such report,
+    /// on the last of them.
+    fn report_suppressed(&self) {
+        let note = {
+            let mut r = self.reports.lock().expect("reports lock");
+            r.flushing = false;
+            let n = std::mem::take(&mut r.suppressed);
+            match r.last.take() {
+                Some(mut last) if n > 0 => {
+                    last.suppressed = Some(n);
+                    last
+                }
+                _ => return,
+            }
+        };
+        self.emit(note);
+    }
+
+    fn emit(&self, note: NetworkDecision) {
         tracing::info!(
             process_id = %note.process_id,
             host = %note.host,
@@ -498,6 +615,7 @@ impl Ctx {
             decision = note.decision.as_str(),
             source = note.source.as_str(),
             addresses = ?note.addresses,
+            suppressed = note.suppressed,
             "egress decision"
         );
         (self.job.audit)(&note);
@@ -510,9 +628,63 @@ impl Ctx {
     }
 }
 
+/// What makes `ip` this host itself, if it is: loopback, unspecified,
+/// one of `own` (the addresses of its interfaces), directly or as an IPv4
+/// address an IPv6 address carries.
+fn host_itself(ip: IpAddr, own: &[IpAddr]) -> Option<String> {
+    let mut judged = vec![matching::canonical_ip(ip)];
+    if let IpAddr::V6(v6) = ip {
+        judged.extend(
+            crate::destinations::embedded_ipv4(v6)
+                .into_iter()
+                .map(|e| IpAddr::V4(e.ipv4)),
+        );
+    }
+    judged.into_iter().find_map(|a| {
+        if a.is_loopback() {
+            Some(format!("{a} is a loopback address"))
+        } else if a.is_unspecified() || matches!(a, IpAddr::V4(v4) if v4.octets()[0] == 0) {
+            Some(format!(
+                "{a} is an unspecified address (it reaches this host)"
+            ))
+        } else if own.iter().any(|o| matching::canonical_ip(*o) == a) {
+            Some(format!("{a} is an address of this host's interfaces"))
+        } else {
+            None
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_itself_is_loopback_unspecified_or_its_own_addresses_in_any_form() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let own = [ip("192.0.2.2"), ip("fd00::2")];
+        for local in [
+            "127.0.0.1",
+            "127.9.8.7",
+            "::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "0.0.0.0",
+            "::",
+            "0.1.2.3",
+            "192.0.2.2",
+            "::ffff:192.0.2.2",
+            "fd00::2",
+            // Teredo whose client (inverted last 32 bits) is loopback.
+            "2001:0:808:808::80ff:fffe",
+        ] {
+            assert!(host_itself(ip(local), &own).is_some(), "{local}");
+        }
+        for remote in ["192.0.2.3", "8.8.8.8", "fd00::3", "::ffff:8.8.8.8"] {
+            assert!(host_itself(ip(remote), &own).is_none(), "{remote}");
+        }
+    }
 
     #[test]
     fn the_environment_names_the_proxy_and_replaces_the_requests_values() {

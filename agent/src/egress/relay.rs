@@ -43,7 +43,7 @@ fn would_block(r: &io::Result<usize>) -> bool {
 /// few percent of its speed). So `src` is read through `try_io` only while
 /// the pipe is empty; with bytes held, an `EAGAIN` is taken as "drain the
 /// pipe first", and the pump waits for `dst` alone.
-async fn pump(src: &TcpStream, dst: &TcpStream) -> io::Result<()> {
+pub(super) async fn pump(src: &TcpStream, dst: &TcpStream) -> io::Result<()> {
     use executor_sandbox::sys::splice_nonblocking as splice;
     let (pr, pw) = pipe()?;
     let mut held = 0usize;

@@ -37,6 +37,9 @@ pub(super) fn serve(
         details.insert("decision".into(), d.decision.as_str().into());
         details.insert("source".into(), d.source.as_str().into());
         details.insert("addresses".into(), d.addresses.clone().into());
+        if let Some(n) = d.suppressed {
+            details.insert("suppressed".into(), n.into());
+        }
         s.audit().record(crate::audit::Event {
             session_id: s.id(),
             method: m::NETWORK_DECISION,

@@ -37,6 +37,9 @@ crate::wire_enum! {
         Policy = "policy",
         Timeout = "timeout",
         NoClient = "no_client",
+        /// Not asked: the job already had the most questions to the client
+        /// outstanding at once.
+        Limit = "limit",
     }
 }
 
@@ -72,6 +75,11 @@ pub struct NetworkDecision {
     pub source: DecisionSource,
     /// The addresses connected to (allow) or refused (deny by policy).
     pub addresses: Vec<String>,
+    /// Set on the one report that stands for decisions not reported on
+    /// their own (over the job's budget per second): how many, this one
+    /// included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suppressed: Option<u64>,
 }
 
 /// `"egress"` of a `process/start` / `exec_command` result.

@@ -57,15 +57,36 @@ impl Serialize for ReadRoots {
     }
 }
 
+/// Through the deserializer itself, so that a bad root names its index
+/// (`sandbox.filesystem.read.1`).
+struct ReadRootsVisitor;
+
+impl<'de> de::Visitor<'de> for ReadRootsVisitor {
+    type Value = ReadRoots;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"all\" or a list of paths")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<ReadRoots, E> {
+        match v {
+            "all" => Ok(ReadRoots::All),
+            _ => Err(E::custom("expected \"all\" or a list of paths")),
+        }
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<ReadRoots, A::Error> {
+        let mut roots = Vec::new();
+        while let Some(r) = seq.next_element::<WirePath>()? {
+            roots.push(r);
+        }
+        Ok(ReadRoots::Paths(roots))
+    }
+}
+
 impl<'de> Deserialize<'de> for ReadRoots {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match rmpv::Value::deserialize(d)? {
-            rmpv::Value::String(s) if s.as_str() == Some("all") => Ok(ReadRoots::All),
-            v @ rmpv::Value::Array(_) => rmpv::ext::from_value(v)
-                .map(ReadRoots::Paths)
-                .map_err(de::Error::custom),
-            _ => Err(de::Error::custom("expected \"all\" or a list of paths")),
-        }
+        d.deserialize_any(ReadRootsVisitor)
     }
 }
 
@@ -121,72 +142,266 @@ impl Serialize for NetworkIntent {
     }
 }
 
-/// The keys a network map may hold.
-const NETWORK_KEYS: [&str; 4] = ["allow_tcp_connect", "allow_hosts", "ask", "ask_timeout_ms"];
+/// A value that is never valid: its deserialization fails with the message
+/// (so that the error's path, e.g. `sandbox.network.ask_timeout`, names
+/// the key it came from).
+struct Refuse(String);
+
+impl<'de> de::DeserializeSeed<'de> for Refuse {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, _d: D) -> Result<(), D::Error> {
+        Err(de::Error::custom(self.0))
+    }
+}
+
+/// `ask_timeout_ms`, at most [`MAX_ASK_TIMEOUT_MS`].
+struct AskTimeout;
+
+impl<'de> de::DeserializeSeed<'de> for AskTimeout {
+    type Value = u64;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        let t = u64::deserialize(d)?;
+        if t > MAX_ASK_TIMEOUT_MS {
+            return Err(de::Error::custom(format!(
+                "ask_timeout_ms: {t} is above the maximum {MAX_ASK_TIMEOUT_MS}"
+            )));
+        }
+        Ok(t)
+    }
+}
+
+/// Parses a network intent through the deserializer itself (never through
+/// a buffered value), so that every error names its exact path: a wrong
+/// element is `sandbox.network.allow_hosts.1`, an unknown key
+/// `sandbox.network.KEY`, an out-of-range timeout
+/// `sandbox.network.ask_timeout_ms`; only a wrong combination of keys is
+/// `sandbox.network`.
+struct NetworkVisitor;
+
+const EXPECTED_NETWORK: &str =
+    "\"deny\", \"allow\", {\"allow_tcp_connect\": [port]} or {\"allow_hosts\": [pattern]}";
+
+impl<'de> de::Visitor<'de> for NetworkVisitor {
+    type Value = NetworkIntent;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(EXPECTED_NETWORK)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<NetworkIntent, E> {
+        match v {
+            "deny" => Ok(NetworkIntent::Deny),
+            "allow" => Ok(NetworkIntent::Allow),
+            _ => Err(E::custom(format!("expected {EXPECTED_NETWORK}, got {v:?}"))),
+        }
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<NetworkIntent, A::Error> {
+        let mut ports: Option<Vec<u16>> = None;
+        let mut hosts: Option<Vec<String>> = None;
+        let mut ask: Option<bool> = None;
+        let mut timeout: Option<u64> = None;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "allow_tcp_connect" if ports.is_none() => ports = Some(map.next_value()?),
+                "allow_hosts" if hosts.is_none() => hosts = Some(map.next_value()?),
+                "ask" if ask.is_none() => ask = Some(map.next_value()?),
+                "ask_timeout_ms" if timeout.is_none() => {
+                    timeout = Some(map.next_value_seed(AskTimeout)?)
+                }
+                "allow_tcp_connect" | "allow_hosts" | "ask" | "ask_timeout_ms" => {
+                    map.next_value_seed(Refuse(format!("duplicate field `{key}`")))?;
+                    unreachable!("Refuse always fails");
+                }
+                _ => {
+                    map.next_value_seed(Refuse(format!(
+                        "unknown field `{key}` in network, expected `allow_tcp_connect` or `allow_hosts` (with `ask`, `ask_timeout_ms`)"
+                    )))?;
+                    unreachable!("Refuse always fails");
+                }
+            }
+        }
+        let egress_key = [ask.map(|_| "ask"), timeout.map(|_| "ask_timeout_ms")]
+            .into_iter()
+            .flatten()
+            .next();
+        match (ports, hosts) {
+            (Some(_), Some(_)) => Err(de::Error::custom(
+                "allow_hosts: cannot be combined with allow_tcp_connect (ports to any host would bypass the host list)",
+            )),
+            (Some(ports), None) => match egress_key {
+                Some(k) => Err(de::Error::custom(format!(
+                    "{k}: only with allow_hosts, not with allow_tcp_connect"
+                ))),
+                None => Ok(NetworkIntent::AllowTcpConnect(ports)),
+            },
+            (None, Some(allow_hosts)) => Ok(NetworkIntent::AllowHosts(EgressIntent {
+                allow_hosts,
+                ask: ask.unwrap_or(false),
+                ask_timeout_ms: timeout.unwrap_or(DEFAULT_ASK_TIMEOUT_MS),
+            })),
+            (None, None) => Err(de::Error::custom(match egress_key {
+                Some(k) => format!("{k}: only with allow_hosts"),
+                None => format!("expected {EXPECTED_NETWORK}, got an empty map"),
+            })),
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for NetworkIntent {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = rmpv::Value::deserialize(d)?;
-        match &v {
-            rmpv::Value::String(s) => match s.as_str() {
-                Some("deny") => return Ok(NetworkIntent::Deny),
-                Some("allow") => return Ok(NetworkIntent::Allow),
-                _ => {}
-            },
-            rmpv::Value::Map(m) => {
-                if let Some((k, _)) = m
-                    .iter()
-                    .find(|(k, _)| !k.as_str().is_some_and(|k| NETWORK_KEYS.contains(&k)))
-                {
-                    return Err(de::Error::custom(format!(
-                        "unknown field `{}` in network, expected `allow_tcp_connect` or `allow_hosts` (with `ask`, `ask_timeout_ms`)",
-                        k.as_str()
-                            .map(str::to_string)
-                            .unwrap_or_else(|| k.to_string())
-                    )));
-                }
-                let get = |name: &str| m.iter().find(|(k, _)| k.as_str() == Some(name));
-                let egress_keys = ["allow_hosts", "ask", "ask_timeout_ms"];
-                match (get("allow_tcp_connect"), get("allow_hosts")) {
-                    (Some(_), Some(_)) => {
-                        return Err(de::Error::custom(
-                            "allow_hosts: cannot be combined with allow_tcp_connect (ports to any host would bypass the host list)",
-                        ))
-                    }
-                    (Some((_, ports)), None) => {
-                        if let Some(k) = egress_keys.iter().find(|k| get(k).is_some()) {
-                            return Err(de::Error::custom(format!(
-                                "{k}: only with allow_hosts, not with allow_tcp_connect"
-                            )));
-                        }
-                        return rmpv::ext::from_value(ports.clone())
-                            .map(NetworkIntent::AllowTcpConnect)
-                            .map_err(|e| de::Error::custom(format!("allow_tcp_connect: {e}")));
-                    }
-                    (None, Some(_)) => {
-                        let e: EgressIntent = rmpv::ext::from_value(v.clone())
-                            .map_err(|e| de::Error::custom(format!("network: {e}")))?;
-                        if e.ask_timeout_ms > MAX_ASK_TIMEOUT_MS {
-                            return Err(de::Error::custom(format!(
-                                "ask_timeout_ms: {} is above the maximum {MAX_ASK_TIMEOUT_MS}",
-                                e.ask_timeout_ms
-                            )));
-                        }
-                        return Ok(NetworkIntent::AllowHosts(e));
-                    }
-                    (None, None) => {
-                        if let Some(k) = egress_keys.iter().find(|k| get(k).is_some()) {
-                            return Err(de::Error::custom(format!(
-                                "{k}: only with allow_hosts"
-                            )));
-                        }
-                    }
-                }
-            }
-            _ => {}
+        d.deserialize_any(NetworkVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::from_params;
+    use rmpv::Value;
+
+    fn map(kv: Vec<(&str, Value)>) -> Value {
+        Value::Map(kv.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+
+    /// The `data.field` of the error for `{"sandbox": intent}`.
+    fn field_of(intent: Value) -> String {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Params {
+            sandbox: SandboxIntent,
         }
-        Err(de::Error::custom(
-            "expected \"deny\", \"allow\", {\"allow_tcp_connect\": [port]} or {\"allow_hosts\": [pattern]}",
-        ))
+        let e = from_params::<Params>(map(vec![("sandbox", intent)])).unwrap_err();
+        e.data_get("field")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn network(kv: Vec<(&str, Value)>) -> Value {
+        map(vec![("network", map(kv))])
+    }
+
+    fn hosts(h: Vec<Value>) -> (&'static str, Value) {
+        ("allow_hosts", Value::Array(h))
+    }
+
+    #[test]
+    fn paths_are_dotted() {
+        assert_eq!(crate::message::dotted("a.b[1].c[22]"), "a.b.1.c.22");
+        assert_eq!(crate::message::dotted("[3]"), "3");
+        assert_eq!(crate::message::dotted("a[x]"), "a[x]");
+        assert_eq!(crate::message::dotted("."), ".");
+    }
+
+    #[test]
+    fn every_error_in_an_intent_names_its_exact_path() {
+        for (intent, field) in [
+            (
+                network(vec![hosts(vec!["a".into(), 42.into()])]),
+                "sandbox.network.allow_hosts.1",
+            ),
+            (
+                network(vec![hosts(vec!["a".into()]), ("ask_timeout", 5.into())]),
+                "sandbox.network.ask_timeout",
+            ),
+            (
+                network(vec![hosts(vec!["a".into()]), ("ask", "yes".into())]),
+                "sandbox.network.ask",
+            ),
+            (
+                network(vec![
+                    hosts(vec!["a".into()]),
+                    ("ask_timeout_ms", 600_001.into()),
+                ]),
+                "sandbox.network.ask_timeout_ms",
+            ),
+            (
+                network(vec![
+                    hosts(vec!["a".into()]),
+                    ("ask_timeout_ms", (-1).into()),
+                ]),
+                "sandbox.network.ask_timeout_ms",
+            ),
+            (
+                network(vec![(
+                    "allow_tcp_connect",
+                    Value::Array(vec![80.into(), 70_000.into()]),
+                )]),
+                "sandbox.network.allow_tcp_connect.1",
+            ),
+            (
+                network(vec![hosts(vec!["a".into()]), hosts(vec!["b".into()])]),
+                "sandbox.network.allow_hosts",
+            ),
+            (
+                network(vec![("allow_hosts", "a".into())]),
+                "sandbox.network.allow_hosts",
+            ),
+            // Combinations name the map.
+            (
+                network(vec![
+                    hosts(vec!["a".into()]),
+                    ("allow_tcp_connect", Value::Array(vec![443.into()])),
+                ]),
+                "sandbox.network",
+            ),
+            (network(vec![("ask", true.into())]), "sandbox.network"),
+            (map(vec![("network", "open".into())]), "sandbox.network"),
+            (
+                map(vec![(
+                    "filesystem",
+                    map(vec![("read", Value::Array(vec!["/".into(), 42.into()]))]),
+                )]),
+                "sandbox.filesystem.read.1",
+            ),
+            (
+                map(vec![("filesystem", map(vec![("read", "some".into())]))]),
+                "sandbox.filesystem.read",
+            ),
+            (
+                map(vec![(
+                    "filesystem",
+                    map(vec![(
+                        "deny_write",
+                        Value::Array(vec!["/".into(), 1.into()]),
+                    )]),
+                )]),
+                "sandbox.filesystem.deny_write.1",
+            ),
+        ] {
+            assert_eq!(field_of(intent.clone()), field, "{intent}");
+        }
+    }
+
+    #[test]
+    fn the_forms_still_parse() {
+        let parse = |v: Value| rmpv::ext::from_value::<NetworkIntent>(v).unwrap();
+        assert_eq!(parse("deny".into()), NetworkIntent::Deny);
+        assert_eq!(parse("allow".into()), NetworkIntent::Allow);
+        assert_eq!(
+            parse(map(vec![hosts(vec!["a".into()]), ("ask", true.into())])),
+            NetworkIntent::AllowHosts(EgressIntent {
+                allow_hosts: vec!["a".into()],
+                ask: true,
+                ask_timeout_ms: DEFAULT_ASK_TIMEOUT_MS
+            })
+        );
+        assert_eq!(
+            parse(map(vec![(
+                "allow_tcp_connect",
+                Value::Array(vec![443.into()])
+            )])),
+            NetworkIntent::AllowTcpConnect(vec![443])
+        );
+        let roots = |v: Value| rmpv::ext::from_value::<ReadRoots>(v).unwrap();
+        assert_eq!(
+            roots(Value::Array(vec![
+                "/a".into(),
+                Value::Binary(b"/b".to_vec())
+            ])),
+            ReadRoots::Paths(vec!["/a".into(), "/b".into()])
+        );
+        assert_eq!(roots("all".into()), ReadRoots::All);
     }
 }
