@@ -29,6 +29,8 @@ mod fuzzish;
 mod hardening;
 #[path = "suite/http.rs"]
 mod http;
+#[path = "suite/jobs_tmp.rs"]
+mod jobs_tmp;
 #[path = "suite/pool.rs"]
 mod pool;
 #[path = "suite/process.rs"]

@@ -12,6 +12,7 @@
 //!   roots; a missing root is an error naming it);
 //! - [`plan`]: a policy turned into what the trampoline applies (roots and
 //!   carve-outs by identity, pins, the job's private directory);
+//! - [`tree`]: removing a job's private directory whatever it left there;
 //! - [`spec`]: the job spec the agent hands the trampoline in a sealed memfd;
 //! - [`linux`]: the enforcement the job's init applies before it forks the
 //!   program (user, mount, PID, IPC and network namespaces, a fresh root,
@@ -44,6 +45,8 @@ pub mod spawner;
 pub mod spec;
 pub mod sys;
 pub mod trampoline;
+#[cfg(target_os = "linux")]
+pub mod tree;
 
 use executor_protocol::types::session::SandboxCapabilities;
 
