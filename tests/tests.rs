@@ -11,6 +11,8 @@ mod cli_files;
 mod cli_flags;
 #[path = "suite/cli_jobs.rs"]
 mod cli_jobs;
+#[path = "suite/cli_quoting.rs"]
+mod cli_quoting;
 #[path = "suite/cli_terminal.rs"]
 mod cli_terminal;
 #[path = "suite/client.rs"]
