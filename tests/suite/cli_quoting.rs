@@ -364,3 +364,36 @@ fn errors_naming_remote_paths_write_nothing_the_terminal_acts_on() {
         String::from_utf8_lossy(&screen)
     );
 }
+
+/// A variant: `get -r` of a tree whose names are hostile (a name that is
+/// not UTF-8 among them) copies every name byte for byte (the remote
+/// path is built from the walk's bytes, never from a lossy rendering).
+#[test]
+fn get_r_copies_hostile_names_exactly() {
+    let (d, want) = tree();
+    let dest = unique_tempdir("quoting-get").join("copy");
+    let out = Via::Local.output(&["get", "-r", d.to_str().unwrap(), dest.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let names = |root: &std::path::Path| -> BTreeSet<Vec<u8>> {
+        let mut all = BTreeSet::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                let p = e.path();
+                all.insert(
+                    p.strip_prefix(root)
+                        .unwrap()
+                        .as_os_str()
+                        .as_bytes()
+                        .to_vec(),
+                );
+                if e.file_type().unwrap().is_dir() {
+                    stack.push(p);
+                }
+            }
+        }
+        all
+    };
+    assert_eq!(names(&dest), names(&d), "every name copied exactly");
+    assert_eq!(names(&d).len(), want.len());
+}
