@@ -11,6 +11,8 @@ mod cli_files;
 mod cli_flags;
 #[path = "suite/cli_jobs.rs"]
 mod cli_jobs;
+#[path = "suite/cli_quoting.rs"]
+mod cli_quoting;
 #[path = "suite/cli_terminal.rs"]
 mod cli_terminal;
 #[path = "suite/client.rs"]
@@ -31,6 +33,8 @@ mod fuzzish;
 mod hardening;
 #[path = "suite/http.rs"]
 mod http;
+#[path = "suite/jobs_tmp.rs"]
+mod jobs_tmp;
 #[path = "suite/policy_table.rs"]
 mod policy_table;
 #[path = "suite/pool.rs"]

@@ -120,12 +120,23 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
+/// `s` with its line breaks as `\n` / `\r`: an agent's message (which may
+/// quote a name a job chose) never forges a line of its own.
+fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains(['\n', '\r']) {
+        std::borrow::Cow::Owned(s.replace('\n', "\\n").replace('\r', "\\r"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// Everything that can go wrong talking to an agent.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The agent answered with an error.
-    #[error("agent error {}: {}", .0.code, .0.message)]
+    /// The agent answered with an error. Its message is shown on one
+    /// line: a line break in it (a remote name holding one) is `\n`.
+    #[error("agent error {}: {}", .0.code, one_line(&.0.message))]
     Remote(WireError),
     /// Reading or writing the transport failed.
     #[error("transport I/O: {0}")]

@@ -14,6 +14,7 @@
 //!   carve-outs by identity, pins, the job's private directory);
 //! - [`holds`]: what a carve-out holds by identity (its files with hard
 //!   links outside it), for the plan and the agent's fs confinement;
+//! - [`tree`]: removing a job's private directory whatever it left there;
 //! - [`spec`]: the job spec the agent hands the trampoline in a sealed memfd;
 //! - [`linux`]: the enforcement the job's init applies before it forks the
 //!   program (user, mount, PID, IPC and network namespaces, a fresh root,
@@ -48,6 +49,8 @@ pub mod spawner;
 pub mod spec;
 pub mod sys;
 pub mod trampoline;
+#[cfg(target_os = "linux")]
+pub mod tree;
 
 use executor_protocol::types::session::SandboxCapabilities;
 

@@ -208,6 +208,7 @@ pub fn sweep() -> std::io::Result<Vec<PathBuf>> {
         return Ok(removed);
     }
     let _lock = crate::placeholder::global_lock(&dir)?;
+    let mut first = Ok(());
     for e in std::fs::read_dir(&dir)?.flatten() {
         let name = e.file_name();
         let is_job_dir =
@@ -215,16 +216,26 @@ pub fn sweep() -> std::io::Result<Vec<PathBuf>> {
         if !is_job_dir {
             continue;
         }
-        let Ok(f) = std::fs::File::open(e.path()) else {
+        use std::os::unix::fs::OpenOptionsExt;
+        let Ok(f) = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(e.path())
+        else {
             continue;
         };
         if let Ok(held) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            remove_tree(&e.path())?;
-            removed.push(e.path());
+            // One tree that stays (each failure logged) does not keep the
+            // others: the next sweep tries it again.
+            match remove_tree(&e.path()) {
+                Ok(()) => removed.push(e.path()),
+                Err(err) if first.is_ok() => first = Err(err),
+                Err(_) => {}
+            }
             drop(held);
         }
     }
-    Ok(removed)
+    first.map(|()| removed)
 }
 
 /// [`jobs_parent`], created if needed, and checked to be this user's own
@@ -249,47 +260,6 @@ pub fn private_jobs_parent() -> Result<PathBuf, PlanError> {
     Ok(parent)
 }
 
-/// Give the owner full access to every directory below `p` (a job may have
-/// taken its own away, to make its directory outlive it). Directories are
-/// opened one level at a time with `O_NOFOLLOW` and changed through their
-/// descriptor: a directory swapped for a link is never followed.
-fn writable_tree(p: &Path) {
-    use nix::fcntl::OFlag;
-    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    if let Ok(fd) = nix::fcntl::open(p, flags, nix::sys::stat::Mode::empty()) {
-        writable_at(fd, 0);
-    }
-}
-
-fn writable_at(dir: std::os::fd::OwnedFd, depth: u32) {
-    use nix::fcntl::OFlag;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::PermissionsExt;
-    if depth > 256 {
-        return;
-    }
-    // chmod through the descriptor (an O_PATH descriptor cannot fchmod):
-    // the magic link names this inode, whatever its path is now.
-    let me = format!("/proc/self/fd/{}", dir.as_raw_fd());
-    let _ = std::fs::set_permissions(&me, std::fs::Permissions::from_mode(0o700));
-    let Ok(entries) = std::fs::read_dir(&me) else {
-        return;
-    };
-    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    for e in entries.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            if let Ok(child) = nix::fcntl::openat(
-                &dir,
-                e.file_name().as_os_str(),
-                flags,
-                nix::sys::stat::Mode::empty(),
-            ) {
-                writable_at(child, depth + 1);
-            }
-        }
-    }
-}
-
 impl JobDir {
     /// Remove it now, saying why not (the agent logs that); a drop does the
     /// same silently.
@@ -299,12 +269,16 @@ impl JobDir {
     }
 }
 
+/// Remove the tree `p` (see [`crate::tree`]: any depth, by descriptor,
+/// the owner's permissions restored, each failure logged).
 fn remove_tree(p: &Path) -> std::io::Result<()> {
-    writable_tree(p);
-    match std::fs::remove_dir_all(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+        return Err(std::io::Error::other(format!(
+            "{} is not a job directory",
+            p.display()
+        )));
+    };
+    crate::tree::remove_tree(parent, name).map_err(std::io::Error::other)
 }
 
 impl Drop for JobDir {

@@ -1031,3 +1031,64 @@ pub(crate) fn in_forked_child(f: impl FnOnce() -> Result<(), String>) -> Result<
         }
     }
 }
+
+/// The mount id of the file `fd` refers to (`statx` with `STATX_MNT_ID`,
+/// Linux 5.8), together with its device and inode; `None` for the mount id
+/// where the kernel does not report it. Works on `O_PATH` descriptors.
+#[cfg(target_os = "linux")]
+pub fn identity_and_mount(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, Option<u64>)> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH names `fd`
+    // itself; the kernel writes at most size_of::<statx>() bytes into the
+    // zeroed buffer, which outlives the call.
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_INO | libc::STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the buffer was zeroed (a valid statx) and the kernel filled it.
+    let stx = unsafe { stx.assume_init() };
+    let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+    let mnt = (stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id);
+    Ok((dev, stx.stx_ino, mnt))
+}
+
+/// Set the mode of the inode `fd` refers to (an `O_PATH` descriptor too,
+/// which `fchmod` refuses): `fchmodat2(fd, "", mode, AT_EMPTY_PATH)`
+/// (Linux 6.6), else `chmod` of the descriptor's `/proc/self/fd` link,
+/// which names this inode whatever its path is now. Never a path lookup
+/// by name: a directory swapped for a symlink is not followed.
+#[cfg(target_os = "linux")]
+pub fn chmod_fd(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    // SAFETY: fchmodat2 takes a descriptor, a NUL-terminated path (empty,
+    // with AT_EMPTY_PATH: the descriptor itself), a mode and flags; no
+    // memory is written.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_fchmodat2,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            mode as libc::mode_t,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) {
+        return Err(e);
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        std::fs::Permissions::from_mode(mode),
+    )
+}

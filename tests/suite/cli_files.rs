@@ -552,7 +552,8 @@ fn get_r_never_writes_through_a_link_it_made() {
 // What a remote sends never writes control characters onto the user's
 // terminal: a remote FIFO (skipped by `get -r`) and a missing file (an
 // error from the agent, `cat`) named with an escape sequence and a BEL
-// are shown with them escaped. Control: the names are shown, escaped.
+// are shown with them escaped (a remote name quoted as `ls` does, see
+// cli_quoting.rs). Control: the names are shown, escaped.
 #[test]
 fn remote_names_reach_the_terminal_with_control_characters_escaped() {
     let via = Via::Local;
@@ -569,7 +570,7 @@ fn remote_names_reach_the_terminal_with_control_characters_escaped() {
     let err = String::from_utf8_lossy(&got.stderr).into_owned();
     assert!(got.status.success(), "{}", text(&got));
     assert!(
-        err.contains("a\\x1b]0;pwned\\x07b") && err.contains("skipped"),
+        err.contains("/a\\E]0;pwned\\ab'") && err.contains("$'") && err.contains("skipped"),
         "{err:?}"
     );
     assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");

@@ -338,6 +338,34 @@ struct JobHeld {
     egress: Option<crate::egress::Server>,
 }
 
+/// Set when what a job left on the host could not all be removed (each
+/// failure is logged with its path and errno): the next job's end sweeps
+/// the jobs' directory again, as every agent start does.
+static LEFTOVERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Remove a finished job's directory and placeholders; then, if an earlier
+/// removal left something, sweep again (blocking: on a blocking thread).
+fn remove_job_files(process_id: &str, files: executor_sandbox::plan::JobFiles) {
+    use std::sync::atomic::Ordering;
+    let retry = LEFTOVERS.swap(false, Ordering::SeqCst);
+    if let Err(e) = files.remove() {
+        LEFTOVERS.store(true, Ordering::SeqCst);
+        tracing::warn!(process_id, error = %e, "cannot remove the job's directory or placeholders; the next sweep tries again");
+    }
+    if retry {
+        match executor_sandbox::plan::sweep() {
+            Ok(gone) if !gone.is_empty() => {
+                tracing::info!(removed = ?gone, "removed what earlier jobs left")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                LEFTOVERS.store(true, Ordering::SeqCst);
+                tracing::warn!(error = %e, "cannot remove what earlier jobs left; the next sweep tries again");
+            }
+        }
+    }
+}
+
 async fn wait_job(
     proc: Arc<Proc>,
     mut spawned: spawn::Spawned,
@@ -355,9 +383,8 @@ async fn wait_job(
     // must not (a thousand finished jobs would hold a thousand fds).
     proc.release_io().await;
     if !files.is_empty() {
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || files.remove()).await {
-            tracing::warn!(process_id = %proc.id, error = %e, "cannot remove the job's directory or placeholders");
-        }
+        let id = proc.id.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_job_files(&id, files)).await;
     }
     // All output first: `process/exited` follows the last `process/output`.
     let (final_seq, lag_note) = proc.record_exit(exit).await;

@@ -105,7 +105,8 @@ pub struct WalkArgs {
     /// newlines), as `find -print0`.
     #[arg(short = '0', long = "null", conflicts_with = "json")]
     pub null: bool,
-    /// One JSON object per line: `{"path", "kind", "size", "mtime_ns"}`.
+    /// One JSON object per line: `{"path", "kind", "size", "mtime_ns"}`
+    /// (and `"path_bytes"`, the exact bytes, when the path is not UTF-8).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -121,18 +122,20 @@ pub async fn walk(client: &Client, args: WalkArgs) -> anyhow::Result<i32> {
     if let Some(d) = args.max_depth {
         params.max_depth = d;
     }
+    let terminal = super::quote::stdout_is_terminal();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let (mut written, mut unreadable) = (Ok(()), 0usize);
     c.walk(params, |page: &WalkResult| {
         for e in &page.entries {
             if written.is_ok() {
-                written = write_entry(&mut out, e, &args);
+                written = write_entry(&mut out, e, &args, terminal);
             }
         }
         for e in &page.errors {
             unreadable += 1;
-            tracing::warn!(path = %e.path.display(), code = %e.code, "{}", e.message);
-            say!("executor-client: walk: {}: {}", e.path.display(), e.message);
+            let shown = super::quote::name(e.path.as_bytes());
+            tracing::warn!(path = %shown, code = %e.code, "{}", e.message);
+            say!("executor-client: walk: {shown}: {}", e.message);
         }
     })
     .await?;
@@ -150,19 +153,34 @@ fn kind_letter(kind: FileKind) -> char {
     }
 }
 
-fn write_entry(out: &mut impl Write, e: &WalkEntry, args: &WalkArgs) -> std::io::Result<()> {
+/// One entry: JSON (exact: a path that is not UTF-8 also as its bytes),
+/// NUL-terminated (exact), or a line whose path is quoted on a terminal
+/// ([`super::quote`]) and exact elsewhere.
+fn write_entry(
+    out: &mut impl Write,
+    e: &WalkEntry,
+    args: &WalkArgs,
+    terminal: bool,
+) -> std::io::Result<()> {
     if args.json {
-        let line = serde_json::json!({
-            "path": e.path.display().to_string(),
+        let mut line = serde_json::json!({
+            "path": e.path.display(),
             "kind": e.kind.as_str(),
             "size": e.size,
             "mtime_ns": e.mtime_ns,
         });
+        if e.path.as_str().is_none() {
+            line["path_bytes"] = serde_json::json!(e.path.as_bytes());
+        }
         return writeln!(out, "{line}");
     }
     write!(out, "{} {} ", kind_letter(e.kind), e.size)?;
-    out.write_all(e.path.as_bytes())?;
-    out.write_all(if args.null { b"\0" } else { b"\n" })
+    if args.null {
+        out.write_all(e.path.as_bytes())?;
+        return out.write_all(b"\0");
+    }
+    out.write_all(&super::quote::listed(e.path.as_bytes(), terminal))?;
+    out.write_all(b"\n")
 }
 
 #[derive(Debug, clap::Args)]
@@ -301,11 +319,12 @@ pub struct RealpathArgs {
 pub async fn realpath(client: &Client, args: RealpathArgs) -> anyhow::Result<i32> {
     let mut remote = Remote::new(client);
     let c = remote.confined(&args.sandbox).await?;
+    let terminal = super::quote::stdout_is_terminal();
     let mut out = std::io::stdout().lock();
     for p in &args.paths {
         let path = remote.path(p).await?;
         let real = c.canonicalize(path.as_str()).await?;
-        out.write_all(real.as_bytes())?;
+        out.write_all(&super::quote::listed(real.as_bytes(), terminal))?;
         out.write_all(b"\n")?;
     }
     Ok(0)

@@ -8,6 +8,7 @@
 //! - `transfer`: `get`, `put` (scp habits; no leftovers).
 //! - `web`: `http`.
 //! - `sandbox`: the sandbox flags shared by the verbs.
+//! - `quote`: remote names as a terminal shows them.
 //! - `logging`, `signals`, `man`.
 
 /// `eprintln!` for the CLI's messages: what a remote sends (file names,
@@ -24,6 +25,7 @@ mod exit;
 mod files;
 mod logging;
 mod man;
+mod quote;
 mod run;
 mod sandbox;
 mod signals;
@@ -65,7 +67,8 @@ pub enum Cmd {
     Get(transfer::GetArgs),
     /// Copy local files (`-` for stdin) to a remote path, like scp.
     Put(transfer::PutArgs),
-    /// List a remote tree, one `KIND SIZE PATH` line per entry.
+    /// List a remote tree, one `KIND SIZE PATH` line per entry (on a
+    /// terminal, names quoted as `ls` does: `'a b'`, `$'\e]0;x\a'`).
     Walk(files::WalkArgs),
     /// Show a remote path's metadata.
     Stat(files::StatArgs),

@@ -10,6 +10,7 @@
 //! temp file, and an unfinished `put` is discarded by the agent.
 
 use super::files::Remote;
+use super::quote;
 use super::sandbox::SandboxArgs;
 use anyhow::Context;
 use executor_client::fs::NewFile;
@@ -94,8 +95,8 @@ pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<i32> {
                 return Err(anyhow::anyhow!("{path}: a directory (use -r)"));
             }
             _ => {
-                let bar = progress(st.size, &format!("get {path}"));
-                copy.get_file(&path, &st, Local::of_path(&local)?, &bar)
+                let bar = progress(st.size, &format!("get {}", quote::name(path.as_bytes())));
+                copy.get_file(path.as_str(), &st, Local::of_path(&local)?, &bar)
                     .await?;
                 bar.finish_and_clear();
             }
@@ -114,7 +115,7 @@ impl Copy<'_> {
     /// One remote file into `local`, atomically (a temp file beside it).
     async fn get_file(
         &self,
-        remote: &str,
+        remote: impl Into<WirePath>,
         st: &StatResult,
         local: Local,
         bar: &indicatif::ProgressBar,
@@ -145,7 +146,7 @@ impl Copy<'_> {
                 errors.extend(
                     page.errors
                         .iter()
-                        .map(|e| format!("{}: {}", e.path.display(), e.message)),
+                        .map(|e| format!("{}: {}", quote::name(e.path.as_bytes()), e.message)),
                 );
             })
             .await?;
@@ -157,28 +158,33 @@ impl Copy<'_> {
             .filter(|e| e.kind == FileKind::File)
             .map(|e| e.size)
             .sum();
-        let bar = progress(total, &format!("get {root}"));
+        let bar = progress(total, &format!("get {}", quote::name(root.as_bytes())));
         mkdir_local(local)?;
         let tree = LocalTree::open(local)?;
         let mut links = Vec::new();
         for e in &entries {
             let rel = plain_relative(e.path.as_bytes())?;
-            let from = format!("{}/{}", root.trim_end_matches('/'), rel.display());
+            // The remote name's bytes as they are (not UTF-8 either).
+            let mut from = root.trim_end_matches('/').as_bytes().to_vec();
+            from.push(b'/');
+            from.extend_from_slice(e.path.as_bytes());
+            let from = WirePath::from_bytes(from);
             match e.kind {
                 FileKind::Dir => drop(tree.dir(rel)?),
                 FileKind::File => {
-                    let st = self.client.stat_with(from.as_str(), false).await?;
-                    self.get_file(&from, &st, tree.entry(rel)?, &bar).await?;
+                    let st = self.client.stat_with(from.clone(), false).await?;
+                    self.get_file(from, &st, tree.entry(rel)?, &bar).await?;
                 }
                 FileKind::Symlink => links.push((from, rel)),
                 _ => say!(
-                    "executor-client: get -r: {from}: not a regular file, directory or symlink, skipped"
+                    "executor-client: get -r: {}: not a regular file, directory or symlink, skipped",
+                    quote::name(from.as_bytes())
                 ),
             }
         }
         // Links last: nothing of this copy is written through one.
         for (from, rel) in links {
-            let target = self.client.read_link(from.as_str()).await?;
+            let target = self.client.read_link(from).await?;
             link_local(
                 tree.entry(rel)?,
                 std::ffi::OsStr::from_bytes(target.as_bytes()),

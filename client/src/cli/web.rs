@@ -79,10 +79,24 @@ pub async fn http(client: &Client, args: HttpArgs) -> anyhow::Result<i32> {
         Err(e) => return unreachable_server(e, &args.url),
     };
     if args.include {
+        // A server chooses the URL it redirected to and its headers: on a
+        // terminal their control characters are escaped.
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let shown = |s: String| {
+            if terminal {
+                super::exit::shown(&s.replace(['\n', '\r'], " ")).into_owned()
+            } else {
+                s
+            }
+        };
         let mut err = std::io::stderr().lock();
-        writeln!(err, "{} {}", response.status, response.url)?;
+        writeln!(
+            err,
+            "{}",
+            shown(format!("{} {}", response.status, response.url))
+        )?;
         for (k, v) in &response.headers {
-            writeln!(err, "{k}: {v}")?;
+            writeln!(err, "{}", shown(format!("{k}: {v}")))?;
         }
         writeln!(err)?;
     }
