@@ -3082,7 +3082,7 @@ both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
     }
 });
 
-#[path = "sandbox_kernel.rs"]
-mod kernel;
 #[path = "sandbox_carve.rs"]
 mod carve;
+#[path = "sandbox_kernel.rs"]
+mod kernel;
