@@ -511,3 +511,57 @@ both!(
         assert_eq!((code, out.trim()), (Some(0), ws.as_str()), "{err}");
     }
 );
+
+// The kernel's interfaces under a write root `/` (review of the roots `/`
+// and `/dev`): a write root `/` grants the host's files, not its kernel's
+// settings. Before, the writable clone kept the host's /sys (and its
+// cgroup trees) writable and the job's own /proc was writable too, and
+// Landlock's grant of `/` covered both: as root, a job rewrote the whole
+// host's sysctls (/proc/sys/vm/swappiness) and sysfs
+// (/sys/kernel/mm/...), as any user its /proc/self files. Now every mount
+// of a kernel interface in the clone (sysfs, cgroup, tracefs, bpf, ...,
+// with what is beneath) and the job's /proc are read-only (mount
+// namespace: EROFS). Variant: the same with `read: "all"` and a write
+// root elsewhere (Landlock and the read-only clone). Controls: the write
+// root is written, /proc and /sys are read.
+both!(
+    a_write_root_slash_leaves_kernel_interfaces_read_only,
+    |e: Env| async move {
+        let ws = e.ws.display().to_string();
+        let mut slash = e.ws_write();
+        slash.filesystem.write = vec!["/".into()];
+        let mut all = e.ws_write();
+        all.filesystem.write = vec![wp(&e.ws)];
+        let script = format!(
+            "v=$(cat /proc/sys/vm/swappiness); echo $v > /proc/sys/vm/swappiness && echo SYSCTL-WRITTEN; \
+             echo renamed > /proc/self/comm && echo PROC-SELF-WRITTEN; \
+             for f in /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/profiling /sys/module/printk/parameters/time; do \
+               test -f $f && (: >> $f) 2>/dev/null && echo SYSFS-WRITTEN $f; done; \
+             while read -r id parent mm root point opts rest; do t=${{rest#*- }}; t=${{t%% *}}; \
+               case ' proc sysfs cgroup cgroup2 securityfs debugfs tracefs bpf pstore configfs efivarfs fusectl binfmt_misc ' in \
+                 *\" $t \"*) case \"$opts\" in ro|ro,*) ;; *) echo \"RW-KERNEL $point $t\";; esac;; esac; \
+             done < /proc/self/mountinfo; \
+             touch {ws}/by-slash-kernel && cat /proc/self/status >/dev/null && ls /sys >/dev/null && echo CONTROL-OK"
+        );
+        for (name, intent) in [("write /", slash), ("read all, write the workspace", all)] {
+            let _ = std::fs::remove_file(e.ws.join("by-slash-kernel"));
+            let (out, _) = e.sh(Some(intent), &script).await;
+            assert!(
+                out.contains("CONTROL-OK") && e.ws.join("by-slash-kernel").exists(),
+                "{name}: control: the write root is written, /proc and /sys read: {out}"
+            );
+            for bad in [
+                "SYSCTL-WRITTEN",
+                "PROC-SELF-WRITTEN",
+                "SYSFS-WRITTEN",
+                "RW-KERNEL",
+            ] {
+                assert!(
+                    !out.contains(bad),
+                    "{name}: {bad}: the kernel's interfaces must stay read-only (mount namespace: \
+                     read-only /proc and kernel filesystems; Landlock): {out}"
+                );
+            }
+        }
+    }
+);
