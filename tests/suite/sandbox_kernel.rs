@@ -504,6 +504,11 @@ both!(
                 err.message
             );
             assert!(!err.message.contains("TOPSECRET"), "{name}");
+            assert!(
+                !err.message.contains("  "),
+                "{name}: the message reads as one sentence: {}",
+                err.message
+            );
         }
         // The CLI from a cwd under /tmp, as the README's test command in a
         // clone there: `run --tmp` enters it.
