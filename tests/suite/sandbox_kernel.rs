@@ -570,3 +570,98 @@ both!(
         }
     }
 );
+
+// Set-id bits through the agent's own writes (review of item 3): a job
+// that rewrites a set-id file loses the bits (the kernel clears them on a
+// write by a process without CAP_FSETID), but the agent's `fs/writeFile`
+// without `mode` gave the new version "the existing file's permission
+// bits" by fchmod, set-id bits included, so a confined client turned a
+// set-uid program of a write root into its own code, still set-uid.
+// Under an intent the agent keeps the permission bits only (agent
+// policy): atomic `fs/writeFile`, the variants `atomic: false` (the file
+// written in place by an agent holding CAP_FSETID as root) and
+// `fs/openWrite` + `fs/commit`. Controls: the rest of the mode is kept,
+// the content is the new one, and without an intent the bits are kept as
+// documented (the check can see them).
+both!(
+    confined_fs_writes_never_keep_set_id_bits,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        use std::os::unix::fs::MetadataExt;
+        if e.uid != current_uid() {
+            chown_r(&e.base, e.uid);
+        }
+        let f = e.ws.join("setid-program");
+        let reset = |mode: u32| {
+            std::fs::write(&f, b"#!/bin/sh\ntrue\n").unwrap();
+            std::os::unix::fs::chown(&f, Some(e.uid), Some(e.uid)).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, mode);
+        };
+        let data = b"#!/bin/sh\necho planted\n";
+        let intent = e.ws_write();
+        for mode in [0o4755, 0o2755, 0o6750] {
+            for way in ["writeFile atomic", "writeFile in place", "openWrite+commit"] {
+                reset(mode);
+                match way {
+                    "openWrite+commit" => {
+                        let h: HandleResult =
+                            e.c.call(&OpenWriteParams {
+                                path: wp(&f),
+                                mode: None,
+                                create_parents: false,
+                                mtime_ns: None,
+                                atime_ns: None,
+                                sandbox: Some(intent.clone()),
+                                cwd: None,
+                            })
+                            .await
+                            .unwrap();
+                        e.c.call(&WriteBlockParams {
+                            handle: h.handle,
+                            offset: 0,
+                            data: serde_bytes::ByteBuf::from(data.to_vec()),
+                            sandbox: Some(intent.clone()),
+                            cwd: None,
+                        })
+                        .await
+                        .unwrap();
+                        e.c.call(&CommitParams {
+                            handle: h.handle,
+                            sandbox: Some(intent.clone()),
+                            cwd: None,
+                        })
+                        .await
+                        .unwrap();
+                    }
+                    _ => {
+                        let atomic = way == "writeFile atomic";
+                        e.c.call(&write_params(&f, data, atomic, &intent))
+                            .await
+                            .unwrap();
+                    }
+                }
+                let m = std::fs::metadata(&f).unwrap().mode() & 0o7777;
+                assert_eq!(std::fs::read(&f).unwrap(), data, "{way}: the new content");
+                assert_eq!(
+                    format!("{m:o}"),
+                    format!("{:o}", mode & 0o777),
+                    "{way} {mode:o}: a confined write leaves no set-id bit (agent policy), \
+                     the permission bits stay"
+                );
+            }
+        }
+        // Control: without an intent the existing mode is kept, bits
+        // included (the check sees them).
+        reset(0o4755);
+        let mut p = write_params(&f, data, true, &intent);
+        p.sandbox = None;
+        e.c.call(&p).await.unwrap();
+        assert_eq!(
+            format!("{:o}", std::fs::metadata(&f).unwrap().mode() & 0o7777),
+            "4755",
+            "control: unconfined, the existing mode is kept"
+        );
+        reset(0o755);
+    }
+);
