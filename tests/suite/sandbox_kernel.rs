@@ -665,3 +665,77 @@ both!(
         reset(0o755);
     }
 );
+
+// The kernel's interfaces through the agent's own writes (review of the
+// root `/`): under a write root `/`, `fs/writeFile` in place
+// (`atomic: false`) opened and wrote a sysfs file as the agent itself,
+// with every capability of a root agent (here the host's
+// transparent_hugepage setting, given its current value back). Jobs under
+// the same intent see /sys read-only; the agent's fs confinement now
+// carves /sys out of a write root that holds it (agent policy:
+// sandbox_denied), as it does /proc and /dev for every access. Variant:
+// `fs/openWrite` there. Controls: /sys is still read under the intent, the
+// same in-place write lands in the workspace.
+both!(
+    a_write_root_slash_does_not_reach_sysfs_through_the_agent,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        if e.uid != current_uid() {
+            chown_r(&e.base, e.uid);
+        }
+        let knob = Path::new("/sys/kernel/mm/transparent_hugepage/enabled");
+        let Ok(now) = std::fs::read_to_string(knob) else {
+            prerequisite_missing(&knob.display().to_string());
+            return;
+        };
+        let value = now
+            .split('[')
+            .nth(1)
+            .and_then(|s| s.split(']').next())
+            .unwrap_or("madvise")
+            .to_string();
+        let mut slash = e.ws_write();
+        slash.filesystem.write = vec!["/".into()];
+        let err = remote(
+            e.c.call(&write_params(knob, value.as_bytes(), false, &slash))
+                .await
+                .expect_err("a sysfs write through the agent"),
+        );
+        assert_eq!(
+            err.code,
+            ErrorCode::SandboxDenied,
+            "fs/writeFile in place into /sys under write / (agent policy): {err:?}"
+        );
+        let err = remote(
+            e.c.call(&OpenWriteParams {
+                path: wp(Path::new("/sys/kernel/executor-made")),
+                mode: None,
+                create_parents: false,
+                mtime_ns: None,
+                atime_ns: None,
+                sandbox: Some(slash.clone()),
+                cwd: None,
+            })
+            .await
+            .expect_err("fs/openWrite in /sys"),
+        );
+        assert_eq!(err.code, ErrorCode::SandboxDenied, "{err:?}");
+        // Controls.
+        let r: ReadFileResult =
+            e.c.call(&ReadFileParams {
+                path: wp(knob),
+                offset: None,
+                length: None,
+                sandbox: Some(slash.clone()),
+                cwd: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&r.data), now);
+        let f = e.ws.join("in-place");
+        e.c.call(&write_params(&f, b"x", false, &slash))
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"x");
+    }
+);

@@ -131,6 +131,18 @@ impl Confinement {
         // itself is protected too.
         let mut deny_write = policy.deny_write;
         deny_write.extend(policy.carve_out_links.into_iter().map(|l| l.path));
+        // The kernel's interfaces (sysfs and the cgroup, tracing, BPF and
+        // firmware trees mounted in it) are not files a root above them
+        // grants: read, never written through the agent, which may hold
+        // every capability (a job under the same intent sees them
+        // read-only). A write root at or below /sys names them itself.
+        let sys = Path::new("/sys");
+        if write
+            .iter()
+            .any(|r| sys.starts_with(r) && r.as_path() != sys)
+        {
+            deny_write.push(sys.to_path_buf());
+        }
         Ok(Some(Confinement {
             read,
             write,
