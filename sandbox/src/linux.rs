@@ -664,6 +664,8 @@ fn stage(tree: OwnedFd) -> StepResult<OwnedFd> {
 
 /// Filesystems that are the kernel's interfaces rather than files: sysctls,
 /// devices, cgroups, tracing, BPF, firmware variables, security modules.
+/// Not autofs: its mount points hold the automounted file systems (homes
+/// over NFS) that a write root `/` grants.
 const KERNEL_FS: &[&str] = &[
     "proc",
     "sysfs",
@@ -685,9 +687,7 @@ const KERNEL_FS: &[&str] = &[
     "devtmpfs",
     "devpts",
     "mqueue",
-    "hugetlbfs",
     "resctrl",
-    "autofs",
 ];
 
 /// A mount point of /proc/self/mountinfo, its octal escapes (`\040`)
