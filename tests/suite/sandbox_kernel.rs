@@ -739,3 +739,61 @@ both!(
         assert_eq!(std::fs::read(&f).unwrap(), b"x");
     }
 );
+
+// The jobs' private directory through the agent's own requests (review of
+// the cwd under /tmp): jobs never see /tmp/executor-jobs-<uid> (other
+// jobs' :tmp, the placeholder records and locks), but the agent's fs
+// requests under an intent with a write root `/tmp` (or `/`) wrote and
+// listed there. Now it is a carve-out of every confined fs request (agent
+// policy: sandbox_denied), as for jobs. Variants: a listing, a read, and
+// the write root `/`. Control: the same write in the workspace succeeds.
+both!(
+    confined_fs_requests_never_reach_the_jobs_directory,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        if e.uid != current_uid() {
+            chown_r(&e.base, e.uid);
+        }
+        let jobs = PathBuf::from(format!("/tmp/executor-jobs-{}", e.uid));
+        if !jobs.is_dir() {
+            prerequisite_missing(&format!("{} (made by the agent)", jobs.display()));
+            return;
+        }
+        let planted = jobs.join("planted-by-a-request");
+        for root in ["/tmp", "/"] {
+            let mut i = e.ws_write();
+            i.filesystem.write = vec![root.into()];
+            let err = remote(
+                e.c.call(&write_params(&planted, b"x", true, &i))
+                    .await
+                    .expect_err("a write in the jobs' directory"),
+            );
+            assert_eq!(
+                err.code,
+                ErrorCode::SandboxDenied,
+                "write root {root}: a write in the jobs' directory (agent policy): {err:?}"
+            );
+            let mut walk = executor_client::fs::walk_params(wp(&jobs));
+            walk.sandbox = Some(i.clone());
+            let err = remote(e.c.walk_page(&walk).await.expect_err("a listing"));
+            assert_eq!(err.code, ErrorCode::SandboxDenied, "{root}: {err:?}");
+            let err = remote(
+                e.c.call(&ReadFileParams {
+                    path: wp(&jobs.join("placeholders.lock")),
+                    offset: None,
+                    length: None,
+                    sandbox: Some(i.clone()),
+                    cwd: None,
+                })
+                .await
+                .expect_err("a read"),
+            );
+            assert_eq!(err.code, ErrorCode::SandboxDenied, "{root}: {err:?}");
+            // Control.
+            e.c.call(&write_params(&e.ws.join("beside-jobs"), b"x", true, &i))
+                .await
+                .unwrap();
+        }
+        assert!(!planted.exists(), "planted in the jobs' directory");
+    }
+);

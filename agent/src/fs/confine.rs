@@ -127,6 +127,10 @@ impl Confinement {
         // through the agent (its environment, its memory, raw disks).
         let mut deny_read = policy.deny_read;
         deny_read.extend([PathBuf::from("/proc"), PathBuf::from("/dev")]);
+        // Nor the jobs' private directory (other jobs' :tmp, placeholder
+        // records and locks), which no job sees either.
+        let jobs = executor_sandbox::plan::jobs_parent();
+        deny_read.push(std::fs::canonicalize(&jobs).unwrap_or(jobs));
         // A carve-out named through a symlink keeps its name: the link
         // itself is protected too.
         let mut deny_write = policy.deny_write;
