@@ -423,7 +423,11 @@ pub fn build_root(
     // recursive clone of the host's /tmp would otherwise contain it).
     clone_trees(&mut mounts)?;
     let root = match &p.read {
-        _ if root_writable => stage_host_root(RW)?,
+        _ if root_writable => {
+            let root = stage_host_root(RW)?;
+            kernel_interfaces_read_only(root.as_fd()).map_err(at(Step::NewRoot))?;
+            root
+        }
         Some(roots) if !roots.iter().any(|n| n.path() == Path::new("/")) => stage_fresh_root()?,
         _ => stage_host_root(RO)?,
     };
@@ -658,6 +662,122 @@ fn stage(tree: OwnedFd) -> StepResult<OwnedFd> {
     openat2(nix::fcntl::AT_FDCWD, "/tmp", no_follow()).map_err(at(Step::NewRoot))
 }
 
+/// Filesystems that are the kernel's interfaces rather than files: sysctls,
+/// devices, cgroups, tracing, BPF, firmware variables, security modules.
+/// Not autofs: its mount points hold the automounted file systems (homes
+/// over NFS) that a write root `/` grants.
+const KERNEL_FS: &[&str] = &[
+    "proc",
+    "sysfs",
+    "cgroup",
+    "cgroup2",
+    "securityfs",
+    "debugfs",
+    "tracefs",
+    "bpf",
+    "pstore",
+    "configfs",
+    "efivarfs",
+    "fusectl",
+    "binfmt_misc",
+    "selinuxfs",
+    "smackfs",
+    "rpc_pipefs",
+    "nfsd",
+    "devtmpfs",
+    "devpts",
+    "mqueue",
+    "resctrl",
+];
+
+/// A mount point of /proc/self/mountinfo, its octal escapes (`\040`)
+/// decoded.
+fn unescape_mount_point(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) if b[i] == b'\\' => {
+                out.push(d.iter().fold(0u8, |a, c| a.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(OsStr::from_bytes(&out))
+}
+
+/// Every mount of the kernel's interfaces ([`KERNEL_FS`]: the host's /sys
+/// and its cgroup, tracing, BPF and firmware trees, wherever the host
+/// mounts them) in the staged clone `root` of the host's tree made
+/// read-only, with what is mounted beneath: a write root `/` grants the
+/// host's files, never its kernel's settings. A mount hidden under another
+/// at its place is out of the job's reach and left as it is; one the agent
+/// cannot reach (EACCES) the job cannot reach either.
+fn kernel_interfaces_read_only(root: BorrowedFd<'_>) -> io::Result<()> {
+    let top = sys::mount_id(root)?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    // (id, parent, mount point, filesystem type)
+    let mounts: Vec<(u64, u64, PathBuf, &str)> = info
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let id = f.next()?.parse().ok()?;
+            let parent = f.next()?.parse().ok()?;
+            let point = unescape_mount_point(f.nth(2)?);
+            let fstype = l.split(" - ").nth(1)?.split(' ').next()?;
+            Some((id, parent, point, fstype))
+        })
+        .collect();
+    let base = mounts
+        .iter()
+        .find(|m| m.0 == top)
+        .map(|m| m.2.clone())
+        .ok_or_else(|| io::Error::other("the staged root is not in /proc/self/mountinfo"))?;
+    let mut inside = std::collections::BTreeSet::from([top]);
+    loop {
+        let before = inside.len();
+        for m in &mounts {
+            if inside.contains(&m.1) {
+                inside.insert(m.0);
+            }
+        }
+        if inside.len() == before {
+            break;
+        }
+    }
+    for (id, _, point, fstype) in &mounts {
+        if *id == top || !inside.contains(id) || !KERNEL_FS.contains(fstype) {
+            continue;
+        }
+        let rel = point.strip_prefix(&base).map_err(|_| {
+            io::Error::other(format!("{} outside the staged root", point.display()))
+        })?;
+        let fd = match openat2(root, rel, no_follow()) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::EACCES) => continue,
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("/{}: {e}", rel.display()),
+                ))
+            }
+        };
+        if sys::mount_id(fd.as_fd())? != *id {
+            continue;
+        }
+        sys::set_mount_attr(fd.as_fd(), true, sys::MOUNT_ATTR_RDONLY, 0)?;
+    }
+    Ok(())
+}
+
 /// A new tmpfs (no exec) of `mode` and `size` at the directory `rel`
 /// beneath `dir`, made if missing.
 fn tmpfs_at(dir: BorrowedFd<'_>, rel: &str, mode: &CStr, size: &CStr) -> io::Result<()> {
@@ -772,8 +892,10 @@ fn make_symlinks(
 /// A `/proc` of the new PID namespace in `root`, without exec.
 fn mount_proc(root: BorrowedFd<'_>) -> StepResult<()> {
     let (proc_dir, _) = ensure(root, Path::new("proc"), false, &[]).map_err(at(Step::Proc))?;
-    let proc_mnt =
-        sys::new_mount(c"proc", &[], RW | sys::MOUNT_ATTR_NOEXEC).map_err(at(Step::Proc))?;
+    // Read-only: its files are the kernel's interfaces (sysctls of the
+    // whole host under /proc/sys), never data a root grants.
+    let attrs = RW | sys::MOUNT_ATTR_NOEXEC | sys::MOUNT_ATTR_RDONLY;
+    let proc_mnt = sys::new_mount(c"proc", &[], attrs).map_err(at(Step::Proc))?;
     sys::attach(proc_mnt.as_fd(), proc_dir.as_fd()).map_err(at(Step::Proc))
 }
 
@@ -1840,6 +1962,21 @@ mod tests {
         let len = |s| compile_seccomp(s).unwrap()[0].len();
         assert!(len(NetShape::Deny) <= 490, "{}", len(NetShape::Deny));
         assert!(len(NetShape::TcpOnly) <= 538, "{}", len(NetShape::TcpOnly));
+    }
+
+    /// Mount points of mountinfo with octal escapes decode to the path;
+    /// a backslash without three octal digits stays as it is.
+    #[test]
+    fn mount_points_are_unescaped() {
+        assert_eq!(
+            unescape_mount_point("/a\\040b\\011c\\012d\\134e"),
+            Path::new("/a b\tc\nd\\e")
+        );
+        assert_eq!(unescape_mount_point("/x\\09y\\"), Path::new("/x\\09y\\"));
+        assert_eq!(
+            unescape_mount_point("/sys/fs/cgroup"),
+            Path::new("/sys/fs/cgroup")
+        );
     }
 
     /// Set-id bits in any mode a job gives are refused (EPERM), whatever

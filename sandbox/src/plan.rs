@@ -449,7 +449,7 @@ fn cwd_over_tmp(
     }
     let refuse = |why: String| {
         PlanError::Unavailable(format!(
-            "the working directory {} is not in the job's sandbox ({why}): its own :tmp is              mounted over the host's /tmp, so grant the directory itself (a read or write              root at it or below /tmp, e.g. --ro/--rw {}) or run from a granted directory",
+            "the working directory {} is not in the job's sandbox ({why}): its own :tmp is mounted over the host's /tmp, so grant the directory itself (a read or write root at it or below /tmp, e.g. --ro/--rw {}) or run from a granted directory",
             cwd.display(),
             c.path.display()
         ))

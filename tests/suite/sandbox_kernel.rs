@@ -504,10 +504,296 @@ both!(
                 err.message
             );
             assert!(!err.message.contains("TOPSECRET"), "{name}");
+            assert!(
+                !err.message.contains("  "),
+                "{name}: the message reads as one sentence: {}",
+                err.message
+            );
         }
         // The CLI from a cwd under /tmp, as the README's test command in a
         // clone there: `run --tmp` enters it.
         let (code, out, err) = cli_as(&e, &e.ws, &["run", "--tmp", "--", "/bin/pwd"]);
         assert_eq!((code, out.trim()), (Some(0), ws.as_str()), "{err}");
+    }
+);
+
+// The kernel's interfaces under a write root `/` (review of the roots `/`
+// and `/dev`): a write root `/` grants the host's files, not its kernel's
+// settings. Before, the writable clone kept the host's /sys (and its
+// cgroup trees) writable and the job's own /proc was writable too, and
+// Landlock's grant of `/` covered both: as root, a job rewrote the whole
+// host's sysctls (/proc/sys/vm/swappiness) and sysfs
+// (/sys/kernel/mm/...), as any user its /proc/self files. Now every mount
+// of a kernel interface in the clone (sysfs, cgroup, tracefs, bpf, ...,
+// with what is beneath) and the job's /proc are read-only (mount
+// namespace: EROFS). Variant: the same with `read: "all"` and a write
+// root elsewhere (Landlock and the read-only clone). Controls: the write
+// root is written, /proc and /sys are read.
+both!(
+    a_write_root_slash_leaves_kernel_interfaces_read_only,
+    |e: Env| async move {
+        let ws = e.ws.display().to_string();
+        let mut slash = e.ws_write();
+        slash.filesystem.write = vec!["/".into()];
+        let mut all = e.ws_write();
+        all.filesystem.write = vec![wp(&e.ws)];
+        let script = format!(
+            "v=$(cat /proc/sys/vm/swappiness); echo $v > /proc/sys/vm/swappiness && echo SYSCTL-WRITTEN; \
+             echo renamed > /proc/self/comm && echo PROC-SELF-WRITTEN; \
+             for f in /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/profiling /sys/module/printk/parameters/time; do \
+               test -f $f && (: >> $f) 2>/dev/null && echo SYSFS-WRITTEN $f; done; \
+             while read -r id parent mm root point opts rest; do t=${{rest#*- }}; t=${{t%% *}}; \
+               case ' proc sysfs cgroup cgroup2 securityfs debugfs tracefs bpf pstore configfs efivarfs fusectl binfmt_misc ' in \
+                 *\" $t \"*) case \"$opts\" in ro|ro,*) ;; *) echo \"RW-KERNEL $point $t\";; esac;; esac; \
+             done < /proc/self/mountinfo; \
+             touch {ws}/by-slash-kernel && cat /proc/self/status >/dev/null && ls /sys >/dev/null && echo CONTROL-OK"
+        );
+        for (name, intent) in [("write /", slash), ("read all, write the workspace", all)] {
+            let _ = std::fs::remove_file(e.ws.join("by-slash-kernel"));
+            let (out, _) = e.sh(Some(intent), &script).await;
+            assert!(
+                out.contains("CONTROL-OK") && e.ws.join("by-slash-kernel").exists(),
+                "{name}: control: the write root is written, /proc and /sys read: {out}"
+            );
+            for bad in [
+                "SYSCTL-WRITTEN",
+                "PROC-SELF-WRITTEN",
+                "SYSFS-WRITTEN",
+                "RW-KERNEL",
+            ] {
+                assert!(
+                    !out.contains(bad),
+                    "{name}: {bad}: the kernel's interfaces must stay read-only (mount namespace: \
+                     read-only /proc and kernel filesystems; Landlock): {out}"
+                );
+            }
+        }
+    }
+);
+
+// Set-id bits through the agent's own writes (review of item 3): a job
+// that rewrites a set-id file loses the bits (the kernel clears them on a
+// write by a process without CAP_FSETID), but the agent's `fs/writeFile`
+// without `mode` gave the new version "the existing file's permission
+// bits" by fchmod, set-id bits included, so a confined client turned a
+// set-uid program of a write root into its own code, still set-uid.
+// Under an intent the agent keeps the permission bits only (agent
+// policy): atomic `fs/writeFile`, the variants `atomic: false` (the file
+// written in place by an agent holding CAP_FSETID as root) and
+// `fs/openWrite` + `fs/commit`. Controls: the rest of the mode is kept,
+// the content is the new one, and without an intent the bits are kept as
+// documented (the check can see them).
+both!(
+    confined_fs_writes_never_keep_set_id_bits,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        use std::os::unix::fs::MetadataExt;
+        if e.uid != current_uid() {
+            chown_r(&e.base, e.uid);
+        }
+        let f = e.ws.join("setid-program");
+        let reset = |mode: u32| {
+            std::fs::write(&f, b"#!/bin/sh\ntrue\n").unwrap();
+            std::os::unix::fs::chown(&f, Some(e.uid), Some(e.uid)).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, mode);
+        };
+        let data = b"#!/bin/sh\necho planted\n";
+        let intent = e.ws_write();
+        for mode in [0o4755, 0o2755, 0o6750] {
+            for way in ["writeFile atomic", "writeFile in place", "openWrite+commit"] {
+                reset(mode);
+                match way {
+                    "openWrite+commit" => {
+                        let h: HandleResult =
+                            e.c.call(&OpenWriteParams {
+                                path: wp(&f),
+                                mode: None,
+                                create_parents: false,
+                                mtime_ns: None,
+                                atime_ns: None,
+                                sandbox: Some(intent.clone()),
+                                cwd: None,
+                            })
+                            .await
+                            .unwrap();
+                        e.c.call(&WriteBlockParams {
+                            handle: h.handle,
+                            offset: 0,
+                            data: serde_bytes::ByteBuf::from(data.to_vec()),
+                            sandbox: Some(intent.clone()),
+                            cwd: None,
+                        })
+                        .await
+                        .unwrap();
+                        e.c.call(&CommitParams {
+                            handle: h.handle,
+                            sandbox: Some(intent.clone()),
+                            cwd: None,
+                        })
+                        .await
+                        .unwrap();
+                    }
+                    _ => {
+                        let atomic = way == "writeFile atomic";
+                        e.c.call(&write_params(&f, data, atomic, &intent))
+                            .await
+                            .unwrap();
+                    }
+                }
+                let m = std::fs::metadata(&f).unwrap().mode() & 0o7777;
+                assert_eq!(std::fs::read(&f).unwrap(), data, "{way}: the new content");
+                assert_eq!(
+                    format!("{m:o}"),
+                    format!("{:o}", mode & 0o777),
+                    "{way} {mode:o}: a confined write leaves no set-id bit (agent policy), \
+                     the permission bits stay"
+                );
+            }
+        }
+        // Control: without an intent the existing mode is kept, bits
+        // included (the check sees them).
+        reset(0o4755);
+        let mut p = write_params(&f, data, true, &intent);
+        p.sandbox = None;
+        e.c.call(&p).await.unwrap();
+        assert_eq!(
+            format!("{:o}", std::fs::metadata(&f).unwrap().mode() & 0o7777),
+            "4755",
+            "control: unconfined, the existing mode is kept"
+        );
+        reset(0o755);
+    }
+);
+
+// The kernel's interfaces through the agent's own writes (review of the
+// root `/`): under a write root `/`, `fs/writeFile` in place
+// (`atomic: false`) opened and wrote a sysfs file as the agent itself,
+// with every capability of a root agent (here the host's
+// transparent_hugepage setting, given its current value back). Jobs under
+// the same intent see /sys read-only; the agent's fs confinement now
+// carves /sys out of a write root that holds it (agent policy:
+// sandbox_denied), as it does /proc and /dev for every access. Variant:
+// `fs/openWrite` there. Controls: /sys is still read under the intent, the
+// same in-place write lands in the workspace.
+both!(
+    a_write_root_slash_does_not_reach_sysfs_through_the_agent,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        if e.uid != current_uid() {
+            chown_r(&e.base, e.uid);
+        }
+        let knob = Path::new("/sys/kernel/mm/transparent_hugepage/enabled");
+        let Ok(now) = std::fs::read_to_string(knob) else {
+            prerequisite_missing(&knob.display().to_string());
+            return;
+        };
+        let value = now
+            .split('[')
+            .nth(1)
+            .and_then(|s| s.split(']').next())
+            .unwrap_or("madvise")
+            .to_string();
+        let mut slash = e.ws_write();
+        slash.filesystem.write = vec!["/".into()];
+        let err = remote(
+            e.c.call(&write_params(knob, value.as_bytes(), false, &slash))
+                .await
+                .expect_err("a sysfs write through the agent"),
+        );
+        assert_eq!(
+            err.code,
+            ErrorCode::SandboxDenied,
+            "fs/writeFile in place into /sys under write / (agent policy): {err:?}"
+        );
+        let err = remote(
+            e.c.call(&OpenWriteParams {
+                path: wp(Path::new("/sys/kernel/executor-made")),
+                mode: None,
+                create_parents: false,
+                mtime_ns: None,
+                atime_ns: None,
+                sandbox: Some(slash.clone()),
+                cwd: None,
+            })
+            .await
+            .expect_err("fs/openWrite in /sys"),
+        );
+        assert_eq!(err.code, ErrorCode::SandboxDenied, "{err:?}");
+        // Controls.
+        let r: ReadFileResult =
+            e.c.call(&ReadFileParams {
+                path: wp(knob),
+                offset: None,
+                length: None,
+                sandbox: Some(slash.clone()),
+                cwd: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&r.data), now);
+        let f = e.ws.join("in-place");
+        e.c.call(&write_params(&f, b"x", false, &slash))
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"x");
+    }
+);
+
+// The jobs' private directory through the agent's own requests (review of
+// the cwd under /tmp): jobs never see /tmp/executor-jobs-<uid> (other
+// jobs' :tmp, the placeholder records and locks), but the agent's fs
+// requests under an intent with a write root `/tmp` (or `/`) wrote and
+// listed there. Now it is a carve-out of every confined fs request (agent
+// policy: sandbox_denied), as for jobs. Variants: a listing, a read, and
+// the write root `/`. Control: the same write in the workspace succeeds.
+both!(
+    confined_fs_requests_never_reach_the_jobs_directory,
+    |e: Env| async move {
+        use executor_protocol::types::fs::*;
+        if e.uid != current_uid() {
+            chown_r(&e.base, e.uid);
+        }
+        let jobs = PathBuf::from(format!("/tmp/executor-jobs-{}", e.uid));
+        if !jobs.is_dir() {
+            prerequisite_missing(&format!("{} (made by the agent)", jobs.display()));
+            return;
+        }
+        let planted = jobs.join("planted-by-a-request");
+        for root in ["/tmp", "/"] {
+            let mut i = e.ws_write();
+            i.filesystem.write = vec![root.into()];
+            let err = remote(
+                e.c.call(&write_params(&planted, b"x", true, &i))
+                    .await
+                    .expect_err("a write in the jobs' directory"),
+            );
+            assert_eq!(
+                err.code,
+                ErrorCode::SandboxDenied,
+                "write root {root}: a write in the jobs' directory (agent policy): {err:?}"
+            );
+            let mut walk = executor_client::fs::walk_params(wp(&jobs));
+            walk.sandbox = Some(i.clone());
+            let err = remote(e.c.walk_page(&walk).await.expect_err("a listing"));
+            assert_eq!(err.code, ErrorCode::SandboxDenied, "{root}: {err:?}");
+            let err = remote(
+                e.c.call(&ReadFileParams {
+                    path: wp(&jobs.join("placeholders.lock")),
+                    offset: None,
+                    length: None,
+                    sandbox: Some(i.clone()),
+                    cwd: None,
+                })
+                .await
+                .expect_err("a read"),
+            );
+            assert_eq!(err.code, ErrorCode::SandboxDenied, "{root}: {err:?}");
+            // Control.
+            e.c.call(&write_params(&e.ws.join("beside-jobs"), b"x", true, &i))
+                .await
+                .unwrap();
+        }
+        assert!(!planted.exists(), "planted in the jobs' directory");
     }
 );

@@ -189,11 +189,27 @@ impl Confinement {
         let held_read = Held::new(policy.deny_read.clone());
         let mut deny_read = policy.deny_read;
         deny_read.extend([PathBuf::from("/proc"), PathBuf::from("/dev")]);
+        // Nor the jobs' private directory (other jobs' :tmp, placeholder
+        // records and locks), which no job sees either.
+        let jobs = executor_sandbox::plan::jobs_parent();
+        deny_read.push(std::fs::canonicalize(&jobs).unwrap_or(jobs));
         // A carve-out named through a symlink keeps its name: the link
         // itself is protected too.
         let mut deny_write = policy.deny_write;
         deny_write.extend(policy.carve_out_links.into_iter().map(|l| l.path));
         let held_write = Held::new(deny_write.clone());
+        // The kernel's interfaces (sysfs and the cgroup, tracing, BPF and
+        // firmware trees mounted in it) are not files a root above them
+        // grants: read, never written through the agent, which may hold
+        // every capability (a job under the same intent sees them
+        // read-only). A write root at or below /sys names them itself.
+        let sys = Path::new("/sys");
+        if write
+            .iter()
+            .any(|r| sys.starts_with(r) && r.as_path() != sys)
+        {
+            deny_write.push(sys.to_path_buf());
+        }
         Ok(Some(Confinement {
             read,
             write,

@@ -125,10 +125,13 @@ pub fn check_mode(mode: Option<u32>) -> Result<(), WireError> {
     }
 }
 
+/// The setuid and setgid bits of a mode.
+const SET_ID: u32 = 0o6000;
+
 /// Under a sandbox, no setuid or setgid file is made.
 pub fn check_confined_mode(mode: Option<u32>, r: &confine::Resolved) -> Result<(), WireError> {
     match mode {
-        Some(m) if r.confined && m & 0o6000 != 0 => Err(WireError::invalid_params(
+        Some(m) if r.confined && m & SET_ID != 0 => Err(WireError::invalid_params(
             "mode",
             format!("mode {m:o} sets setuid or setgid, which a sandboxed request may not"),
         )),
@@ -380,6 +383,7 @@ pub fn create_temp(target: confine::Resolved) -> Result<TempFile, WireError> {
         tmp,
         name,
         target: target.path,
+        confined: target.confined,
     })
 }
 
@@ -391,11 +395,14 @@ impl TempFile {
         let target = &self.target;
         let r = (|| {
             // The mode a new version gets: `mode` if given, else the
-            // existing file's permission bits, else 0666 less the umask.
+            // existing file's permission bits (under a sandbox without
+            // setuid and setgid, as the kernel clears them on a write by
+            // a process without CAP_FSETID), else 0666 less the umask.
+            let kept = if self.confined { !SET_ID } else { 0o7777 };
             let mode = mode.or_else(|| {
                 stat_at(&self.dir, &self.name)
                     .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
-                    .map(|st| st.st_mode & 0o7777)
+                    .map(|st| st.st_mode & 0o7777 & kept)
             });
             if let Some(mode) = mode {
                 // Exactly this mode: fchmod is not subject to the umask.
@@ -518,7 +525,22 @@ pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, W
                 }
             }
             let mut f = std::fs::File::from(fd);
+            let confined = path.confined;
             let path = path.path;
+            // Under a sandbox, a file written in place keeps no setuid or
+            // setgid bit (this agent may hold CAP_FSETID, which keeps them
+            // through its write): dropped before the first byte.
+            if confined && p.mode.is_none() {
+                let m = f
+                    .metadata()
+                    .map_err(|e| io_error(&e, &path, "cannot stat"))?
+                    .permissions()
+                    .mode();
+                if m & SET_ID != 0 {
+                    f.set_permissions(std::fs::Permissions::from_mode(m & 0o7777 & !SET_ID))
+                        .map_err(|e| io_error(&e, &path, "cannot set the mode of"))?;
+                }
+            }
             if let Some(mode) = p.mode {
                 f.set_permissions(std::fs::Permissions::from_mode(mode))
                     .map_err(|e| io_error(&e, &path, "cannot set the mode of"))?;

@@ -24,6 +24,9 @@ pub struct TempFile {
     pub name: std::ffi::OsString,
     /// For messages.
     pub target: PathBuf,
+    /// Made under a sandbox intent: a mode taken from the file it replaces
+    /// keeps no setuid or setgid bit.
+    pub confined: bool,
 }
 
 impl TempFile {
