@@ -271,10 +271,25 @@ tokio::task_local! {
 #[derive(Debug, Clone, Default)]
 pub struct Notes(Arc<Mutex<Noted>>);
 
-#[derive(Debug, Default)]
+/// Where what is noted after a request's line was written goes (a job
+/// whose start outlived its cancelled request): a line of its own.
+pub type Late = Arc<dyn Fn(Map<String, Json>) + Send + Sync>;
+
+#[derive(Default)]
 struct Noted {
     fields: Map<String, Json>,
     decoded: bool,
+    late: Option<Late>,
+}
+
+impl std::fmt::Debug for Noted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Noted")
+            .field("fields", &self.fields)
+            .field("decoded", &self.decoded)
+            .field("closed", &self.late.is_some())
+            .finish()
+    }
 }
 
 impl Notes {
@@ -288,9 +303,17 @@ impl Notes {
         }
     }
 
-    /// The fields noted, and whether the params were decoded.
-    pub fn take(&self) -> (Map<String, Json>, bool) {
+    /// The current request's record, to carry into a task of its own
+    /// (work that must finish whatever becomes of the request).
+    pub fn current() -> Option<Notes> {
+        NOTES.try_with(Notes::clone).ok()
+    }
+
+    /// The fields noted, and whether the params were decoded; what is
+    /// noted later (by work that outlived the request) goes to `late`.
+    pub fn take(&self, late: Late) -> (Map<String, Json>, bool) {
         let mut n = self.0.lock().expect("audit notes lock");
+        n.late = Some(late);
         (std::mem::take(&mut n.fields), n.decoded)
     }
 }
@@ -324,11 +347,20 @@ pub fn note_degraded(what: &[String]) {
     });
 }
 
-/// A job the current request spawned.
+/// A job the current request spawned (after the request's line was
+/// written, when its answer was `cancelled` meanwhile: a line of its own).
 pub fn note_spawned(pid: u32, process_id: &str) {
     with_notes(|n| {
-        n.fields.insert("pid".into(), json!(pid));
-        n.fields.insert("process_id".into(), json!(process_id));
+        let mut fields = Map::new();
+        fields.insert("pid".into(), json!(pid));
+        fields.insert("process_id".into(), json!(process_id));
+        match &n.late {
+            Some(late) => {
+                fields.insert("after_answer".into(), json!(true));
+                late(fields)
+            }
+            None => n.fields.extend(fields),
+        }
     });
 }
 

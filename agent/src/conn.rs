@@ -401,11 +401,27 @@ impl RequestAudit {
     }
 
     /// Record the request's outcome (`None`: it succeeded).
-    fn audit_event(self, session: &Session, outcome: Option<ErrorCode>) {
+    fn audit_event(self, session: &Arc<Session>, outcome: Option<ErrorCode>) {
         if !session.audit().enabled() {
             return;
         }
-        let (mut details, decoded) = self.notes.take();
+        // Work that outlives its answer (a job registered after the
+        // request was cancelled) writes a line of its own.
+        let late: audit::Late = {
+            let (session, method, id) = (session.clone(), self.method.clone(), self.id);
+            let started = self.started;
+            Arc::new(move |details| {
+                session.audit().record(Event {
+                    session_id: session.id(),
+                    method: &method,
+                    id: Some(id),
+                    details,
+                    outcome,
+                    elapsed: started.elapsed(),
+                })
+            })
+        };
+        let (mut details, decoded) = self.notes.take(late);
         // A method taking an intent says whether one was enforced: the
         // agent's decision, `false` unless a handler noted a policy.
         let takes_intent = methods::facts(&self.method).is_some_and(|f| f.intent.is_some());

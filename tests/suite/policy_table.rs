@@ -906,3 +906,157 @@ both!(
         a.close_and_wait().await;
     }
 );
+
+/// The pids of live processes whose command line holds `marker`.
+fn marked(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmd).contains(marker) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+// Review of issue 29.5 (a request that fails mid-way after spawning): a
+// `$/cancel` that lands while `process/start` waits for its job's first
+// status dropped the start after the program ran. The job kept running,
+// listed nowhere (`process/list`), unreachable by `process/signal`, its
+// `max_processes` slot given back, and its audit line said `cancelled`
+// with no pid. Variant: `exec_command` (the same start under another
+// name). Layer: the agent's process table and audit log.
+both!(
+    a_cancelled_start_leaves_no_job_running_unlisted,
+    |unprivileged: bool| async move {
+        let uid = if unprivileged && current_uid() == 0 {
+            65534
+        } else {
+            current_uid()
+        };
+        let (base, _ws) = tree("cancel-start", uid);
+        let log = base.join("audit.jsonl");
+        let config = write_config(
+            &base,
+            &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
+        );
+        let (mut a, _) = agent(unprivileged, &config, None).await;
+        let tag = format!("cancel-mark-{}-{unprivileged}", std::process::id());
+        let mut cancelled = Vec::new();
+        for n in 0..120u64 {
+            let id = 1000 + n;
+            let marker = format!("{tag}-{n}");
+            let (method, params) = if n % 2 == 0 {
+                (
+                    m::PROCESS_START,
+                    map(&[
+                        (
+                            "argv",
+                            Value::Array(vec![
+                                "/bin/sh".into(),
+                                "-c".into(),
+                                "sleep 300; :".into(),
+                                marker.as_str().into(),
+                            ]),
+                        ),
+                        ("cwd", "/".into()),
+                        ("env", env_map()),
+                    ]),
+                )
+            } else {
+                (
+                    m::EXEC_COMMAND,
+                    map(&[
+                        (
+                            "command",
+                            Value::Array(vec![
+                                "/bin/sh".into(),
+                                "-c".into(),
+                                "sleep 300; :".into(),
+                                marker.as_str().into(),
+                            ]),
+                        ),
+                        ("cwd", "/".into()),
+                        ("env", env_map()),
+                        ("yield_time_ms", 10.into()),
+                    ]),
+                )
+            };
+            a.send_request(id, method, &params).await;
+            tokio::time::sleep(Duration::from_micros(250 * (n / 2) % 20_000)).await;
+            let mut b = Vec::new();
+            executor_protocol::message::encode_notification(
+                &mut b,
+                m::CANCEL,
+                &map(&[("id", id.into())]),
+                1 << 20,
+            )
+            .unwrap();
+            a.send_raw(&b).await;
+            let r = a.response(id).await;
+            if error_code(&r) == Some("cancelled") {
+                cancelled.push((n, marker));
+            }
+        }
+        let list = a.request(9, m::PROCESS_LIST, &map(&[])).await;
+        let listed = format!("{list:?}");
+        let lines = audit_lines(&log);
+        // Each cancelled start whose job runs: listed, and audited with
+        // its pid (a late line of its own when it registered after the
+        // answer).
+        let (mut running, mut orphans, mut unaudited) = (0, Vec::new(), Vec::new());
+        for (n, marker) in &cancelled {
+            let pids = marked(&format!("{marker}\0"));
+            if pids.is_empty() {
+                continue;
+            }
+            running += 1;
+            if !listed.contains(&format!("\"{marker}\"")) {
+                orphans.push((*n, pids.clone()));
+            }
+            let logged = lines
+                .get(&(1000 + n))
+                .and_then(|l| l["pid"].as_u64())
+                .is_some_and(|p| pids.contains(&(p as u32)));
+            if !logged {
+                unaudited.push(*n);
+            }
+        }
+        for (_, pids) in &orphans {
+            for p in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        a.close_and_wait().await;
+        eprintln!(
+            "{} of 120 answered cancelled, {running} of them running",
+            cancelled.len()
+        );
+        assert!(
+            orphans.is_empty(),
+            "agent process table: {} cancelled starts left their job running, unlisted: \
+             {orphans:?}",
+            orphans.len()
+        );
+        assert!(
+            unaudited.is_empty(),
+            "agent audit log: cancelled starts whose job runs have no line with its pid: \
+             {unaudited:?}"
+        );
+        // The race was run: some cancelled starts did start their job.
+        assert!(running > 0, "no cancelled start had started its job");
+    }
+);
