@@ -1008,29 +1008,31 @@ both!(
                 cancelled.push((n, marker));
             }
         }
-        let list = a.request(9, m::PROCESS_LIST, &map(&[])).await;
-        let listed = format!("{list:?}");
-        let lines = audit_lines(&log);
-        // Each cancelled start whose job runs: listed, and audited with
-        // its pid (a late line of its own when it registered after the
-        // answer).
-        let (mut running, mut orphans, mut unaudited) = (0, Vec::new(), Vec::new());
-        for (n, marker) in &cancelled {
-            let pids = marked(&format!("{marker}\0"));
-            if pids.is_empty() {
-                continue;
+        // Each cancelled start whose job runs: listed (a start still under
+        // way when its request was cancelled is given a moment to end),
+        // and audited with its pid (a late line of its own when it
+        // registered after the answer).
+        let mut running: Vec<(u64, Vec<u32>)> = Vec::new();
+        let mut orphans: Vec<(u64, Vec<u32>)> = Vec::new();
+        for attempt in 0..50 {
+            let list = a.request(9_000 + attempt, m::PROCESS_LIST, &map(&[])).await;
+            let listed = format!("{list:?}");
+            running.clear();
+            orphans.clear();
+            for (n, marker) in &cancelled {
+                let pids = marked(&format!("{marker}\0"));
+                if pids.is_empty() {
+                    continue;
+                }
+                if !listed.contains(&format!("\"{marker}\"")) {
+                    orphans.push((*n, pids.clone()));
+                }
+                running.push((*n, pids));
             }
-            running += 1;
-            if !listed.contains(&format!("\"{marker}\"")) {
-                orphans.push((*n, pids.clone()));
+            if orphans.is_empty() {
+                break;
             }
-            let logged = lines
-                .get(&(1000 + n))
-                .and_then(|l| l["pid"].as_u64())
-                .is_some_and(|p| pids.contains(&(p as u32)));
-            if !logged {
-                unaudited.push(*n);
-            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         for (_, pids) in &orphans {
             for p in pids {
@@ -1041,9 +1043,21 @@ both!(
             }
         }
         a.close_and_wait().await;
+        let lines = audit_lines(&log);
+        let unaudited: Vec<u64> = running
+            .iter()
+            .filter(|(n, pids)| {
+                !lines
+                    .get(&(1000 + n))
+                    .and_then(|l| l["pid"].as_u64())
+                    .is_some_and(|p| pids.contains(&(p as u32)))
+            })
+            .map(|(n, _)| *n)
+            .collect();
         eprintln!(
-            "{} of 120 answered cancelled, {running} of them running",
-            cancelled.len()
+            "{} of 120 answered cancelled, {} of them running",
+            cancelled.len(),
+            running.len()
         );
         assert!(
             orphans.is_empty(),
@@ -1057,6 +1071,9 @@ both!(
              {unaudited:?}"
         );
         // The race was run: some cancelled starts did start their job.
-        assert!(running > 0, "no cancelled start had started its job");
+        assert!(
+            !running.is_empty(),
+            "no cancelled start had started its job"
+        );
     }
 );
