@@ -56,6 +56,10 @@ pub struct Facts {
     /// Answered before `initialize` (every other request is
     /// `not_initialized` until then).
     pub before_initialize: bool,
+    /// The methods this one does the work of under another name
+    /// (`exec_command` starts a job as `process/start` does): a profile
+    /// rule denying one of them denies this one too.
+    pub aliases: &'static [&'static str],
 }
 
 impl Facts {
@@ -69,6 +73,14 @@ impl Facts {
     pub const fn with_intent(self, field: &'static str) -> Facts {
         Facts {
             intent: Some(field),
+            ..self
+        }
+    }
+
+    /// The same facts, doing the work of `methods` under another name.
+    pub const fn alias_of(self, methods: &'static [&'static str]) -> Facts {
+        Facts {
+            aliases: methods,
             ..self
         }
     }
@@ -94,6 +106,9 @@ impl Facts {
         if let Some(field) = self.intent {
             words.push(format!("intent={field}"));
         }
+        for m in self.aliases {
+            words.push(format!("alias-of={m}"));
+        }
         words.join(",")
     }
 }
@@ -106,6 +121,7 @@ const READS: Facts = Facts {
     network: false,
     intent: None,
     before_initialize: false,
+    aliases: &[],
 };
 /// Changes the host.
 const WRITES: Facts = Facts {
@@ -215,8 +231,8 @@ method_table! {
     PROCESS_SIGNAL = "process/signal", process::ProcessSignalParams => Empty, WRITES;
     PROCESS_RESIZE = "process/resize", process::ProcessResizeParams => Empty, WRITES;
     PROCESS_LIST = "process/list", process::ProcessListParams => process::ProcessListResult, READS;
-    EXEC_COMMAND = "exec_command", exec::ExecCommandParams => exec::ExecResult, SPAWNS.with_intent("sandbox_permissions");
-    WRITE_STDIN = "write_stdin", exec::WriteStdinParams => exec::ExecResult, WRITES;
+    EXEC_COMMAND = "exec_command", exec::ExecCommandParams => exec::ExecResult, SPAWNS.with_intent("sandbox_permissions").alias_of(&[PROCESS_START]);
+    WRITE_STDIN = "write_stdin", exec::WriteStdinParams => exec::ExecResult, WRITES.alias_of(&[PROCESS_WRITE]);
     FS_STAT = "fs/stat", fs::StatParams => fs::StatResult, READS.with_intent("sandbox");
     FS_CANONICALIZE = "fs/canonicalize", fs::CanonicalizeParams => fs::PathResult, READS.with_intent("sandbox");
     FS_READ_FILE = "fs/readFile", fs::ReadFileParams => fs::ReadFileResult, READS.with_intent("sandbox");
