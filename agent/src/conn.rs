@@ -630,12 +630,21 @@ async fn run_request(r: Request, permit: OwnedSemaphorePermit, token: Cancellati
     let noting = session.audit().enabled();
     let work = AssertUnwindSafe(notes.scope(noting, dispatch::dispatch(&session, &method, params)))
         .catch_unwind();
-    let outcome = tokio::select! {
-        r = work => r.unwrap_or_else(|panic| Err(panicked(&method, panic))),
-        _ = token.cancelled() => Err(WireError::new(
-            ErrorCode::Cancelled,
-            format!("request {id} ({method}) was cancelled"),
-        )),
+    // Work that nothing can stop once begun (a filesystem change on a
+    // blocking thread) is answered with what it did, never `cancelled`
+    // while it goes on.
+    let runs_to_end = methods::facts(&method).is_some_and(|f| f.runs_to_end);
+    let outcome = if runs_to_end {
+        work.await
+            .unwrap_or_else(|panic| Err(panicked(&method, panic)))
+    } else {
+        tokio::select! {
+            r = work => r.unwrap_or_else(|panic| Err(panicked(&method, panic))),
+            _ = token.cancelled() => Err(WireError::new(
+                ErrorCode::Cancelled,
+                format!("request {id} ({method}) was cancelled"),
+            )),
+        }
     };
     let mut frame = reply_frame(id, outcome, max);
     in_flight.lock().expect("in-flight lock").tokens.remove(&id);

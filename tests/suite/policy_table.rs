@@ -1077,3 +1077,78 @@ both!(
         );
     }
 );
+
+// Review of issue 29.5: a `$/cancel` landing while a request that
+// changes the host runs answered `cancelled` ("its work is dropped") and
+// audited it so, while the work (run on a blocking thread that cannot be
+// stopped) went on: the file was written anyway. Variants: fs/remove and
+// fs/createDirectory. Layer: the agent's connection (answers) and audit.
+both!(
+    a_cancelled_write_is_answered_with_what_it_did,
+    |unprivileged: bool| async move {
+        let uid = if unprivileged && current_uid() == 0 {
+            65534
+        } else {
+            current_uid()
+        };
+        let (base, ws) = tree("cancel-write", uid);
+        let log = base.join("audit.jsonl");
+        let config = write_config(
+            &base,
+            &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
+        );
+        let (mut a, _) = agent(unprivileged, &config, None).await;
+        let data = Value::Binary(vec![b'x'; 4 << 20]);
+        let mut lies = Vec::new();
+        let mut answered_cancelled = 0;
+        for n in 0..90u64 {
+            let id = 2000 + n;
+            let target = ws.join(format!("w{n}"));
+            if n % 3 == 1 {
+                std::fs::write(&target, "to remove").unwrap();
+                chown_r(&target, uid);
+            }
+            let (method, params) = match n % 3 {
+                0 => (
+                    m::FS_WRITE_FILE,
+                    map(&[("path", s(&target)), ("data", data.clone())]),
+                ),
+                1 => (m::FS_REMOVE, map(&[("path", s(&target))])),
+                _ => (m::FS_CREATE_DIRECTORY, map(&[("path", s(&target))])),
+            };
+            a.send_request(id, method, &params).await;
+            tokio::time::sleep(Duration::from_micros(100 * (n / 3))).await;
+            let mut b = Vec::new();
+            executor_protocol::message::encode_notification(
+                &mut b,
+                m::CANCEL,
+                &map(&[("id", id.into())]),
+                1 << 20,
+            )
+            .unwrap();
+            a.send_raw(&b).await;
+            let r = a.response(id).await;
+            // Let any blocking work end before looking.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let changed = match n % 3 {
+                1 => !target.exists(),
+                _ => target.exists(),
+            };
+            if error_code(&r) == Some("cancelled") {
+                answered_cancelled += 1;
+                if changed {
+                    lies.push((n, method));
+                }
+            }
+        }
+        a.close_and_wait().await;
+        eprintln!(
+            "{answered_cancelled} of 90 answered cancelled, {} of them done",
+            lies.len()
+        );
+        assert!(
+            lies.is_empty(),
+            "agent connection: requests answered `cancelled` whose change was made: {lies:?}"
+        );
+    }
+);
