@@ -118,31 +118,36 @@ impl Audit {
         if !self.enabled() {
             return;
         }
-        let mut line = event.details;
-        // The agent's own fields last: nothing above can shadow them.
-        for (k, v) in &self.origin {
-            line.insert(k.clone(), v.clone());
-        }
+        // The agent's own fields: nothing a request says can shadow them,
+        // and they come first in the line (a sink that cuts a long line
+        // keeps them).
+        let mut own = self.origin.clone();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        line.insert("ts_ms".into(), json!(now.as_millis() as u64));
+        own.insert("ts_ms".into(), json!(now.as_millis() as u64));
         if let Some(s) = event.session_id {
-            line.insert("session_id".into(), json!(s));
+            own.insert("session_id".into(), json!(s));
         }
-        line.insert("method".into(), json!(event.method));
+        own.insert("method".into(), json!(event.method));
         if let Some(id) = event.id {
-            line.insert("id".into(), json!(id));
+            own.insert("id".into(), json!(id));
         }
-        line.insert(
+        own.insert(
             "outcome".into(),
             json!(event.outcome.map_or("ok", |c| c.as_str())),
         );
-        line.insert(
+        own.insert(
             "duration_us".into(),
             json!(event.elapsed.as_micros() as u64),
         );
-        let text = Json::Object(line).to_string();
+        let mut details = event.details;
+        details.retain(|k, _| !own.contains_key(k) && k != "truncated");
+        let truncated = bound_details(&mut details);
+        if !truncated.is_empty() {
+            own.insert("truncated".into(), Json::Object(truncated));
+        }
+        let text = line_text(&own, &details);
         if let Some(f) = &self.file {
             let mut f = f.lock().expect("audit file lock");
             if let Err(e) = f.write_all(format!("{text}\n").as_bytes()) {
@@ -156,6 +161,88 @@ impl Audit {
             }
         }
     }
+}
+
+/// The most bytes of one string a request supplied (an argv element, a
+/// path) that a line keeps.
+const FIELD_MAX: usize = 512;
+/// The most bytes of strings one detail (all of an argv, all of
+/// `request`) keeps.
+const DETAIL_MAX: usize = 1024;
+
+/// Cut every detail to [`FIELD_MAX`]/[`DETAIL_MAX`] so that a line stays
+/// small enough for every sink (a syslog datagram over the socket's
+/// buffer is refused whole, and daemons cut long messages): what was cut
+/// is named in the result with its full size and SHA-256, so the line
+/// still binds what the agent did.
+fn bound_details(details: &mut Map<String, Json>) -> Map<String, Json> {
+    let mut truncated = Map::new();
+    for (key, value) in details.iter_mut() {
+        let whole = value.to_string();
+        let mut budget = DETAIL_MAX;
+        if bound(value, &mut budget) {
+            let digest = ring::digest::digest(&ring::digest::SHA256, whole.as_bytes());
+            let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+            truncated.insert(key.clone(), json!({"bytes": whole.len(), "sha256": hex}));
+        }
+    }
+    truncated
+}
+
+/// Cut `v`'s strings to [`FIELD_MAX`] and to what is left of `budget`,
+/// an array's items past the budget dropped; whether anything was cut.
+fn bound(v: &mut Json, budget: &mut usize) -> bool {
+    match v {
+        Json::String(s) => {
+            let keep = FIELD_MAX.min(*budget);
+            if s.len() <= keep {
+                *budget -= s.len();
+                return false;
+            }
+            let mut cut = keep;
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            s.truncate(cut);
+            s.push('\u{2026}');
+            *budget -= cut;
+            true
+        }
+        Json::Array(items) => {
+            let mut cut = false;
+            let mut kept = 0;
+            for item in items.iter_mut() {
+                if *budget == 0 {
+                    break;
+                }
+                cut |= bound(item, budget);
+                kept += 1;
+            }
+            cut |= kept < items.len();
+            items.truncate(kept);
+            cut
+        }
+        Json::Object(m) => {
+            let mut cut = false;
+            for item in m.values_mut() {
+                cut |= bound(item, budget);
+            }
+            cut
+        }
+        _ => false,
+    }
+}
+
+/// One JSON object: `own`'s fields, then `details`' (no key is in both).
+fn line_text(own: &Map<String, Json>, details: &Map<String, Json>) -> String {
+    let mut text = Json::Object(own.clone()).to_string();
+    if !details.is_empty() {
+        let rest = Json::Object(details.clone()).to_string();
+        text.pop(); // `}`
+        text.push(',');
+        text.push_str(&rest[1..]);
+    }
+    text
 }
 
 /// One request, as the audit log sees it.
@@ -184,10 +271,25 @@ tokio::task_local! {
 #[derive(Debug, Clone, Default)]
 pub struct Notes(Arc<Mutex<Noted>>);
 
-#[derive(Debug, Default)]
+/// Where what is noted after a request's line was written goes (a job
+/// whose start outlived its cancelled request): a line of its own.
+pub type Late = Arc<dyn Fn(Map<String, Json>) + Send + Sync>;
+
+#[derive(Default)]
 struct Noted {
     fields: Map<String, Json>,
     decoded: bool,
+    late: Option<Late>,
+}
+
+impl std::fmt::Debug for Noted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Noted")
+            .field("fields", &self.fields)
+            .field("decoded", &self.decoded)
+            .field("closed", &self.late.is_some())
+            .finish()
+    }
 }
 
 impl Notes {
@@ -201,9 +303,17 @@ impl Notes {
         }
     }
 
-    /// The fields noted, and whether the params were decoded.
-    pub fn take(&self) -> (Map<String, Json>, bool) {
+    /// The current request's record, to carry into a task of its own
+    /// (work that must finish whatever becomes of the request).
+    pub fn current() -> Option<Notes> {
+        NOTES.try_with(Notes::clone).ok()
+    }
+
+    /// The fields noted, and whether the params were decoded; what is
+    /// noted later (by work that outlived the request) goes to `late`.
+    pub fn take(&self, late: Late) -> (Map<String, Json>, bool) {
         let mut n = self.0.lock().expect("audit notes lock");
+        n.late = Some(late);
         (std::mem::take(&mut n.fields), n.decoded)
     }
 }
@@ -237,11 +347,20 @@ pub fn note_degraded(what: &[String]) {
     });
 }
 
-/// A job the current request spawned.
+/// A job the current request spawned (after the request's line was
+/// written, when its answer was `cancelled` meanwhile: a line of its own).
 pub fn note_spawned(pid: u32, process_id: &str) {
     with_notes(|n| {
-        n.fields.insert("pid".into(), json!(pid));
-        n.fields.insert("process_id".into(), json!(process_id));
+        let mut fields = Map::new();
+        fields.insert("pid".into(), json!(pid));
+        fields.insert("process_id".into(), json!(process_id));
+        match &n.late {
+            Some(late) => {
+                fields.insert("after_answer".into(), json!(true));
+                late(fields)
+            }
+            None => n.fields.extend(fields),
+        }
     });
 }
 
@@ -472,5 +591,65 @@ mod tests {
         for secret in ["pw", "token", "abc", "Bearer", "xyz", "payload"] {
             assert!(!d.contains(secret), "{secret} in {d}");
         }
+    }
+
+    /// Review of issue 29.5: a request-supplied value of any size went
+    /// into the line whole. Over a syslog socket's buffer (argv of 3 x
+    /// 100 KB, which execve accepts) the datagram was refused and the
+    /// event lost: the job ran unaudited; a daemon that cuts long lines
+    /// kept the argv (sorted first) and dropped method, session and
+    /// `sandboxed`. Variant: a huge path under `request` (refused before
+    /// decoding). Now each line is bounded, the agent's fields come
+    /// first, and what was cut is named with its size and SHA-256.
+    #[test]
+    fn a_huge_request_value_neither_loses_nor_hides_the_event() {
+        let (ours, theirs) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let audit = Audit {
+            file: None,
+            syslog: Some(ours),
+            origin: Map::new(),
+        };
+        let arg = "x".repeat(100_000);
+        let argv = json!(["sh", "-c", arg, arg, arg]);
+        let whole = argv.to_string();
+        let request = json!({"path": "p".repeat(300_000)});
+        for (key, value) in [("argv", argv), ("request", request)] {
+            let mut details = Map::new();
+            details.insert(key.into(), value.clone());
+            details.insert("sandboxed".into(), json!(false));
+            audit.record(Event {
+                session_id: Some("s1"),
+                method: "process/start",
+                id: Some(7),
+                details,
+                outcome: None,
+                elapsed: Duration::ZERO,
+            });
+            let mut buf = vec![0u8; 1 << 20];
+            let n = theirs
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("{key}: the audit event never reached syslog: {e}"));
+            assert!(
+                n <= 8192,
+                "{key}: a {n}-byte syslog line (daemons cut at 8 KiB)"
+            );
+            let text = std::str::from_utf8(&buf[..n]).unwrap();
+            let json_at = text.find('{').unwrap();
+            let line: Json = serde_json::from_str(&text[json_at..]).unwrap();
+            assert_eq!(line["method"], "process/start", "{text}");
+            assert_eq!(line["session_id"], "s1", "{text}");
+            assert_eq!(line["sandboxed"], false, "{text}");
+            let cut = &line["truncated"][key];
+            assert_eq!(cut["bytes"], value.to_string().len(), "{text}");
+            assert_eq!(cut["sha256"].as_str().map(str::len), Some(64), "{text}");
+            // The agent's fields before any request-derived one.
+            assert!(
+                text.find("\"method\"").unwrap() < text.find(&format!("\"{key}\"")).unwrap(),
+                "{text}"
+            );
+        }
+        let digest = ring::digest::digest(&ring::digest::SHA256, whole.as_bytes());
+        assert_eq!(digest.as_ref().len(), 32);
     }
 }

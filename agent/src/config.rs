@@ -115,7 +115,14 @@ impl Profile {
     /// Whether `method` may be called; the refusal names the rule.
     pub fn check(&self, method: &str) -> Result<(), String> {
         let who = self.name.as_deref().unwrap_or("(default)");
-        if let Some(p) = self.deny.iter().find(|p| pattern_matches(p, method)) {
+        // A deny rule reaches the method's aliases (the table's facts):
+        // denying `process/start` denies `exec_command`, which starts a
+        // job too.
+        let aliases = methods::facts(method).map_or(&[][..], |f| f.aliases);
+        let denied = |p: &String| {
+            pattern_matches(p, method) || aliases.iter().any(|a| pattern_matches(p, a))
+        };
+        if let Some(p) = self.deny.iter().find(|p| denied(p)) {
             return Err(format!(
                 "{method} is refused by profile {who}: methods.deny has {p:?}"
             ));
@@ -999,6 +1006,46 @@ limits.max_open_files = 9
         assert!(c.profile.check(methods::HTTP_REQUEST).is_ok());
         assert!(c.profile.check(methods::FS_READ_FILE).is_ok());
         assert!(c.profile.check(methods::FS_CREATE_SYMLINK).is_err());
+    }
+
+    /// Review of issue 29.1 (aliases): `exec_command` starts a job as
+    /// `process/start` does and `write_stdin` writes to one as
+    /// `process/write` does, but a profile denying `process/*` (or
+    /// `process/start` by name) still let a key start jobs through
+    /// `exec_command`. A deny rule now reaches a method's aliases (the
+    /// table's facts); an allow rule does not widen through them.
+    #[test]
+    fn a_deny_rule_reaches_the_aliases_of_what_it_denies() {
+        let path = Path::new("/c.toml");
+        for deny in ["process/*", "process/start"] {
+            let text = format!("[profiles.p]\nmethods.deny = [{deny:?}]\n");
+            let c = Config::parse(path, &text, Some("p")).unwrap();
+            let e = c.profile.check(methods::EXEC_COMMAND).unwrap_err();
+            assert!(
+                e.contains("exec_command") && e.contains(deny),
+                "{deny}: {e}"
+            );
+            assert!(c.profile.check(methods::PROCESS_LIST).is_ok() || deny == "process/*");
+        }
+        let c = Config::parse(
+            path,
+            "[profiles.p]\nmethods.deny = [\"process/write\"]\n",
+            Some("p"),
+        )
+        .unwrap();
+        assert!(c.profile.check(methods::WRITE_STDIN).is_err());
+        // Control: other denials leave it alone, and allow does not widen.
+        let c =
+            Config::parse(path, "[profiles.p]\nmethods.deny = [\"fs/*\"]\n", Some("p")).unwrap();
+        assert!(c.profile.check(methods::EXEC_COMMAND).is_ok());
+        let c = Config::parse(
+            path,
+            "[profiles.p]\nmethods.allow = [\"process/*\"]\n",
+            Some("p"),
+        )
+        .unwrap();
+        assert!(c.profile.check(methods::PROCESS_START).is_ok());
+        assert!(c.profile.check(methods::EXEC_COMMAND).is_err());
     }
 
     /// Issue 29.4: a profile intent whose roots would come from the

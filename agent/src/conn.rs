@@ -401,11 +401,27 @@ impl RequestAudit {
     }
 
     /// Record the request's outcome (`None`: it succeeded).
-    fn audit_event(self, session: &Session, outcome: Option<ErrorCode>) {
+    fn audit_event(self, session: &Arc<Session>, outcome: Option<ErrorCode>) {
         if !session.audit().enabled() {
             return;
         }
-        let (mut details, decoded) = self.notes.take();
+        // Work that outlives its answer (a job registered after the
+        // request was cancelled) writes a line of its own.
+        let late: audit::Late = {
+            let (session, method, id) = (session.clone(), self.method.clone(), self.id);
+            let started = self.started;
+            Arc::new(move |details| {
+                session.audit().record(Event {
+                    session_id: session.id(),
+                    method: &method,
+                    id: Some(id),
+                    details,
+                    outcome,
+                    elapsed: started.elapsed(),
+                })
+            })
+        };
+        let (mut details, decoded) = self.notes.take(late);
         // A method taking an intent says whether one was enforced: the
         // agent's decision, `false` unless a handler noted a policy.
         let takes_intent = methods::facts(&self.method).is_some_and(|f| f.intent.is_some());
@@ -614,12 +630,21 @@ async fn run_request(r: Request, permit: OwnedSemaphorePermit, token: Cancellati
     let noting = session.audit().enabled();
     let work = AssertUnwindSafe(notes.scope(noting, dispatch::dispatch(&session, &method, params)))
         .catch_unwind();
-    let outcome = tokio::select! {
-        r = work => r.unwrap_or_else(|panic| Err(panicked(&method, panic))),
-        _ = token.cancelled() => Err(WireError::new(
-            ErrorCode::Cancelled,
-            format!("request {id} ({method}) was cancelled"),
-        )),
+    // Work that nothing can stop once begun (a filesystem change on a
+    // blocking thread) is answered with what it did, never `cancelled`
+    // while it goes on.
+    let runs_to_end = methods::facts(&method).is_some_and(|f| f.runs_to_end);
+    let outcome = if runs_to_end {
+        work.await
+            .unwrap_or_else(|panic| Err(panicked(&method, panic)))
+    } else {
+        tokio::select! {
+            r = work => r.unwrap_or_else(|panic| Err(panicked(&method, panic))),
+            _ = token.cancelled() => Err(WireError::new(
+                ErrorCode::Cancelled,
+                format!("request {id} ({method}) was cancelled"),
+            )),
+        }
     };
     let mut frame = reply_frame(id, outcome, max);
     in_flight.lock().expect("in-flight lock").tokens.remove(&id);

@@ -56,6 +56,14 @@ pub struct Facts {
     /// Answered before `initialize` (every other request is
     /// `not_initialized` until then).
     pub before_initialize: bool,
+    /// The methods this one does the work of under another name
+    /// (`exec_command` starts a job as `process/start` does): a profile
+    /// rule denying one of them denies this one too.
+    pub aliases: &'static [&'static str],
+    /// Once begun, its work runs to its end (a filesystem call on a
+    /// blocking thread, which nothing can stop): `$/cancel` does not cut
+    /// its answer short, which says what was done.
+    pub runs_to_end: bool,
 }
 
 impl Facts {
@@ -69,6 +77,14 @@ impl Facts {
     pub const fn with_intent(self, field: &'static str) -> Facts {
         Facts {
             intent: Some(field),
+            ..self
+        }
+    }
+
+    /// The same facts, doing the work of `methods` under another name.
+    pub const fn alias_of(self, methods: &'static [&'static str]) -> Facts {
+        Facts {
+            aliases: methods,
             ..self
         }
     }
@@ -94,6 +110,12 @@ impl Facts {
         if let Some(field) = self.intent {
             words.push(format!("intent={field}"));
         }
+        if self.runs_to_end {
+            words.push("runs-to-end".into());
+        }
+        for m in self.aliases {
+            words.push(format!("alias-of={m}"));
+        }
         words.join(",")
     }
 }
@@ -106,11 +128,18 @@ const READS: Facts = Facts {
     network: false,
     intent: None,
     before_initialize: false,
+    aliases: &[],
+    runs_to_end: false,
 };
 /// Changes the host.
 const WRITES: Facts = Facts {
     changes_host: true,
     ..READS
+};
+/// Changes files on the host, on a blocking thread: runs to its end.
+const FS_WRITES: Facts = Facts {
+    runs_to_end: true,
+    ..WRITES
 };
 /// Starts a process: changes the host (the job may).
 const SPAWNS: Facts = Facts {
@@ -215,20 +244,20 @@ method_table! {
     PROCESS_SIGNAL = "process/signal", process::ProcessSignalParams => Empty, WRITES;
     PROCESS_RESIZE = "process/resize", process::ProcessResizeParams => Empty, WRITES;
     PROCESS_LIST = "process/list", process::ProcessListParams => process::ProcessListResult, READS;
-    EXEC_COMMAND = "exec_command", exec::ExecCommandParams => exec::ExecResult, SPAWNS.with_intent("sandbox_permissions");
-    WRITE_STDIN = "write_stdin", exec::WriteStdinParams => exec::ExecResult, WRITES;
+    EXEC_COMMAND = "exec_command", exec::ExecCommandParams => exec::ExecResult, SPAWNS.with_intent("sandbox_permissions").alias_of(&[PROCESS_START]);
+    WRITE_STDIN = "write_stdin", exec::WriteStdinParams => exec::ExecResult, WRITES.alias_of(&[PROCESS_WRITE]);
     FS_STAT = "fs/stat", fs::StatParams => fs::StatResult, READS.with_intent("sandbox");
     FS_CANONICALIZE = "fs/canonicalize", fs::CanonicalizeParams => fs::PathResult, READS.with_intent("sandbox");
     FS_READ_FILE = "fs/readFile", fs::ReadFileParams => fs::ReadFileResult, READS.with_intent("sandbox");
-    FS_WRITE_FILE = "fs/writeFile", fs::WriteFileParams => Empty, WRITES.with_intent("sandbox");
-    FS_CREATE_DIRECTORY = "fs/createDirectory", fs::CreateDirectoryParams => Empty, WRITES.with_intent("sandbox");
-    FS_REMOVE = "fs/remove", fs::RemoveParams => Empty, WRITES.with_intent("sandbox");
-    FS_RENAME = "fs/rename", fs::RenameParams => Empty, WRITES.with_intent("sandbox");
+    FS_WRITE_FILE = "fs/writeFile", fs::WriteFileParams => Empty, FS_WRITES.with_intent("sandbox");
+    FS_CREATE_DIRECTORY = "fs/createDirectory", fs::CreateDirectoryParams => Empty, FS_WRITES.with_intent("sandbox");
+    FS_REMOVE = "fs/remove", fs::RemoveParams => Empty, FS_WRITES.with_intent("sandbox");
+    FS_RENAME = "fs/rename", fs::RenameParams => Empty, FS_WRITES.with_intent("sandbox");
     FS_WALK = "fs/walk", fs::WalkParams => fs::WalkResult, READS.with_intent("sandbox");
     /// What a symlink holds, the link itself never followed.
     FS_READ_LINK = "fs/readLink", fs::ReadLinkParams => fs::ReadLinkResult, READS.with_intent("sandbox");
     /// A new symlink; an existing entry at `path` is `already_exists`.
-    FS_CREATE_SYMLINK = "fs/createSymlink", fs::CreateSymlinkParams => Empty, WRITES.with_intent("sandbox");
+    FS_CREATE_SYMLINK = "fs/createSymlink", fs::CreateSymlinkParams => Empty, FS_WRITES.with_intent("sandbox");
     FS_OPEN = "fs/open", fs::OpenParams => fs::OpenResult, READS.with_intent("sandbox");
     FS_READ_BLOCK = "fs/readBlock", fs::ReadBlockParams => fs::ReadBlockResult, READS;
     /// One request for a whole file: the agent pushes its blocks
@@ -238,10 +267,10 @@ method_table! {
     FS_READ_CREDIT = "fs/readCredit", fs::ReadCreditParams => Empty, READS;
     /// Ends a read stream early.
     FS_READ_CANCEL = "fs/readCancel", fs::ReadCancelParams => Empty, READS;
-    FS_OPEN_WRITE = "fs/openWrite", fs::OpenWriteParams => fs::HandleResult, WRITES.with_intent("sandbox");
-    FS_WRITE_BLOCK = "fs/writeBlock", fs::WriteBlockParams => Empty, WRITES;
+    FS_OPEN_WRITE = "fs/openWrite", fs::OpenWriteParams => fs::HandleResult, FS_WRITES.with_intent("sandbox");
+    FS_WRITE_BLOCK = "fs/writeBlock", fs::WriteBlockParams => Empty, FS_WRITES;
     /// Finishes a write (fsync, rename into place) and releases its temp file.
-    FS_COMMIT = "fs/commit", fs::CommitParams => fs::CommitResult, WRITES;
+    FS_COMMIT = "fs/commit", fs::CommitParams => fs::CommitResult, FS_WRITES;
     /// Releases a handle: an uncommitted write's temp file is removed. Closing
     /// a committed write handle answers `{}` (clients close in a `finally`;
     /// both orders are safe); a second close of the same handle, or of one
@@ -346,9 +375,15 @@ mod facts_tests {
         );
         assert_eq!(
             facts(FS_CREATE_SYMLINK).unwrap().describe(),
-            "changes-host,intent=sandbox"
+            "changes-host,intent=sandbox,runs-to-end"
         );
         assert_eq!(facts(FS_READ_BLOCK).unwrap().describe(), "read-only");
+        // What runs on a blocking thread and changes the host runs to its
+        // end; a job's input (which may wait on a full pipe) does not.
+        for (m, f) in REQUEST_FACTS {
+            let fs_write = m.starts_with("fs/") && f.changes_host;
+            assert_eq!(f.runs_to_end, fs_write, "{m}");
+        }
     }
 }
 

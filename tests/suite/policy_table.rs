@@ -906,3 +906,249 @@ both!(
         a.close_and_wait().await;
     }
 );
+
+/// The pids of live processes whose command line holds `marker`.
+fn marked(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmd).contains(marker) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+// Review of issue 29.5 (a request that fails mid-way after spawning): a
+// `$/cancel` that lands while `process/start` waits for its job's first
+// status dropped the start after the program ran. The job kept running,
+// listed nowhere (`process/list`), unreachable by `process/signal`, its
+// `max_processes` slot given back, and its audit line said `cancelled`
+// with no pid. Variant: `exec_command` (the same start under another
+// name). Layer: the agent's process table and audit log.
+both!(
+    a_cancelled_start_leaves_no_job_running_unlisted,
+    |unprivileged: bool| async move {
+        let uid = if unprivileged && current_uid() == 0 {
+            65534
+        } else {
+            current_uid()
+        };
+        let (base, _ws) = tree("cancel-start", uid);
+        let log = base.join("audit.jsonl");
+        let config = write_config(
+            &base,
+            &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
+        );
+        let (mut a, _) = agent(unprivileged, &config, None).await;
+        let tag = format!("cancel-mark-{}-{unprivileged}", std::process::id());
+        let mut cancelled = Vec::new();
+        for n in 0..120u64 {
+            let id = 1000 + n;
+            let marker = format!("{tag}-{n}");
+            let (method, params) = if n % 2 == 0 {
+                (
+                    m::PROCESS_START,
+                    map(&[
+                        (
+                            "argv",
+                            Value::Array(vec![
+                                "/bin/sh".into(),
+                                "-c".into(),
+                                "sleep 300; :".into(),
+                                marker.as_str().into(),
+                            ]),
+                        ),
+                        ("cwd", "/".into()),
+                        ("env", env_map()),
+                    ]),
+                )
+            } else {
+                (
+                    m::EXEC_COMMAND,
+                    map(&[
+                        (
+                            "command",
+                            Value::Array(vec![
+                                "/bin/sh".into(),
+                                "-c".into(),
+                                "sleep 300; :".into(),
+                                marker.as_str().into(),
+                            ]),
+                        ),
+                        ("cwd", "/".into()),
+                        ("env", env_map()),
+                        ("yield_time_ms", 10.into()),
+                    ]),
+                )
+            };
+            a.send_request(id, method, &params).await;
+            tokio::time::sleep(Duration::from_micros(250 * (n / 2) % 20_000)).await;
+            let mut b = Vec::new();
+            executor_protocol::message::encode_notification(
+                &mut b,
+                m::CANCEL,
+                &map(&[("id", id.into())]),
+                1 << 20,
+            )
+            .unwrap();
+            a.send_raw(&b).await;
+            let r = a.response(id).await;
+            if error_code(&r) == Some("cancelled") {
+                cancelled.push((n, marker));
+            }
+        }
+        // Each cancelled start whose job runs: listed (a start still under
+        // way when its request was cancelled is given a moment to end),
+        // and audited with its pid (a late line of its own when it
+        // registered after the answer).
+        let mut running: Vec<(u64, Vec<u32>)> = Vec::new();
+        let mut orphans: Vec<(u64, Vec<u32>)> = Vec::new();
+        for attempt in 0..50 {
+            let list = a.request(9_000 + attempt, m::PROCESS_LIST, &map(&[])).await;
+            let listed = format!("{list:?}");
+            running.clear();
+            orphans.clear();
+            for (n, marker) in &cancelled {
+                let pids = marked(&format!("{marker}\0"));
+                if pids.is_empty() {
+                    continue;
+                }
+                if !listed.contains(&format!("\"{marker}\"")) {
+                    orphans.push((*n, pids.clone()));
+                }
+                running.push((*n, pids));
+            }
+            if orphans.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (_, pids) in &orphans {
+            for p in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        a.close_and_wait().await;
+        let lines = audit_lines(&log);
+        let unaudited: Vec<u64> = running
+            .iter()
+            .filter(|(n, pids)| {
+                !lines
+                    .get(&(1000 + n))
+                    .and_then(|l| l["pid"].as_u64())
+                    .is_some_and(|p| pids.contains(&(p as u32)))
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        eprintln!(
+            "{} of 120 answered cancelled, {} of them running",
+            cancelled.len(),
+            running.len()
+        );
+        assert!(
+            orphans.is_empty(),
+            "agent process table: {} cancelled starts left their job running, unlisted: \
+             {orphans:?}",
+            orphans.len()
+        );
+        assert!(
+            unaudited.is_empty(),
+            "agent audit log: cancelled starts whose job runs have no line with its pid: \
+             {unaudited:?}"
+        );
+        // The race was run: some cancelled starts did start their job.
+        assert!(
+            !running.is_empty(),
+            "no cancelled start had started its job"
+        );
+    }
+);
+
+// Review of issue 29.5: a `$/cancel` landing while a request that
+// changes the host runs answered `cancelled` ("its work is dropped") and
+// audited it so, while the work (run on a blocking thread that cannot be
+// stopped) went on: the file was written anyway. Variants: fs/remove and
+// fs/createDirectory. Layer: the agent's connection (answers) and audit.
+both!(
+    a_cancelled_write_is_answered_with_what_it_did,
+    |unprivileged: bool| async move {
+        let uid = if unprivileged && current_uid() == 0 {
+            65534
+        } else {
+            current_uid()
+        };
+        let (base, ws) = tree("cancel-write", uid);
+        let log = base.join("audit.jsonl");
+        let config = write_config(
+            &base,
+            &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
+        );
+        let (mut a, _) = agent(unprivileged, &config, None).await;
+        let data = Value::Binary(vec![b'x'; 4 << 20]);
+        let mut lies = Vec::new();
+        let mut answered_cancelled = 0;
+        for n in 0..90u64 {
+            let id = 2000 + n;
+            let target = ws.join(format!("w{n}"));
+            if n % 3 == 1 {
+                std::fs::write(&target, "to remove").unwrap();
+                chown_r(&target, uid);
+            }
+            let (method, params) = match n % 3 {
+                0 => (
+                    m::FS_WRITE_FILE,
+                    map(&[("path", s(&target)), ("data", data.clone())]),
+                ),
+                1 => (m::FS_REMOVE, map(&[("path", s(&target))])),
+                _ => (m::FS_CREATE_DIRECTORY, map(&[("path", s(&target))])),
+            };
+            a.send_request(id, method, &params).await;
+            tokio::time::sleep(Duration::from_micros(100 * (n / 3))).await;
+            let mut b = Vec::new();
+            executor_protocol::message::encode_notification(
+                &mut b,
+                m::CANCEL,
+                &map(&[("id", id.into())]),
+                1 << 20,
+            )
+            .unwrap();
+            a.send_raw(&b).await;
+            let r = a.response(id).await;
+            // Let any blocking work end before looking.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let changed = match n % 3 {
+                1 => !target.exists(),
+                _ => target.exists(),
+            };
+            if error_code(&r) == Some("cancelled") {
+                answered_cancelled += 1;
+                if changed {
+                    lies.push((n, method));
+                }
+            }
+        }
+        a.close_and_wait().await;
+        eprintln!(
+            "{answered_cancelled} of 90 answered cancelled, {} of them done",
+            lies.len()
+        );
+        assert!(
+            lies.is_empty(),
+            "agent connection: requests answered `cancelled` whose change was made: {lies:?}"
+        );
+    }
+);

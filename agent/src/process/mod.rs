@@ -104,55 +104,43 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     if let Some(port) = egress_port {
         env = crate::egress::job_env(&env, port);
     }
-    let req = spawn::SpawnRequest {
-        argv: o.argv,
-        cwd: &cwd,
-        env: &env,
-        arg0: o.arg0,
-        tty: o.tty.then(|| o.pty_size.unwrap_or_default()),
-        stdin_null: o.stdin_null,
-        sandbox: sandbox.as_ref(),
-        deny_network,
-    };
-    // On an error the job's files are dropped here, and removed.
-    let mut spawned = spawn::spawn(&req).await?;
-    let id = table.next_id();
-    let egress = match (egress_rules, spawned.egress_listener.take()) {
-        (Some(rules), Some(listener)) => egress::serve(s, &id, rules, listener),
-        _ => None,
-    };
-    let (stdin, pty, pty_reader) = split_terminal(&mut spawned)?;
-    let streams = if pty.is_some() { 1 } else { 2 };
-    let proc = Arc::new(Proc {
-        id,
-        pid: spawned.pid,
+    // From here the start runs in a task of its own: once the spawner is
+    // asked to fork, a `$/cancel` (or the connection's end) that drops
+    // this request must not leave the job running outside the table
+    // (unlisted, unsignalable, its `max_processes` slot given back, its
+    // audit line without a pid). A dropped request only loses its answer.
+    let job = Unborn {
         argv: o.argv.to_vec(),
-        tag: o.tag,
+        cwd,
+        env,
+        arg0: o.arg0.map(str::to_owned),
         tty: o.tty,
-        sandboxed: sandbox.is_some(),
+        pty_size: o.pty_size,
+        stdin_null: o.stdin_null,
+        sandbox,
+        deny_network,
+        egress_rules,
+        files,
+        tag: o.tag,
         notify: o.notify,
-        live: Live::new(cap as usize, streams, stdin, pty),
-    });
-    table.insert(proc.clone());
-    crate::audit::note_spawned(spawned.pid, &proc.id);
-    tracing::info!(
-        session_id = s.id().unwrap_or_default(),
-        process_id = %proc.id,
-        pid = spawned.pid,
-        argv = ?o.argv,
-        cwd = %o.cwd.display(),
-        tty = o.tty,
-        "process started"
-    );
-    start_pumps(s, &proc, &mut spawned, pty_reader);
-    tokio::spawn(wait_job(
-        proc.clone(),
-        spawned,
-        s.outbound().clone(),
-        Arc::downgrade(s.processes()),
+        cap,
         slot,
-        JobHeld { files, egress },
-    ));
+    };
+    let notes = crate::audit::Notes::current();
+    let session = s.clone();
+    let registered = tokio::spawn(async move {
+        let run = register(&session, job);
+        match notes {
+            Some(n) => n.scope(true, run).await,
+            None => run.await,
+        }
+    });
+    let proc = registered.await.map_err(|e| {
+        WireError::new(
+            ErrorCode::Internal,
+            format!("internal error (a bug) while starting the job: {e}"),
+        )
+    })??;
     Ok(Started {
         proc,
         sandbox_degraded,
@@ -211,6 +199,85 @@ type JobIo = (Option<StdinSink>, Option<OwnedFd>, Option<PtyReader>);
 /// fds: a writer (the stdin sink), the master kept for resize, a reader.
 /// (tokio's pipe types drive any non-blocking fd safely; a PTY master
 /// reads and writes like a pipe, and EIO means the job side closed.)
+/// A job planned and checked, not yet started: what [`register`] needs,
+/// owned (it runs in a task of its own).
+struct Unborn {
+    argv: Vec<String>,
+    cwd: PathBuf,
+    env: std::collections::BTreeMap<String, String>,
+    arg0: Option<String>,
+    tty: bool,
+    pty_size: Option<PtySize>,
+    stdin_null: bool,
+    sandbox: Option<executor_sandbox::plan::WirePlan>,
+    deny_network: bool,
+    egress_rules: Option<crate::egress::Rules>,
+    files: executor_sandbox::plan::JobFiles,
+    tag: Option<String>,
+    notify: bool,
+    cap: u64,
+    slot: Slot,
+}
+
+/// Start `job` and register it in the session's table (with its tasks):
+/// run to the end once begun, whatever becomes of the request.
+async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError> {
+    let req = spawn::SpawnRequest {
+        argv: &job.argv,
+        cwd: &job.cwd,
+        env: &job.env,
+        arg0: job.arg0.as_deref(),
+        tty: job.tty.then(|| job.pty_size.unwrap_or_default()),
+        stdin_null: job.stdin_null,
+        sandbox: job.sandbox.as_ref(),
+        deny_network: job.deny_network,
+    };
+    // On an error the job's files are dropped here, and removed.
+    let mut spawned = spawn::spawn(&req).await?;
+    let table = s.processes();
+    let id = table.next_id();
+    let egress = match (job.egress_rules, spawned.egress_listener.take()) {
+        (Some(rules), Some(listener)) => egress::serve(s, &id, rules, listener),
+        _ => None,
+    };
+    let (stdin, pty, pty_reader) = split_terminal(&mut spawned)?;
+    let streams = if pty.is_some() { 1 } else { 2 };
+    let proc = Arc::new(Proc {
+        id,
+        pid: spawned.pid,
+        argv: job.argv.clone(),
+        tag: job.tag,
+        tty: job.tty,
+        sandboxed: job.sandbox.is_some(),
+        notify: job.notify,
+        live: Live::new(job.cap as usize, streams, stdin, pty),
+    });
+    table.insert(proc.clone());
+    crate::audit::note_spawned(spawned.pid, &proc.id);
+    tracing::info!(
+        session_id = s.id().unwrap_or_default(),
+        process_id = %proc.id,
+        pid = spawned.pid,
+        argv = ?job.argv,
+        cwd = %job.cwd.display(),
+        tty = job.tty,
+        "process started"
+    );
+    start_pumps(s, &proc, &mut spawned, pty_reader);
+    tokio::spawn(wait_job(
+        proc.clone(),
+        spawned,
+        s.outbound().clone(),
+        Arc::downgrade(s.processes()),
+        job.slot,
+        JobHeld {
+            files: job.files,
+            egress,
+        },
+    ));
+    Ok(proc)
+}
+
 fn split_terminal(spawned: &mut spawn::Spawned) -> Result<JobIo, WireError> {
     let Some(master) = spawned.pty_master.take() else {
         return Ok((spawned.stdin.take().map(StdinSink::Pipe), None, None));
