@@ -11,7 +11,7 @@
 //! chosen addresses).
 
 use super::egress::{agent_with_hosts, decisions, egress, find, Agent};
-use executor_agent::egress::{MAX_ASKS, REPORT_BUDGET};
+use executor_agent::egress::{ASK_BUDGET, MAX_ASKS, REPORT_BUDGET};
 use executor_client::egress::EgressPolicy;
 use executor_client::{Client, ClientOptions, ErrorCode};
 use executor_protocol::methods as m;
@@ -928,6 +928,84 @@ both!(
         assert!(
             out.ends_with(" 200") && out.contains("host: "),
             "positive control with http.allow: {out}"
+        );
+    }
+);
+
+// `ask` under a loop: MAX_ASKS bounds the questions outstanding, not how
+// many a job puts to the client in a second. A denial is never remembered,
+// so a job looping over refused destinations had one `network/policyRequest`
+// per connection: hundreds a second against a client that answers at once,
+// and (variant) against a client that never answers in time when
+// `ask_timeout_ms` is short (each question ends at its timeout and the next
+// one goes out). Questions of a job are now bounded per second
+// (ASK_BUDGET); past it a destination is refused without asking (source
+// `limit`), and every decision is still reported (within the report
+// budget, counted past it). Positive control: a few names, each asked. The
+// layer is the agent's egress proxy (its ask path).
+both!(
+    asks_are_bounded_per_second_per_job,
+    |unprivileged| async move {
+        let asked = Arc::new(AtomicU32::new(0));
+        let count = asked.clone();
+        let policy = EgressPolicy::new(move |req: PolicyRequestParams| {
+            count.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // Never in time for the timeout variant, at once otherwise.
+                if req.host.ends_with(".late.test") {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                PolicyRequestResult {
+                    decision: EgressVerdict::Deny,
+                    scope: EgressScope::Once,
+                }
+            }
+        });
+        let options = ClientOptions {
+            egress_policy: Some(policy),
+            ..Default::default()
+        };
+        let Some(a) = plain_agent(unprivileged, options, "").await else {
+            return;
+        };
+        let mut sub = a.c.subscribe(&[m::NETWORK_DECISION]);
+        let intent = egress(&["127.0.0.1:1".into()], true, 1000);
+        // Positive control: three names, each asked.
+        let (codes, _) = flood(&a, &intent, 3, "few.test", 1).await;
+        assert_eq!(codes, "403=3");
+        assert_eq!(asked.load(Ordering::SeqCst), 3, "positive control");
+        const N: usize = 400;
+        for (tag, intent, width) in [
+            ("fast.test", intent.clone(), 2),
+            (
+                "late.test",
+                egress(&["127.0.0.1:1".into()], true, 2),
+                MAX_ASKS,
+            ),
+        ] {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            asked.store(0, Ordering::SeqCst);
+            let (codes, secs) = flood(&a, &intent, N, tag, width).await;
+            assert_eq!(codes, format!("403={N}"), "{tag}");
+            let n = asked.load(Ordering::SeqCst) as usize;
+            let bound = ASK_BUDGET as usize * (secs.ceil() as usize + 1);
+            assert!(
+                n <= bound,
+                "{tag}: {n} network/policyRequest for {N} refused connections in {secs} s (bound {bound}): the agent's egress proxy must bound asks per second"
+            );
+            assert!(n > 0, "{tag}: some are asked");
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let ds = decisions(&mut sub).await;
+        let reports: Vec<(String, Option<u64>)> =
+            ds.iter().map(|d| (d.host.clone(), d.suppressed)).collect();
+        for tag in [".fast.test", ".late.test"] {
+            assert_eq!(accounted(&reports, tag).1, N as u64, "{tag}: {ds:?}");
+        }
+        assert!(
+            ds.iter()
+                .any(|d| d.host.ends_with(".fast.test") && d.source == DecisionSource::Limit),
+            "{ds:?}"
         );
     }
 );

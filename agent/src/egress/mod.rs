@@ -13,8 +13,9 @@
 //!    allowed for the job's lifetime; not matched: with `ask`, the client
 //!    is asked (`network/policyRequest`, one request per host:port at a
 //!    time, parallel connections wait for the same answer; at most
-//!    [`MAX_ASKS`] host:ports asked at once per job, past it refused
-//!    unasked, source `limit`), else refused;
+//!    [`MAX_ASKS`] host:ports asked at once and [`ASK_BUDGET`] questions
+//!    a second per job, past either refused unasked, source `limit`), else
+//!    refused;
 //! 2. a name is resolved once, here; every address is judged by the
 //!    agent's destination policy of §6 ([`crate::destinations`]: the
 //!    refused ranges and the configuration's `http.allow`), and a name's
@@ -76,6 +77,12 @@ const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 pub const REPORT_BUDGET: u32 = 20;
 /// The most host:ports of a job put to the client at once.
 pub const MAX_ASKS: usize = 8;
+/// The most questions a job puts to the client per [`REPORT_INTERVAL`]
+/// (a denial is never remembered, so without it a job looping over
+/// refused destinations asks at the client's speed, or at its
+/// `ask_timeout_ms`); past it a destination is refused unasked, source
+/// `limit`.
+pub const ASK_BUDGET: u32 = 20;
 
 /// A job's egress rules, parsed from its intent.
 #[derive(Debug, Clone)]
@@ -171,6 +178,9 @@ struct Ctx {
     /// Questions in flight: later connections wait for the same answer.
     pending: Mutex<HashMap<Key, watch::Receiver<Option<Answer>>>>,
     reports: Mutex<Reports>,
+    /// The ask budget's window (see [`ASK_BUDGET`]): when it began, and
+    /// the questions put in it.
+    asked: Mutex<(Option<Instant>, u32)>,
     stop: CancellationToken,
 }
 
@@ -230,6 +240,7 @@ pub fn serve(listener: OwnedFd, job: Job) -> std::io::Result<Server> {
         granted: Mutex::default(),
         pending: Mutex::default(),
         reports: Mutex::default(),
+        asked: Mutex::default(),
         stop: stop.clone(),
     });
     tokio::spawn(async move {
@@ -461,7 +472,7 @@ impl Ctx {
             let mut pending = self.pending.lock().expect("pending lock");
             match pending.get(key) {
                 Some(rx) => (rx.clone(), None),
-                None if pending.len() >= MAX_ASKS => {
+                None if pending.len() >= MAX_ASKS || !self.ask_budget() => {
                     return Answer {
                         allow: false,
                         source: DecisionSource::Limit,
@@ -537,6 +548,20 @@ impl Ctx {
         self.pending.lock().expect("pending lock").remove(key);
         let _ = tx.send(Some(answer));
         answer
+    }
+
+    /// Whether one more question fits in the job's ask budget (taking it).
+    fn ask_budget(&self) -> bool {
+        let mut a = self.asked.lock().expect("asked lock");
+        let now = Instant::now();
+        if a.0.is_none_or(|w| now.duration_since(w) >= REPORT_INTERVAL) {
+            *a = (Some(now), 0);
+        }
+        if a.1 >= ASK_BUDGET {
+            return false;
+        }
+        a.1 += 1;
+        true
     }
 
     /// The `network/decision` notification and the audit line, within the
