@@ -1009,3 +1009,164 @@ both!(
         );
     }
 );
+
+// Review of the one-request rule from a fresh context: what the proxy
+// forwards of a request it accepts is its own decision, never the job's
+// bytes read another way by the upstream. Hostile: a trailer section
+// carrying `Host` and framing fields (an upstream that merges trailers
+// into the head reads another Host and another framing), and (variant) a
+// `Host` header the proxy judges equal to the URI's authority but that an
+// upstream reads as written (`127.0.0.1%2e`, percent-encoded). Both now
+// reach the upstream only as the proxy's own canonical head. Held (kept
+// as cases): a tab before `chunked`, zero-padded chunk sizes (re-emitted
+// canonical), a chunk size over 64 bits (cut, nothing after it), HTTP/1.0
+// keep-alive with a second request, `Upgrade: websocket` (not forwarded:
+// no upgrade, so no raw tunnel), a `Host` with userinfo (403). The layer
+// is the agent's egress proxy (HTTP side).
+both!(
+    the_upstream_gets_the_proxys_head_only,
+    |unprivileged| async move {
+        let Some(a) = plain_agent(unprivileged, ClientOptions::default(), "").await else {
+            return;
+        };
+        let rec = recorder().await;
+        let p = rec.port;
+        let auth = format!("127.0.0.1:{p}");
+        let intent = egress(std::slice::from_ref(&auth), false, 1000);
+        let absolute =
+            format!("GET http://other.test:{p}/x HTTP/1.1\r\nHost: other.test:{p}\r\n\r\n");
+        let post = |v: &str, headers: &str| {
+            format!("POST http://{auth}/up HTTP/1.{v}\r\nHost: {auth}\r\n{headers}\r\n")
+        };
+        // (what, request, status, request line, body after the upstream's
+        // head (None: cut, nothing past it), texts the upstream never sees)
+        type Case<'a> = (
+            &'a str,
+            String,
+            &'a str,
+            &'a str,
+            Option<&'a [u8]>,
+            Vec<String>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "trailers carrying Host and framing fields",
+                format!(
+                    "{}5\r\nhello\r\n0\r\nHost: other.test\r\nContent-Length: 99\r\nTransfer-Encoding: identity\r\n\r\n{absolute}",
+                    post("1", "Transfer-Encoding: chunked\r\n")
+                ),
+                "HTTP/1.1 200",
+                "POST /up HTTP/1.1",
+                Some(b"5\r\nhello\r\n0\r\n\r\n"),
+                vec!["other.test".into(), "99".into(), "identity".into()],
+            ),
+            (
+                "variant: a percent-encoded Host the proxy reads as the URI's",
+                format!(
+                    "GET http://{auth}/h HTTP/1.1\r\nHost: 127.0.0.1%2e:{p}\r\n\r\n{absolute}"
+                ),
+                "HTTP/1.1 200",
+                "GET /h HTTP/1.1",
+                Some(b""),
+                vec!["%2e".into(), "other.test".into()],
+            ),
+            (
+                "held: a tab before chunked, zero-padded sizes",
+                format!(
+                    "{}0005\r\nhello\r\n0000\r\n\r\n{absolute}",
+                    post("1", "Transfer-Encoding:\tchunked\r\n")
+                ),
+                "HTTP/1.1 200",
+                "POST /up HTTP/1.1",
+                Some(b"5\r\nhello\r\n0\r\n\r\n"),
+                vec!["other.test".into(), "0005".into()],
+            ),
+            (
+                "held: a chunk size over 64 bits",
+                format!(
+                    "{}10000000000000005\r\nhello\r\n0\r\n\r\n{absolute}",
+                    post("1", "Transfer-Encoding: chunked\r\n")
+                ),
+                "",
+                "POST /up HTTP/1.1",
+                None,
+                vec!["other.test".into(), "hello".into()],
+            ),
+            (
+                "held: HTTP/1.0 keep-alive, then a second request",
+                format!(
+                    "{}hello{absolute}",
+                    post("0", "Connection: keep-alive\r\nContent-Length: 5\r\n")
+                ),
+                "HTTP/1.1 200",
+                "POST /up HTTP/1.0",
+                Some(b"hello"),
+                vec!["other.test".into(), "keep-alive".into()],
+            ),
+            (
+                "held: Upgrade: websocket, then raw bytes",
+                format!(
+                    "GET http://{auth}/ws HTTP/1.1\r\nHost: {auth}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n{absolute}"
+                ),
+                "HTTP/1.1 200",
+                "GET /ws HTTP/1.1",
+                Some(b""),
+                vec!["other.test".into(), "websocket".into(), "pgrade".into()],
+            ),
+        ];
+        let raw = a.dir.join("raw.py");
+        for (what, req, status, line, body, absent) in cases {
+            rec.take();
+            let (out, code) = a
+                .sh(
+                    &intent,
+                    &format!(
+                        "/usr/bin/python3 {} {}",
+                        raw.display(),
+                        hex_of(req.as_bytes())
+                    ),
+                )
+                .await;
+            assert_eq!(code, 0, "{what}: {out}");
+            assert!(out.starts_with(status), "{what}: the job got {out:?}");
+            let seen = rec.take();
+            assert_eq!(seen.len(), 1, "{what}: {seen:?}");
+            let got = &seen[0];
+            let text = String::from_utf8_lossy(got);
+            assert!(text.starts_with(&format!("{line}\r\n")), "{what}: {text:?}");
+            if let Some(body) = body {
+                let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                assert_eq!(
+                    String::from_utf8_lossy(&got[end..]),
+                    String::from_utf8_lossy(body),
+                    "{what}: the agent's egress proxy forwarded other bytes: {text:?}"
+                );
+                assert!(
+                    text.contains(&format!("\r\nHost: {auth}\r\n")),
+                    "{what}: the upstream gets the proxy's canonical Host: {text:?}"
+                );
+            }
+            for x in &absent {
+                assert!(
+                    !text.contains(x.as_str()),
+                    "{what}: the agent's egress proxy forwarded {x:?}: {text:?}"
+                );
+            }
+        }
+        // Held: a Host with userinfo is another authority (403, nothing
+        // connected).
+        let req = format!("GET http://{auth}/ HTTP/1.1\r\nHost: x@{auth}\r\n\r\n");
+        let (out, _) = a
+            .sh(
+                &intent,
+                &format!(
+                    "/usr/bin/python3 {} {}",
+                    raw.display(),
+                    hex_of(req.as_bytes())
+                ),
+            )
+            .await;
+        assert!(out.starts_with("HTTP/1.1 403"), "{out:?}");
+        assert!(rec.take().is_empty());
+    }
+);
