@@ -1170,3 +1170,85 @@ both!(
         assert!(rec.take().is_empty());
     }
 );
+
+// "This host" is what the kernel routes locally, not only its interfaces'
+// addresses: an address with a prefix on `lo` (`10.233.0.1/24`, as AnyIP
+// setups do) makes the kernel answer on the whole prefix, so a name for
+// `10.233.0.7` reached the host's own server although no interface has
+// that address. A name's address is now this host's when the kernel takes
+// it as local (a bind to it succeeds). The agent runs in a private network
+// namespace (root only: it needs one) with that `lo` and a server on
+// 0.0.0.0; as root and as uid 65534. Controls: the interface's own address
+// by name (refused before too), and the prefix address by address
+// pattern (200). The layer is the agent's egress policy.
+both!(
+    names_never_reach_addresses_the_kernel_routes_locally,
+    |unprivileged| async move {
+        if current_uid() != 0 {
+            prerequisite_missing("root, for a network namespace with a local prefix on lo");
+            return;
+        }
+        let dir = unique_tempdir("egress-anyip");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hosts = dir.join("hosts");
+        std::fs::write(
+            &hosts,
+            "127.0.0.1 localhost\n10.233.0.7 anyip.test\n10.233.0.1 own.test\n",
+        )
+        .unwrap();
+        let audit = dir.join("audit.jsonl");
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!("[audit]\nfile = \"{}\"\n", audit.display()),
+        )
+        .unwrap();
+        if unprivileged {
+            chown_r(&dir, 65534);
+        }
+        let mut cmd = tokio::process::Command::new("unshare");
+        cmd.args(["--mount", "--net", "--propagation", "private", "--", "sh", "-c"])
+            .arg(
+                r#"mount --bind "$0" /etc/hosts && ip link set lo up && ip addr add 10.233.0.1/24 dev lo && { /usr/bin/python3 -m http.server 18099 --bind 0.0.0.0 --directory / >/dev/null 2>&1 </dev/null & } && sleep 0.5 && exec "$@""#,
+            )
+            .arg(&hosts);
+        if unprivileged {
+            cmd.args([
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg(executor_bin_for_any_user());
+        } else {
+            cmd.arg(executor_bin());
+        }
+        cmd.arg("--config").arg(&config);
+        let c = Client::spawn(cmd, ClientOptions::default())
+            .await
+            .expect("agent");
+        if !c.initialize_result().sandbox.enforceable {
+            prerequisite_missing("an enforceable sandbox (a network namespace per job)");
+            return;
+        }
+        let a = Agent { c, dir, audit };
+        let curl = |url: &str| {
+            format!("curl -sS --noproxy '' -o /dev/null -w '%{{http_code}}' {url}; cat /dev/null")
+        };
+        for (what, host) in [
+            ("a prefix address on lo", "anyip.test"),
+            ("control: the interface's own address", "own.test"),
+        ] {
+            let intent = egress(&[format!("{host}:18099")], false, 1000);
+            let (out, _) = a.sh(&intent, &curl(&format!("http://{host}:18099/"))).await;
+            assert_eq!(
+                out, "403",
+                "{what}: the agent's egress policy must refuse a name for this host's own address"
+            );
+        }
+        let intent = egress(&["10.233.0.7:18099".into()], false, 1000);
+        let (out, _) = a.sh(&intent, &curl("http://10.233.0.7:18099/")).await;
+        assert_eq!(out, "200", "positive control: by address pattern");
+    }
+);
