@@ -11,7 +11,7 @@
 //! chosen addresses).
 
 use super::egress::{agent_with_hosts, decisions, egress, find, Agent};
-use executor_agent::egress::{MAX_ASKS, REPORT_BUDGET};
+use executor_agent::egress::{ASK_BUDGET, MAX_ASKS, REPORT_BUDGET};
 use executor_client::egress::EgressPolicy;
 use executor_client::{Client, ClientOptions, ErrorCode};
 use executor_protocol::methods as m;
@@ -929,5 +929,326 @@ both!(
             out.ends_with(" 200") && out.contains("host: "),
             "positive control with http.allow: {out}"
         );
+    }
+);
+
+// `ask` under a loop: MAX_ASKS bounds the questions outstanding, not how
+// many a job puts to the client in a second. A denial is never remembered,
+// so a job looping over refused destinations had one `network/policyRequest`
+// per connection: hundreds a second against a client that answers at once,
+// and (variant) against a client that never answers in time when
+// `ask_timeout_ms` is short (each question ends at its timeout and the next
+// one goes out). Questions of a job are now bounded per second
+// (ASK_BUDGET); past it a destination is refused without asking (source
+// `limit`), and every decision is still reported (within the report
+// budget, counted past it). Positive control: a few names, each asked. The
+// layer is the agent's egress proxy (its ask path).
+both!(
+    asks_are_bounded_per_second_per_job,
+    |unprivileged| async move {
+        let asked = Arc::new(AtomicU32::new(0));
+        let count = asked.clone();
+        let policy = EgressPolicy::new(move |req: PolicyRequestParams| {
+            count.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // Never in time for the timeout variant, at once otherwise.
+                if req.host.ends_with(".late.test") {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                PolicyRequestResult {
+                    decision: EgressVerdict::Deny,
+                    scope: EgressScope::Once,
+                }
+            }
+        });
+        let options = ClientOptions {
+            egress_policy: Some(policy),
+            ..Default::default()
+        };
+        let Some(a) = plain_agent(unprivileged, options, "").await else {
+            return;
+        };
+        let mut sub = a.c.subscribe(&[m::NETWORK_DECISION]);
+        let intent = egress(&["127.0.0.1:1".into()], true, 1000);
+        // Positive control: three names, each asked.
+        let (codes, _) = flood(&a, &intent, 3, "few.test", 1).await;
+        assert_eq!(codes, "403=3");
+        assert_eq!(asked.load(Ordering::SeqCst), 3, "positive control");
+        const N: usize = 400;
+        for (tag, intent, width) in [
+            ("fast.test", intent.clone(), 2),
+            (
+                "late.test",
+                egress(&["127.0.0.1:1".into()], true, 2),
+                MAX_ASKS,
+            ),
+        ] {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            asked.store(0, Ordering::SeqCst);
+            let (codes, secs) = flood(&a, &intent, N, tag, width).await;
+            assert_eq!(codes, format!("403={N}"), "{tag}");
+            let n = asked.load(Ordering::SeqCst) as usize;
+            let bound = ASK_BUDGET as usize * (secs.ceil() as usize + 1);
+            assert!(
+                n <= bound,
+                "{tag}: {n} network/policyRequest for {N} refused connections in {secs} s (bound {bound}): the agent's egress proxy must bound asks per second"
+            );
+            assert!(n > 0, "{tag}: some are asked");
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let ds = decisions(&mut sub).await;
+        let reports: Vec<(String, Option<u64>)> =
+            ds.iter().map(|d| (d.host.clone(), d.suppressed)).collect();
+        for tag in [".fast.test", ".late.test"] {
+            assert_eq!(accounted(&reports, tag).1, N as u64, "{tag}: {ds:?}");
+        }
+        assert!(
+            ds.iter()
+                .any(|d| d.host.ends_with(".fast.test") && d.source == DecisionSource::Limit),
+            "{ds:?}"
+        );
+    }
+);
+
+// Review of the one-request rule from a fresh context: what the proxy
+// forwards of a request it accepts is its own decision, never the job's
+// bytes read another way by the upstream. Hostile: a trailer section
+// carrying `Host` and framing fields (an upstream that merges trailers
+// into the head reads another Host and another framing), and (variant) a
+// `Host` header the proxy judges equal to the URI's authority but that an
+// upstream reads as written (`127.0.0.1%2e`, percent-encoded). Both now
+// reach the upstream only as the proxy's own canonical head. Held (kept
+// as cases): a tab before `chunked`, zero-padded chunk sizes (re-emitted
+// canonical), a chunk size over 64 bits (cut, nothing after it), HTTP/1.0
+// keep-alive with a second request, `Upgrade: websocket` (not forwarded:
+// no upgrade, so no raw tunnel), a `Host` with userinfo (403). The layer
+// is the agent's egress proxy (HTTP side).
+both!(
+    the_upstream_gets_the_proxys_head_only,
+    |unprivileged| async move {
+        let Some(a) = plain_agent(unprivileged, ClientOptions::default(), "").await else {
+            return;
+        };
+        let rec = recorder().await;
+        let p = rec.port;
+        let auth = format!("127.0.0.1:{p}");
+        let intent = egress(std::slice::from_ref(&auth), false, 1000);
+        let absolute =
+            format!("GET http://other.test:{p}/x HTTP/1.1\r\nHost: other.test:{p}\r\n\r\n");
+        let post = |v: &str, headers: &str| {
+            format!("POST http://{auth}/up HTTP/1.{v}\r\nHost: {auth}\r\n{headers}\r\n")
+        };
+        // (what, request, status, request line, body after the upstream's
+        // head (None: cut, nothing past it), texts the upstream never sees)
+        type Case<'a> = (
+            &'a str,
+            String,
+            &'a str,
+            &'a str,
+            Option<&'a [u8]>,
+            Vec<String>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "trailers carrying Host and framing fields",
+                format!(
+                    "{}5\r\nhello\r\n0\r\nHost: other.test\r\nContent-Length: 99\r\nTransfer-Encoding: identity\r\n\r\n{absolute}",
+                    post("1", "Transfer-Encoding: chunked\r\n")
+                ),
+                "HTTP/1.1 200",
+                "POST /up HTTP/1.1",
+                Some(b"5\r\nhello\r\n0\r\n\r\n"),
+                vec!["other.test".into(), "99".into(), "identity".into()],
+            ),
+            (
+                "variant: a percent-encoded Host the proxy reads as the URI's",
+                format!(
+                    "GET http://{auth}/h HTTP/1.1\r\nHost: 127.0.0.1%2e:{p}\r\n\r\n{absolute}"
+                ),
+                "HTTP/1.1 200",
+                "GET /h HTTP/1.1",
+                Some(b""),
+                vec!["%2e".into(), "other.test".into()],
+            ),
+            (
+                "held: a tab before chunked, zero-padded sizes",
+                format!(
+                    "{}0005\r\nhello\r\n0000\r\n\r\n{absolute}",
+                    post("1", "Transfer-Encoding:\tchunked\r\n")
+                ),
+                "HTTP/1.1 200",
+                "POST /up HTTP/1.1",
+                Some(b"5\r\nhello\r\n0\r\n\r\n"),
+                vec!["other.test".into(), "0005".into()],
+            ),
+            (
+                "held: a chunk size over 64 bits",
+                format!(
+                    "{}10000000000000005\r\nhello\r\n0\r\n\r\n{absolute}",
+                    post("1", "Transfer-Encoding: chunked\r\n")
+                ),
+                "",
+                "POST /up HTTP/1.1",
+                None,
+                vec!["other.test".into(), "hello".into()],
+            ),
+            (
+                "held: HTTP/1.0 keep-alive, then a second request",
+                format!(
+                    "{}hello{absolute}",
+                    post("0", "Connection: keep-alive\r\nContent-Length: 5\r\n")
+                ),
+                "HTTP/1.1 200",
+                "POST /up HTTP/1.0",
+                Some(b"hello"),
+                vec!["other.test".into(), "keep-alive".into()],
+            ),
+            (
+                "held: Upgrade: websocket, then raw bytes",
+                format!(
+                    "GET http://{auth}/ws HTTP/1.1\r\nHost: {auth}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n{absolute}"
+                ),
+                "HTTP/1.1 200",
+                "GET /ws HTTP/1.1",
+                Some(b""),
+                vec!["other.test".into(), "websocket".into(), "pgrade".into()],
+            ),
+        ];
+        let raw = a.dir.join("raw.py");
+        for (what, req, status, line, body, absent) in cases {
+            rec.take();
+            let (out, code) = a
+                .sh(
+                    &intent,
+                    &format!(
+                        "/usr/bin/python3 {} {}",
+                        raw.display(),
+                        hex_of(req.as_bytes())
+                    ),
+                )
+                .await;
+            assert_eq!(code, 0, "{what}: {out}");
+            assert!(out.starts_with(status), "{what}: the job got {out:?}");
+            let seen = rec.take();
+            assert_eq!(seen.len(), 1, "{what}: {seen:?}");
+            let got = &seen[0];
+            let text = String::from_utf8_lossy(got);
+            assert!(text.starts_with(&format!("{line}\r\n")), "{what}: {text:?}");
+            if let Some(body) = body {
+                let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                assert_eq!(
+                    String::from_utf8_lossy(&got[end..]),
+                    String::from_utf8_lossy(body),
+                    "{what}: the agent's egress proxy forwarded other bytes: {text:?}"
+                );
+                assert!(
+                    text.contains(&format!("\r\nHost: {auth}\r\n")),
+                    "{what}: the upstream gets the proxy's canonical Host: {text:?}"
+                );
+            }
+            for x in &absent {
+                assert!(
+                    !text.contains(x.as_str()),
+                    "{what}: the agent's egress proxy forwarded {x:?}: {text:?}"
+                );
+            }
+        }
+        // Held: a Host with userinfo is another authority (403, nothing
+        // connected).
+        let req = format!("GET http://{auth}/ HTTP/1.1\r\nHost: x@{auth}\r\n\r\n");
+        let (out, _) = a
+            .sh(
+                &intent,
+                &format!(
+                    "/usr/bin/python3 {} {}",
+                    raw.display(),
+                    hex_of(req.as_bytes())
+                ),
+            )
+            .await;
+        assert!(out.starts_with("HTTP/1.1 403"), "{out:?}");
+        assert!(rec.take().is_empty());
+    }
+);
+
+// "This host" is what the kernel routes locally, not only its interfaces'
+// addresses: an address with a prefix on `lo` (`10.233.0.1/24`, as AnyIP
+// setups do) makes the kernel answer on the whole prefix, so a name for
+// `10.233.0.7` reached the host's own server although no interface has
+// that address. A name's address is now this host's when the kernel takes
+// it as local (a bind to it succeeds). The agent runs in a private network
+// namespace (root only: it needs one) with that `lo` and a server on
+// 0.0.0.0; as root and as uid 65534. Controls: the interface's own address
+// by name (refused before too), and the prefix address by address
+// pattern (200). The layer is the agent's egress policy.
+both!(
+    names_never_reach_addresses_the_kernel_routes_locally,
+    |unprivileged| async move {
+        if current_uid() != 0 {
+            prerequisite_missing("root, for a network namespace with a local prefix on lo");
+            return;
+        }
+        let dir = unique_tempdir("egress-anyip");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hosts = dir.join("hosts");
+        std::fs::write(
+            &hosts,
+            "127.0.0.1 localhost\n10.233.0.7 anyip.test\n10.233.0.1 own.test\n",
+        )
+        .unwrap();
+        let audit = dir.join("audit.jsonl");
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!("[audit]\nfile = \"{}\"\n", audit.display()),
+        )
+        .unwrap();
+        if unprivileged {
+            chown_r(&dir, 65534);
+        }
+        let mut cmd = tokio::process::Command::new("unshare");
+        cmd.args(["--mount", "--net", "--propagation", "private", "--", "sh", "-c"])
+            .arg(
+                r#"mount --bind "$0" /etc/hosts && ip link set lo up && ip addr add 10.233.0.1/24 dev lo && { /usr/bin/python3 -m http.server 18099 --bind 0.0.0.0 --directory / >/dev/null 2>&1 </dev/null & } && sleep 0.5 && exec "$@""#,
+            )
+            .arg(&hosts);
+        if unprivileged {
+            cmd.args([
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--",
+            ])
+            .arg(executor_bin_for_any_user());
+        } else {
+            cmd.arg(executor_bin());
+        }
+        cmd.arg("--config").arg(&config);
+        let c = Client::spawn(cmd, ClientOptions::default())
+            .await
+            .expect("agent");
+        if !c.initialize_result().sandbox.enforceable {
+            prerequisite_missing("an enforceable sandbox (a network namespace per job)");
+            return;
+        }
+        let a = Agent { c, dir, audit };
+        let curl = |url: &str| {
+            format!("curl -sS --noproxy '' -o /dev/null -w '%{{http_code}}' {url}; cat /dev/null")
+        };
+        for (what, host) in [
+            ("a prefix address on lo", "anyip.test"),
+            ("control: the interface's own address", "own.test"),
+        ] {
+            let intent = egress(&[format!("{host}:18099")], false, 1000);
+            let (out, _) = a.sh(&intent, &curl(&format!("http://{host}:18099/"))).await;
+            assert_eq!(
+                out, "403",
+                "{what}: the agent's egress policy must refuse a name for this host's own address"
+            );
+        }
+        let intent = egress(&["10.233.0.7:18099".into()], false, 1000);
+        let (out, _) = a.sh(&intent, &curl("http://10.233.0.7:18099/")).await;
+        assert_eq!(out, "200", "positive control: by address pattern");
     }
 );

@@ -22,7 +22,10 @@
 //! its authority, and carries whatever the job sends to that destination.
 //!
 //! A request whose `Host` header names another authority than its URI is
-//! refused (`403`); so is a request head over [`MAX_HEAD`] (`431`).
+//! refused (`403`); so is a request head over [`MAX_HEAD`] (`431`). The
+//! forwarded head carries the proxy's own canonical `Host`, and a chunked
+//! body's trailer fields are checked and dropped: what reaches the
+//! upstream is only what the proxy decided.
 //! Refusals carry a one-line `text/plain` body.
 
 use super::matching::{canonicalize, Host};
@@ -315,12 +318,17 @@ fn parse(head: &[u8]) -> Result<Ask, (Refused, String, u16)> {
         path.push('?');
         path.push_str(q);
     }
-    let mut out = format!("{method} {path} HTTP/1.{minor}\r\n").into_bytes();
-    if host_header.is_none() {
-        out.extend_from_slice(format!("Host: {}\r\n", authority(&canon, port)).as_bytes());
-    }
+    // The upstream reads the proxy's canonical `Host`, never the job's
+    // text of it (which the proxy judged equal to the URI's authority
+    // through IDNA and percent-decoding an upstream may not apply).
+    let mut out = format!(
+        "{method} {path} HTTP/1.{minor}\r\nHost: {}\r\n",
+        authority(&canon, port)
+    )
+    .into_bytes();
     for h in req.headers.iter() {
-        if HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n))
+        if h.name.eq_ignore_ascii_case("host")
+            || HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n))
             || connection_named
                 .iter()
                 .any(|n| h.name.eq_ignore_ascii_case(n))
@@ -556,8 +564,8 @@ impl Body<'_> {
     }
 
     /// Forward the body to `dst`, re-framed: `Content-Length` bytes, or each
-    /// chunk as `SIZE CRLF data CRLF` (extensions dropped), the last chunk
-    /// and the validated trailer fields.
+    /// chunk as `SIZE CRLF data CRLF` (extensions dropped), then the last
+    /// chunk with an empty trailer section (trailers are checked, dropped).
     async fn forward(&mut self, dst: &TcpStream, framing: Framing) -> io::Result<()> {
         match framing {
             Framing::Empty => Ok(()),
@@ -592,8 +600,10 @@ impl Body<'_> {
         write_all(dst, b"\r\n").await
     }
 
-    /// The trailer section after the last chunk, each field checked, then
-    /// the empty line.
+    /// The trailer section after the last chunk: each field checked, none
+    /// forwarded (an upstream that merges trailers into the head would read
+    /// them as `Host` or framing fields the proxy never decided on; RFC 9110
+    /// §6.5.1 lets a recipient discard them), then the empty line.
     async fn trailers(&mut self, dst: &TcpStream) -> io::Result<()> {
         let mut total = 0usize;
         loop {
@@ -606,17 +616,13 @@ impl Body<'_> {
                 return Err(framing_error("trailers over 64 KiB"));
             }
             let mut one = [httparse::EMPTY_HEADER; 1];
-            let mut field = line.clone();
+            let mut field = line;
             field.extend_from_slice(b"\r\n\r\n");
-            match httparse::parse_headers(&field, &mut one) {
-                Ok(httparse::Status::Complete((_, [h]))) => {
-                    let mut out = h.name.as_bytes().to_vec();
-                    out.extend_from_slice(b": ");
-                    out.extend_from_slice(h.value);
-                    out.extend_from_slice(b"\r\n");
-                    write_all(dst, &out).await?;
-                }
-                _ => return Err(framing_error("a malformed trailer field")),
+            if !matches!(
+                httparse::parse_headers(&field, &mut one),
+                Ok(httparse::Status::Complete((_, [_])))
+            ) {
+                return Err(framing_error("a malformed trailer field"));
             }
         }
     }
@@ -930,7 +936,7 @@ mod tests {
         let _job = writer.await.unwrap();
         let got = reader.await.unwrap();
         let mut want = b"1\r\nz\r\n".repeat(100_000);
-        want.extend_from_slice(b"0\r\nX-T: 1\r\n\r\n");
+        want.extend_from_slice(b"0\r\n\r\n");
         assert_eq!(got.len(), want.len());
         assert!(got == want, "the re-emitted body differs");
     }

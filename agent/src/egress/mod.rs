@@ -13,13 +13,15 @@
 //!    allowed for the job's lifetime; not matched: with `ask`, the client
 //!    is asked (`network/policyRequest`, one request per host:port at a
 //!    time, parallel connections wait for the same answer; at most
-//!    [`MAX_ASKS`] host:ports asked at once per job, past it refused
-//!    unasked, source `limit`), else refused;
+//!    [`MAX_ASKS`] host:ports asked at once and [`ASK_BUDGET`] questions
+//!    a second per job, past either refused unasked, source `limit`), else
+//!    refused;
 //! 2. a name is resolved once, here; every address is judged by the
 //!    agent's destination policy of §6 ([`crate::destinations`]: the
 //!    refused ranges and the configuration's `http.allow`), and a name's
 //!    addresses that are this host itself (loopback, unspecified, its
-//!    interfaces' addresses, see `host_itself`) are refused unless an address
+//!    interfaces' addresses, what the kernel routes locally, see
+//!    `host_itself`) are refused unless an address
 //!    pattern or an address entry of `http.allow` admits them; the
 //!    connection goes only to addresses that pass, directly (not through
 //!    the configuration's `http.proxy`);
@@ -76,6 +78,12 @@ const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 pub const REPORT_BUDGET: u32 = 20;
 /// The most host:ports of a job put to the client at once.
 pub const MAX_ASKS: usize = 8;
+/// The most questions a job puts to the client per [`REPORT_INTERVAL`]
+/// (a denial is never remembered, so without it a job looping over
+/// refused destinations asks at the client's speed, or at its
+/// `ask_timeout_ms`); past it a destination is refused unasked, source
+/// `limit`.
+pub const ASK_BUDGET: u32 = 20;
 
 /// A job's egress rules, parsed from its intent.
 #[derive(Debug, Clone)]
@@ -171,6 +179,9 @@ struct Ctx {
     /// Questions in flight: later connections wait for the same answer.
     pending: Mutex<HashMap<Key, watch::Receiver<Option<Answer>>>>,
     reports: Mutex<Reports>,
+    /// The ask budget's window (see [`ASK_BUDGET`]): when it began, and
+    /// the questions put in it.
+    asked: Mutex<(Option<Instant>, u32)>,
     stop: CancellationToken,
 }
 
@@ -230,6 +241,7 @@ pub fn serve(listener: OwnedFd, job: Job) -> std::io::Result<Server> {
         granted: Mutex::default(),
         pending: Mutex::default(),
         reports: Mutex::default(),
+        asked: Mutex::default(),
         stop: stop.clone(),
     });
     tokio::spawn(async move {
@@ -435,7 +447,7 @@ impl Ctx {
     /// pattern of `allow_hosts`, or an address entry of `http.allow`,
     /// admits it.
     fn name_may_reach(&self, ip: IpAddr, port: u16, own: &[IpAddr]) -> Result<(), String> {
-        let Some(what) = host_itself(ip, own) else {
+        let Some(what) = host_itself(ip, own, kernel_local) else {
             return Ok(());
         };
         if self.job.rules.admits(&Host::Ip(ip), port)
@@ -461,7 +473,7 @@ impl Ctx {
             let mut pending = self.pending.lock().expect("pending lock");
             match pending.get(key) {
                 Some(rx) => (rx.clone(), None),
-                None if pending.len() >= MAX_ASKS => {
+                None if pending.len() >= MAX_ASKS || !self.ask_budget() => {
                     return Answer {
                         allow: false,
                         source: DecisionSource::Limit,
@@ -537,6 +549,20 @@ impl Ctx {
         self.pending.lock().expect("pending lock").remove(key);
         let _ = tx.send(Some(answer));
         answer
+    }
+
+    /// Whether one more question fits in the job's ask budget (taking it).
+    fn ask_budget(&self) -> bool {
+        let mut a = self.asked.lock().expect("asked lock");
+        let now = Instant::now();
+        if a.0.is_none_or(|w| now.duration_since(w) >= REPORT_INTERVAL) {
+            *a = (Some(now), 0);
+        }
+        if a.1 >= ASK_BUDGET {
+            return false;
+        }
+        a.1 += 1;
+        true
     }
 
     /// The `network/decision` notification and the audit line, within the
@@ -628,10 +654,28 @@ impl Ctx {
     }
 }
 
+/// Whether the kernel takes `ip` as an address of this host (a local
+/// route: an interface's address, and every address of a prefix on `lo`,
+/// which the kernel answers on though no interface lists it): a bind to it
+/// succeeds. Where binds to non-local addresses are allowed
+/// (`ip_nonlocal_bind`, or its setting unreadable) a bind tells nothing:
+/// `false`, and the interface list decides.
+fn kernel_local(ip: IpAddr) -> bool {
+    let sysctl = match ip {
+        IpAddr::V4(_) => "/proc/sys/net/ipv4/ip_nonlocal_bind",
+        IpAddr::V6(_) => "/proc/sys/net/ipv6/ip_nonlocal_bind",
+    };
+    if std::fs::read_to_string(sysctl).map_or(true, |v| v.trim() != "0") {
+        return false;
+    }
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 /// What makes `ip` this host itself, if it is: loopback, unspecified,
-/// one of `own` (the addresses of its interfaces), directly or as an IPv4
-/// address an IPv6 address carries.
-fn host_itself(ip: IpAddr, own: &[IpAddr]) -> Option<String> {
+/// one of `own` (the addresses of its interfaces), or an address `local`
+/// (the kernel) takes as this host's, directly or as an IPv4 address an
+/// IPv6 address carries.
+fn host_itself(ip: IpAddr, own: &[IpAddr], local: impl Fn(IpAddr) -> bool) -> Option<String> {
     let mut judged = vec![matching::canonical_ip(ip)];
     if let IpAddr::V6(v6) = ip {
         judged.extend(
@@ -649,6 +693,8 @@ fn host_itself(ip: IpAddr, own: &[IpAddr]) -> Option<String> {
             ))
         } else if own.iter().any(|o| matching::canonical_ip(*o) == a) {
             Some(format!("{a} is an address of this host's interfaces"))
+        } else if local(a) {
+            Some(format!("{a} is routed to this host itself (a local route)"))
         } else {
             None
         }
@@ -679,10 +725,17 @@ mod tests {
             // Teredo whose client (inverted last 32 bits) is loopback.
             "2001:0:808:808::80ff:fffe",
         ] {
-            assert!(host_itself(ip(local), &own).is_some(), "{local}");
+            assert!(host_itself(ip(local), &own, |_| false).is_some(), "{local}");
         }
         for remote in ["192.0.2.3", "8.8.8.8", "fd00::3", "::ffff:8.8.8.8"] {
-            assert!(host_itself(ip(remote), &own).is_none(), "{remote}");
+            assert!(
+                host_itself(ip(remote), &own, |_| false).is_none(),
+                "{remote}"
+            );
+            assert!(
+                host_itself(ip(remote), &own, |_| true).is_some(),
+                "{remote}"
+            );
         }
     }
 

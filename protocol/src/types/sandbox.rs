@@ -374,6 +374,73 @@ mod tests {
         }
     }
 
+    /// Every other nested field too: roots of each list, `required`,
+    /// unknown keys at each level, ports, a pattern that is not a string,
+    /// a timeout of the wrong type, a duplicate key, a non-string key.
+    #[test]
+    fn every_nested_field_names_its_path() {
+        for (intent, field) in [
+            (
+                map(vec![(
+                    "filesystem",
+                    map(vec![("write", Value::Array(vec![1.into()]))]),
+                )]),
+                "sandbox.filesystem.write.0",
+            ),
+            (
+                map(vec![(
+                    "filesystem",
+                    map(vec![(
+                        "deny_read",
+                        Value::Array(vec!["/a".into(), Value::Nil]),
+                    )]),
+                )]),
+                "sandbox.filesystem.deny_read.1",
+            ),
+            (
+                map(vec![(
+                    "filesystem",
+                    map(vec![("writes", Value::Array(vec![]))]),
+                )]),
+                "sandbox.filesystem.writes",
+            ),
+            (map(vec![("required", "yes".into())]), "sandbox.required"),
+            (map(vec![("networks", "deny".into())]), "sandbox.networks"),
+            (
+                network(vec![("allow_tcp_connect", Value::Array(vec![(-1).into()]))]),
+                "sandbox.network.allow_tcp_connect.0",
+            ),
+            (
+                network(vec![hosts(vec![Value::Nil])]),
+                "sandbox.network.allow_hosts.0",
+            ),
+            (
+                network(vec![
+                    hosts(vec!["a".into()]),
+                    ("ask_timeout_ms", "5".into()),
+                ]),
+                "sandbox.network.ask_timeout_ms",
+            ),
+            (
+                network(vec![
+                    hosts(vec!["a".into()]),
+                    ("ask", true.into()),
+                    ("ask", false.into()),
+                ]),
+                "sandbox.network.ask",
+            ),
+            (
+                map(vec![(
+                    "network",
+                    Value::Map(vec![(Value::from(1), Value::from(2))]),
+                )]),
+                "sandbox.network.1",
+            ),
+        ] {
+            assert_eq!(field_of(intent.clone()), field, "{intent}");
+        }
+    }
+
     #[test]
     fn the_forms_still_parse() {
         let parse = |v: Value| rmpv::ext::from_value::<NetworkIntent>(v).unwrap();
