@@ -662,3 +662,65 @@ both!(
         assert_eq!(before, after, "nothing made inside the deny_read path");
     }
 );
+
+// Review of issue 29.10 (the plan's reports): a deny_read directory
+// nested in a deny_write one, its file linked out of both: the deny_read
+// report names no file, but the deny_write one named the file inside the
+// deny_read directory (`required: false`, in `sandbox_degraded`). No
+// report names anything inside a deny_read path. Variant: an unreadable
+// subdirectory of the nested deny_read one (the walk's error named it),
+// as the unprivileged user only (root reads it). Positive control: a
+// file of the deny_write directory outside the deny_read one is still
+// named. Layer: the agent's plan.
+both!(
+    c29_10_reports_name_nothing_inside_deny_read,
+    |e: Env| async move {
+        std::fs::create_dir_all(e.ws.join(".git/private/sub-HIDDEN")).unwrap();
+        std::fs::write(e.ws.join(".git/private/sub-HIDDEN/tok-HIDDEN"), "S\n").unwrap();
+        std::fs::hard_link(
+            e.ws.join(".git/private/sub-HIDDEN/tok-HIDDEN"),
+            e.ws.join("src/tok"),
+        )
+        .unwrap();
+        if e.uid != current_uid() {
+            chown_r(&e.ws, e.uid);
+        }
+        let mut i = e.ws_write();
+        i.required = false;
+        i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+        i.filesystem.deny_read = vec![wp(&e.ws.join(".git/private"))];
+        let (_, code, degraded) = run(&e, &i, "true").await.unwrap();
+        assert_eq!(code, 0);
+        let d = degraded.join("; ");
+        assert!(d.contains("deny_write.0") && d.contains("hard link"), "{d}");
+        assert!(
+            !d.contains("HIDDEN"),
+            "the agent's plan named a file inside deny_read: {d}"
+        );
+        // Positive control: a file of .git outside .git/private is named.
+        std::fs::hard_link(e.ws.join(".git/config"), e.ws.join("src/cfg")).unwrap();
+        let (_, _, degraded) = run(&e, &i, "true").await.unwrap();
+        let d = degraded.join("; ");
+        assert!(d.contains(".git/config") && !d.contains("HIDDEN"), "{d}");
+        std::fs::remove_file(e.ws.join("src/cfg")).unwrap();
+        std::fs::remove_file(e.ws.join("src/tok")).unwrap();
+        // Variant: an unreadable directory inside the deny_read one.
+        if e.uid != 0 {
+            let sub = e.ws.join(".git/private/sub-HIDDEN");
+            std::fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+                .unwrap();
+            let (_, _, degraded) = run(&e, &i, "true").await.unwrap();
+            std::fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            let d = degraded.join("; ");
+            assert!(
+                d.contains("deny_write.0") && d.contains("cannot be examined"),
+                "{d}"
+            );
+            assert!(
+                !d.contains("HIDDEN"),
+                "the agent's plan named a directory inside deny_read: {d}"
+            );
+        }
+    }
+);
