@@ -136,6 +136,7 @@ fn narrow(mut req: Policy, profile: Policy, param: &str) -> Result<Policy, WireE
     }
     req.deny_read.extend(profile.deny_read);
     req.deny_write.extend(profile.deny_write);
+    executor_sandbox::policy::drop_nested(&mut req.deny_read, &mut req.deny_write);
     // The links on the way to the profile's carve-outs are pinned as for
     // the request's own (a `.git` link to the real git directory).
     for l in profile.carve_out_links {

@@ -482,6 +482,8 @@ fn placeholder_io(d: &Path) -> impl FnOnce(std::io::Error) -> PlanError {
 /// The carve-outs of a plan, gathered one by one.
 struct CarveOuts<'a> {
     write_paths: &'a [PathBuf],
+    /// The `deny_read` carve-outs: no name inside one is ever reported.
+    hidden: &'a [PathBuf],
     required: bool,
     deny_write: Vec<Node>,
     deny_read: Vec<Node>,
@@ -494,9 +496,10 @@ struct CarveOuts<'a> {
 
 impl<'a> CarveOuts<'a> {
     /// No carve-outs yet, for a job with these write roots.
-    fn new(write_paths: &'a [PathBuf], required: bool) -> Self {
+    fn new(write_paths: &'a [PathBuf], hidden: &'a [PathBuf], required: bool) -> Self {
         CarveOuts {
             write_paths,
+            hidden,
             required,
             deny_write: Vec::new(),
             deny_read: Vec::new(),
@@ -551,7 +554,7 @@ impl<'a> CarveOuts<'a> {
         is_read: bool,
         degraded: &mut Vec<String>,
     ) -> Result<(), PlanError> {
-        if let Some(what) = linked_names(field, d, m, is_read) {
+        if let Some(what) = linked_names(field, d, m, is_read, self.hidden) {
             if self.required {
                 return Err(PlanError::Unavailable(what));
             }
@@ -662,7 +665,15 @@ impl<'a> CarveOuts<'a> {
 /// protect its data: a file with other hard links, a directory holding a
 /// file with names outside it ([`crate::holds`]), or a directory too large
 /// (or changing too fast) to examine. `None`: no other name reaches it.
-fn linked_names(field: &str, d: &Path, m: &std::fs::Metadata, is_read: bool) -> Option<String> {
+/// No name inside a `deny_read` carve-out (`d` itself when `is_read`, or
+/// one of `hidden` a `deny_write` directory holds) is ever in the answer.
+fn linked_names(
+    field: &str,
+    d: &Path,
+    m: &std::fs::Metadata,
+    is_read: bool,
+    hidden: &[PathBuf],
+) -> Option<String> {
     let stays = if is_read { "readable" } else { "writable" };
     if !m.is_dir() {
         return (m.nlink() > 1).then(|| {
@@ -674,16 +685,23 @@ fn linked_names(field: &str, d: &Path, m: &std::fs::Metadata, is_read: bool) -> 
         });
     }
     #[cfg(not(target_os = "linux"))]
-    return Some(format!(
-        "{field}: {} cannot be examined for hard links on this platform",
-        d.display()
-    ));
+    return {
+        let _ = hidden;
+        Some(format!(
+            "{field}: {} cannot be examined for hard links on this platform",
+            d.display()
+        ))
+    };
+    #[cfg(target_os = "linux")]
+    let is_hidden = |p: &Path| is_read || hidden.iter().any(|h| p.starts_with(h));
     #[cfg(target_os = "linux")]
     match crate::holds::linked_out(d, Some((m.dev(), m.ino())), crate::holds::MAX_ENTRIES) {
         // Nothing inside a deny_read carve-out is named (its names are
         // part of what it hides).
-        Ok(l) => l.first().map(|f| {
-            let which = if is_read {
+        Ok(l) => l.first().map(|first| {
+            // A file outside every deny_read path is named, if there is one.
+            let f = l.iter().find(|f| !is_hidden(&f.path)).unwrap_or(first);
+            let which = if is_hidden(&f.path) {
                 format!("a file ({} hard links)", f.nlink)
             } else {
                 format!("{} ({} hard links)", f.path.display(), f.nlink)
@@ -695,9 +713,14 @@ fn linked_names(field: &str, d: &Path, m: &std::fs::Metadata, is_read: bool) -> 
             )
         }),
         Err(e) => {
+            let hide = match &e {
+                crate::holds::ScanError::Io { path, .. }
+                | crate::holds::ScanError::Changed { path } => is_hidden(path),
+                _ => is_read,
+            };
             let why = match e {
                 crate::holds::ScanError::TooMany { .. } => e.to_string(),
-                _ if is_read => format!(
+                _ if hide => format!(
                     "{} cannot be examined for hard links (it changed, or cannot be read)",
                     d.display()
                 ),
@@ -863,7 +886,7 @@ pub fn plan(
         own_tmp: needs_tmp,
         over_tmp,
     };
-    let mut carve = CarveOuts::new(&write_paths, policy.required);
+    let mut carve = CarveOuts::new(&write_paths, &policy.deny_read, policy.required);
     for (i, d) in policy.deny_read.iter().enumerate() {
         let field = format!("{param}.filesystem.deny_read.{i}");
         carve.add(&field, d, true, &visible, &mut degraded)?;

@@ -283,6 +283,14 @@ const MAX_LINKS: usize = 40;
 /// otherwise `final_link` is set. From the first component that does not
 /// exist (or cannot be searched) on, the rest is kept lexically.
 fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
+    walk_stopping(path, follow, &[])
+}
+
+/// [`walk`], looking nothing up at or below a path of `stop` (canonical
+/// `deny_read` carve-outs): from there on the rest is kept lexically, as
+/// a missing part is, so what such a carve-out holds (files, links) never
+/// shapes another carve-out.
+fn walk_stopping(path: &Path, follow: bool, stop: &[PathBuf]) -> std::io::Result<Walk> {
     use std::collections::VecDeque;
     use std::ffi::OsString;
     use std::path::Component;
@@ -330,7 +338,7 @@ fn walk(path: &Path, follow: bool) -> std::io::Result<Walk> {
             }
             continue;
         }
-        if !tail.is_empty() {
+        if !tail.is_empty() || stop.iter().any(|d| w.path.starts_with(d)) {
             tail.push(name);
             continue;
         }
@@ -502,39 +510,67 @@ pub fn existing(path: &Path) -> Option<Checked> {
     })
 }
 
+///
+/// Nothing is looked up at or below a `deny_read` carve-out (`stop`, and
+/// the `deny_read` ones of this list resolved before, shallowest first):
+/// a carve-out there is kept lexically (and dropped by [`resolve`]), so
+/// neither its outcome nor its errors tell what the `deny_read` path holds.
 fn carve_outs(
     list: &[WirePath],
     name: &str,
     ctx: &Context,
     links: &mut Vec<Checked>,
+    stop: &[PathBuf],
 ) -> Result<Vec<PathBuf>, PolicyError> {
-    let mut out = Vec::new();
+    let mut given: Vec<(String, PathBuf)> = Vec::new();
     for (i, p) in list.iter().enumerate() {
         let field = format!("sandbox.filesystem.{name}.{i}");
         match expand(p, &field, ctx)? {
             Expanded::Tmp => return Err(PolicyError::TmpCarveOut { field }),
-            Expanded::Paths(paths) => {
-                for path in paths {
-                    // A carve-out names what a process would reach: a
-                    // symlink is followed, also to what does not exist yet.
-                    let w = walk(&path, true).map_err(|e| PolicyError::Unresolvable {
-                        field: field.clone(),
-                        path: path.to_string_lossy().into_owned(),
-                        reason: e.to_string(),
-                    })?;
-                    for (at, _) in w.links {
-                        if !links.contains(&at) {
-                            links.push(at);
-                        }
-                    }
-                    if !out.contains(&w.path) {
-                        out.push(w.path);
-                    }
-                }
+            Expanded::Paths(paths) => given.extend(paths.into_iter().map(|p| (field.clone(), p))),
+        }
+    }
+    // Shallowest first: a deny_read path is known before one named below it.
+    let mut order: Vec<usize> = (0..given.len()).collect();
+    order.sort_by_key(|&i| given[i].1.components().count());
+    let mut stop = stop.to_vec();
+    let mut found: Vec<Option<PathBuf>> = vec![None; given.len()];
+    for i in order {
+        let (field, path) = &given[i];
+        // A carve-out names what a process would reach: a symlink is
+        // followed, also to what does not exist yet.
+        let w = walk_stopping(path, true, &stop).map_err(|e| PolicyError::Unresolvable {
+            field: field.clone(),
+            path: path.to_string_lossy().into_owned(),
+            reason: e.to_string(),
+        })?;
+        for (at, _) in w.links {
+            if !links.contains(&at) {
+                links.push(at);
             }
+        }
+        if name == "deny_read" {
+            stop.push(w.path.clone());
+        }
+        found[i] = Some(w.path);
+    }
+    let mut out = Vec::new();
+    for p in found.into_iter().flatten() {
+        if !out.contains(&p) {
+            out.push(p);
         }
     }
     Ok(out)
+}
+
+/// A carve-out inside a `deny_read` one adds nothing (nothing below a
+/// `deny_read` path is reached) and is dropped: never covered, pinned or
+/// given a placeholder inside it, so a job's start does not depend on what
+/// that path holds.
+pub fn drop_nested(deny_read: &mut Vec<PathBuf>, deny_write: &mut Vec<PathBuf>) {
+    let all_read = deny_read.clone();
+    deny_read.retain(|d| !all_read.iter().any(|r| r != d && d.starts_with(r)));
+    deny_write.retain(|d| !all_read.iter().any(|r| d.starts_with(r)));
 }
 
 /// Resolve an intent for one request.
@@ -546,11 +582,21 @@ pub fn resolve(intent: &SandboxIntent, ctx: &Context) -> Result<Policy, PolicyEr
         ReadRoots::All => None,
         ReadRoots::Paths(p) => Some(roots(p, "read", ctx, &mut links)?),
     };
+    let write = roots(&fs.write, "write", ctx, &mut links)?;
+    let mut deny_read = carve_outs(&fs.deny_read, "deny_read", ctx, &mut carve_out_links, &[])?;
+    let mut deny_write = carve_outs(
+        &fs.deny_write,
+        "deny_write",
+        ctx,
+        &mut carve_out_links,
+        &deny_read,
+    )?;
+    drop_nested(&mut deny_read, &mut deny_write);
     Ok(Policy {
         read,
-        write: roots(&fs.write, "write", ctx, &mut links)?,
-        deny_read: carve_outs(&fs.deny_read, "deny_read", ctx, &mut carve_out_links)?,
-        deny_write: carve_outs(&fs.deny_write, "deny_write", ctx, &mut carve_out_links)?,
+        write,
+        deny_read,
+        deny_write,
         network: intent.network.clone(),
         required: intent.required,
         links,

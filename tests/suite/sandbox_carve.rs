@@ -587,3 +587,140 @@ both!(
         );
     }
 );
+
+// Review of issue 29.10 (jobs): a carve-out named below a deny_read
+// directory was looked up, covered, pinned or given a placeholder inside
+// it, so a job's start answered by what the deny_read path holds
+// (`deny_write secrets/key/x` failed at "binding deny_write paths",
+// `secrets/dir/x` at "pinning the ancestors", `secrets/dir` at "binding")
+// and no job with such a carve-out ran at all. Such a carve-out adds
+// nothing and is dropped unlooked-at: every one of them runs the same.
+// Variant: a symlink inside the deny_read path (`secrets/lnk -> ../src`)
+// does not turn `deny_write secrets/lnk/x` into a carve-out of `src`.
+// Positive controls: the deny_read cover still hides the secret, and a
+// carve-out beside it is still enforced (EROFS). Layer: the agent's
+// policy (sandbox::policy), before the plan and the mount namespace.
+both!(
+    c29_10_carve_outs_below_deny_read_are_not_looked_up,
+    |e: Env| async move {
+        std::fs::create_dir_all(e.ws.join("secrets/dir/sub")).unwrap();
+        std::fs::create_dir_all(e.ws.join("open")).unwrap();
+        std::os::unix::fs::symlink("../src", e.ws.join("secrets/lnk")).unwrap();
+        if e.uid != current_uid() {
+            chown_r(&e.ws, e.uid);
+        }
+        let before: Vec<_> = std::fs::read_dir(e.ws.join("secrets"))
+            .unwrap()
+            .map(|x| x.unwrap().file_name())
+            .collect();
+        // Everything on stdout, in order.
+        let script =
+            "cat secrets/key 2>&1; touch open/f 2>&1; echo y > src/new && cat src/new; echo end";
+        let mut answers = Vec::new();
+        for nested in [
+            "key", "dir", "absent", "key/x", "dir/x", "absent/x", "dir/sub", "lnk", "lnk/x",
+        ] {
+            for read in [false, true] {
+                let mut i = e.ws_write();
+                i.filesystem.deny_read = vec![wp(&e.ws.join("secrets"))];
+                i.filesystem.deny_write = vec![wp(&e.ws.join("open"))];
+                let inner = wp(&e.ws.join("secrets").join(nested));
+                if read {
+                    i.filesystem.deny_read.push(inner);
+                } else {
+                    i.filesystem.deny_write.push(inner);
+                }
+                let what = format!(
+                    "deny_{} secrets/{nested}",
+                    if read { "read" } else { "write" }
+                );
+                let (out, code, degraded) = run(&e, &i, script)
+                    .await
+                    .unwrap_or_else(|err| panic!("{what}: the agent's policy: {err}"));
+                assert!(!out.contains("TOPSECRET"), "{what}: mount namespace: {out}");
+                assert!(
+                    out.contains("Read-only file system"),
+                    "{what}: open/ EROFS: {out}"
+                );
+                assert!(
+                    out.ends_with("y\nend\n"),
+                    "{what}: src/ stays writable: {out}"
+                );
+                assert!(degraded.is_empty(), "{what}: {degraded:?}");
+                answers.push((code, out));
+                let _ = std::fs::remove_file(e.ws.join("src/new"));
+            }
+        }
+        assert!(
+            answers.windows(2).all(|w| w[0] == w[1]),
+            "one answer whatever is below deny_read: {answers:?}"
+        );
+        let after: Vec<_> = std::fs::read_dir(e.ws.join("secrets"))
+            .unwrap()
+            .map(|x| x.unwrap().file_name())
+            .collect();
+        assert_eq!(before, after, "nothing made inside the deny_read path");
+    }
+);
+
+// Review of issue 29.10 (the plan's reports): a deny_read directory
+// nested in a deny_write one, its file linked out of both: the deny_read
+// report names no file, but the deny_write one named the file inside the
+// deny_read directory (`required: false`, in `sandbox_degraded`). No
+// report names anything inside a deny_read path. Variant: an unreadable
+// subdirectory of the nested deny_read one (the walk's error named it),
+// as the unprivileged user only (root reads it). Positive control: a
+// file of the deny_write directory outside the deny_read one is still
+// named. Layer: the agent's plan.
+both!(
+    c29_10_reports_name_nothing_inside_deny_read,
+    |e: Env| async move {
+        std::fs::create_dir_all(e.ws.join(".git/private/sub-HIDDEN")).unwrap();
+        std::fs::write(e.ws.join(".git/private/sub-HIDDEN/tok-HIDDEN"), "S\n").unwrap();
+        std::fs::hard_link(
+            e.ws.join(".git/private/sub-HIDDEN/tok-HIDDEN"),
+            e.ws.join("src/tok"),
+        )
+        .unwrap();
+        if e.uid != current_uid() {
+            chown_r(&e.ws, e.uid);
+        }
+        let mut i = e.ws_write();
+        i.required = false;
+        i.filesystem.deny_write = vec![wp(&e.ws.join(".git"))];
+        i.filesystem.deny_read = vec![wp(&e.ws.join(".git/private"))];
+        let (_, code, degraded) = run(&e, &i, "true").await.unwrap();
+        assert_eq!(code, 0);
+        let d = degraded.join("; ");
+        assert!(d.contains("deny_write.0") && d.contains("hard link"), "{d}");
+        assert!(
+            !d.contains("HIDDEN"),
+            "the agent's plan named a file inside deny_read: {d}"
+        );
+        // Positive control: a file of .git outside .git/private is named.
+        std::fs::hard_link(e.ws.join(".git/config"), e.ws.join("src/cfg")).unwrap();
+        let (_, _, degraded) = run(&e, &i, "true").await.unwrap();
+        let d = degraded.join("; ");
+        assert!(d.contains(".git/config") && !d.contains("HIDDEN"), "{d}");
+        std::fs::remove_file(e.ws.join("src/cfg")).unwrap();
+        std::fs::remove_file(e.ws.join("src/tok")).unwrap();
+        // Variant: an unreadable directory inside the deny_read one.
+        if e.uid != 0 {
+            let sub = e.ws.join(".git/private/sub-HIDDEN");
+            std::fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+                .unwrap();
+            let (_, _, degraded) = run(&e, &i, "true").await.unwrap();
+            std::fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            let d = degraded.join("; ");
+            assert!(
+                d.contains("deny_write.0") && d.contains("cannot be examined"),
+                "{d}"
+            );
+            assert!(
+                !d.contains("HIDDEN"),
+                "the agent's plan named a directory inside deny_read: {d}"
+            );
+        }
+    }
+);
