@@ -341,3 +341,40 @@ root_and_unprivileged!(
         );
     }
 );
+
+// A wide directory: 20,000 non-empty subdirectories side by side (made in
+// a second or two). Their removal must take time linear in what the job
+// left: a removal that read the directory again after each subdirectory
+// it emptied took 318 s for this tree (N²/2 entries read), holding the
+// job's `process/exited` (and, in a sweep, the jobs' lock) all along.
+root_and_unprivileged!(
+    a_wide_directory_is_removed_in_linear_time,
+    |unprivileged: bool| async move {
+        let e = case(unprivileged).await;
+        let s = "mkdir q(w) or die; for my $i (1..20000) { mkdir qq(w/$i) or die; mkdir qq(w/$i/x) or die }";
+        let (dir, job) = job_making(&e, "wide", s).await;
+        assert!(
+            dir.join("w/20000/x").is_dir(),
+            "positive control: the wide tree is there"
+        );
+        let t = Instant::now();
+        job.close_stdin().await.unwrap();
+        let st = tokio::time::timeout(Duration::from_secs(60), job.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the job's end took over 60 s: the agent's removal of its :tmp (20,000 \
+                     non-empty subdirectories) is not linear"
+                )
+            })
+            .unwrap();
+        assert_eq!(st.code, Some(0));
+        assert!(
+            gone(&dir),
+            "the wide :tmp {} outlived its job",
+            dir.display()
+        );
+        eprintln!("removed in {:?}", t.elapsed());
+        outside_intact(&e);
+    }
+);
