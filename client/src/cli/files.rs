@@ -134,8 +134,10 @@ pub async fn walk(client: &Client, args: WalkArgs) -> anyhow::Result<i32> {
         for e in &page.errors {
             unreadable += 1;
             let shown = super::quote::name(e.path.as_bytes());
-            tracing::warn!(path = %shown, code = %e.code, "{}", e.message);
-            say!("executor-client: walk: {shown}: {}", e.message);
+            // The agent's message names the path again, as it is.
+            let message = super::quote::message(&e.message);
+            tracing::warn!(path = %shown, code = %e.code, "{message}");
+            say!("executor-client: walk: {shown}: {message}");
         }
     })
     .await?;
