@@ -486,3 +486,33 @@ sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
         .expect("python3");
     (out.stdout, out.status.code())
 }
+
+/// `walk --json` on a terminal: JSON escapes C0 controls but wrote C1
+/// (U+009B, a CSI for terminals that honour 8-bit controls), DEL and bidi
+/// overrides raw. On a terminal they are `\u` escapes: the same JSON
+/// value (exact), nothing a terminal acts on.
+#[test]
+fn walk_json_on_a_terminal_is_exact_and_inert() {
+    if !have_tools() {
+        return;
+    }
+    let (d, want) = tree();
+    let (screen, code) = on_a_terminal(&[OsStr::new("walk"), OsStr::new("--json"), d.as_os_str()]);
+    assert_eq!(code, Some(0), "{}", String::from_utf8_lossy(&screen));
+    assert_inert(&screen, "walk --json");
+    let got: BTreeSet<Vec<u8>> = lines(&screen)
+        .into_iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_slice(l).expect("one JSON object per line");
+            let path: Vec<u8> = match v.get("path_bytes") {
+                Some(b) => serde_json::from_value(b.clone()).unwrap(),
+                None => v["path"].as_str().unwrap().as_bytes().to_vec(),
+            };
+            let kind = &v["kind"].as_str().unwrap()[..1];
+            let mut e = format!("{kind} {} ", v["size"]).into_bytes();
+            e.extend(path);
+            e
+        })
+        .collect();
+    assert_eq!(got, want, "--json on a terminal: the same values, exact");
+}

@@ -99,6 +99,28 @@ pub fn message(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Serialized JSON for a terminal: JSON escapes C0 controls itself; every
+/// other [`unsafe_char`] (DEL, C1, bidi and format characters) becomes a
+/// `\uXXXX` escape too (a surrogate pair past U+FFFF). The same JSON
+/// value: such characters only occur inside strings.
+pub fn json_inert(json: String) -> String {
+    if !json.chars().any(unsafe_char) {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if unsafe_char(c) {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `bytes` in GNU `ls`'s `shell-escape` style: as they are when every byte
 /// is plain (and the name is not empty), `'…'` when only shell syntax
 /// needs quoting, `$'…'` when a byte must be escaped.
@@ -256,6 +278,17 @@ mod round_trip {
             );
         }
         assert_eq!(bash(&words), names);
+    }
+
+    #[test]
+    fn json_on_a_terminal_is_the_same_value() {
+        let v = serde_json::json!({"p": "a\u{7f}\u{9b}\u{202e}\u{e0041}\n"});
+        let shown = super::json_inert(v.to_string());
+        assert_eq!(shown, r#"{"p":"a\u007f\u009b\u202e\udb40\udc41\n"}"#);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
+            v
+        );
     }
 
     #[test]
