@@ -216,26 +216,67 @@ pub fn sweep() -> std::io::Result<Vec<PathBuf>> {
         if !is_job_dir {
             continue;
         }
-        use std::os::unix::fs::OpenOptionsExt;
-        let Ok(f) = std::fs::File::options()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(e.path())
-        else {
-            continue;
-        };
-        if let Ok(held) = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            // One tree that stays (each failure logged) does not keep the
-            // others: the next sweep tries it again.
-            match remove_tree(&e.path()) {
-                Ok(()) => removed.push(e.path()),
-                Err(err) if first.is_ok() => first = Err(err),
-                Err(_) => {}
+        let (f, taken) = match open_to_lock(&e.path()) {
+            Ok(v) => v,
+            Err(err) => {
+                tracing::warn!(path = %e.path().display(), error = %err, "cannot open a job's directory to test its lock; the next sweep tries again");
+                if first.is_ok() {
+                    first = Err(err);
+                }
+                continue;
             }
-            drop(held);
+        };
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(held) => {
+                // One tree that stays (each failure logged) does not keep
+                // the others: the next sweep tries it again.
+                match remove_tree(&e.path()) {
+                    Ok(()) => removed.push(e.path()),
+                    Err(err) if first.is_ok() => first = Err(err),
+                    Err(_) => {}
+                }
+                drop(held);
+            }
+            // A live job's: the mode its job gave it is put back.
+            Err((f, _)) => {
+                if let Some(mode) = taken {
+                    let _ =
+                        nix::sys::stat::fchmod(&f, nix::sys::stat::Mode::from_bits_truncate(mode));
+                }
+            }
         }
     }
     first.map(|()| removed)
+}
+
+/// The job directory `p` opened (read-only, never through a symlink) to
+/// test its lock. A job may have taken its own `/tmp`'s permissions away:
+/// then `u+rwx` is given back through an `O_PATH` descriptor first, and
+/// the mode it had is returned (to put back when a live job holds it).
+fn open_to_lock(p: &Path) -> std::io::Result<(std::fs::File, Option<u32>)> {
+    use nix::fcntl::OFlag;
+    use std::os::fd::AsFd;
+    let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let path = nix::fcntl::open(p, flags | OFlag::O_PATH, nix::sys::stat::Mode::empty())
+        .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    let st =
+        nix::sys::stat::fstat(&path).map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    let mode = st.st_mode & 0o7777;
+    let taken = if mode & 0o500 != 0o500 {
+        crate::sys::chmod_fd(path.as_fd(), mode | 0o700)?;
+        Some(mode)
+    } else {
+        None
+    };
+    // The inode the O_PATH descriptor names, opened for reading.
+    let fd = nix::fcntl::openat(
+        &path,
+        ".",
+        flags | OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+    Ok((std::fs::File::from(fd), taken))
 }
 
 /// [`jobs_parent`], created if needed, and checked to be this user's own

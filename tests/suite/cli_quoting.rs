@@ -62,35 +62,10 @@ fn tree() -> (PathBuf, BTreeSet<Vec<u8>>) {
 /// `argv` on a new PTY (stdout and stderr the terminal): every byte the
 /// terminal received, and the exit code.
 fn on_a_terminal(argv: &[&OsStr]) -> (Vec<u8>, Option<i32>) {
-    const DRIVER: &str = r#"
-import os, pty, sys
-pid, fd = pty.fork()
-if pid == 0:
-    os.execvp(sys.argv[1], sys.argv[1:])
-seen = b""
-while True:
-    try:
-        d = os.read(fd, 65536)
-    except OSError:
-        break
-    if not d:
-        break
-    seen += d
-_, status = os.waitpid(pid, 0)
-sys.stdout.buffer.write(seen)
-sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
-"#;
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(DRIVER)
-        .arg(client_bin())
-        .args(Via::Local.flags())
-        .args(argv)
-        .env("RUST_BACKTRACE", "0")
-        .env_remove("EXECUTOR_TARGET")
-        .output()
-        .expect("python3");
-    (out.stdout, out.status.code())
+    let mut full: Vec<std::ffi::OsString> = vec![client_bin().into()];
+    full.extend(Via::Local.flags().into_iter().map(Into::into));
+    full.extend(argv.iter().map(|a| a.to_os_string()));
+    on_a_terminal_raw(&full)
 }
 
 fn have_tools() -> bool {
@@ -396,4 +371,148 @@ fn get_r_copies_hostile_names_exactly() {
     };
     assert_eq!(names(&dest), names(&d), "every name copied exactly");
     assert_eq!(names(&d).len(), want.len());
+}
+
+/// `walk` of a tree with unreadable directories whose names hold a line
+/// break and a bidi override (the reported forgery), and a variant with
+/// the Arabic letter mark, a bidi isolate and U+2028: the agent's error
+/// message names the path again, as it is, and the client showed it raw
+/// on stderr (a forged `executor-client:` line, U+202E reordering it).
+/// Run by an unprivileged user (root reads a mode-000 directory).
+#[test]
+fn walk_errors_quoting_the_agent_message_stay_on_one_line_and_inert() {
+    if !have_tools() {
+        return;
+    }
+    let d = unique_tempdir("quoting-walkerr");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let names: [&[u8]; 2] = [
+        "a\nexecutor-client: FORGED\u{202e}gpj.exe".as_bytes(),
+        "b\u{61c}\u{2067}x\u{2028}executor-client: FORGED2".as_bytes(),
+    ];
+    for n in names {
+        let p = d.join(OsStr::from_bytes(n));
+        std::fs::create_dir(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    std::fs::write(d.join("plain"), "p").unwrap();
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    if current_uid() == 0 {
+        if std::process::Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            return prerequisite_missing("setpriv");
+        }
+        nix::unistd::chown(&d, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        for a in [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ] {
+            argv.push(a.into());
+        }
+    }
+    argv.push(client_bin().into());
+    argv.extend(Via::Local.flags().into_iter().map(Into::into));
+    argv.push("walk".into());
+    argv.push(d.clone().into());
+    let (screen, _) = on_a_terminal_raw(&argv);
+    let s = String::from_utf8_lossy(&screen).into_owned();
+    assert!(
+        s.contains("f 1 plain"),
+        "positive control: the readable part is listed: {s}"
+    );
+    assert!(
+        s.contains("executor-client: walk:"),
+        "positive control: the unreadable directories are reported: {s}"
+    );
+    assert!(
+        !lines(&screen)
+            .iter()
+            .any(|l| l.starts_with(b"executor-client: FORGED")),
+        "an agent's message forged a line on stderr (the CLI's output): {s}"
+    );
+    for c in ['\u{202e}', '\u{61c}', '\u{2067}', '\u{2028}'] {
+        assert!(
+            !s.contains(c),
+            "{c:?} reached the terminal in a message (the CLI's output): {s}"
+        );
+    }
+    // The client's own log line is coloured on a terminal (SGR only).
+    let mut plain = screen.clone();
+    for sgr in [&b"\x1b[0m"[..], b"\x1b[2m", b"\x1b[3m", b"\x1b[33m"] {
+        while let Some(i) = plain.windows(sgr.len()).position(|w| w == sgr) {
+            plain.drain(i..i + sgr.len());
+        }
+    }
+    assert_inert(&plain, "walk's errors");
+    for n in names {
+        let p = d.join(OsStr::from_bytes(n));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+}
+
+/// A full argv (its first word the program) on a new PTY.
+fn on_a_terminal_raw(argv: &[std::ffi::OsString]) -> (Vec<u8>, Option<i32>) {
+    const DRIVER: &str = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+seen = b""
+while True:
+    try:
+        d = os.read(fd, 65536)
+    except OSError:
+        break
+    if not d:
+        break
+    seen += d
+_, status = os.waitpid(pid, 0)
+sys.stdout.buffer.write(seen)
+sys.exit(os.waitstatus_to_exitcode(status) & 0xff)
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(DRIVER)
+        .args(argv)
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("EXECUTOR_TARGET")
+        .output()
+        .expect("python3");
+    (out.stdout, out.status.code())
+}
+
+/// `walk --json` on a terminal: JSON escapes C0 controls but wrote C1
+/// (U+009B, a CSI for terminals that honour 8-bit controls), DEL and bidi
+/// overrides raw. On a terminal they are `\u` escapes: the same JSON
+/// value (exact), nothing a terminal acts on.
+#[test]
+fn walk_json_on_a_terminal_is_exact_and_inert() {
+    if !have_tools() {
+        return;
+    }
+    let (d, want) = tree();
+    let (screen, code) = on_a_terminal(&[OsStr::new("walk"), OsStr::new("--json"), d.as_os_str()]);
+    assert_eq!(code, Some(0), "{}", String::from_utf8_lossy(&screen));
+    assert_inert(&screen, "walk --json");
+    let got: BTreeSet<Vec<u8>> = lines(&screen)
+        .into_iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_slice(l).expect("one JSON object per line");
+            let path: Vec<u8> = match v.get("path_bytes") {
+                Some(b) => serde_json::from_value(b.clone()).unwrap(),
+                None => v["path"].as_str().unwrap().as_bytes().to_vec(),
+            };
+            let kind = &v["kind"].as_str().unwrap()[..1];
+            let mut e = format!("{kind} {} ", v["size"]).into_bytes();
+            e.extend(path);
+            e
+        })
+        .collect();
+    assert_eq!(got, want, "--json on a terminal: the same values, exact");
 }

@@ -96,10 +96,12 @@ pub fn say(msg: &str) {
     eprintln!("{}", shown(msg));
 }
 
-/// `s` with its control characters (C0 but `\n` and `\t`, DEL, C1)
+/// `s` with its control characters (C0 but `\n` and `\t`, DEL, C1) and
+/// every other character a terminal acts on or that hides or reorders
+/// text ([`super::quote::unsafe_char`]: bidi overrides, U+2028…)
 /// escaped.
 pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
-    let plain = |c: char| !c.is_control() || c == '\n' || c == '\t';
+    let plain = |c: char| !super::quote::unsafe_char(c) || c == '\n' || c == '\t';
     if s.chars().all(plain) {
         return std::borrow::Cow::Borrowed(s);
     }

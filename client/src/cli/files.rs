@@ -56,9 +56,7 @@ pub async fn info(client: &Client) -> anyhow::Result<i32> {
     init["resume_token"] = serde_json::Value::String("<redacted>".into());
     let env = client.environment_info().await?;
     let out = serde_json::json!({ "initialize": init, "environment": env });
-    let mut stdout = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut stdout, &out)?;
-    writeln!(stdout)?;
+    print_json(&out)?;
     Ok(0)
 }
 
@@ -134,8 +132,10 @@ pub async fn walk(client: &Client, args: WalkArgs) -> anyhow::Result<i32> {
         for e in &page.errors {
             unreadable += 1;
             let shown = super::quote::name(e.path.as_bytes());
-            tracing::warn!(path = %shown, code = %e.code, "{}", e.message);
-            say!("executor-client: walk: {shown}: {}", e.message);
+            // The agent's message names the path again, as it is.
+            let message = super::quote::message(&e.message);
+            tracing::warn!(path = %shown, code = %e.code, "{message}");
+            say!("executor-client: walk: {shown}: {message}");
         }
     })
     .await?;
@@ -172,6 +172,12 @@ fn write_entry(
         if e.path.as_str().is_none() {
             line["path_bytes"] = serde_json::json!(e.path.as_bytes());
         }
+        let line = line.to_string();
+        let line = if terminal {
+            super::quote::json_inert(line)
+        } else {
+            line
+        };
         return writeln!(out, "{line}");
     }
     write!(out, "{} {} ", kind_letter(e.kind), e.size)?;
@@ -210,10 +216,19 @@ pub async fn stat(client: &Client, args: StatArgs) -> anyhow::Result<i32> {
         "uid": st.uid,
         "gid": st.gid,
     });
-    let mut stdout = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut stdout, &out)?;
-    writeln!(stdout)?;
+    print_json(&out)?;
     Ok(0)
+}
+
+/// `value` pretty-printed on stdout (on a terminal, nothing in it a
+/// terminal acts on: [`super::quote::json_inert`]).
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    if super::quote::stdout_is_terminal() {
+        text = super::quote::json_inert(text);
+    }
+    writeln!(std::io::stdout().lock(), "{text}")?;
+    Ok(())
 }
 
 /// `ns` since the epoch as `YYYY-MM-DDTHH:MM:SS.NNNNNNNNNZ`.

@@ -174,7 +174,7 @@ fn start_failure(e: Error, cwd: &str) -> anyhow::Result<i32> {
         ErrorCode::PermissionDenied if about_program => exit::NOT_EXECUTABLE,
         _ => return Err(e.into()),
     };
-    say!("executor-client: {}", w.message.replace('\n', "\\n"));
+    say!("executor-client: {}", super::quote::message(&w.message));
     Ok(code)
 }
 

@@ -143,11 +143,13 @@ impl Copy<'_> {
         self.client
             .walk(executor_client::fs::walk_params(root), |page| {
                 entries.extend(page.entries.iter().cloned());
-                errors.extend(
-                    page.errors
-                        .iter()
-                        .map(|e| format!("{}: {}", quote::name(e.path.as_bytes()), e.message)),
-                );
+                errors.extend(page.errors.iter().map(|e| {
+                    format!(
+                        "{}: {}",
+                        quote::name(e.path.as_bytes()),
+                        quote::message(&e.message)
+                    )
+                }));
             })
             .await?;
         if let Some(first) = errors.first() {
