@@ -1152,3 +1152,70 @@ both!(
         );
     }
 );
+
+/// The terminal pairs that exist on the host now (`/dev/pts` entries).
+fn pts_names() -> std::collections::BTreeSet<String> {
+    std::fs::read_dir("/dev/pts")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+// Issue 29.1, a variant found by the review: a read acts on the host when
+// what it opens is a device (`/dev/ptmx` makes a terminal pair for as
+// long as the handle is held; a watchdog arms, a tape rewinds), so a
+// `read_only` key changed the host through `fs/open`. Every method that
+// opens content refuses a device (and, as before, a FIFO or socket): the
+// agent's fs methods serve files. Layer: the agent's fs open (the object
+// is looked at through its `O_PATH` descriptor before it is opened).
+both!(no_read_opens_a_device, |unprivileged: bool| async move {
+    let uid = if unprivileged && current_uid() == 0 {
+        65534
+    } else {
+        current_uid()
+    };
+    let (base, ws) = tree("ro-dev", uid);
+    let config = write_config(&base, "[profiles.ro]\nread_only = true\n");
+    let (mut a, _) = agent(unprivileged, &config, Some("ro")).await;
+    // Positive control: a regular file is read and held.
+    let r = a
+        .request(1, m::FS_OPEN, &map(&[("path", s(&ws.join("f.txt")))]))
+        .await;
+    assert!(path(&r, "result.handle").is_some(), "control: {r:?}");
+    let before = pts_names();
+    let mut id = 10;
+    for dev in ["/dev/ptmx", "/dev/null", "/dev/zero", "/dev/urandom"] {
+        for method in [m::FS_OPEN, m::FS_READ_FILE, m::FS_READ_STREAM] {
+            id += 1;
+            let mut params = vec![("path", Value::from(dev))];
+            if method == m::FS_READ_STREAM {
+                params.extend([("block_bytes", 4096.into()), ("credit_bytes", 65536.into())]);
+            }
+            let r = a.request(id, method, &map(&params)).await;
+            let code = path(&r, "error.code").and_then(|v| v.as_str().map(str::to_owned));
+            let msg = path(&r, "error.message")
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            assert_eq!(
+                code.as_deref(),
+                Some("io"),
+                "agent fs open: {method} of {dev} was not refused: {r:?}"
+            );
+            assert!(
+                msg.contains(dev) && msg.contains("a device"),
+                "the refusal names the path and why: {msg}"
+            );
+        }
+    }
+    let after = pts_names();
+    assert_eq!(
+        before, after,
+        "agent fs open: a read_only key made a terminal pair on the host"
+    );
+    // The connection survives and still reads files.
+    let r = a
+        .request(99, m::FS_READ_FILE, &map(&[("path", s(&ws.join("f.txt")))]))
+        .await;
+    assert!(get(&r, "result").is_some(), "{r:?}");
+    a.close_and_wait().await;
+});

@@ -494,13 +494,21 @@ impl Resolved {
     pub fn reopen(&self, flags: i32) -> Result<std::fs::File, WireError> {
         let fd = self.node()?;
         // A FIFO or socket would block the open (and a blocking-pool
-        // thread) until a peer appears: refused.
+        // thread) until a peer appears; a device's open acts on the host
+        // (`/dev/ptmx` makes a terminal pair, a watchdog arms, a tape
+        // rewinds), which no read may do (a `read_only` key included), and
+        // a block device's bytes are past every carve-out: all refused.
         let st = nix::sys::stat::fstat(fd)
             .map_err(|e| io_error(&e.into(), &self.path, "cannot stat"))?;
-        if matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFSOCK) {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFIFO | libc::S_IFSOCK => Some("a FIFO or socket"),
+            libc::S_IFCHR | libc::S_IFBLK => Some("a device"),
+            _ => None,
+        };
+        if let Some(kind) = kind {
             return Err(WireError::new(
                 ErrorCode::Io,
-                format!("{} is a FIFO or socket, not a file", self.path.display()),
+                format!("{} is {kind}, not a file", self.path.display()),
             )
             .with("path", super::wire_path_value(&self.path)));
         }
