@@ -597,6 +597,17 @@ macro_rules! root_and_unprivileged {
     };
 }
 
+/// A msgpack map of `entries` (string keys, in order), for request params
+/// written by hand.
+pub fn msgpack_map(entries: &[(&str, Value)]) -> Value {
+    Value::Map(
+        entries
+            .iter()
+            .map(|(k, v)| (Value::from(*k), v.clone()))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod prerequisite_tests {
     #[test]

@@ -37,14 +37,7 @@ fn sh(script: &str) -> ProcessStartParams {
     )
 }
 
-fn map(entries: &[(&str, Value)]) -> Value {
-    Value::Map(
-        entries
-            .iter()
-            .map(|(k, v)| (Value::from(*k), v.clone()))
-            .collect(),
-    )
-}
+use executor_tests::msgpack_map as map;
 
 #[tokio::test]
 async fn a_profile_allowing_only_read_file_refuses_everything_else() {

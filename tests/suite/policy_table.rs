@@ -22,14 +22,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn map(entries: &[(&str, Value)]) -> Value {
-    Value::Map(
-        entries
-            .iter()
-            .map(|(k, v)| (Value::from(*k), v.clone()))
-            .collect(),
-    )
-}
+use executor_tests::msgpack_map as map;
 
 fn s(p: &Path) -> Value {
     Value::from(p.to_str().unwrap())
@@ -191,6 +184,27 @@ fn valid_params(method: &str, base: &Path, ws: &Path, url: &str, h: &Held) -> Va
     }
 }
 
+/// The uid the agent runs as: 65534 for the unprivileged run as root,
+/// else the current user.
+fn agent_uid(unprivileged: bool) -> u32 {
+    if unprivileged && current_uid() == 0 {
+        65534
+    } else {
+        current_uid()
+    }
+}
+
+/// A config in `base` that writes the audit log to `base/audit.jsonl`:
+/// (the log, the config).
+fn audit_config(base: &Path) -> (PathBuf, PathBuf) {
+    let log = base.join("audit.jsonl");
+    let config = write_config(
+        base,
+        &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
+    );
+    (log, config)
+}
+
 /// An agent (as root or as uid 65534) with `--config config` and
 /// `--profile`, initialized.
 async fn agent(unprivileged: bool, config: &Path, profile: Option<&str>) -> (RawAgent, String) {
@@ -255,11 +269,7 @@ fn reached(l: &std::net::TcpListener) -> bool {
 both!(
     read_only_changes_nothing_on_the_host,
     |unprivileged: bool| async move {
-        let uid = if unprivileged && current_uid() == 0 {
-            65534
-        } else {
-            current_uid()
-        };
+        let uid = agent_uid(unprivileged);
         // Control: without read_only the same sweep changes the host.
         {
             let (base, ws) = tree("ro-control", uid);
@@ -364,11 +374,7 @@ fn read_only_answers_name_the_method_and_the_rule(answers: &BTreeMap<String, Val
 both!(
     read_only_allows_a_network_method_only_by_name,
     |unprivileged: bool| async move {
-        let uid = if unprivileged && current_uid() == 0 {
-            65534
-        } else {
-            current_uid()
-        };
+        let uid = agent_uid(unprivileged);
         let (base, _) = tree("ro-http", uid);
         let config = write_config(
         &base,
@@ -487,11 +493,7 @@ both!(
 both!(
     two_cwds_under_one_profile_get_the_same_roots,
     |unprivileged: bool| async move {
-        let uid = if unprivileged && current_uid() == 0 {
-            65534
-        } else {
-            current_uid()
-        };
+        let uid = agent_uid(unprivileged);
         let (base, ws) = tree("profile-roots", uid);
         let other = base.join("other");
         std::fs::create_dir(&other).unwrap();
@@ -589,17 +591,9 @@ fn audit_lines(log: &Path) -> BTreeMap<u64, serde_json::Value> {
 both!(
     the_audit_line_is_what_the_agent_did,
     |unprivileged: bool| async move {
-        let uid = if unprivileged && current_uid() == 0 {
-            65534
-        } else {
-            current_uid()
-        };
+        let uid = agent_uid(unprivileged);
         let (base, ws) = tree("audit-forge", uid);
-        let log = base.join("audit.jsonl");
-        let config = write_config(
-            &base,
-            &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
-        );
+        let (log, config) = audit_config(&base);
         let (mut a, session) = agent(unprivileged, &config, None).await;
         let real = sh("echo real-argv");
         let decoy = Value::Array(vec!["decoy-argv".into()]);
@@ -805,11 +799,7 @@ both!(
 both!(
     unknown_keys_in_requests_that_act_are_refused,
     |unprivileged: bool| async move {
-        let uid = if unprivileged && current_uid() == 0 {
-            65534
-        } else {
-            current_uid()
-        };
+        let uid = agent_uid(unprivileged);
         let (base, ws) = tree("unknown-keys", uid);
         let config = write_config(&base, "[profiles.rw]\n");
         let (l, url) = listener();
@@ -939,17 +929,9 @@ fn marked(marker: &str) -> Vec<u32> {
 both!(
     a_cancelled_start_leaves_no_job_running_unlisted,
     |unprivileged: bool| async move {
-        let uid = if unprivileged && current_uid() == 0 {
-            65534
-        } else {
-            current_uid()
-        };
+        let uid = agent_uid(unprivileged);
         let (base, _ws) = tree("cancel-start", uid);
-        let log = base.join("audit.jsonl");
-        let config = write_config(
-            &base,
-            &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
-        );
+        let (log, config) = audit_config(&base);
         let (mut a, _) = agent(unprivileged, &config, None).await;
         let tag = format!("cancel-mark-{}-{unprivileged}", std::process::id());
         let mut cancelled = Vec::new();
@@ -1086,17 +1068,9 @@ both!(
 both!(
     a_cancelled_write_is_answered_with_what_it_did,
     |unprivileged: bool| async move {
-        let uid = if unprivileged && current_uid() == 0 {
-            65534
-        } else {
-            current_uid()
-        };
+        let uid = agent_uid(unprivileged);
         let (base, ws) = tree("cancel-write", uid);
-        let log = base.join("audit.jsonl");
-        let config = write_config(
-            &base,
-            &format!("[audit]\nfile = {:?}\n", log.to_str().unwrap()),
-        );
+        let (_, config) = audit_config(&base);
         let (mut a, _) = agent(unprivileged, &config, None).await;
         let data = Value::Binary(vec![b'x'; 4 << 20]);
         let mut lies = Vec::new();
@@ -1169,11 +1143,7 @@ fn pts_names() -> std::collections::BTreeSet<String> {
 // agent's fs methods serve files. Layer: the agent's fs open (the object
 // is looked at through its `O_PATH` descriptor before it is opened).
 both!(no_read_opens_a_device, |unprivileged: bool| async move {
-    let uid = if unprivileged && current_uid() == 0 {
-        65534
-    } else {
-        current_uid()
-    };
+    let uid = agent_uid(unprivileged);
     let (base, ws) = tree("ro-dev", uid);
     let config = write_config(&base, "[profiles.ro]\nread_only = true\n");
     let (mut a, _) = agent(unprivileged, &config, Some("ro")).await;
