@@ -69,11 +69,40 @@ pub(crate) async fn agent_with_hosts(
         prerequisite_missing("root, for a mount namespace with a private /etc/hosts");
         return None;
     }
-    let dir = unique_tempdir(if unprivileged {
+    let tag = if unprivileged {
         "egress-user"
     } else {
         "egress-root"
-    });
+    };
+    Some(
+        agent_in_namespaces(
+            unprivileged,
+            tag,
+            options,
+            extra_config,
+            hosts_text,
+            &["--mount", "--propagation", "private"],
+            r#"mount --bind "$0" /etc/hosts && exec "$@""#,
+        )
+        .await,
+    )
+}
+
+/// An agent (as root, or as uid 65534 through `setpriv`) started by
+/// `unshare UNSHARE -- sh -c SCRIPT HOSTS agent --config …` in a fresh
+/// directory `tag`: `script` gets the file holding `hosts_text` as `$0`
+/// (to bind on /etc/hosts) and ends by `exec "$@"`; the config is the audit
+/// section and exactly `extra_config`.
+pub(crate) async fn agent_in_namespaces(
+    unprivileged: bool,
+    tag: &str,
+    options: ClientOptions,
+    extra_config: &str,
+    hosts_text: &str,
+    unshare: &[&str],
+    script: &str,
+) -> Agent {
+    let dir = unique_tempdir(tag);
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let hosts = dir.join("hosts");
     std::fs::write(&hosts, hosts_text).unwrap();
@@ -88,8 +117,9 @@ pub(crate) async fn agent_with_hosts(
         chown_r(&dir, 65534);
     }
     let mut cmd = tokio::process::Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-        .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
+    cmd.args(unshare)
+        .args(["--", "sh", "-c"])
+        .arg(script)
         .arg(&hosts);
     if unprivileged {
         cmd.args([
@@ -105,7 +135,7 @@ pub(crate) async fn agent_with_hosts(
     }
     cmd.arg("--config").arg(&config);
     let c = Client::spawn(cmd, options).await.expect("agent");
-    Some(Agent { c, dir, audit })
+    Agent { c, dir, audit }
 }
 
 pub(crate) fn egress(hosts: &[String], ask: bool, ask_timeout_ms: u64) -> SandboxIntent {

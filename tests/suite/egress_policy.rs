@@ -10,7 +10,7 @@
 //! private-`/etc/hosts` agent of `egress.rs` where names must resolve to
 //! chosen addresses).
 
-use super::egress::{agent_with_hosts, decisions, egress, find, Agent};
+use super::egress::{agent_in_namespaces, agent_with_hosts, decisions, egress, find, Agent};
 use executor_agent::egress::{ASK_BUDGET, MAX_ASKS, REPORT_BUDGET};
 use executor_client::egress::EgressPolicy;
 use executor_client::{Client, ClientOptions, ErrorCode};
@@ -738,6 +738,49 @@ fn accounted(ds: &[(String, Option<u64>)], tag: &str) -> (usize, u64, u64) {
     (mine.len(), stands_for, counted)
 }
 
+/// An agent (see [`plain_agent`]) whose client denies every question
+/// (scope once), counting them in the returned counter; a question about
+/// a host ending in `slow_suffix` is answered after `delay`, any other at
+/// once.
+async fn counting_denier(
+    unprivileged: bool,
+    slow_suffix: &'static str,
+    delay: Duration,
+) -> Option<(Agent, Arc<AtomicU32>)> {
+    let asked = Arc::new(AtomicU32::new(0));
+    let count = asked.clone();
+    let policy = EgressPolicy::new(move |req: PolicyRequestParams| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if req.host.ends_with(slow_suffix) {
+                tokio::time::sleep(delay).await;
+            }
+            PolicyRequestResult {
+                decision: EgressVerdict::Deny,
+                scope: EgressScope::Once,
+            }
+        }
+    });
+    let options = ClientOptions {
+        egress_policy: Some(policy),
+        ..Default::default()
+    };
+    let a = plain_agent(unprivileged, options, "").await?;
+    Some((a, asked))
+}
+
+/// The decisions notified once the last second's count is reported (at
+/// the end of its second), and each as (host, suppressed) for
+/// [`accounted`].
+async fn reported(
+    sub: &mut executor_client::Subscription,
+) -> (Vec<NetworkDecision>, Vec<(String, Option<u64>)>) {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ds = decisions(sub).await;
+    let reports = ds.iter().map(|d| (d.host.clone(), d.suppressed)).collect();
+    (ds, reports)
+}
+
 // One job looping refused connections to distinct names flooded the audit
 // log and the client (a report per decision). Reports of a job are now
 // bounded per second (REPORT_BUDGET on their own, then one report counting
@@ -815,26 +858,10 @@ both!(
 both!(
     outstanding_asks_are_bounded_per_job,
     |unprivileged| async move {
-        let asked = Arc::new(AtomicU32::new(0));
-        let count = asked.clone();
-        let policy = EgressPolicy::new(move |req: PolicyRequestParams| {
-            count.fetch_add(1, Ordering::SeqCst);
-            async move {
-                // Slow for the flood, at once for the control.
-                if req.host.ends_with(".flood.test") {
-                    tokio::time::sleep(Duration::from_secs(3)).await;
-                }
-                PolicyRequestResult {
-                    decision: EgressVerdict::Deny,
-                    scope: EgressScope::Once,
-                }
-            }
-        });
-        let options = ClientOptions {
-            egress_policy: Some(policy),
-            ..Default::default()
-        };
-        let Some(a) = plain_agent(unprivileged, options, "").await else {
+        // Slow for the flood, at once for the control.
+        let Some((a, asked)) =
+            counting_denier(unprivileged, ".flood.test", Duration::from_secs(3)).await
+        else {
             return;
         };
         let intent = egress(&["127.0.0.1:1".into()], true, 1500);
@@ -860,10 +887,7 @@ both!(
             secs < 10.0,
             "refused without waiting for the client: {secs} s"
         );
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let ds = decisions(&mut sub).await;
-        let reports: Vec<(String, Option<u64>)> =
-            ds.iter().map(|d| (d.host.clone(), d.suppressed)).collect();
+        let (ds, reports) = reported(&mut sub).await;
         assert_eq!(accounted(&reports, ".flood.test").1, 40, "{ds:?}");
         assert!(
             ds.iter()
@@ -946,26 +970,10 @@ both!(
 both!(
     asks_are_bounded_per_second_per_job,
     |unprivileged| async move {
-        let asked = Arc::new(AtomicU32::new(0));
-        let count = asked.clone();
-        let policy = EgressPolicy::new(move |req: PolicyRequestParams| {
-            count.fetch_add(1, Ordering::SeqCst);
-            async move {
-                // Never in time for the timeout variant, at once otherwise.
-                if req.host.ends_with(".late.test") {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-                PolicyRequestResult {
-                    decision: EgressVerdict::Deny,
-                    scope: EgressScope::Once,
-                }
-            }
-        });
-        let options = ClientOptions {
-            egress_policy: Some(policy),
-            ..Default::default()
-        };
-        let Some(a) = plain_agent(unprivileged, options, "").await else {
+        // Never in time for the timeout variant, at once otherwise.
+        let Some((a, asked)) =
+            counting_denier(unprivileged, ".late.test", Duration::from_secs(2)).await
+        else {
             return;
         };
         let mut sub = a.c.subscribe(&[m::NETWORK_DECISION]);
@@ -995,10 +1003,7 @@ both!(
             );
             assert!(n > 0, "{tag}: some are asked");
         }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let ds = decisions(&mut sub).await;
-        let reports: Vec<(String, Option<u64>)> =
-            ds.iter().map(|d| (d.host.clone(), d.suppressed)).collect();
+        let (ds, reports) = reported(&mut sub).await;
         for tag in [".fast.test", ".late.test"] {
             assert_eq!(accounted(&reports, tag).1, N as u64, "{tag}: {ds:?}");
         }
@@ -1188,51 +1193,20 @@ both!(
             prerequisite_missing("root, for a network namespace with a local prefix on lo");
             return;
         }
-        let dir = unique_tempdir("egress-anyip");
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let hosts = dir.join("hosts");
-        std::fs::write(
-            &hosts,
+        let a = agent_in_namespaces(
+            unprivileged,
+            "egress-anyip",
+            ClientOptions::default(),
+            "",
             "127.0.0.1 localhost\n10.233.0.7 anyip.test\n10.233.0.1 own.test\n",
+            &["--mount", "--net", "--propagation", "private"],
+            r#"mount --bind "$0" /etc/hosts && ip link set lo up && ip addr add 10.233.0.1/24 dev lo && { /usr/bin/python3 -m http.server 18099 --bind 0.0.0.0 --directory / >/dev/null 2>&1 </dev/null & } && sleep 0.5 && exec "$@""#,
         )
-        .unwrap();
-        let audit = dir.join("audit.jsonl");
-        let config = dir.join("config.toml");
-        std::fs::write(
-            &config,
-            format!("[audit]\nfile = \"{}\"\n", audit.display()),
-        )
-        .unwrap();
-        if unprivileged {
-            chown_r(&dir, 65534);
-        }
-        let mut cmd = tokio::process::Command::new("unshare");
-        cmd.args(["--mount", "--net", "--propagation", "private", "--", "sh", "-c"])
-            .arg(
-                r#"mount --bind "$0" /etc/hosts && ip link set lo up && ip addr add 10.233.0.1/24 dev lo && { /usr/bin/python3 -m http.server 18099 --bind 0.0.0.0 --directory / >/dev/null 2>&1 </dev/null & } && sleep 0.5 && exec "$@""#,
-            )
-            .arg(&hosts);
-        if unprivileged {
-            cmd.args([
-                "setpriv",
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--",
-            ])
-            .arg(executor_bin_for_any_user());
-        } else {
-            cmd.arg(executor_bin());
-        }
-        cmd.arg("--config").arg(&config);
-        let c = Client::spawn(cmd, ClientOptions::default())
-            .await
-            .expect("agent");
-        if !c.initialize_result().sandbox.enforceable {
+        .await;
+        if !a.c.initialize_result().sandbox.enforceable {
             prerequisite_missing("an enforceable sandbox (a network namespace per job)");
             return;
         }
-        let a = Agent { c, dir, audit };
         let curl = |url: &str| {
             format!("curl -sS --noproxy '' -o /dev/null -w '%{{http_code}}' {url}; cat /dev/null")
         };
