@@ -25,25 +25,29 @@ fn is_root() -> bool {
     current_uid() == 0
 }
 
+/// `cc -O1` of `src` (below the crate) into `out_name` next to the
+/// `executor` binary, executable by any user.
+fn compile_for_any_user(out_name: &str, src: &str, what: &str) -> PathBuf {
+    let dir = executor_bin_for_any_user().parent().unwrap().to_path_buf();
+    let out = dir.join(out_name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
+    let st = std::process::Command::new("cc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "compiling the {what} helper");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    out
+}
+
 /// The hostile helper, compiled once, executable by any user.
 fn hostile() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = executor_bin_for_any_user().parent().unwrap().to_path_buf();
-        let out = dir.join("hostile");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("hostile/hostile.c");
-        let st = std::process::Command::new("cc")
-            .arg("-O1")
-            .arg("-o")
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("cc");
-        assert!(st.success(), "compiling the hostile helper");
-        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
-        out
-    })
-    .clone()
+    BIN.get_or_init(|| compile_for_any_user("hostile", "hostile/hostile.c", "hostile"))
+        .clone()
 }
 
 struct Env {

@@ -11,22 +11,8 @@ use super::*;
 /// by any user.
 fn helper() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = executor_bin_for_any_user().parent().unwrap().to_path_buf();
-        let out = dir.join("hostile-kernel");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("suite/sandbox_kernel.c");
-        let st = std::process::Command::new("cc")
-            .arg("-O1")
-            .arg("-o")
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("cc");
-        assert!(st.success(), "compiling the kernel helper");
-        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
-        out
-    })
-    .clone()
+    BIN.get_or_init(|| compile_for_any_user("hostile-kernel", "suite/sandbox_kernel.c", "kernel"))
+        .clone()
 }
 
 /// The helper's lines `NAME RESULT` as a map.
