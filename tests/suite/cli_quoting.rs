@@ -68,6 +68,20 @@ fn on_a_terminal(argv: &[&OsStr]) -> (Vec<u8>, Option<i32>) {
     on_a_terminal_raw(&full)
 }
 
+/// One line of `walk --json` as the tree's entry `K SIZE PATH` (the path
+/// from `path_bytes` where it is not UTF-8).
+fn walk_json_entry(l: &[u8]) -> Vec<u8> {
+    let v: serde_json::Value = serde_json::from_slice(l).expect("one JSON object per line");
+    let path: Vec<u8> = match v.get("path_bytes") {
+        Some(b) => serde_json::from_value(b.clone()).unwrap(),
+        None => v["path"].as_str().unwrap().as_bytes().to_vec(),
+    };
+    let kind = &v["kind"].as_str().unwrap()[..1];
+    let mut e = format!("{kind} {} ", v["size"]).into_bytes();
+    e.extend(path);
+    e
+}
+
 fn have_tools() -> bool {
     for tool in ["python3", "bash"] {
         if std::process::Command::new(tool)
@@ -225,17 +239,7 @@ fn piped_null_and_json_listings_stay_exact() {
         .stdout
         .split(|&b| b == b'\n')
         .filter(|s| !s.is_empty())
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_slice(l).expect("one JSON object per line");
-            let path: Vec<u8> = match v.get("path_bytes") {
-                Some(b) => serde_json::from_value(b.clone()).unwrap(),
-                None => v["path"].as_str().unwrap().as_bytes().to_vec(),
-            };
-            let kind = &v["kind"].as_str().unwrap()[..1];
-            let mut e = format!("{kind} {} ", v["size"]).into_bytes();
-            e.extend(path);
-            e
-        })
+        .map(walk_json_entry)
         .collect();
     assert_eq!(got, want, "--json: exact (path_bytes where not UTF-8)");
 }
@@ -500,19 +504,6 @@ fn walk_json_on_a_terminal_is_exact_and_inert() {
     let (screen, code) = on_a_terminal(&[OsStr::new("walk"), OsStr::new("--json"), d.as_os_str()]);
     assert_eq!(code, Some(0), "{}", String::from_utf8_lossy(&screen));
     assert_inert(&screen, "walk --json");
-    let got: BTreeSet<Vec<u8>> = lines(&screen)
-        .into_iter()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_slice(l).expect("one JSON object per line");
-            let path: Vec<u8> = match v.get("path_bytes") {
-                Some(b) => serde_json::from_value(b.clone()).unwrap(),
-                None => v["path"].as_str().unwrap().as_bytes().to_vec(),
-            };
-            let kind = &v["kind"].as_str().unwrap()[..1];
-            let mut e = format!("{kind} {} ", v["size"]).into_bytes();
-            e.extend(path);
-            e
-        })
-        .collect();
+    let got: BTreeSet<Vec<u8>> = lines(&screen).into_iter().map(walk_json_entry).collect();
     assert_eq!(got, want, "--json on a terminal: the same values, exact");
 }

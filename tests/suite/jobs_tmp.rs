@@ -86,6 +86,42 @@ async fn find_job_dir(uid: u32, marker: &str, within: Duration) -> PathBuf {
     }
 }
 
+/// The agent's pid, from an unconfined job (its supervisor's spawner's
+/// parent).
+async fn agent_pid(e: &Case) -> u32 {
+    let probe =
+        e.c.start(&ProcessStartParams::new(
+            vec!["sleep".into(), "0.2".into()],
+            "/",
+            path_env(),
+        ))
+        .await
+        .unwrap();
+    let agent = agent_of_job(probe.pid());
+    probe.wait().await.unwrap();
+    agent
+}
+
+/// SIGKILL to the agent while `job` runs: the job dies with it, the client
+/// is dropped, and (the positive control) the job's :tmp `dir` is left.
+async fn kill_the_agent_mid_job(agent: u32, job: executor_client::Process, c: Client, dir: &Path) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        wait_dead(job.pid(), Duration::from_secs(10)).await,
+        "the job outlived its agent"
+    );
+    drop(job);
+    drop(c);
+    assert!(
+        dir.is_dir(),
+        "positive control: the killed agent's job left its :tmp"
+    );
+}
+
 /// A job under `tmp_only()` running `perl -e script` in its `/tmp`, which
 /// then says `made` and waits for its stdin to close;
 /// returned once it said `made` (the positive control: the tree is
@@ -235,34 +271,9 @@ root_and_unprivileged!(
             up(600),
             up(600)
         );
-        // The agent's pid, from an unconfined job (its supervisor's
-        // spawner's parent).
-        let probe =
-            e.c.start(&ProcessStartParams::new(
-                vec!["sleep".into(), "0.2".into()],
-                "/",
-                path_env(),
-            ))
-            .await
-            .unwrap();
-        let agent = agent_of_job(probe.pid());
-        probe.wait().await.unwrap();
+        let agent = agent_pid(&e).await;
         let (dir, job) = job_making(&e, "sweep", &s).await;
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(agent as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        assert!(
-            wait_dead(job.pid(), Duration::from_secs(10)).await,
-            "the job outlived its agent"
-        );
-        drop(job);
-        drop(e.c);
-        assert!(
-            dir.is_dir(),
-            "positive control: the killed agent's job left its :tmp"
-        );
+        kill_the_agent_mid_job(agent, job, e.c, &dir).await;
         let (cmd, _) = agent_command(unprivileged);
         // The sweep runs before the agent answers `initialize`.
         let next = Client::spawn(cmd, ClientOptions::default())
@@ -392,37 +403,14 @@ root_and_unprivileged!(
             descend(20),
             up(20)
         );
-        let probe =
-            e.c.start(&ProcessStartParams::new(
-                vec!["sleep".into(), "0.2".into()],
-                "/",
-                path_env(),
-            ))
-            .await
-            .unwrap();
-        let agent = agent_of_job(probe.pid());
-        probe.wait().await.unwrap();
+        let agent = agent_pid(&e).await;
         let (dir, job) = job_making(&e, "top000", &s).await;
         assert_eq!(
             std::fs::metadata(&dir).unwrap().mode() & 0o777,
             0,
             "positive control: the job's :tmp top is mode 000"
         );
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(agent as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        assert!(
-            wait_dead(job.pid(), Duration::from_secs(10)).await,
-            "the job outlived its agent"
-        );
-        drop(job);
-        drop(e.c);
-        assert!(
-            dir.is_dir(),
-            "positive control: the killed agent's job left its :tmp"
-        );
+        kill_the_agent_mid_job(agent, job, e.c, &dir).await;
         let (cmd, _) = agent_command(unprivileged);
         let next = Client::spawn(cmd, ClientOptions::default())
             .await
