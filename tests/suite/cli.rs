@@ -7,12 +7,6 @@ fn client_bin() -> std::path::PathBuf {
     executor_bin().with_file_name("executor-client")
 }
 
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("executor-cli-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn executor_version_and_help() {
     let out = Command::new(executor_bin())
@@ -66,7 +60,7 @@ fn run_streams_output_and_exits_with_the_remote_code() {
 
 #[test]
 fn cat_get_put_walk_stat() {
-    let d = tempdir("files");
+    let d = executor_tests::unique_tempdir("cli-files");
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
     std::fs::write(d.join("src"), &data).unwrap();
     let out = Command::new(client_bin())
