@@ -1038,11 +1038,14 @@ pub(crate) fn in_forked_child(f: impl FnOnce() -> Result<(), String>) -> Result<
 #[cfg(target_os = "linux")]
 pub fn identity_and_mount(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, Option<u64>)> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // The raw system call, not glibc's `statx` (glibc 2.28): the portable
+    // build needs no symbol above GLIBC_2.17.
     // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH names `fd`
     // itself; the kernel writes at most size_of::<statx>() bytes into the
     // zeroed buffer, which outlives the call.
     let ret = unsafe {
-        libc::statx(
+        libc::syscall(
+            libc::SYS_statx,
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
