@@ -309,12 +309,15 @@ impl Notes {
         NOTES.try_with(Notes::clone).ok()
     }
 
-    /// The fields noted, and whether the params were decoded; what is
-    /// noted later (by work that outlived the request) goes to `late`.
-    pub fn take(&self, late: Late) -> (Map<String, Json>, bool) {
+    /// Write the request's line with `write` (given the fields noted and
+    /// whether the params were decoded); what is noted later (by work that
+    /// outlived the request) goes to `late`. The record stays locked while
+    /// `write` runs, so a late line always follows the request's own.
+    pub fn close(&self, late: Late, write: impl FnOnce(Map<String, Json>, bool)) {
         let mut n = self.0.lock().expect("audit notes lock");
         n.late = Some(late);
-        (std::mem::take(&mut n.fields), n.decoded)
+        let fields = std::mem::take(&mut n.fields);
+        write(fields, n.decoded);
     }
 }
 

@@ -421,23 +421,31 @@ impl RequestAudit {
                 })
             })
         };
-        let (mut details, decoded) = self.notes.take(late);
-        // A method taking an intent says whether one was enforced: the
-        // agent's decision, `false` unless a handler noted a policy.
         let takes_intent = methods::facts(&self.method).is_some_and(|f| f.intent.is_some());
-        if decoded && takes_intent && !details.contains_key("sandboxed") {
-            details.insert("sandboxed".into(), serde_json::Value::Bool(false));
-        }
-        if !decoded && !self.claimed.is_empty() {
-            details.insert("request".into(), serde_json::Value::Object(self.claimed));
-        }
-        session.audit().record(Event {
-            session_id: session.id(),
-            method: &self.method,
-            id: Some(self.id),
-            details,
-            outcome,
-            elapsed: self.started.elapsed(),
+        let RequestAudit {
+            id,
+            method,
+            claimed,
+            notes,
+            started,
+        } = self;
+        notes.close(late, |mut details, decoded| {
+            // A method taking an intent says whether one was enforced: the
+            // agent's decision, `false` unless a handler noted a policy.
+            if decoded && takes_intent && !details.contains_key("sandboxed") {
+                details.insert("sandboxed".into(), serde_json::Value::Bool(false));
+            }
+            if !decoded && !claimed.is_empty() {
+                details.insert("request".into(), serde_json::Value::Object(claimed));
+            }
+            session.audit().record(Event {
+                session_id: session.id(),
+                method: &method,
+                id: Some(id),
+                details,
+                outcome,
+                elapsed: started.elapsed(),
+            });
         });
     }
 }
