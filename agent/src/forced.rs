@@ -8,7 +8,9 @@
 //! - `executor` or any path ending in `/executor`, with no arguments
 //!   (serve) or exactly `--version`, or
 //! - exactly the client's launcher (`executor_protocol::launch`: try the
-//!   bootstrapped copy, then the PATH): serve.
+//!   bootstrapped copy, then the PATH): serve, or
+//! - `executor codex-exec-server`, alone or with `--listen stdio`: serve
+//!   the Codex dialect (the key's `--profile` applies to it all the same).
 //!
 //! Anything else is refused before the preamble, with one line on stderr
 //! (the refused command shown cut to 80 characters).
@@ -18,6 +20,8 @@
 pub enum Forced {
     /// Serve the protocol.
     Serve,
+    /// Serve the Codex dialect on stdio.
+    ServeCodex,
     /// Print the version and exit.
     Version,
     /// Refuse, with the reason.
@@ -47,6 +51,9 @@ pub fn judge(original: &str) -> Forced {
     match args {
         [] => Forced::Serve,
         ["--version"] => Forced::Version,
+        ["codex-exec-server"]
+        | ["codex-exec-server", "--listen", "stdio" | "stdio://"]
+        | ["codex-exec-server", "--listen=stdio" | "--listen=stdio://"] => Forced::ServeCodex,
         _ => Forced::Refuse(format!(
             "this key may only run the executor agent without arguments (or --version); refused command {shown}"
         )),
@@ -74,6 +81,19 @@ mod tests {
         assert_eq!(judge("/usr/local/bin/executor"), Forced::Serve);
         assert_eq!(judge("~/.local/lib/executor/0.1.0/executor"), Forced::Serve);
         assert_eq!(judge("executor --version"), Forced::Version);
+        assert_eq!(judge("executor codex-exec-server"), Forced::ServeCodex);
+        assert_eq!(
+            judge("/opt/bin/executor codex-exec-server --listen stdio"),
+            Forced::ServeCodex
+        );
+        assert!(matches!(
+            judge("executor codex-exec-server --listen ws://0.0.0.0:9"),
+            Forced::Refuse(_)
+        ));
+        assert!(matches!(
+            judge("executor codex-exec-server --config /tmp/x"),
+            Forced::Refuse(_)
+        ));
         let launcher = executor_protocol::launch::command("0.1.0").unwrap();
         assert_eq!(judge(&launcher), Forced::Serve);
         assert!(matches!(

@@ -29,6 +29,10 @@ struct Cli {
     /// `zsh`, `fish`) and exit (for packaging).
     #[arg(long, value_name = "KIND", hide = true)]
     generate: Option<String>,
+    /// With `codex-exec-server`: where to serve Codex's exec-server
+    /// protocol (`stdio`, the default).
+    #[arg(long, value_name = "stdio")]
+    listen: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,7 +46,8 @@ fn main() -> anyhow::Result<()> {
         name_this_process();
         sandbox_exec(&args[2..]);
     }
-    if answer_forced_command()? {
+    let forced = answer_forced_command()?;
+    if forced == Some(false) {
         return Ok(());
     }
     // `executor session-host [--config P] [--profile N]`: started by a stdio
@@ -51,15 +56,28 @@ fn main() -> anyhow::Result<()> {
     if host_mode {
         name_this_process();
     }
-    let cli = if host_mode {
+    // `executor codex-exec-server [--listen stdio]`: Codex's dialect (also
+    // when a forced command's original command asks for it).
+    let codex_mode = args.get(1).and_then(|a| a.to_str()) == Some("codex-exec-server");
+    let cli = if host_mode || codex_mode {
         Cli::parse_from(args[..1].iter().chain(&args[2..]))
     } else {
         Cli::parse()
     };
+    let codex_mode = codex_mode || forced == Some(true);
+    if let Some(listen) = &cli.listen {
+        if !codex_mode {
+            anyhow::bail!("--listen is an option of `executor codex-exec-server`");
+        }
+        if listen != "stdio" && listen != "stdio://" {
+            eprintln!("executor codex-exec-server: --listen {listen:?}: only `stdio` is served");
+            std::process::exit(2);
+        }
+    }
     // EXECUTOR_LOG_JSON=1: JSON logs for a client that cannot pass flags
     // (over ssh, where the remote command is one word).
     init_tracing(cli.log_json || std::env::var_os("EXECUTOR_LOG_JSON").is_some_and(|v| v == "1"));
-    if !host_mode && cli.generate.is_none() && !cli.list_methods {
+    if !host_mode && !codex_mode && cli.generate.is_none() && !cli.list_methods {
         greet_a_terminal();
     }
     if let Some(kind) = &cli.generate {
@@ -94,6 +112,26 @@ fn main() -> anyhow::Result<()> {
         config_path: cli.config.clone(),
         profile: cli.profile.clone(),
     };
+    if codex_mode {
+        runtime.block_on(async {
+            match stream_stdio() {
+                Some((input, output)) => {
+                    executor_agent::codex::serve(input, output, config, launch).await
+                }
+                None => {
+                    executor_agent::codex::serve(
+                        tokio::io::stdin(),
+                        tokio::io::stdout(),
+                        config,
+                        launch,
+                    )
+                    .await
+                }
+            }
+        })?;
+        runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+        return Ok(());
+    }
     let ending = runtime.block_on(async {
         match stream_stdio() {
             Some((input, output)) => {
@@ -123,20 +161,22 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Under an authorized_keys forced command, the client's own request is in
-/// SSH_ORIGINAL_COMMAND: accept only the executor itself (true: answered
-/// here, nothing more to do).
-fn answer_forced_command() -> anyhow::Result<bool> {
+/// SSH_ORIGINAL_COMMAND: accept only the executor itself. `None`: no
+/// forced command or serve the native protocol; `Some(true)`: serve the
+/// Codex dialect; `Some(false)`: answered here, nothing more to do.
+fn answer_forced_command() -> anyhow::Result<Option<bool>> {
     if let Some(original) = std::env::var_os("SSH_ORIGINAL_COMMAND") {
         use executor_agent::forced::{judge, Forced};
         match judge(&original.to_string_lossy()) {
             Forced::Serve => {}
+            Forced::ServeCodex => return Ok(Some(true)),
             Forced::Version => {
                 let mut out = std::io::stdout();
                 std::io::Write::write_all(
                     &mut out,
                     format!("executor {}\n", env!("CARGO_PKG_VERSION")).as_bytes(),
                 )?;
-                return Ok(true);
+                return Ok(Some(false));
             }
             Forced::Refuse(why) => {
                 eprintln!("executor: {why}");
@@ -144,7 +184,7 @@ fn answer_forced_command() -> anyhow::Result<bool> {
             }
         }
     }
-    Ok(false)
+    Ok(None)
 }
 
 /// `--list-methods`: every request method of the protocol, one per line,

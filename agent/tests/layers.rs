@@ -35,6 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("dispatch", &["dispatch"]),
     ("conn", &["conn"]),
     ("host", &["host"]),
+    ("codex", &["codex"]),
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

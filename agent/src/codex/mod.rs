@@ -1,0 +1,444 @@
+//! The Codex dialect: `executor codex-exec-server --listen stdio` serves
+//! Codex's exec-server protocol (newline-delimited JSON-RPC, see
+//! docs/CODEX.md) as a codec and a mapping in front of the native agent.
+//!
+//! On `initialize` the native agent is started in-process on an
+//! in-memory pipe ([`native::Native`]), asking for a detached session (or
+//! resuming one), so everything a Codex request does goes through the
+//! same method table, profile, limits, audit, sandbox gate and session
+//! host as a native request: a Codex request becomes one or more native
+//! requests, native notifications become Codex ones. Requests are handled
+//! one at a time in the order they came, as the reference does, except
+//! waits (`process/read` with `waitMs`, `http/request`), which run beside.
+//!
+//! May use every module of the agent (it sits above [`crate::host`]).
+
+pub mod errors;
+pub mod native;
+pub mod process;
+pub mod uri;
+pub mod wire;
+
+use base64::Engine;
+use native::Native;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use wire::{Line, Message, RpcError};
+
+/// How long a session outlives its connection (the reference's TTL).
+pub const DETACHED_TTL_MS: u64 = 30_000;
+/// Lines queued for the client before the native side waits.
+const OUT_QUEUE: usize = 1024;
+
+/// Where the connection is in its handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    New,
+    Initialized,
+    Ready,
+}
+
+/// One Codex connection once `initialize` started the native side.
+#[allow(missing_debug_implementations)] // channels and tables
+pub struct Conn {
+    pub native: Arc<Native>,
+    pub out: mpsc::Sender<Vec<u8>>,
+    pub procs: Arc<process::Registry>,
+    phase: Arc<Mutex<Phase>>,
+}
+
+impl Conn {
+    /// Refuse a request of `family` before `initialized` (the reference's
+    /// message).
+    pub fn ready(&self, family: &str) -> Result<(), RpcError> {
+        check_phase(*self.phase.lock().expect("phase lock"), family)
+    }
+}
+
+fn check_phase(phase: Phase, family: &str) -> Result<(), RpcError> {
+    match phase {
+        Phase::New => Err(RpcError::invalid_request(format!(
+            "client must call initialize before using {family} methods"
+        ))),
+        Phase::Initialized => Err(RpcError::invalid_request(format!(
+            "client must send initialized before using {family} methods"
+        ))),
+        Phase::Ready => Ok(()),
+    }
+}
+
+/// Base64 (standard, padded) of `data`.
+pub fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// A request's params as `T`, with serde's message (as the reference
+/// answers) on failure.
+pub fn decode<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
+    serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))
+}
+
+/// The sandbox a Codex request asks for, as a native intent: `None` when
+/// it asks for none. What cannot be enforced exactly is refused.
+pub fn sandbox_request(
+    sandbox: Option<&Value>,
+    enforce_managed_network: bool,
+    managed_network: Option<&Value>,
+    network_proxy: Option<&Value>,
+    _cwd: &std::path::Path,
+) -> Result<Option<executor_protocol::types::sandbox::SandboxIntent>, RpcError> {
+    let set = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
+    if set(sandbox) || enforce_managed_network || set(managed_network) || set(network_proxy) {
+        return Err(RpcError::invalid_request(
+            "this exec-server cannot translate the requested sandbox yet; refused rather than run unconfined",
+        ));
+    }
+    Ok(None)
+}
+
+/// Serve one Codex connection on `input`/`output` until the input ends.
+pub async fn serve<R, W>(
+    input: R,
+    output: W,
+    config: crate::config::Config,
+    launch: crate::host::Launch,
+) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (out, rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+    let writer = tokio::spawn(write_loop(output, rx));
+    let mut input = BufReader::with_capacity(256 * 1024, input);
+    let mut buf = Vec::new();
+    let phase = Arc::new(Mutex::new(Phase::New));
+    let mut conn: Option<Arc<Conn>> = None;
+    let mut config = Some(config);
+    let mut launch = Some(launch);
+    loop {
+        let line = wire::read_line(&mut input, &mut buf).await?;
+        let (id, method, params) = match line {
+            Line::End => break,
+            Line::TooLong => {
+                let m = wire::Malformed(format!(
+                    "failed to parse JSON-RPC message from exec-server stdio: message exceeds {} bytes",
+                    wire::MAX_LINE_BYTES
+                ));
+                let _ = out.send(wire::malformed(&m)).await;
+                continue;
+            }
+            Line::Malformed(m) => {
+                let _ = out.send(wire::malformed(&m)).await;
+                continue;
+            }
+            Line::Message(Message::Response { id }) => {
+                tracing::debug!(?id, "ignoring a response (no request was sent)");
+                continue;
+            }
+            Line::Message(Message::Notification { method, .. }) => {
+                let mut p = phase.lock().expect("phase lock");
+                if method == "initialized" && *p == Phase::Initialized {
+                    *p = Phase::Ready;
+                    continue;
+                }
+                if method == "initialized" && *p == Phase::Ready {
+                    continue;
+                }
+                // The reference ends the connection on any other
+                // notification.
+                tracing::info!(method, "unexpected notification: closing the connection");
+                break;
+            }
+            Line::Message(Message::Request { id, method, params }) => (id, method, params),
+        };
+        if method == "initialize" {
+            let answer = match (&conn, config.take(), launch.take()) {
+                (None, Some(c), Some(l)) => match initialize(params, c, l, &out, &phase).await {
+                    Ok((c, v)) => {
+                        conn = Some(c);
+                        Ok(v)
+                    }
+                    Err(e) => Err(e),
+                },
+                _ => Err(RpcError::invalid_request(
+                    "initialize may only be sent once per connection",
+                )),
+            };
+            if out.send(wire::response(&id, answer)).await.is_err() {
+                break;
+            }
+            continue;
+        }
+        let Some(c) = conn.clone() else {
+            let answer = before_initialize(&method, params);
+            if out.send(wire::response(&id, Err(answer))).await.is_err() {
+                break;
+            }
+            continue;
+        };
+        if runs_beside(&method, &params) {
+            let out = out.clone();
+            tokio::spawn(async move {
+                let answer = dispatch(&c, &method, params).await;
+                let _ = out.send(wire::response(&id, answer)).await;
+            });
+            continue;
+        }
+        let answer = dispatch(&c, &method, params).await;
+        if out.send(wire::response(&id, answer)).await.is_err() {
+            break;
+        }
+    }
+    // The input ended: the native connection ends too (a detached session
+    // lives on in its host, its jobs running), then what is queued is
+    // written.
+    if let Some(c) = conn.take() {
+        c.native.close();
+    }
+    drop(out);
+    let _ = writer.await;
+    Ok(())
+}
+
+/// Requests that wait on something outside the agent run beside the
+/// others.
+fn runs_beside(method: &str, params: &Value) -> bool {
+    match method {
+        "http/request" => true,
+        "process/read" => params.get("waitMs").and_then(Value::as_u64).unwrap_or(0) > 0,
+        _ => false,
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(mut output: W, mut rx: mpsc::Receiver<Vec<u8>>) {
+    while let Some(line) = rx.recv().await {
+        if output.write_all(&line).await.is_err() {
+            return;
+        }
+        while let Ok(line) = rx.try_recv() {
+            if output.write_all(&line).await.is_err() {
+                return;
+            }
+        }
+        if output.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = output.flush().await;
+}
+
+/// The family a method belongs to, as the reference names it in its
+/// handshake errors; `None` for a method it does not serve.
+fn family(method: &str) -> Option<&'static str> {
+    Some(match method {
+        "environment/info" => "environment info",
+        "environment/status" => "environment status",
+        "environmentConfig/read" => "environment config",
+        "capabilityRoots/discoverV1" => "capability discovery",
+        m if m.starts_with("process/") => "exec",
+        m if m.starts_with("fs/") => "filesystem",
+        "http/request" => "http",
+        _ => return None,
+    })
+}
+
+/// The answer to a request before `initialize`.
+fn before_initialize(method: &str, _params: Value) -> RpcError {
+    match family(method) {
+        Some(f) => check_phase(Phase::New, f).expect_err("not initialized"),
+        None => not_implemented(method),
+    }
+}
+
+fn not_implemented(method: &str) -> RpcError {
+    RpcError::new(
+        wire::code::METHOD_NOT_FOUND,
+        format!("exec-server stub does not implement `{method}` yet"),
+    )
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct InitializeParams {
+    client_name: String,
+    #[serde(default)]
+    resume_session_id: Option<String>,
+}
+
+/// The native session behind a Codex `sessionId`: `<id>.<token>`.
+fn split_session(s: &str) -> Option<(&str, &str)> {
+    s.split_once('.')
+}
+
+async fn initialize(
+    params: Value,
+    config: crate::config::Config,
+    launch: crate::host::Launch,
+    out: &mpsc::Sender<Vec<u8>>,
+    phase: &Arc<Mutex<Phase>>,
+) -> Result<(Arc<Conn>, Value), RpcError> {
+    let p: InitializeParams = decode(params)?;
+    let resume = match p.resume_session_id.as_deref() {
+        None => None,
+        Some(s) => match split_session(s) {
+            Some((id, token)) => Some((id.to_owned(), token.to_owned())),
+            None => return Err(RpcError::invalid_request("unknown session id")),
+        },
+    };
+    let procs = Arc::new(process::Registry::default());
+    let conn_slot: Arc<Mutex<Option<std::sync::Weak<Conn>>>> = Arc::new(Mutex::new(None));
+    let notes = Notes {
+        conn: conn_slot.clone(),
+        out: out.clone(),
+    };
+    let native = Native::start(config, launch, notes);
+    let session = executor_protocol::types::session::SessionParams {
+        resume: resume.as_ref().map(|(id, token)| {
+            executor_protocol::types::session::ResumeParams {
+                session_id: id.clone(),
+                token: token.clone(),
+            }
+        }),
+        detach_ttl_ms: Some(DETACHED_TTL_MS),
+    };
+    let init = executor_protocol::types::session::InitializeParams {
+        protocol_version: executor_protocol::PROTOCOL_VERSION,
+        client: executor_protocol::types::session::ClientInfo {
+            name: p.client_name,
+            version: String::new(),
+        },
+        session: Some(session),
+        capabilities: None,
+    };
+    let r: executor_protocol::types::session::InitializeResult = native
+        .call(executor_protocol::methods::INITIALIZE, &init)
+        .await
+        .map_err(|e| match e.code {
+            executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
+                RpcError::invalid_request("unknown session id")
+            }
+            _ => errors::from_wire(&e),
+        })?;
+    let conn = Arc::new(Conn {
+        native,
+        out: out.clone(),
+        procs,
+        phase: phase.clone(),
+    });
+    *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
+    if resume.is_some() {
+        process::relearn(&conn).await?;
+    }
+    let info = environment_info(&conn).await?;
+    *phase.lock().expect("phase lock") = Phase::Initialized;
+    Ok((
+        conn,
+        json!({
+            "sessionId": format!("{}.{}", r.session_id, r.resume_token),
+            "environmentInfo": info,
+        }),
+    ))
+}
+
+/// Native notifications, turned into Codex lines on the reader task.
+struct Notes {
+    conn: Arc<Mutex<Option<std::sync::Weak<Conn>>>>,
+    out: mpsc::Sender<Vec<u8>>,
+}
+
+impl native::Notes for Notes {
+    fn note(&mut self, method: &str, params: rmpv::Value) -> Vec<Vec<u8>> {
+        let conn = self
+            .conn
+            .lock()
+            .expect("conn slot")
+            .as_ref()
+            .and_then(|w| w.upgrade());
+        let Some(conn) = conn else {
+            return vec![];
+        };
+        if method.starts_with("process/") {
+            return conn.procs.note(&conn, method, params);
+        }
+        tracing::debug!(method, "native notification without a Codex counterpart");
+        vec![]
+    }
+    fn out(&self) -> &mpsc::Sender<Vec<u8>> {
+        &self.out
+    }
+    fn ended(&mut self) {
+        tracing::debug!("the native session ended");
+    }
+}
+
+async fn dispatch(conn: &Arc<Conn>, method: &str, params: Value) -> Result<Value, RpcError> {
+    match method {
+        "environment/info" => {
+            conn.ready("environment info")?;
+            environment_info(conn).await
+        }
+        "environment/status" => {
+            conn.ready("environment status")?;
+            Ok(json!({"status": "ready"}))
+        }
+        "process/start" => process::start(conn, params).await,
+        "process/read" => process::read(conn, params).await,
+        "process/write" => process::write(conn, params).await,
+        "process/signal" => process::signal(conn, params).await,
+        "process/terminate" => process::terminate(conn, params).await,
+        other => Err(not_implemented(other)),
+    }
+}
+
+/// `environment/info`, from the native one: only what is implemented is
+/// advertised.
+async fn environment_info(conn: &Conn) -> Result<Value, RpcError> {
+    let e: executor_protocol::types::session::EnvironmentInfo = conn
+        .native
+        .call(
+            executor_protocol::methods::ENVIRONMENT_INFO,
+            &executor_protocol::types::session::EnvironmentInfoParams {},
+        )
+        .await
+        .map_err(|e| errors::from_wire(&e))?;
+    let tmp = std::env::var_os("TMPDIR")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| "/tmp".into());
+    Ok(json!({
+        "shell": {"name": e.shell.name, "path": e.shell.path},
+        "executorVersion": env!("CARGO_PKG_VERSION"),
+        "cwd": uri::from_path(std::path::Path::new(&e.cwd)),
+        "userHomeDir": uri::from_path(std::path::Path::new(&e.home)),
+        "platformOs": e.os,
+        "temporaryDirectories": [],
+        "tempDir": uri::from_path(&tmp),
+        "capabilities": capabilities(),
+    }))
+}
+
+/// The capability flags of `environment/info`: true only for what this
+/// dialect implements.
+fn capabilities() -> Value {
+    json!({
+        "networkProxyLaunch": false,
+        "networkProxyReviewDomains": false,
+        "networkProxyTransparentTcp": false,
+        "credentialMasking": false,
+        "credentialMaskingCustomProviders": false,
+        "capabilityDiscoverySandbox": false,
+        "fsWatchMissing": false,
+        "capabilityDiscoveryV2": false,
+        "environmentConfigRead": false,
+        "httpHeaderEnvVars": false,
+        "sandboxedFileStreaming": false,
+        "fileWriteStreaming": false,
+        "shellSnapshotV2": false,
+        "windowsMxc": false,
+        "linuxRootWritePreservesDevices": false,
+        "linuxApprovedRootWritePreservesRestrictions": false,
+    })
+}

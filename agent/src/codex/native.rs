@@ -1,0 +1,238 @@
+//! The dialect's side of the native connection: the agent serves the
+//! native protocol ([`crate::host::serve_stdio`], in-process or relayed to
+//! a session host) on an in-memory pipe, and this is its client. Requests
+//! are framed with the protocol crate and matched to their answers by id;
+//! notifications go, in order, to the dialect's handler, which runs on the
+//! reader task (so a hook attached to an answer runs before any later
+//! frame is looked at).
+//!
+//! Uses the protocol crate, [`crate::host`] and [`crate::config`].
+
+use bytes::BytesMut;
+use executor_protocol::codec::FrameDecoder;
+use executor_protocol::error::{ErrorCode, WireError};
+use executor_protocol::message::{self, Incoming};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+/// The largest frame the dialect reads from the agent (the agent's own
+/// frames are bounded by its `max_frame_bytes`, at most 64 MiB).
+const MAX_FRAME: usize = 80 << 20;
+
+/// A hook run on the reader task with an answer's result before later
+/// frames are handled.
+pub type Hook = Box<dyn FnOnce(&rmpv::Value) + Send>;
+
+struct Pending {
+    tx: oneshot::Sender<Result<rmpv::Value, WireError>>,
+    hook: Option<Hook>,
+}
+
+/// A client of the in-process native agent.
+#[allow(missing_debug_implementations)] // channels
+pub struct Native {
+    /// `None` once closed.
+    to_agent: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    pending: Mutex<Option<HashMap<u64, Pending>>>,
+    next_id: AtomicU64,
+}
+
+/// What the native agent sends that is not an answer.
+pub trait Notes: Send + 'static {
+    /// The lines a notification becomes, pushed to [`Notes::out`] in
+    /// order (the reader waits for room: the agent's own queue then fills
+    /// and it reports the lag, which the dialect catches up on).
+    fn note(&mut self, method: &str, params: rmpv::Value) -> Vec<Vec<u8>>;
+    /// Where the lines go.
+    fn out(&self) -> &mpsc::Sender<Vec<u8>>;
+    /// The native connection ended (the agent is gone).
+    fn ended(&mut self);
+}
+
+impl Native {
+    /// Start the native agent on an in-memory pipe and its client;
+    /// notifications go to `notes`.
+    pub fn start(
+        config: crate::config::Config,
+        launch: crate::host::Launch,
+        notes: impl Notes,
+    ) -> Arc<Native> {
+        let (agent_in, mut to_agent_w) = tokio::io::duplex(1 << 20);
+        let (from_agent_w, mut from_agent) = tokio::io::duplex(1 << 20);
+        tokio::spawn(async move {
+            match crate::host::serve_stdio(agent_in, from_agent_w, config, launch).await {
+                Ok(ending) => tracing::debug!(?ending, "native side ended"),
+                Err(e) => tracing::debug!(error = %e, "native side ended"),
+            }
+        });
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
+        tokio::spawn(async move {
+            while let Some(frame) = rx.recv().await {
+                if to_agent_w.write_all(&frame).await.is_err() {
+                    break;
+                }
+            }
+            let _ = to_agent_w.shutdown().await;
+        });
+        let native = Arc::new(Native {
+            to_agent: Mutex::new(Some(tx)),
+            pending: Mutex::new(Some(HashMap::new())),
+            next_id: AtomicU64::new(1),
+        });
+        let reader = native.clone();
+        tokio::spawn(async move {
+            let mut notes = notes;
+            if let Err(e) = reader.read_loop(&mut from_agent, &mut notes).await {
+                tracing::debug!(error = %e, "native read ended");
+            }
+            reader.fail_all();
+            notes.ended();
+        });
+        native
+    }
+
+    async fn read_loop(
+        &self,
+        from_agent: &mut tokio::io::DuplexStream,
+        notes: &mut impl Notes,
+    ) -> std::io::Result<()> {
+        let mut preamble = [0u8; executor_protocol::PREAMBLE.len()];
+        from_agent.read_exact(&mut preamble).await?;
+        if &preamble != executor_protocol::PREAMBLE {
+            return Err(std::io::Error::other("the native agent sent no preamble"));
+        }
+        let mut decoder = FrameDecoder::new(MAX_FRAME);
+        let mut buf = BytesMut::with_capacity(256 * 1024);
+        loop {
+            while let Some(frame) = decoder
+                .decode(&mut buf)
+                .map_err(|e| std::io::Error::other(e.to_string()))?
+            {
+                match Incoming::decode(&frame) {
+                    Ok(Incoming::Response {
+                        id: Some(id),
+                        result,
+                    }) => self.answer(id, result),
+                    Ok(Incoming::Response { id: None, result }) => {
+                        tracing::warn!(?result, "native answer without an id");
+                    }
+                    Ok(Incoming::Notification { method, params }) => {
+                        for line in notes.note(&method, params) {
+                            if notes.out().send(line).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Ok(Incoming::Request { method, .. }) => {
+                        tracing::debug!(method, "ignoring an agent request (none is asked for)");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "undecodable native frame"),
+                }
+            }
+            if from_agent.read_buf(&mut buf).await? == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    fn answer(&self, id: u64, result: Result<rmpv::Value, WireError>) {
+        let p = self
+            .pending
+            .lock()
+            .expect("pending lock")
+            .as_mut()
+            .and_then(|m| m.remove(&id));
+        if let Some(p) = p {
+            if let (Some(hook), Ok(v)) = (p.hook, &result) {
+                hook(v);
+            }
+            let _ = p.tx.send(result);
+        }
+    }
+
+    fn fail_all(&self) {
+        let all = self.pending.lock().expect("pending lock").take();
+        for (_, p) in all.into_iter().flatten() {
+            let _ = p.tx.send(Err(gone()));
+        }
+    }
+
+    /// Send `method` with `params`; the answer, decoded as `R`.
+    pub async fn call<P: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<R, WireError> {
+        let v = self.call_value(method, params, None).await?;
+        rmpv::ext::from_value(v).map_err(|e| {
+            WireError::new(
+                ErrorCode::Internal,
+                format!(
+                    "internal error (a bug): the agent's answer to {method} did not decode: {e}"
+                ),
+            )
+        })
+    }
+
+    /// Send `method`; `hook` runs on the answer (when it is a result)
+    /// before any later frame of the agent is handled.
+    pub async fn call_value<P: Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+        hook: Option<Hook>,
+    ) -> Result<rmpv::Value, WireError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut frame = Vec::new();
+        message::encode_request(&mut frame, id, method, params, MAX_FRAME).map_err(|e| {
+            WireError::new(ErrorCode::LimitExceeded, format!("request too large: {e}"))
+        })?;
+        let (tx, rx) = oneshot::channel();
+        match self.pending.lock().expect("pending lock").as_mut() {
+            Some(m) => {
+                m.insert(id, Pending { tx, hook });
+            }
+            None => return Err(gone()),
+        }
+        let Some(to_agent) = self.sender() else {
+            return Err(gone());
+        };
+        if to_agent.send(frame).await.is_err() {
+            return Err(gone());
+        }
+        rx.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// Send a notification (`$/cancel`).
+    pub async fn notify<P: Serialize>(&self, method: &str, params: &P) {
+        let mut frame = Vec::new();
+        if message::encode_notification(&mut frame, method, params, MAX_FRAME).is_ok() {
+            if let Some(to_agent) = self.sender() {
+                let _ = to_agent.send(frame).await;
+            }
+        }
+    }
+
+    fn sender(&self) -> Option<mpsc::Sender<Vec<u8>>> {
+        self.to_agent.lock().expect("sender lock").clone()
+    }
+
+    /// End the native connection (the agent sees its input end: a
+    /// detached session lives on in its host); what is in flight is still
+    /// answered.
+    pub fn close(&self) {
+        self.to_agent.lock().expect("sender lock").take();
+    }
+}
+
+fn gone() -> WireError {
+    WireError::new(
+        ErrorCode::Internal,
+        "the agent's session ended (its connection to the session host closed)",
+    )
+}

@@ -1,0 +1,823 @@
+//! Codex's `process/*` over the native jobs: client-chosen `processId`s
+//! (a duplicate refused) kept as the native job's `tag`, output pushed as
+//! Codex `process/output` with seqs from 1, the exit and the close taking
+//! the next two seqs, `process/read` by `afterSeq`, `process/write` with
+//! its `writeId`, `process/terminate` answering whether the job ran.
+//!
+//! Nothing pushed is lost: after a native `process/lagged`, or a gap in
+//! the seqs, the missing chunks are read back (`process/read`) and pushed
+//! in order before anything later of that job.
+//!
+//! Uses the dialect's wire, uri, errors and native modules, and the
+//! protocol crate.
+
+use super::native::Native;
+use super::wire::{self, RpcError};
+use super::{b64, decode, Conn};
+use base64::Engine;
+use executor_protocol::methods as m;
+use executor_protocol::types::process::{
+    ProcessExited, ProcessLagged, ProcessListParams, ProcessListResult, ProcessOutput,
+    ProcessReadParams, ProcessReadResult, ProcessStartResult, PtySize, StdinMode,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// What the dialect knows of each job it started, shared between the
+/// request handlers and the native reader.
+#[derive(Default)]
+#[allow(missing_debug_implementations)] // holds the jobs' lines
+pub struct Registry {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_codex: HashMap<String, Entry>,
+    by_native: HashMap<String, String>,
+}
+
+#[derive(Default)]
+struct Entry {
+    /// Empty while the start is under way.
+    native: String,
+    piped_stdin: bool,
+    /// The native seq of the last chunk pushed.
+    last_pushed: Option<u64>,
+    /// Lines held while missing chunks are read back.
+    held: Option<Vec<Held>>,
+    exit: Option<Exit>,
+    sandbox_denied: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Exit {
+    code: i32,
+    /// The Codex seq the exit took (the close takes the next).
+    seq: u64,
+}
+
+enum Held {
+    Chunk(u64, Vec<u8>),
+    Exited(ProcessExited),
+}
+
+fn exit_code(e: &ProcessExited) -> i32 {
+    e.exit_code
+        .or(e.signal_number.map(|n| 128 + n))
+        .unwrap_or(-1)
+}
+
+impl Registry {
+    /// A native notification about a job, as Codex lines (pushed in order
+    /// by the caller); a catch-up is started on `native` when chunks are
+    /// missing.
+    pub fn note(self: &Arc<Self>, conn: &Conn, method: &str, params: rmpv::Value) -> Vec<Vec<u8>> {
+        match method {
+            m::PROCESS_OUTPUT => {
+                let Ok(o) = rmpv::ext::from_value::<ProcessOutput>(params) else {
+                    return vec![];
+                };
+                self.on_chunk(conn, &o.process_id, o.seq, o.stream.as_str(), &o.data)
+            }
+            m::PROCESS_EXITED => {
+                let Ok(e) = rmpv::ext::from_value::<ProcessExited>(params) else {
+                    return vec![];
+                };
+                self.on_exit(conn, e)
+            }
+            m::PROCESS_LAGGED => {
+                let Ok(l) = rmpv::ext::from_value::<ProcessLagged>(params) else {
+                    return vec![];
+                };
+                let mut g = self.inner.lock().expect("registry lock");
+                let Some(codex) = g.by_native.get(&l.process_id).cloned() else {
+                    return vec![];
+                };
+                if let Some(e) = g.by_codex.get_mut(&codex) {
+                    if e.held.is_none() {
+                        e.held = Some(Vec::new());
+                        drop(g);
+                        self.catch_up(conn, codex);
+                    }
+                }
+                vec![]
+            }
+            _ => vec![],
+        }
+    }
+
+    fn on_chunk(
+        self: &Arc<Self>,
+        conn: &Conn,
+        native: &str,
+        seq: u64,
+        stream: &str,
+        data: &[u8],
+    ) -> Vec<Vec<u8>> {
+        let mut g = self.inner.lock().expect("registry lock");
+        let Some(codex) = g.by_native.get(native).cloned() else {
+            return vec![];
+        };
+        let Some(e) = g.by_codex.get_mut(&codex) else {
+            return vec![];
+        };
+        let line = output_line(&codex, seq, stream, data);
+        if let Some(held) = e.held.as_mut() {
+            held.push(Held::Chunk(seq, line));
+            return vec![];
+        }
+        let expected = e.last_pushed.map_or(0, |s| s + 1);
+        if seq < expected {
+            return vec![];
+        }
+        if seq > expected {
+            // A gap: read back what is missing, then this.
+            e.held = Some(vec![Held::Chunk(seq, line)]);
+            drop(g);
+            self.catch_up(conn, codex);
+            return vec![];
+        }
+        e.last_pushed = Some(seq);
+        vec![line]
+    }
+
+    fn on_exit(self: &Arc<Self>, conn: &Conn, x: ProcessExited) -> Vec<Vec<u8>> {
+        let mut g = self.inner.lock().expect("registry lock");
+        let Some(codex) = g.by_native.get(&x.process_id).cloned() else {
+            return vec![];
+        };
+        let Some(e) = g.by_codex.get_mut(&codex) else {
+            return vec![];
+        };
+        if let Some(held) = e.held.as_mut() {
+            held.push(Held::Exited(x));
+            return vec![];
+        }
+        if x.final_seq.is_some() && x.final_seq != e.last_pushed {
+            e.held = Some(vec![Held::Exited(x)]);
+            drop(g);
+            self.catch_up(conn, codex);
+            return vec![];
+        }
+        exit_lines(&codex, e, &x)
+    }
+
+    /// Read back the chunks of `codex` after the last one pushed, push
+    /// them, then what was held meanwhile.
+    fn catch_up(self: &Arc<Self>, conn: &Conn, codex: String) {
+        let (registry, native, out) = (self.clone(), conn.native.clone(), conn.out.clone());
+        tokio::spawn(async move {
+            loop {
+                let (native_id, after) = {
+                    let g = registry.inner.lock().expect("registry lock");
+                    let Some(e) = g.by_codex.get(&codex) else {
+                        return;
+                    };
+                    (e.native.clone(), e.last_pushed)
+                };
+                let read: Result<ProcessReadResult, _> = native
+                    .call(
+                        m::PROCESS_READ,
+                        &ProcessReadParams {
+                            process_id: native_id,
+                            after_seq: after,
+                            max_bytes: Some(4 << 20),
+                            wait_ms: None,
+                        },
+                    )
+                    .await;
+                let chunks = match read {
+                    Ok(r) => r.chunks,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "catch-up read failed");
+                        Vec::new()
+                    }
+                };
+                let mut lines = Vec::new();
+                let done = {
+                    let mut g = registry.inner.lock().expect("registry lock");
+                    let Some(e) = g.by_codex.get_mut(&codex) else {
+                        return;
+                    };
+                    for c in &chunks {
+                        if e.last_pushed.is_none_or(|l| c.seq > l) {
+                            e.last_pushed = Some(c.seq);
+                            lines.push(output_line(&codex, c.seq, c.stream.as_str(), &c.data));
+                        }
+                    }
+                    if chunks.is_empty() {
+                        // Nothing more to read: release what was held,
+                        // in order, past what was pushed.
+                        let held = e.held.take().unwrap_or_default();
+                        for h in held {
+                            match h {
+                                Held::Chunk(seq, line) => {
+                                    if e.last_pushed.is_none_or(|l| seq > l) {
+                                        e.last_pushed = Some(seq);
+                                        lines.push(line);
+                                    }
+                                }
+                                Held::Exited(x) => lines.extend(exit_lines(&codex, e, &x)),
+                            }
+                        }
+                        true
+                    } else {
+                        false
+                    }
+                };
+                for l in lines {
+                    if out.send(l).await.is_err() {
+                        return;
+                    }
+                }
+                if done {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Forget everything and learn the jobs of a resumed session (their
+    /// tags are the Codex ids).
+    async fn relearn(&self, native: &Native) -> Result<(), RpcError> {
+        let list: ProcessListResult = native
+            .call(m::PROCESS_LIST, &ProcessListParams {})
+            .await
+            .map_err(|e| super::errors::from_wire(&e))?;
+        let mut g = self.inner.lock().expect("registry lock");
+        g.by_codex.clear();
+        g.by_native.clear();
+        for p in list.processes {
+            if let Some(tag) = p.tag {
+                g.by_native.insert(p.process_id.clone(), tag.clone());
+                g.by_codex.insert(
+                    tag,
+                    Entry {
+                        native: p.process_id,
+                        piped_stdin: true,
+                        ..Entry::default()
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn output_line(codex: &str, seq: u64, stream: &str, data: &[u8]) -> Vec<u8> {
+    wire::notification(
+        "process/output",
+        json!({
+            "processId": codex,
+            "seq": seq + 1,
+            "stream": stream,
+            "chunk": b64(data),
+        }),
+    )
+}
+
+fn exit_lines(codex: &str, e: &mut Entry, x: &ProcessExited) -> Vec<Vec<u8>> {
+    if e.exit.is_some() {
+        return vec![];
+    }
+    let seq = x.final_seq.map_or(1, |s| s + 2);
+    let code = exit_code(x);
+    e.exit = Some(Exit { code, seq });
+    e.sandbox_denied = x.sandbox_denied.unwrap_or(false);
+    vec![
+        wire::notification(
+            "process/exited",
+            json!({
+                "processId": codex,
+                "seq": seq,
+                "exitCode": code,
+                "sandboxDenied": e.sandbox_denied,
+            }),
+        ),
+        wire::notification(
+            "process/closed",
+            json!({"processId": codex, "seq": seq + 1}),
+        ),
+    ]
+}
+
+/// Learn the jobs of a resumed session.
+pub async fn relearn(conn: &Conn) -> Result<(), RpcError> {
+    conn.procs.relearn(&conn.native).await
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvPolicy {
+    inherit: Inherit,
+    #[serde(default)]
+    ignore_default_excludes: bool,
+    #[serde(default)]
+    exclude: Vec<String>,
+    #[serde(default)]
+    set: BTreeMap<String, String>,
+    #[serde(default)]
+    include_only: Vec<String>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq)]
+#[serde(rename_all = "lowercase")]
+enum Inherit {
+    Core,
+    All,
+    None,
+}
+
+/// The variables `inherit: "core"` keeps (Codex's core set).
+const CORE_VARS: &[&str] = &[
+    "HOME", "LOGNAME", "PATH", "SHELL", "USER", "USERNAME", "TMPDIR", "TEMP", "TMP",
+];
+/// Names dropped unless `ignoreDefaultExcludes`: likely secrets.
+const DEFAULT_EXCLUDES: &[&str] = &["*KEY*", "*SECRET*", "*TOKEN*"];
+
+/// `*` and `?` wildcards, ASCII case-insensitive (as Codex matches names).
+fn wildmatch(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<u8>, Vec<u8>) = (
+        pattern.bytes().map(|b| b.to_ascii_uppercase()).collect(),
+        name.bytes().map(|b| b.to_ascii_uppercase()).collect(),
+    );
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == b'*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// The job's environment: the policy over this agent's own environment,
+/// then the request's `env` on top.
+fn compose_env(
+    policy: Option<EnvPolicy>,
+    env: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(p) = policy {
+        for (k, v) in std::env::vars_os() {
+            let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+                continue;
+            };
+            let keep = match p.inherit {
+                Inherit::All => true,
+                Inherit::Core => CORE_VARS.contains(&k),
+                Inherit::None => false,
+            };
+            if !keep {
+                continue;
+            }
+            if !p.ignore_default_excludes && DEFAULT_EXCLUDES.iter().any(|x| wildmatch(x, k)) {
+                continue;
+            }
+            if p.exclude.iter().any(|x| wildmatch(x, k)) {
+                continue;
+            }
+            if !p.include_only.is_empty() && !p.include_only.iter().any(|x| wildmatch(x, k)) {
+                continue;
+            }
+            out.insert(k.to_owned(), v.to_owned());
+        }
+        out.extend(p.set);
+    }
+    out.extend(env);
+    out
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StartParams {
+    process_id: String,
+    argv: Vec<String>,
+    cwd: String,
+    #[serde(default)]
+    env_policy: Option<EnvPolicy>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    tty: bool,
+    #[serde(default)]
+    pipe_stdin: bool,
+    #[serde(default)]
+    arg0: Option<String>,
+    #[serde(default)]
+    sandbox: Option<Value>,
+    #[serde(default)]
+    enforce_managed_network: bool,
+    #[serde(default)]
+    managed_network: Option<Value>,
+    #[serde(default)]
+    network_proxy: Option<Value>,
+    /// Codex's bookkeeping (thread and tool-call ids): not acted on.
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: Option<Value>,
+    /// Gated by `shellSnapshotV2`, which is not advertised: refused when set.
+    #[serde(default)]
+    shell_snapshot: Option<Value>,
+}
+
+/// The native start, as sent (so `idempotency_key` and `tag` ride along).
+#[derive(Serialize)]
+struct NativeStart<'a> {
+    argv: &'a [String],
+    cwd: executor_protocol::WirePath,
+    env: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    arg0: Option<&'a str>,
+    tty: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pty_size: Option<PtySize>,
+    stdin: StdinMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sandbox: Option<executor_protocol::types::sandbox::SandboxIntent>,
+    tag: &'a str,
+}
+
+pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
+    let p: StartParams = decode(params)?;
+    conn.ready("exec")?;
+    if p.argv.is_empty() {
+        return Err(RpcError::invalid_params("argv must not be empty"));
+    }
+    if p.shell_snapshot.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(RpcError::invalid_params(
+            "shellSnapshot is not supported by this exec-server (shellSnapshotV2 is not advertised)",
+        ));
+    }
+    let cwd = super::uri::to_path(&p.cwd)?;
+    let intent = super::sandbox_request(
+        p.sandbox.as_ref(),
+        p.enforce_managed_network,
+        p.managed_network.as_ref(),
+        p.network_proxy.as_ref(),
+        &cwd,
+    )?;
+    {
+        let mut g = conn.procs.inner.lock().expect("registry lock");
+        if g.by_codex.contains_key(&p.process_id) {
+            return Err(RpcError::invalid_request(format!(
+                "process {} already exists",
+                p.process_id
+            )));
+        }
+        g.by_codex.insert(
+            p.process_id.clone(),
+            Entry {
+                piped_stdin: p.pipe_stdin,
+                ..Entry::default()
+            },
+        );
+    }
+    let env = compose_env(p.env_policy, p.env);
+    let sandboxed = intent.is_some();
+    let native_params = NativeStart {
+        argv: &p.argv,
+        cwd: super::uri::wire_path(&cwd),
+        env: &env,
+        arg0: p.arg0.as_deref(),
+        tty: p.tty,
+        pty_size: p.tty.then(PtySize::default),
+        stdin: if p.pipe_stdin || p.tty {
+            StdinMode::Pipe
+        } else {
+            StdinMode::Null
+        },
+        sandbox: intent,
+        tag: &p.process_id,
+    };
+    // The job's id is learnt on the reader before its first output is
+    // looked at.
+    let (registry, codex) = (conn.procs.clone(), p.process_id.clone());
+    let hook: super::native::Hook = Box::new(move |v| {
+        if let Ok(r) = rmpv::ext::from_value::<ProcessStartResult>(v.clone()) {
+            let mut g = registry.inner.lock().expect("registry lock");
+            g.by_native.insert(r.process_id.clone(), codex.clone());
+            if let Some(e) = g.by_codex.get_mut(&codex) {
+                e.native = r.process_id;
+            }
+        }
+    });
+    match conn
+        .native
+        .call_value(m::PROCESS_START, &native_params, Some(hook))
+        .await
+    {
+        Ok(_) => Ok(json!({
+            "processId": p.process_id,
+            "sandboxType": if sandboxed { "linuxSeccomp" } else { "none" },
+        })),
+        Err(e) => {
+            conn.procs
+                .inner
+                .lock()
+                .expect("registry lock")
+                .by_codex
+                .remove(&p.process_id);
+            Err(super::errors::from_wire(&e))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ReadParams {
+    process_id: String,
+    #[serde(default)]
+    after_seq: Option<u64>,
+    #[serde(default)]
+    max_bytes: Option<u64>,
+    #[serde(default)]
+    wait_ms: Option<u64>,
+}
+
+fn native_of(conn: &Conn, codex: &str) -> Option<(String, bool, Option<Exit>, bool)> {
+    let g = conn.procs.inner.lock().expect("registry lock");
+    g.by_codex
+        .get(codex)
+        .filter(|e| !e.native.is_empty())
+        .map(|e| (e.native.clone(), e.piped_stdin, e.exit, e.sandbox_denied))
+}
+
+pub async fn read(conn: &Conn, params: Value) -> Result<Value, RpcError> {
+    let p: ReadParams = decode(params)?;
+    conn.ready("exec")?;
+    let Some((native, _, _, _)) = native_of(conn, &p.process_id) else {
+        return Err(RpcError::invalid_request(format!(
+            "unknown process id {}",
+            p.process_id
+        )));
+    };
+    let r: ProcessReadResult = conn
+        .native
+        .call(
+            m::PROCESS_READ,
+            &ProcessReadParams {
+                process_id: native,
+                after_seq: p.after_seq.and_then(|s| s.checked_sub(1)),
+                max_bytes: p.max_bytes,
+                wait_ms: p.wait_ms,
+            },
+        )
+        .await
+        .map_err(|e| super::errors::from_wire(&e))?;
+    let (native, _, mut exit, denied) = native_of(conn, &p.process_id).unwrap_or_default();
+    if let (None, Some(x)) = (exit, &r.exited) {
+        // Exited while no connection was attached (or before its exit
+        // notification was handled): when nothing is left after this
+        // read, the exit and the close take the next two seqs.
+        let rest: Result<ProcessReadResult, _> = conn
+            .native
+            .call(
+                m::PROCESS_READ,
+                &ProcessReadParams {
+                    process_id: native,
+                    after_seq: r.next_seq.checked_sub(1),
+                    max_bytes: Some(1),
+                    wait_ms: None,
+                },
+            )
+            .await;
+        if rest.is_ok_and(|rest| rest.chunks.is_empty()) {
+            let code = x.exit_code.unwrap_or_else(|| {
+                x.signal
+                    .as_deref()
+                    .and_then(|s| s.parse::<nix::sys::signal::Signal>().ok())
+                    .map_or(-1, |s| 128 + s as i32)
+            });
+            let e = Exit {
+                code,
+                seq: r.next_seq + 1,
+            };
+            exit = Some(e);
+            let mut g = conn.procs.inner.lock().expect("registry lock");
+            if let Some(entry) = g.by_codex.get_mut(&p.process_id) {
+                entry.exit.get_or_insert(e);
+            }
+        }
+    }
+    let chunks: Vec<Value> = r
+        .chunks
+        .iter()
+        .map(|c| json!({"seq": c.seq + 1, "stream": c.stream.as_str(), "chunk": b64(&c.data)}))
+        .collect();
+    let exited = r.exited.is_some();
+    let code = match (exit, &r.exited) {
+        (Some(e), _) => Some(e.code),
+        (None, Some(x)) => Some(x.exit_code.unwrap_or(-1)),
+        (None, None) => None,
+    };
+    // Closed once the job exited and every chunk was read: the exit and
+    // the close take the two seqs after the last chunk.
+    let closed = match exit {
+        Some(e) => exited && r.next_seq + 1 >= e.seq,
+        None => false,
+    };
+    let next = match exit {
+        Some(e) if closed => e.seq + 2,
+        _ => r.next_seq + 1,
+    };
+    Ok(json!({
+        "chunks": chunks,
+        "nextSeq": next,
+        "exited": exited,
+        "exitCode": code,
+        "closed": closed,
+        "failure": Value::Null,
+        "sandboxDenied": denied,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WriteParams {
+    process_id: String,
+    chunk: String,
+    write_id: String,
+}
+
+#[derive(Serialize)]
+struct NativeWrite<'a> {
+    process_id: &'a str,
+    #[serde(with = "serde_bytes")]
+    data: &'a [u8],
+    write_id: &'a str,
+}
+
+pub async fn write(conn: &Conn, params: Value) -> Result<Value, RpcError> {
+    let p: WriteParams = decode(params)?;
+    conn.ready("exec")?;
+    if p.write_id.is_empty() {
+        return Err(RpcError::invalid_params("writeId must not be empty"));
+    }
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(p.chunk.as_bytes())
+        .map_err(|e| RpcError::invalid_params(format!("chunk is not base64: {e}")))?;
+    let Some((native, piped, exit, _)) = native_of(conn, &p.process_id) else {
+        return Ok(json!({"status": "unknownProcess"}));
+    };
+    if !piped || exit.is_some() {
+        return Ok(json!({"status": "stdinClosed"}));
+    }
+    let r: Result<rmpv::Value, _> = conn
+        .native
+        .call_value(
+            m::PROCESS_WRITE,
+            &NativeWrite {
+                process_id: &native,
+                data: &data,
+                write_id: &p.write_id,
+            },
+            None,
+        )
+        .await;
+    match r {
+        Ok(_) => Ok(json!({"status": "accepted"})),
+        Err(e) if e.code == executor_protocol::error::ErrorCode::UnknownProcess => {
+            Ok(json!({"status": "unknownProcess"}))
+        }
+        Err(e) if e.code == executor_protocol::error::ErrorCode::Io => {
+            Ok(json!({"status": "stdinClosed"}))
+        }
+        Err(e) => Err(super::errors::from_wire(&e)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SignalParams {
+    process_id: String,
+    signal: CodexSignal,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum CodexSignal {
+    Interrupt,
+}
+
+#[derive(Serialize)]
+struct NativeSignal<'a> {
+    process_id: &'a str,
+    signal: &'static str,
+}
+
+pub async fn signal(conn: &Conn, params: Value) -> Result<Value, RpcError> {
+    let p: SignalParams = decode(params)?;
+    conn.ready("exec")?;
+    let CodexSignal::Interrupt = p.signal;
+    let Some((native, _, exit, _)) = native_of(conn, &p.process_id) else {
+        return Err(RpcError::invalid_request(format!(
+            "unknown process id {}",
+            p.process_id
+        )));
+    };
+    if exit.is_none() {
+        let r: Result<rmpv::Value, _> = conn
+            .native
+            .call_value(
+                m::PROCESS_SIGNAL,
+                &NativeSignal {
+                    process_id: &native,
+                    signal: "interrupt",
+                },
+                None,
+            )
+            .await;
+        if let Err(e) = r {
+            if e.code != executor_protocol::error::ErrorCode::UnknownProcess {
+                return Err(super::errors::from_wire(&e));
+            }
+        }
+    }
+    Ok(json!({}))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TerminateParams {
+    process_id: String,
+}
+
+pub async fn terminate(conn: &Conn, params: Value) -> Result<Value, RpcError> {
+    let p: TerminateParams = decode(params)?;
+    conn.ready("exec")?;
+    let Some((native, _, exit, _)) = native_of(conn, &p.process_id) else {
+        return Ok(json!({"running": false}));
+    };
+    if exit.is_some() {
+        return Ok(json!({"running": false}));
+    }
+    let r: Result<rmpv::Value, _> = conn
+        .native
+        .call_value(
+            m::PROCESS_SIGNAL,
+            &NativeSignal {
+                process_id: &native,
+                signal: "kill",
+            },
+            None,
+        )
+        .await;
+    match r {
+        Ok(_) => Ok(json!({"running": true})),
+        Err(e) if e.code == executor_protocol::error::ErrorCode::UnknownProcess => {
+            Ok(json!({"running": false}))
+        }
+        Err(e) => Err(super::errors::from_wire(&e)),
+    }
+}
+
+/// Lines pushed to the client, in order.
+pub type Out = mpsc::Sender<Vec<u8>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards() {
+        assert!(wildmatch("*KEY*", "OPENAI_API_KEY"));
+        assert!(wildmatch("*key*", "ssh_keyfile"));
+        assert!(!wildmatch("*TOKEN*", "PATH"));
+        assert!(wildmatch("LC_?", "LC_A"));
+        assert!(wildmatch("*", ""));
+    }
+
+    #[test]
+    fn env_policy() {
+        std::env::set_var("CODEX_TEST_SECRET_TOKEN", "x");
+        let p: EnvPolicy = serde_json::from_value(json!({
+            "inherit": "all", "exclude": ["HOME"], "set": {"A": "1"}
+        }))
+        .unwrap();
+        let env = compose_env(Some(p), BTreeMap::from([("B".into(), "2".into())]));
+        assert!(!env.contains_key("CODEX_TEST_SECRET_TOKEN"));
+        assert!(!env.contains_key("HOME"));
+        assert_eq!(env["A"], "1");
+        assert_eq!(env["B"], "2");
+        let none = compose_env(None, BTreeMap::new());
+        assert!(none.is_empty());
+    }
+}

@@ -1,0 +1,353 @@
+//! `executor codex-exec-server`: Codex's exec-server dialect served by the
+//! real agent binary, checked line by line (the handshake's errors, a
+//! job's seqs, exit and close, writes, terminate), and the session a
+//! closed stdin leaves: its jobs run on and a new connection resumes it
+//! and reads what they did (the reference loses both).
+
+use executor_tests::executor_bin;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A running `executor codex-exec-server`, its lines read on a thread.
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<Value>,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = Command::new(executor_bin())
+            .args(["codex-exec-server", "--listen", "stdio"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start executor codex-exec-server");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout carries only JSON lines: {line:?}: {e}"));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Server {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    fn send(&mut self, v: Value) {
+        self.send_raw(&v.to_string());
+    }
+
+    fn send_raw(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}").expect("write a line");
+        stdin.flush().unwrap();
+    }
+
+    fn next(&self) -> Value {
+        self.lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a line from the server within 20 s")
+    }
+
+    /// The answer to `id`, with the notifications seen before it.
+    fn answer(&self, id: Value) -> (Value, Vec<Value>) {
+        let mut notes = Vec::new();
+        loop {
+            let v = self.next();
+            if v.get("id") == Some(&id) {
+                return (v, notes);
+            }
+            notes.push(v);
+        }
+    }
+
+    fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
+        self.send(json!({"id": id, "method": method, "params": params}));
+        self.answer(json!(id)).0
+    }
+
+    /// `initialize` (resuming `resume`) and `initialized`: the session id.
+    fn handshake(&mut self, resume: Option<&str>) -> String {
+        let r = self.request(
+            1,
+            "initialize",
+            json!({"clientName": "test", "resumeSessionId": resume}),
+        );
+        let sid = r["result"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("initialize answered {r}"))
+            .to_owned();
+        self.send(json!({"method": "initialized", "params": {}}));
+        sid
+    }
+
+    fn close_stdin_and_wait(&mut self) {
+        self.stdin.take();
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "the server exits 0 at the end of its input: {status}"
+        );
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn error(v: &Value) -> (i64, String) {
+    (
+        v["error"]["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("an error: {v}")),
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+#[test]
+fn the_handshake_answers_as_the_reference() {
+    let mut s = Server::start();
+    let r = s.request(1, "environment/info", json!({}));
+    assert_eq!(
+        error(&r),
+        (
+            -32600,
+            "client must call initialize before using environment info methods".into()
+        )
+    );
+    s.send_raw("garbage");
+    let r = s.next();
+    assert_eq!(r["id"], json!(-1));
+    assert_eq!(
+        error(&r),
+        (
+            -32600,
+            "failed to parse JSON-RPC message from exec-server stdio: expected value at line 1 column 1"
+                .into()
+        )
+    );
+    let r = s.request(2, "initialize", json!({"clientName": "t"}));
+    let info = &r["result"]["environmentInfo"];
+    assert!(info["shell"]["path"].is_string(), "{r}");
+    assert!(info["cwd"].as_str().unwrap().starts_with("file:///"));
+    assert_eq!(info["capabilities"]["networkProxyLaunch"], json!(false));
+    let r = s.request(3, "process/read", json!({"processId": "x"}));
+    assert_eq!(
+        error(&r),
+        (
+            -32600,
+            "client must send initialized before using exec methods".into()
+        )
+    );
+    s.send(json!({"method": "initialized", "params": {}}));
+    s.send(json!({"id": "s", "method": "environment/status", "params": {}}));
+    assert_eq!(s.answer(json!("s")).0["result"], json!({"status": "ready"}));
+    let r = s.request(5, "initialize", json!({"clientName": "t"}));
+    assert_eq!(
+        error(&r),
+        (
+            -32600,
+            "initialize may only be sent once per connection".into()
+        )
+    );
+    let r = s.request(6, "nope/x", json!({}));
+    assert_eq!(
+        error(&r),
+        (
+            -32601,
+            "exec-server stub does not implement `nope/x` yet".into()
+        )
+    );
+    let r = s.request(7, "process/start", json!({"processId": "p", "argv": "x"}));
+    assert_eq!(error(&r).0, -32602, "wrong types: {r}");
+    // The connection survived all of it.
+    s.send(json!({"id": 8, "method": "environment/status", "params": {}}));
+    assert_eq!(s.answer(json!(8)).0["result"]["status"], json!("ready"));
+    s.close_stdin_and_wait();
+}
+
+#[test]
+fn a_jobs_output_exit_and_close_take_seqs_in_order() {
+    let mut s = Server::start();
+    s.handshake(None);
+    s.send(json!({"id": 2, "method": "process/start", "params": {
+        "processId": "p1", "argv": ["/bin/sh", "-c", "echo hi; echo err >&2; exit 3"],
+        "cwd": "file:///tmp", "env": {}, "tty": false}}));
+    let (r, _) = s.answer(json!(2));
+    assert_eq!(
+        r["result"],
+        json!({"processId": "p1", "sandboxType": "none"})
+    );
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let v = s.next();
+        seen.push(v);
+    }
+    let methods: Vec<&str> = seen.iter().map(|v| v["method"].as_str().unwrap()).collect();
+    let seqs: Vec<i64> = seen
+        .iter()
+        .map(|v| v["params"]["seq"].as_i64().unwrap())
+        .collect();
+    // stdout and stderr are two pipes: their order between them is the
+    // scheduler's, their seqs are 1 and 2 either way.
+    assert_eq!(
+        methods,
+        [
+            "process/output",
+            "process/output",
+            "process/exited",
+            "process/closed"
+        ]
+    );
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    assert_eq!(seen[2]["params"]["exitCode"], json!(3));
+    let r = s.request(3, "process/read", json!({"processId": "p1"}));
+    assert_eq!(r["result"]["nextSeq"], json!(5));
+    assert_eq!(r["result"]["closed"], json!(true));
+    assert_eq!(r["result"]["exitCode"], json!(3));
+    let r = s.request(4, "process/read", json!({"processId": "p1", "afterSeq": 1}));
+    assert_eq!(r["result"]["chunks"].as_array().unwrap().len(), 1);
+    assert_eq!(r["result"]["chunks"][0]["seq"], json!(2));
+    // Without pipeStdin the job's stdin is closed.
+    let r = s.request(
+        5,
+        "process/write",
+        json!({"processId": "p1", "chunk": "eA==", "writeId": "w"}),
+    );
+    assert_eq!(r["result"], json!({"status": "stdinClosed"}));
+    let r = s.request(6, "process/terminate", json!({"processId": "p1"}));
+    assert_eq!(r["result"], json!({"running": false}));
+    let r = s.request(
+        7,
+        "process/start",
+        json!({
+        "processId": "p1", "argv": ["true"], "cwd": "file:///tmp", "env": {}}),
+    );
+    assert_eq!(error(&r), (-32600, "process p1 already exists".into()));
+    let r = s.request(
+        8,
+        "process/write",
+        json!({"processId": "nope", "chunk": "", "writeId": "w"}),
+    );
+    assert_eq!(r["result"], json!({"status": "unknownProcess"}));
+    let r = s.request(
+        9,
+        "process/write",
+        json!({"processId": "p1", "chunk": "", "writeId": ""}),
+    );
+    assert_eq!(error(&r), (-32602, "writeId must not be empty".into()));
+    // A sleeper terminated: it was running, and exits 137 (killed).
+    s.request(
+        10,
+        "process/start",
+        json!({
+        "processId": "p2", "argv": ["sleep", "300"], "cwd": "file:///tmp", "env": {}}),
+    );
+    let (r, _) = {
+        s.send(json!({"id": 11, "method": "process/terminate", "params": {"processId": "p2"}}));
+        s.answer(json!(11))
+    };
+    assert_eq!(r["result"], json!({"running": true}));
+    let exited = loop {
+        let v = s.next();
+        if v["method"] == json!("process/exited") {
+            break v;
+        }
+    };
+    assert_eq!(exited["params"]["exitCode"], json!(137));
+    assert_eq!(exited["params"]["seq"], json!(1));
+    assert_eq!(s.next()["method"], json!("process/closed"));
+    s.close_stdin_and_wait();
+}
+
+#[test]
+fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
+    let dir = std::env::temp_dir().join(format!("executor-codex-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("ran-on");
+    let mut s = Server::start();
+    let sid = s.handshake(None);
+    let script = format!(
+        "sleep 1; echo after-the-drop; echo yes > {}",
+        marker.display()
+    );
+    let r = s.request(
+        2,
+        "process/start",
+        json!({
+        "processId": "job", "argv": ["/bin/sh", "-c", script],
+        "cwd": "file:///tmp", "env": {}}),
+    );
+    assert!(r["result"].is_object(), "{r}");
+    s.close_stdin_and_wait();
+    // The job runs on after the connection ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job did not run on after stdin closed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut again = Server::start();
+    let sid2 = again.handshake(Some(&sid));
+    assert_eq!(sid2, sid, "a resumed session keeps its id");
+    let r = again.request(3, "process/read", json!({"processId": "job"}));
+    let chunks = r["result"]["chunks"].as_array().unwrap();
+    let text: String = chunks
+        .iter()
+        .map(|c| {
+            use base64::Engine;
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(c["chunk"].as_str().unwrap())
+                    .unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    assert_eq!(text, "after-the-drop\n");
+    assert_eq!(r["result"]["exited"], json!(true));
+    assert_eq!(r["result"]["closed"], json!(true));
+    assert_eq!(r["result"]["nextSeq"], json!(4));
+    // Its id is still taken in the resumed session.
+    let r = again.request(
+        4,
+        "process/start",
+        json!({
+        "processId": "job", "argv": ["true"], "cwd": "file:///tmp", "env": {}}),
+    );
+    assert_eq!(error(&r), (-32600, "process job already exists".into()));
+    again.close_stdin_and_wait();
+    // A session id with a wrong secret resumes nothing.
+    let mut third = Server::start();
+    let r = third.request(
+        1,
+        "initialize",
+        json!({"clientName": "t", "resumeSessionId": format!("{sid}0")}),
+    );
+    assert_eq!(error(&r), (-32600, "unknown session id".into()));
+    third.close_stdin_and_wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
