@@ -241,7 +241,7 @@ fn a_jobs_output_exit_and_close_take_seqs_in_order() {
         7,
         "process/start",
         json!({
-        "processId": "p1", "argv": ["true"], "cwd": "file:///tmp", "env": {}}),
+        "processId": "p1", "argv": ["true"], "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
     assert_eq!(error(&r), (-32600, "process p1 already exists".into()));
     let r = s.request(
@@ -261,7 +261,7 @@ fn a_jobs_output_exit_and_close_take_seqs_in_order() {
         10,
         "process/start",
         json!({
-        "processId": "p2", "argv": ["sleep", "300"], "cwd": "file:///tmp", "env": {}}),
+        "processId": "p2", "argv": ["sleep", "300"], "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
     let (r, _) = {
         s.send(json!({"id": 11, "method": "process/terminate", "params": {"processId": "p2"}}));
@@ -297,7 +297,7 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
         "process/start",
         json!({
         "processId": "job", "argv": ["/bin/sh", "-c", script],
-        "cwd": "file:///tmp", "env": {}}),
+        "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
     assert!(r["result"].is_object(), "{r}");
     s.close_stdin_and_wait();
@@ -336,7 +336,7 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
         4,
         "process/start",
         json!({
-        "processId": "job", "argv": ["true"], "cwd": "file:///tmp", "env": {}}),
+        "processId": "job", "argv": ["true"], "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
     assert_eq!(error(&r), (-32600, "process job already exists".into()));
     again.close_stdin_and_wait();

@@ -313,15 +313,22 @@ async fn initialize(
         session: Some(session),
         capabilities: None,
     };
-    let r: executor_protocol::types::session::InitializeResult = native
+    let r: executor_protocol::types::session::InitializeResult = match native
         .call(executor_protocol::methods::INITIALIZE, &init)
         .await
-        .map_err(|e| match e.code {
-            executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
-                RpcError::invalid_request("unknown session id")
-            }
-            _ => errors::from_wire(&e),
-        })?;
+    {
+        Ok(r) => r,
+        Err(e) => {
+            // Nothing is left running for a refused initialize.
+            native.close();
+            return Err(match e.code {
+                executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
+                    RpcError::invalid_request("unknown session id")
+                }
+                _ => errors::from_wire(&e),
+            });
+        }
+    };
     let conn = Arc::new(Conn {
         native,
         out: out.clone(),
@@ -329,10 +336,21 @@ async fn initialize(
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
-    if resume.is_some() {
-        process::relearn(&conn).await?;
-    }
-    let info = environment_info(&conn).await?;
+    let learnt = match resume {
+        Some(_) => process::relearn(&conn).await,
+        None => Ok(()),
+    };
+    let info = match learnt {
+        Ok(()) => environment_info(&conn).await,
+        Err(e) => Err(e),
+    };
+    let info = match info {
+        Ok(i) => i,
+        Err(e) => {
+            conn.native.close();
+            return Err(e);
+        }
+    };
     *phase.lock().expect("phase lock") = Phase::Initialized;
     Ok((
         conn,

@@ -415,7 +415,6 @@ struct StartParams {
     env_policy: Option<EnvPolicy>,
     #[serde(default)]
     env: BTreeMap<String, String>,
-    #[serde(default)]
     tty: bool,
     #[serde(default)]
     pipe_stdin: bool,
@@ -491,12 +490,26 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         );
     }
     let env = compose_env(p.env_policy, p.env);
+    // A bare program name is looked up in the job's PATH, or this agent's
+    // when the job has none (as the reference's spawn does); the job
+    // still sees the name it was given as its argv[0].
+    let mut argv = p.argv.clone();
+    let mut arg0 = p.arg0.clone();
+    if !argv[0].contains('/') && !env.contains_key("PATH") {
+        match find_program(&argv[0]) {
+            Some(path) => {
+                arg0.get_or_insert_with(|| argv[0].clone());
+                argv[0] = path;
+            }
+            None => return Err(spawn_not_found()),
+        }
+    }
     let sandboxed = intent.is_some();
     let native_params = NativeStart {
-        argv: &p.argv,
+        argv: &argv,
         cwd: super::uri::wire_path(&cwd),
         env: &env,
-        arg0: p.arg0.as_deref(),
+        arg0: arg0.as_deref(),
         tty: p.tty,
         pty_size: p.tty.then(PtySize::default),
         stdin: if p.pipe_stdin || p.tty {
@@ -535,9 +548,33 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
                 .expect("registry lock")
                 .by_codex
                 .remove(&p.process_id);
+            if e.code == executor_protocol::error::ErrorCode::NotFound
+                && e.data_get("field").and_then(|f| f.as_str()) != Some("cwd")
+            {
+                return Err(spawn_not_found());
+            }
             Err(super::errors::from_wire(&e))
         }
     }
+}
+
+/// A program that is not there, as the reference reports it.
+fn spawn_not_found() -> RpcError {
+    RpcError::internal("No such file or directory (os error 2)")
+        .with_data(json!({"kind": "spawnNotFound"}))
+}
+
+/// `name` in this agent's PATH: the first executable regular file.
+fn find_program(name: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .and_then(|p| p.to_str().map(str::to_owned))
 }
 
 #[derive(Deserialize)]
