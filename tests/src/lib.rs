@@ -2,6 +2,7 @@
 //! `executor` binary, and talk to it in raw frames.
 
 pub mod cli;
+pub mod codex;
 pub mod http;
 pub mod sshd;
 
