@@ -19,6 +19,8 @@ mod cli_terminal;
 mod client;
 #[path = "suite/codex_cli.rs"]
 mod codex_cli;
+#[path = "suite/codex_diff.rs"]
+mod codex_diff;
 #[path = "suite/degraded.rs"]
 mod degraded;
 #[path = "suite/egress.rs"]

@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod codex;
+pub mod codex_diff;
 pub mod http;
 pub mod sshd;
 
