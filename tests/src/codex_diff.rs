@@ -92,8 +92,9 @@ pub enum Step {
     /// As `Expect`, with the values at these JSON pointers masked (for
     /// both servers: where the reference itself varies).
     ExpectMasked(Match, &'static [&'static str]),
-    /// Remember the value at this JSON pointer of the last claimed message
-    /// as `{NAME}` (and normalize it to `<NAME>`).
+    /// Remember the value at this JSON pointer of the message the `Expect`
+    /// just before claimed as `{NAME}` (and normalize it to `<NAME>`, in
+    /// that message too).
     Capture(&'static str, &'static str),
     /// Wait for the server to close its stdout.
     ExpectEof,
@@ -579,8 +580,7 @@ pub async fn run(scenario: &Scenario, server: Server) -> Option<Transcript> {
     let mut push = |text: String, differing| lines.push(Line { text, differing });
     let mut peer = Peer::spawn(server, &codex, &dir);
     let mut seqs = SeqLog::default();
-    let mut last = Value::Null;
-    for step in &scenario.steps {
+    for (i, step) in scenario.steps.iter().enumerate() {
         match step {
             Step::Send(l) => {
                 let l = fill(l, &vars);
@@ -602,25 +602,27 @@ pub async fn run(scenario: &Scenario, server: Server) -> Option<Transcript> {
                 match peer.claim(m).await {
                     Some(l) => {
                         seqs.note(&l);
-                        last = serde_json::from_str(&l).unwrap_or(Value::Null);
+                        let v: Value = serde_json::from_str(&l).unwrap_or(Value::Null);
+                        // A capture right after applies to this line too.
+                        if let Some(Step::Capture(name, pointer)) = scenario.steps.get(i + 1) {
+                            let captured = match v.pointer(pointer) {
+                                Some(Value::String(s)) => s.clone(),
+                                Some(other) => other.to_string(),
+                                None => String::new(),
+                            };
+                            norm.capture(name, &captured);
+                            vars.insert((*name).to_string(), captured);
+                        }
                         push(mask(&format!("< {}", norm.line(&l)), masks), differing);
                     }
                     None => {
-                        last = Value::Null;
                         let what = if peer.eof { "EOF" } else { "timeout" };
                         push(format!("! no message {m:?} ({what})"), differing);
                     }
                 }
             }
-            Step::Capture(name, pointer) => {
-                let v = match last.pointer(pointer) {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(other) => other.to_string(),
-                    None => String::new(),
-                };
-                norm.capture(name, &v);
-                vars.insert((*name).to_string(), v);
-            }
+            // Done with the `Expect` before it.
+            Step::Capture(..) => {}
             Step::ExpectEof => {
                 let ended = peer.wait_end(MESSAGE_WAIT).await;
                 flush_pending(&mut peer, &norm, &mut seqs, &mut push);

@@ -960,3 +960,53 @@ fn every_scenario_is_registered() {
     ];
     assert_eq!(names, registered);
 }
+
+/// The comparison itself: equal transcripts agree; a changed line, a
+/// missing line and a declared difference whose check fails are each
+/// reported; a masked pointer is ignored.
+#[test]
+fn the_comparison_reports_each_kind_of_difference() {
+    use executor_tests::codex_diff::{compare, Line, Transcript};
+    let scenario = Scenario {
+        name: "self-test",
+        steps: Vec::new(),
+        executor_masks: &["/result/capabilities"],
+    };
+    let golden = "> {\"id\":1}\n< {\"id\":1,\"result\":{\"capabilities\":{\"a\":true},\"x\":1}}\n< {\"id\":2,\"result\":{}}\n";
+    let line = |t: &str| Line {
+        text: t.to_string(),
+        differing: None,
+    };
+    let same = Transcript {
+        lines: vec![
+            line("> {\"id\":1}"),
+            line("< {\"id\":1,\"result\":{\"capabilities\":{\"b\":false},\"x\":1}}"),
+            line("< {\"id\":2,\"result\":{}}"),
+        ],
+    };
+    assert_eq!(compare(&scenario, golden, &same), Vec::<String>::new());
+    let mut changed = same.clone();
+    changed.lines[1] = line("< {\"id\":1,\"result\":{\"capabilities\":{},\"x\":2}}");
+    let diffs = compare(&scenario, golden, &changed);
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert!(diffs[0].starts_with("line 2:"), "{diffs:?}");
+    let mut short = same.clone();
+    short.lines.pop();
+    assert_eq!(compare(&scenario, golden, &short).len(), 1);
+    let mut declared = same.clone();
+    declared.lines[2].differing = Some((
+        "on purpose",
+        ExecutorCheck::new(|v| match v.pointer("/result/ok") {
+            Some(_) => Ok(()),
+            None => Err("no ok".into()),
+        }),
+    ));
+    let diffs = compare(&scenario, golden, &declared);
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert!(
+        diffs[0].contains("on purpose") && diffs[0].contains("no ok"),
+        "{diffs:?}"
+    );
+    declared.lines[2].text = "< {\"id\":2,\"result\":{\"ok\":1}}".into();
+    assert_eq!(compare(&scenario, golden, &declared), Vec::<String>::new());
+}
