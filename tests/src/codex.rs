@@ -342,6 +342,7 @@ impl RunDir {
         let base = std::env::var_os("EXECUTOR_CODEX_RUNS")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/var/tmp/executor-codex-tests"));
+        sweep_dead_runs(&base);
         let root = base.join(format!(
             "{tag}-{}-{}",
             std::process::id(),
@@ -360,6 +361,27 @@ impl RunDir {
             workspace,
         }
     }
+}
+
+/// Removes the run directories of test processes that are gone (a failed
+/// run leaves its directory for a look; the next test process takes it
+/// away). Names end in `-PID-NANOS`.
+fn sweep_dead_runs(base: &Path) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(entries) = std::fs::read_dir(base) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    });
 }
 
 impl Drop for RunDir {
