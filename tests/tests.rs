@@ -17,8 +17,12 @@ mod cli_quoting;
 mod cli_terminal;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/codex_cli.rs"]
+mod codex_cli;
 #[path = "suite/codex_dialect.rs"]
 mod codex_dialect;
+#[path = "suite/codex_diff.rs"]
+mod codex_diff;
 #[path = "suite/degraded.rs"]
 mod degraded;
 #[path = "suite/egress.rs"]
