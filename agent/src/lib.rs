@@ -78,6 +78,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod codex;
 pub mod config;
 pub mod conn;
 pub mod destinations;

@@ -1,0 +1,2 @@
+//! Codex's exec-server dialect.
+pub mod sandbox;
