@@ -17,6 +17,8 @@ mod cli_quoting;
 mod cli_terminal;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/codex_sandbox.rs"]
+mod codex_sandbox;
 #[path = "suite/degraded.rs"]
 mod degraded;
 #[path = "suite/egress.rs"]

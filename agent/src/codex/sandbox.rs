@@ -540,12 +540,14 @@ fn restricted(
                 let target = special(v, &vf, access, cwd, roots, &tmpdirs, host)?;
                 items.push((target, access, vf));
             }
-            other => return Err(Untranslatable::reference(
-                &format!("{pf}.type"),
-                format!(
+            other => {
+                return Err(Untranslatable::reference(
+                    &format!("{pf}.type"),
+                    format!(
                     "unknown variant `{other}`, expected one of `path`, `glob_pattern`, `special`"
                 ),
-            )),
+                ))
+            }
         }
     }
     assemble(items)
@@ -996,12 +998,14 @@ fn proxy_hosts(v: &Value) -> R<Option<EgressIntent>> {
                     "allow" => allow.extend(domain_allow(pattern, &f)?),
                     "deny" => deny.push((pattern.clone(), f)),
                     "none" => {}
-                    other => return Err(Untranslatable::reference(
-                        &f,
-                        format!(
+                    other => {
+                        return Err(Untranslatable::reference(
+                            &f,
+                            format!(
                             "unknown variant `{other}`, expected one of `none`, `allow`, `deny`"
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
         }
