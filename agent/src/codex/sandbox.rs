@@ -27,7 +27,7 @@
 //! | `special unknown` | a grant: nothing (as the reference ignores it); a deny: refused |
 //! | `path {URI}` | the path |
 //! | access `read` / `write` / `deny` (`none`) | read root / write root / `deny_read` |
-//! | a `read` entry below a `write` one | also `deny_write` (the more specific entry wins, as in Codex) |
+//! | a `read` entry below a `write` one | also `deny_write` of each place (the more specific entry wins, as in Codex; a `write` of the same place wins over it) |
 //! | `glob_pattern` deny | `deny_read` of each match, scanned to `glob_scan_max_depth` (an unbounded `**` without it: refused) |
 //! | `glob_pattern` read / write | refused |
 //! | `missing_path_behavior` | every grant is `?ROOT` (skipped when missing, as the reference runs with a missing path) |
@@ -550,7 +550,7 @@ fn restricted(
             }
         }
     }
-    assemble(items)
+    assemble(items, roots)
 }
 
 fn special(
@@ -659,17 +659,18 @@ fn subpath(s: &str, field: &str) -> R<PathBuf> {
 }
 
 /// The native lists from the entries: the more specific entry wins (a
-/// `read` below a `write` is a `deny_write` too); a carve-out always wins
-/// over the roots around it natively (stricter than Codex for a grant
-/// below a deny: never weaker).
-fn assemble(items: Vec<(Target, Access, String)>) -> R<FilesystemIntent> {
+/// `read` below a `write`, on the workspace roots as given, is a
+/// `deny_write` too, unless a `write` names the same place); a carve-out
+/// always wins over the roots around it natively (stricter than Codex for
+/// a grant below a deny: never weaker).
+fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<FilesystemIntent> {
     let mut fs = FilesystemIntent {
         read: ReadRoots::Paths(Vec::new()),
         ..Default::default()
     };
     let mut read_all = false;
     let mut reads: Vec<WirePath> = Vec::new();
-    let writes_of = |t: &Target| -> Vec<WirePath> {
+    let grants_of = |t: &Target| -> Vec<WirePath> {
         match t {
             Target::Root => vec!["/".into()],
             Target::Path(p) => vec![optional(p)],
@@ -678,11 +679,11 @@ fn assemble(items: Vec<(Target, Access, String)>) -> R<FilesystemIntent> {
             Target::Minimal | Target::Nothing => Vec::new(),
         }
     };
-    // Write targets, for the read-below-write rule.
-    let write_targets: Vec<&Target> = items
+    // The places the write entries name, for the read-below-write rule.
+    let written: Vec<PathBuf> = items
         .iter()
-        .filter(|(t, a, _)| *a == Access::Write && !matches!(t, Target::Minimal))
-        .map(|(t, _, _)| t)
+        .filter(|(_, a, _)| *a == Access::Write)
+        .flat_map(|(t, _, _)| places(t, roots))
         .collect();
     for (t, a, _field) in &items {
         match (a, t) {
@@ -690,11 +691,15 @@ fn assemble(items: Vec<(Target, Access, String)>) -> R<FilesystemIntent> {
             (Access::Read, Target::Root) => read_all = true,
             // Codex reads the minimal set only (its platform defaults).
             (Access::Read | Access::Write, Target::Minimal) => reads.push(":minimal".into()),
-            (Access::Write, t) => fs.write.extend(writes_of(t)),
+            (Access::Write, t) => fs.write.extend(grants_of(t)),
             (Access::Read, t) => {
-                reads.extend(writes_of(t));
-                if write_targets.iter().any(|w| strictly_below(t, w)) {
-                    fs.deny_write.extend(carve_of(t));
+                reads.extend(grants_of(t));
+                for place in places(t, roots) {
+                    let below = written.iter().any(|w| place != *w && place.starts_with(w));
+                    let same = written.contains(&place);
+                    if below && !same {
+                        fs.deny_write.push(wire(&place));
+                    }
                 }
             }
             // Deny of everything: only the other entries' grants.
@@ -715,6 +720,17 @@ fn assemble(items: Vec<(Target, Access, String)>) -> R<FilesystemIntent> {
     Ok(fs)
 }
 
+/// The absolute places a target names, lexically (`/` for the root).
+fn places(t: &Target, roots: &[PathBuf]) -> Vec<PathBuf> {
+    match t {
+        Target::Root => vec![PathBuf::from("/")],
+        Target::Path(p) => vec![p.clone()],
+        Target::Workspace(None) => roots.to_vec(),
+        Target::Workspace(Some(s)) => roots.iter().map(|r| r.join(s)).collect(),
+        Target::Minimal | Target::Nothing => Vec::new(),
+    }
+}
+
 fn dedup(v: &mut Vec<WirePath>) {
     let mut seen = std::collections::HashSet::new();
     v.retain(|p| seen.insert(p.clone()));
@@ -733,18 +749,6 @@ fn carve_of(t: &Target) -> Vec<WirePath> {
         Target::Workspace(None) => vec![":workspace_roots".into()],
         Target::Workspace(Some(s)) => vec![workspace_sub(s, false)],
         Target::Root | Target::Minimal | Target::Nothing => Vec::new(),
-    }
-}
-
-/// Whether `t` lies strictly below the write target `w` (lexically; a
-/// workspace subpath is below the workspace roots).
-fn strictly_below(t: &Target, w: &Target) -> bool {
-    match (t, w) {
-        (_, Target::Root) => !matches!(t, Target::Root),
-        (Target::Workspace(Some(_)), Target::Workspace(None)) => true,
-        (Target::Workspace(Some(a)), Target::Workspace(Some(b))) => a != b && a.starts_with(b),
-        (Target::Path(a), Target::Path(b)) => a != b && a.starts_with(b),
-        _ => false,
     }
 }
 

@@ -67,12 +67,7 @@ fn the_captured_workspace_write_shapes() {
         );
         assert_eq!(
             paths(&i.filesystem.deny_write),
-            [
-                ":workspace_roots/.git",
-                ":workspace_roots/.agents",
-                ":workspace_roots/.codex",
-                ":workspace_roots/.aws"
-            ],
+            [".git", ".agents", ".codex", ".aws"].map(|d| format!("{WS}/{d}")),
             "{name}"
         );
         assert!(i.filesystem.deny_read.is_empty());
@@ -178,10 +173,7 @@ fn every_kind_of_entry() {
         paths(&i.filesystem.deny_read),
         ["/srv/secret", "/srv/other"]
     );
-    assert_eq!(
-        paths(&i.filesystem.deny_write),
-        [":workspace_roots/out/keep"]
-    );
+    assert_eq!(paths(&i.filesystem.deny_write), [format!("{WS}/out/keep")]);
     // `root` write: read everything, write `/`; `root` deny: only the
     // other grants.
     let i = go(&managed(json!([entry(sp("root"), "write")])))
@@ -214,6 +206,46 @@ fn every_kind_of_entry() {
     let i = go(&s).unwrap().unwrap();
     assert!(i.filesystem.write.is_empty());
     assert_eq!(i.workspace_roots, None);
+}
+
+/// The more specific entry wins: a read below any write (a path below
+/// the workspace, the workspace below a writable /tmp) is read-only; a
+/// write of the same place wins over a read of it.
+#[test]
+fn a_read_below_a_write_is_read_only() {
+    let i = go(&managed(json!([
+        entry(sp("project_roots"), "write"),
+        entry(
+            json!({"type": "path", "path": format!("file://{WS}/.git")}),
+            "read"
+        ),
+        entry(
+            json!({"type": "path", "path": "file:///home/user/other"}),
+            "read"
+        ),
+    ])))
+    .unwrap()
+    .unwrap();
+    assert_eq!(paths(&i.filesystem.deny_write), [format!("{WS}/.git")]);
+    let i = go(&managed(json!([
+        entry(json!({"type": "path", "path": "file:///home"}), "write"),
+        entry(sp("project_roots"), "read"),
+    ])))
+    .unwrap()
+    .unwrap();
+    assert_eq!(paths(&i.filesystem.deny_write), [WS.to_string()]);
+    let i = go(&managed(json!([
+        entry(json!({"type": "path", "path": "file:///home"}), "write"),
+        entry(sp("project_roots"), "read"),
+        entry(sp("project_roots"), "write"),
+    ])))
+    .unwrap()
+    .unwrap();
+    assert!(
+        i.filesystem.deny_write.is_empty(),
+        "{:?}",
+        i.filesystem.deny_write
+    );
 }
 
 #[test]
