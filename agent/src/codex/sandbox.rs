@@ -226,6 +226,9 @@ fn wire(p: &Path) -> WirePath {
 }
 
 fn optional(p: &Path) -> WirePath {
+    if p == Path::new("/") {
+        return "/".into();
+    }
     let mut b = b"?".to_vec();
     b.extend_from_slice(p.as_os_str().as_bytes());
     WirePath::from_bytes(b)
@@ -352,6 +355,15 @@ fn file_uri(v: &Value, field: &str) -> R<PathBuf> {
         return Err(Untranslatable::unsupported(
             field,
             format!("{s:?} holds a NUL byte"),
+        ));
+    }
+    // `.` and `..` would be resolved by the agent as the kernel does
+    // (through symlinks), where Codex normalizes them lexically: the two
+    // could name different places, so neither is guessed.
+    if bytes.split(|b| *b == b'/').any(|c| c == b"." || c == b"..") {
+        return Err(Untranslatable::unsupported(
+            field,
+            format!("{s:?} has a `.` or `..` component"),
         ));
     }
     Ok(PathBuf::from(std::ffi::OsString::from_vec(bytes)))

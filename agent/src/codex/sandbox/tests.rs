@@ -174,6 +174,17 @@ fn every_kind_of_entry() {
         ["/srv/secret", "/srv/other"]
     );
     assert_eq!(paths(&i.filesystem.deny_write), [format!("{WS}/out/keep")]);
+    // A path `/` written is the root.
+    let i = go(&managed(json!([entry(
+        json!({"type": "path", "path": "file:///"}),
+        "write"
+    )])))
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        (reads(&i), paths(&i.filesystem.write)),
+        (None, vec!["/".into()])
+    );
     // `root` write: read everything, write `/`; `root` deny: only the
     // other grants.
     let i = go(&managed(json!([entry(sp("root"), "write")])))
@@ -394,6 +405,20 @@ fn what_cannot_be_expressed_is_refused() {
             "sandbox.permissions.file_system.entries.0.path.path",
         ),
         (disagree, "sandbox.policyContext.workspaceRoots"),
+        (
+            managed(json!([entry(
+                json!({"type": "path", "path": format!("file://{WS}/link/..")}),
+                "write"
+            )])),
+            "sandbox.permissions.file_system.entries.0.path.path",
+        ),
+        (
+            managed(json!([entry(
+                json!({"type": "path", "path": "file:///srv/%2E%2E/etc"}),
+                "write"
+            )])),
+            "sandbox.permissions.file_system.entries.0.path.path",
+        ),
     ] {
         let e = go(&s).unwrap_err();
         assert_eq!(e.field, field, "{e}");
