@@ -22,13 +22,13 @@
 //! | `special minimal` read (or write: Codex reads it only) | read `:minimal` |
 //! | `special project_roots {subpath?}` | `:workspace_roots[/SUBPATH]`, `workspace_roots` from the sandbox's `workspaceRoots` (none: the entry grants nothing) |
 //! | `special current_working_directory` | the sandbox's `cwd` (else the request's) |
-//! | `special tmpdir` | the sandbox's `temporaryDirectories`, else the host's `$TMPDIR` (unset: nothing) |
+//! | `special tmpdir` | the job's `$TMPDIR` ([`Host::tmpdir`]; unset: nothing), as the reference resolves it |
 //! | `special slash_tmp` | `/tmp` (the host's, shared, as the reference grants it) |
 //! | `special unknown` | a grant: nothing (as the reference ignores it); a deny: refused |
 //! | `path {URI}` | the path |
 //! | access `read` / `write` / `deny` (`none`) | read root / write root / `deny_read` |
 //! | a `read` entry below a `write` one | also `deny_write` of each place (the more specific entry wins, as in Codex; a `write` of the same place wins over it) |
-//! | `glob_pattern` deny | `deny_read` of each match, scanned to `glob_scan_max_depth` (an unbounded `**` without it: refused) |
+//! | `glob_pattern` deny | `deny_read` of each match when the request is translated (as the reference snapshots them), scanned to `glob_scan_max_depth` or, without it, as deep as the scan budget ([`MAX_GLOB_SCAN`] entries, [`MAX_GLOB_MATCHES`] matches) allows: beyond it, refused |
 //! | `glob_pattern` read / write | refused |
 //! | `missing_path_behavior` | every grant is `?ROOT` (skipped when missing, as the reference runs with a missing path) |
 //! | `network: restricted` / `enabled` | `deny` / `allow` |
@@ -106,10 +106,13 @@ pub struct NetworkRequest<'a> {
     pub managed: Option<&'a Value>,
 }
 
-/// What the host contributes: the `$TMPDIR` a `tmpdir` entry means when
-/// the sandbox names no `temporaryDirectories`.
+/// What the request's context contributes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Host<'a> {
+    /// The `TMPDIR` of the job's environment (after `envPolicy`, `env`):
+    /// what a `tmpdir` entry means (the reference resolves it so; the
+    /// sandbox's `temporaryDirectories` grant nothing there). `None`: the
+    /// entry grants nothing. For `fs/*`, the agent's own.
     pub tmpdir: Option<&'a Path>,
 }
 
@@ -478,10 +481,11 @@ fn restricted(
             }
         },
     };
-    let tmpdirs = match top.get("temporaryDirectories") {
-        Some(v) => uri_list(v, "sandbox.temporaryDirectories")?,
-        None => Vec::new(),
-    };
+    // Validated; they grant nothing (the reference's `tmpdir` is the job's
+    // TMPDIR, not these).
+    if let Some(v) = top.get("temporaryDirectories") {
+        uri_list(v, "sandbox.temporaryDirectories")?;
+    }
     let empty = Vec::new();
     let entries = match fs.get("entries") {
         None | Some(Value::Null) => &empty,
@@ -549,7 +553,7 @@ fn restricted(
                 known_keys(p, &pf, &["type", "value"])?;
                 let vf = format!("{pf}.value");
                 let v = object(required(p, "value", &pf)?, &vf)?;
-                let target = special(v, &vf, access, cwd, roots, &tmpdirs, host)?;
+                let target = special(v, &vf, access, cwd, roots, host)?;
                 items.push((target, access, vf));
             }
             other => {
@@ -571,7 +575,6 @@ fn special(
     access: Access,
     cwd: &Path,
     roots: &[PathBuf],
-    tmpdirs: &[PathBuf],
     host: Host<'_>,
 ) -> R<Target> {
     let kind = tag(v, "kind", vf)?;
@@ -612,18 +615,9 @@ fn special(
         }
         "tmpdir" => {
             only_kind(v)?;
-            match (tmpdirs, host.tmpdir) {
-                ([], None) => Target::Nothing,
-                ([], Some(t)) => Target::Path(t.to_path_buf()),
-                ([one], _) => Target::Path(one.clone()),
-                (many, _) => {
-                    // Several: the first here, the rest as their own
-                    // entries would need a list; refuse rather than drop.
-                    return Err(Untranslatable::unsupported(
-                        "sandbox.temporaryDirectories",
-                        format!("{} temporary directories; one is supported", many.len()),
-                    ));
-                }
+            match host.tmpdir {
+                Some(t) if t.is_absolute() => Target::Path(t.to_path_buf()),
+                _ => Target::Nothing,
             }
         }
         "slash_tmp" => {
@@ -798,19 +792,12 @@ fn expand_glob(pattern: &str, cwd: &Path, depth: Option<usize>, field: &str) -> 
             format!("{pattern:?}: `**` must be a whole path component"),
         ));
     }
-    let unbounded = rest.contains(&"**");
-    let max_depth = match (unbounded, depth) {
-        (true, None) => {
-            return Err(Untranslatable::unsupported(
-                field,
-                format!(
-                    "{pattern:?} uses `**` without glob_scan_max_depth: an unbounded glob \
-                     cannot be expanded (set glob_scan_max_depth)"
-                ),
-            ))
-        }
-        (true, Some(d)) => d,
-        (false, d) => d.unwrap_or(rest.len()).min(rest.len()),
+    // With `**`: to glob_scan_max_depth, or as deep as the scan budget
+    // allows; without: the pattern's own depth.
+    let max_depth = if rest.contains(&"**") {
+        depth.unwrap_or(usize::MAX)
+    } else {
+        depth.unwrap_or(rest.len()).min(rest.len())
     };
     let base: PathBuf = std::iter::once("/")
         .chain(parts[..literal].iter().copied())

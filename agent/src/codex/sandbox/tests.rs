@@ -205,11 +205,12 @@ fn every_kind_of_entry() {
     // cannot even exec its shell).
     let i = go(&managed(json!([]))).unwrap().unwrap();
     assert_eq!(reads(&i), Some(vec![]));
-    // `tmpdir` from the sandbox's own `temporaryDirectories`.
+    // `tmpdir` is the job's TMPDIR, not the sandbox's
+    // `temporaryDirectories` (which grant nothing).
     let mut s = managed(json!([entry(sp("tmpdir"), "write")]));
     s["temporaryDirectories"] = json!(["file:///scratch/t"]);
     let i = go(&s).unwrap().unwrap();
-    assert_eq!(paths(&i.filesystem.write), ["?/scratch/t"]);
+    assert_eq!(paths(&i.filesystem.write), ["?/var/tmp/user"]);
     // Project roots without workspace roots grant nothing (as the
     // reference: no fallback to the cwd).
     let mut s = managed(json!([entry(sp("project_roots"), "write")]));
@@ -385,7 +386,8 @@ fn what_cannot_be_expressed_is_refused() {
         ),
         (
             managed(json!([entry(
-                json!({"type": "glob_pattern", "pattern": "/srv/**/*.env"}),
+                // Unbounded from `/`: beyond the scan budget.
+                json!({"type": "glob_pattern", "pattern": "/**/*.env"}),
                 "deny"
             )])),
             "sandbox.permissions.file_system.entries.0.path.pattern",
@@ -451,6 +453,12 @@ fn deny_globs_expand_within_their_depth() {
         .map(|f| d.join(f).display().to_string())
         .collect();
     assert_eq!(all, want);
+    // Without glob_scan_max_depth: as deep as the tree goes (the scan
+    // budget bounds it), as the reference expands it.
+    assert_eq!(
+        glob(format!("{}/**/*.env", d.display()), None).unwrap(),
+        want
+    );
     // Depth 2: names one and two levels below the prefix.
     let two = glob(format!("{}/**/*.env", d.display()), Some(2)).unwrap();
     assert_eq!(
