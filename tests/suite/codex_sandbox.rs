@@ -5,7 +5,9 @@
 //! the job's read-only mount), workspace-write writes the workspace but not
 //! its `.git` (EROFS, the carve-out's read-only bind) nor outside it and
 //! /tmp (EROFS, the read-only mount), though it may write /tmp as Codex grants;
-//! danger-full-access is unconfined. As root and as an unprivileged user.
+//! danger-full-access is unconfined; the agent's own fs requests under the
+//! same shapes are `sandbox_denied` outside them. As root and as an
+//! unprivileged user.
 
 use executor_agent::codex::sandbox::{translate, Host, NetworkRequest};
 use executor_client::{Client, ClientOptions};
@@ -110,6 +112,47 @@ executor_tests::root_and_unprivileged!(
         .await;
         assert_eq!((out.as_str(), code), ("ok\n", 0));
         std::fs::remove_file(base.join("beside")).unwrap();
+
+        // The same shapes on the agent's own fs requests (`fs/writeFile`'s
+        // captured sandbox): refused by the agent's confinement
+        // (`sandbox_denied`), the workspace written (positive control).
+        let fs_ww = c.with_sandbox(intent("workspace_write.fs_write_file", &ws));
+        fs_ww
+            .write_file(wire_path(&ws.join("patched.txt")), b"p\n")
+            .await
+            .expect("the workspace is writable");
+        assert_eq!(std::fs::read(ws.join("patched.txt")).unwrap(), b"p\n");
+        let outside = format!("/var/tmp/codex-sandbox-fs-{}", std::process::id());
+        for denied in [ws.join(".git/config"), Path::new(&outside).to_path_buf()] {
+            let e = remote(
+                fs_ww
+                    .write_file(wire_path(&denied), b"x")
+                    .await
+                    .unwrap_err(),
+            );
+            assert_eq!(
+                e.code,
+                executor_client::ErrorCode::SandboxDenied,
+                "{denied:?}: {e}"
+            );
+        }
+        assert!(!Path::new(&outside).exists());
+        let fs_ro = c.with_sandbox(intent("read_only.process_start", &ws));
+        assert_eq!(
+            fs_ro
+                .read_file(wire_path(&ws.join("README")))
+                .await
+                .unwrap(),
+            b"hello\n"
+        );
+        let e = remote(
+            fs_ro
+                .write_file(wire_path(&ws.join("ro.txt")), b"x")
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(e.code, executor_client::ErrorCode::SandboxDenied, "{e}");
+        assert!(!ws.join("ro.txt").exists());
 
         // danger-full-access: no intent, the write happens.
         let full = intent("danger_full_access.process_start", &ws);
