@@ -15,7 +15,7 @@
 //!
 //! | Codex | intent |
 //! | --- | --- |
-//! | `sandbox: null`, `permissions.type: disabled` | none (with `enforceManagedNetwork`: read all, write `/`, the managed network) |
+//! | `sandbox: null`, `permissions.type: disabled` | none (with `enforceManagedNetwork` or an enabled `networkProxy`: read all, write `/`, the managed network) |
 //! | `external {network}` | read all, write `/`, the network: what the reference itself grants for it |
 //! | `managed`, `file_system: unrestricted` | read all, write `/` |
 //! | `special root` read / write / deny | read `"all"` / write `/` / nothing readable but other entries |
@@ -136,15 +136,16 @@ pub fn translate(
         network: net,
         ..Default::default()
     };
+    // No filesystem sandbox: none at all, unless the network is managed
+    // (`enforceManagedNetwork`, or an enabled `networkProxy` whose rules
+    // the job's network is to follow).
+    let unconfined = |network: NetworkRequest<'_>| -> R<Option<SandboxIntent>> {
+        let net = managed_network(network, true)?;
+        let managed = network.enforce_managed || matches!(net, NetworkIntent::AllowHosts(_));
+        Ok(managed.then(|| unrestricted(net)))
+    };
     if sandbox.is_null() {
-        return Ok(if network.enforce_managed {
-            Some(unrestricted(managed_network(network, true)?))
-        } else {
-            // A proxy or managed network without enforcement is checked
-            // all the same (a malformed one is refused), then unused.
-            managed_network(network, true)?;
-            None
-        });
+        return unconfined(network);
     }
     let top = object(sandbox, "sandbox")?;
     known_keys(
@@ -174,12 +175,7 @@ pub fn translate(
     match kind {
         "disabled" => {
             known_keys(perms, "sandbox.permissions", &["type"])?;
-            Ok(if network.enforce_managed {
-                Some(unrestricted(managed_network(network, true)?))
-            } else {
-                managed_network(network, true)?;
-                None
-            })
+            unconfined(network)
         }
         "external" => {
             known_keys(perms, "sandbox.permissions", &["type", "network"])?;

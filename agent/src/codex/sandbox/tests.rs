@@ -285,6 +285,21 @@ fn unrestricted_disabled_and_external() {
         .unwrap()
         .unwrap();
     assert_eq!(i.network, NetworkIntent::Deny);
+    // A proxy's rules apply even without enforcement: never the host's
+    // whole network when a proxy was asked for.
+    let p = proxy(json!({"pypi.org": "allow"}));
+    let n = NetworkRequest {
+        proxy: Some(&p),
+        ..Default::default()
+    };
+    let i = translate(&Value::Null, n, Path::new(WS), host())
+        .unwrap()
+        .unwrap();
+    let NetworkIntent::AllowHosts(e) = &i.network else {
+        panic!("{:?}", i.network)
+    };
+    assert_eq!(e.allow_hosts, ["pypi.org"]);
+    assert_eq!(reads(&i), None);
     let mut e = managed(json!([]));
     e["permissions"] = json!({"type": "external", "network": "restricted"});
     let i = go(&e).unwrap().unwrap();
