@@ -168,3 +168,211 @@ executor_tests::root_and_unprivileged!(
         assert!(base.join("beside").exists());
     }
 );
+
+/// The reference exec-server (`codex exec-server --listen stdio` of
+/// @openai/codex 0.171.0), if installed.
+fn reference_codex() -> Option<std::path::PathBuf> {
+    let p = std::env::var_os("CODEX_REF_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/opt/codex-ref/node_modules/.bin/codex".into());
+    p.is_file().then_some(p)
+}
+
+/// One NDJSON JSON-RPC connection to the reference server.
+struct Reference {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    next: u64,
+}
+
+impl Reference {
+    async fn start(bin: &Path, home: &Path) -> Reference {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(bin)
+            .args(["exec-server", "--listen", "stdio"])
+            .env("CODEX_HOME", home)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the reference exec-server");
+        let stdin = child.stdin.take().unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut r = Reference {
+            child,
+            stdin,
+            lines,
+            next: 1,
+        };
+        r.call(
+            "initialize",
+            serde_json::json!({"clientName": "executor-tests"}),
+        )
+        .await
+        .expect("initialize");
+        r.send(serde_json::json!({"method": "initialized", "params": {}}))
+            .await;
+        r
+    }
+
+    async fn send(&mut self, v: serde_json::Value) {
+        use tokio::io::AsyncWriteExt;
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).await.unwrap();
+    }
+
+    /// The result, or the error's (code, message).
+    async fn call(
+        &mut self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value, (i64, String)> {
+        let id = self.next;
+        self.next += 1;
+        self.send(serde_json::json!({"id": id, "method": method, "params": params}))
+            .await;
+        loop {
+            let line = tokio::time::timeout(WAIT, self.lines.next_line())
+                .await
+                .expect("an answer in time")
+                .unwrap()
+                .expect("the reference answered");
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if v["id"] != serde_json::json!(id) {
+                continue;
+            }
+            if let Some(e) = v.get("error") {
+                return Err((
+                    e["code"].as_i64().unwrap(),
+                    e["message"].as_str().unwrap().to_string(),
+                ));
+            }
+            return Ok(v["result"].clone());
+        }
+    }
+}
+
+/// Differential: the shapes the reference refuses, sent to the reference
+/// itself, answer exactly as the translation's refusal (code and message);
+/// the captured shapes (positive controls) are accepted by both.
+#[tokio::test]
+async fn bad_sandboxes_are_refused_in_the_references_words() {
+    use serde_json::json;
+    let Some(bin) = reference_codex() else {
+        prerequisite_missing("the reference codex 0.171.0 (/opt/codex-ref)");
+        return;
+    };
+    // A fresh CODEX_HOME outside /tmp.
+    let home = executor_bin()
+        .parent()
+        .unwrap()
+        .join(format!("codex-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let ws = unique_tempdir("codex-ref-sbx");
+    let mut r = Reference::start(&bin, &home).await;
+    let uri = format!("file://{}", ws.display());
+    let sandbox = |entries: serde_json::Value| {
+        json!({"permissions": {"type": "managed",
+                               "file_system": {"type": "restricted", "entries": entries},
+                               "network": "enabled"},
+               "cwd": uri, "workspaceRoots": [uri],
+               "windowsSandboxLevel": "disabled", "useLegacyLandlock": false})
+    };
+    let root_read =
+        json!({"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"});
+    let proxy = |domains: serde_json::Value, mode: &str| {
+        json!({"proxy": {"enabled": true, "enableSocks5": false, "enableSocks5Udp": false,
+                         "allowUpstreamProxy": false, "dangerouslyAllowAllUnixSockets": false,
+                         "mode": mode, "domains": domains, "unixSockets": null,
+                         "allowLocalBinding": false}})
+    };
+    let refused: Vec<(serde_json::Value, Option<serde_json::Value>)> = vec![
+        (
+            sandbox(
+                json!([{"path": {"type": "special", "value": {"kind": "root"}}, "access": "bogus"}]),
+            ),
+            None,
+        ),
+        (
+            sandbox(
+                json!([{"path": {"type": "special", "value": {"kind": "weird"}}, "access": "read"}]),
+            ),
+            None,
+        ),
+        (json!({"permissions": {"type": "weird"}, "cwd": uri}), None),
+        (
+            sandbox(
+                json!([root_read.clone(), {"path": {"type": "path", "path": format!("{uri}/x")}, "access": "write", "missing_path_behavior": "bogus"}]),
+            ),
+            None,
+        ),
+        (
+            sandbox(
+                json!([root_read.clone(), {"path": {"type": "path", "path": "relative/x"}, "access": "write"}]),
+            ),
+            None,
+        ),
+        (
+            sandbox(json!([root_read.clone()])),
+            Some(proxy(json!([{"pattern": "x"}]), "full")),
+        ),
+        (
+            sandbox(json!([root_read.clone()])),
+            Some(proxy(json!({"x.test": "maybe"}), "full")),
+        ),
+        (
+            sandbox(json!([root_read.clone()])),
+            Some(proxy(json!({"x.test": "allow"}), "weird")),
+        ),
+        (
+            sandbox(json!([root_read.clone()])),
+            Some(json!({"proxy": {"enabled": true}})),
+        ),
+    ];
+    for (i, (sb, px)) in refused.iter().enumerate() {
+        let mut params = json!({"processId": format!("bad-{i}"), "argv": ["/bin/true"],
+                                "cwd": uri, "env": {}, "tty": false, "pipeStdin": false,
+                                "arg0": null, "sandbox": sb, "enforceManagedNetwork": px.is_some(),
+                                "managedNetwork": null});
+        if let Some(px) = px {
+            params["networkProxy"] = px.clone();
+        }
+        let theirs = r.call("process/start", params).await.unwrap_err();
+        let ours = translate(
+            sb,
+            NetworkRequest {
+                enforce_managed: px.is_some(),
+                proxy: px.as_ref(),
+                managed: None,
+            },
+            &ws,
+            Host::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (ours.code(), ours.message.clone()),
+            theirs,
+            "case {i}: {sb}"
+        );
+    }
+    // Positive controls: the captured shapes start on the reference and
+    // translate.
+    for (i, name) in ["read_only.process_start", "workspace_write.process_start"]
+        .iter()
+        .enumerate()
+    {
+        let sb = captured(name, &ws);
+        let params = json!({"processId": format!("good-{i}"), "argv": ["/bin/true"],
+                            "cwd": uri, "env": {}, "tty": false, "pipeStdin": false,
+                            "arg0": null, "sandbox": sb, "enforceManagedNetwork": false,
+                            "managedNetwork": null});
+        let ok = r.call("process/start", params).await;
+        assert!(ok.is_ok(), "{name}: {ok:?}");
+        assert!(translate(&sb, NetworkRequest::default(), &ws, Host::default()).is_ok());
+    }
+    let _ = r.child.start_kill();
+    let _ = std::fs::remove_dir_all(&home);
+}
