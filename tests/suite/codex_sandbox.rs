@@ -376,3 +376,71 @@ async fn bad_sandboxes_are_refused_in_the_references_words() {
     let _ = r.child.start_kill();
     let _ = std::fs::remove_dir_all(&home);
 }
+
+// `enforceManagedNetwork` without a proxy the translation can express
+// fails closed: the job of the captured network-enabled shape cannot reach
+// a listener on the host's loopback (EPERM: seccomp refuses the IP socket
+// of `network: "deny"`). Control: the same shape unmanaged reaches it.
+executor_tests::root_and_unprivileged!(
+    managed_network_without_a_proxy_is_no_network,
+    |unprivileged: bool| async move {
+        let base = unique_tempdir("codex-net");
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ws = base.join("workspace");
+        std::fs::create_dir_all(&ws).unwrap();
+        let (cmd, uid) = agent_command(unprivileged);
+        if uid != current_uid() {
+            chown_r(&base, uid);
+        }
+        let c = Client::spawn(cmd, ClientOptions::default())
+            .await
+            .expect("agent");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                drop(s);
+            }
+        });
+        let sb = captured("workspace_write_network.process_start", &ws);
+        let script = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED");
+        let bash = |i: Option<SandboxIntent>| {
+            let c = &c;
+            let ws = &ws;
+            let script = script.clone();
+            async move {
+                let p = ExecCommandParams {
+                    command: vec!["/bin/bash".into(), "-c".into(), script],
+                    cwd: wire_path(ws),
+                    env: path_env(),
+                    tty: false,
+                    yield_time_ms: 30_000,
+                    max_output_tokens: 100_000,
+                    sandbox_permissions: i,
+                    additional_permissions: None,
+                    additional_permissions_preapproved: false,
+                    justification: None,
+                    exec_approval_requirement: None,
+                    env_base: Default::default(),
+                };
+                let r = c.exec_command(&p).await.expect("exec_command");
+                (r.output, r.exit_code.expect("finished"))
+            }
+        };
+        let open = translate(&sb, NetworkRequest::default(), &ws, Host::default()).unwrap();
+        let (out, code) = bash(open).await;
+        assert_eq!((out.as_str(), code), ("CONNECTED\n", 0), "positive control");
+        let managed = NetworkRequest {
+            enforce_managed: true,
+            ..Default::default()
+        };
+        let closed = translate(&sb, managed, &ws, Host::default()).unwrap();
+        let (out, code) = bash(closed).await;
+        assert_ne!(code, 0, "{out}");
+        // EPERM: seccomp refuses the IP socket itself.
+        assert!(
+            !out.contains("CONNECTED") && out.contains("socket: Operation not permitted"),
+            "{out}"
+        );
+    }
+);
