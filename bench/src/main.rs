@@ -467,6 +467,7 @@ async fn sandbox_spawn(iterations: usize) -> anyhow::Result<Row> {
         },
         network: NetworkIntent::Deny,
         required: true,
+        workspace_roots: None,
     });
     // The same intent with the network allowed: no network namespace.
     let mut open_net = boxed.clone();

@@ -16,6 +16,7 @@
 pub mod errors;
 pub mod native;
 pub mod process;
+pub mod sandbox;
 pub mod uri;
 pub mod wire;
 
@@ -82,21 +83,22 @@ pub fn decode<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
 }
 
 /// The sandbox a Codex request asks for, as a native intent: `None` when
-/// it asks for none. What cannot be enforced exactly is refused.
+/// it asks for none (a profile's sandbox still applies). What has no
+/// native form is refused (`-32602`), never run weaker. `tmpdir` is what a
+/// `tmpdir` entry means: the job's `TMPDIR`, or the agent's for `fs/*`.
 pub fn sandbox_request(
     sandbox: Option<&Value>,
-    enforce_managed_network: bool,
-    managed_network: Option<&Value>,
-    network_proxy: Option<&Value>,
-    _cwd: &std::path::Path,
+    network: sandbox::NetworkRequest<'_>,
+    cwd: &std::path::Path,
+    tmpdir: Option<&std::path::Path>,
 ) -> Result<Option<executor_protocol::types::sandbox::SandboxIntent>, RpcError> {
-    let set = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
-    if set(sandbox) || enforce_managed_network || set(managed_network) || set(network_proxy) {
-        return Err(RpcError::invalid_request(
-            "this exec-server cannot translate the requested sandbox yet; refused rather than run unconfined",
-        ));
-    }
-    Ok(None)
+    sandbox::translate(
+        sandbox.unwrap_or(&Value::Null),
+        network,
+        cwd,
+        sandbox::Host { tmpdir },
+    )
+    .map_err(|u| RpcError::new(u.code(), u.message))
 }
 
 /// Serve one Codex connection on `input`/`output` until the input ends.

@@ -466,13 +466,33 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         ));
     }
     let cwd = super::uri::to_path(&p.cwd)?;
+    let env = compose_env(p.env_policy, p.env);
+    let nonnull = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
+    let (proxy, managed) = (nonnull(&p.network_proxy), nonnull(&p.managed_network));
     let intent = super::sandbox_request(
         p.sandbox.as_ref(),
-        p.enforce_managed_network,
-        p.managed_network.as_ref(),
-        p.network_proxy.as_ref(),
+        super::sandbox::NetworkRequest {
+            enforce_managed: p.enforce_managed_network,
+            proxy: proxy.as_ref(),
+            managed: managed.as_ref(),
+        },
         &cwd,
+        env.get("TMPDIR").map(std::path::Path::new),
     )?;
+    // A bare program name is looked up in the job's PATH, or this agent's
+    // when the job has none (as the reference's spawn does); the job
+    // still sees the name it was given as its argv[0].
+    let mut argv = p.argv.clone();
+    let mut arg0 = p.arg0.clone();
+    if !argv[0].contains('/') && !env.contains_key("PATH") {
+        match find_program(&argv[0]) {
+            Some(path) => {
+                arg0.get_or_insert_with(|| argv[0].clone());
+                argv[0] = path;
+            }
+            None => return Err(spawn_not_found()),
+        }
+    }
     {
         let mut g = conn.procs.inner.lock().expect("registry lock");
         if g.by_codex.contains_key(&p.process_id) {
@@ -488,21 +508,6 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
                 ..Entry::default()
             },
         );
-    }
-    let env = compose_env(p.env_policy, p.env);
-    // A bare program name is looked up in the job's PATH, or this agent's
-    // when the job has none (as the reference's spawn does); the job
-    // still sees the name it was given as its argv[0].
-    let mut argv = p.argv.clone();
-    let mut arg0 = p.arg0.clone();
-    if !argv[0].contains('/') && !env.contains_key("PATH") {
-        match find_program(&argv[0]) {
-            Some(path) => {
-                arg0.get_or_insert_with(|| argv[0].clone());
-                argv[0] = path;
-            }
-            None => return Err(spawn_not_found()),
-        }
     }
     let sandboxed = intent.is_some();
     let native_params = NativeStart {
