@@ -545,7 +545,7 @@ pub fn describe(method: &str, params: &Value) -> Map<String, Json> {
                     out.insert(key.into(), Json::Array(argv));
                 }
             }
-            "cwd" | "path" | "from" | "to" | "root" | "target" => {
+            "cwd" | "path" | "from" | "to" | "root" | "target" | "source" | "destination" => {
                 if let Some(t) = text(v) {
                     out.insert(key.into(), Json::String(t));
                 }

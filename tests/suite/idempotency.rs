@@ -295,3 +295,44 @@ async fn a_write_retried_with_its_id_is_written_once_also_after_resume() {
     assert_eq!(out(&dir), "one\ntwo\nthree\n");
     b.close().await.unwrap();
 }
+
+/// A retry answered with an earlier start's job is audited as such: its
+/// line says `replayed` and names that job; the first start's line names
+/// the job it spawned, without `replayed`.
+#[tokio::test]
+async fn a_replayed_start_is_audited_as_replayed() {
+    let dir = unique_tempdir("idem-audit");
+    let log = dir.join("audit.jsonl");
+    let c = client_with_config(&format!("[audit]\nfile = {:?}\n", log.to_str().unwrap())).await;
+    let params = pid_logger(&dir, "audited");
+    let first: ProcessStartResult = c.call(&params).await.unwrap();
+    let again: ProcessStartResult = c.call(&params).await.unwrap();
+    assert_eq!(first, again);
+    let w = c.start(&stdin_to_file(&dir)).await.unwrap();
+    w.write_once(b"x\n", "a1").await.unwrap();
+    w.write_once(b"x\n", "a1").await.unwrap();
+    kill9(first.pid);
+    c.close().await.unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |method: &str| -> Vec<&serde_json::Value> {
+        lines.iter().filter(|l| l["method"] == method).collect()
+    };
+    let starts: Vec<_> = of(m::PROCESS_START)
+        .into_iter()
+        .filter(|l| l["idempotency_key"] == "audited")
+        .collect();
+    assert_eq!(starts.len(), 2, "{lines:#?}");
+    assert_eq!(starts[0]["pid"], first.pid, "{}", starts[0]);
+    assert!(starts[0].get("replayed").is_none(), "{}", starts[0]);
+    assert_eq!(starts[1]["replayed"], true, "{}", starts[1]);
+    assert_eq!(starts[1]["pid"], first.pid, "{}", starts[1]);
+    assert_eq!(starts[1]["process_id"], first.process_id.as_str());
+    let writes = of(m::PROCESS_WRITE);
+    assert_eq!(writes.len(), 2, "{lines:#?}");
+    assert!(writes[0].get("replayed").is_none() && writes[0]["write_id"] == "a1");
+    assert_eq!(writes[1]["replayed"], true, "{}", writes[1]);
+}
