@@ -588,8 +588,9 @@ pub async fn handle_read(
 
 /// `process/write`. With a `write_id`, the write happens once per id in
 /// the process ([`crate::tables::once`]): once begun it runs to its end
-/// in a task of its own, and a retry with the same id (and the same data
-/// and `close_stdin`) answers as it did, writing nothing.
+/// in a task of its own, and a write with an id already seen answers as
+/// that write did, writing nothing, whatever its data (as Codex's
+/// exec-server does: the id alone names the write).
 pub async fn handle_write(s: &Arc<Session>, p: ProcessWriteParams) -> Result<Empty, WireError> {
     let proc = s.processes().get(&p.process_id)?;
     let Some(id) = p.write_id else {
@@ -597,7 +598,8 @@ pub async fn handle_write(s: &Arc<Session>, p: ProcessWriteParams) -> Result<Emp
         return Ok(Empty {});
     };
     once::check_key(&id, "write_id", MAX_IDEMPOTENCY_KEY_BYTES)?;
-    let params = once::digest(&[&p.data, &[u8::from(p.close_stdin)]]);
+    // The id alone names the write: no params digest to compare.
+    let params = once::digest(&[]);
     let job = proc.clone();
     let work = async move { job.write_stdin(&p.data, p.close_stdin).await };
     let mut replayed = false;
