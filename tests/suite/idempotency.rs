@@ -335,3 +335,50 @@ async fn a_replayed_start_is_audited_as_replayed() {
     assert!(writes[0].get("replayed").is_none() && writes[0]["write_id"] == "a1");
     assert_eq!(writes[1]["replayed"], true, "{}", writes[1]);
 }
+
+/// A write with an id that waits on a full pipe when its transport dies
+/// runs to its end (it is not cancelled with the connection's requests),
+/// and its retry on the resumed session waits for it: the job reads the
+/// data exactly once.
+#[tokio::test]
+async fn a_write_blocked_on_a_full_pipe_outlives_its_connection_and_is_written_once() {
+    let dir = unique_tempdir("idem-blocked");
+    let a = Client::spawn(agent(), detach()).await.unwrap();
+    let script = format!("sleep 3; cat > {}/out", dir.display());
+    let p = a
+        .start(&ProcessStartParams::new(
+            vec!["/bin/sh".into(), "-c".into(), script],
+            "/",
+            path_env(),
+        ))
+        .await
+        .unwrap();
+    let id = p.id().to_string();
+    let data = vec![b'z'; 1 << 20];
+    let pending = a
+        .start_call(m::PROCESS_WRITE, &write(&id, &data, false, Some("big")))
+        .await
+        .unwrap();
+    // The pipe holds 64 KiB: the write is blocked when the transport dies.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kill9(a.transport_pid().unwrap());
+    drop(pending);
+    let b = Client::spawn(agent(), resume(&a)).await.unwrap();
+    let started = Instant::now();
+    b.call(&write(&id, &data, false, Some("big")))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() > Duration::from_millis(500),
+        "the retry waited for the first write"
+    );
+    b.call(&write(&id, b"", true, Some("eof"))).await.unwrap();
+    let exit = b.attach_process(&id).await.unwrap().wait().await.unwrap();
+    assert_eq!(exit.code, Some(0));
+    assert_eq!(
+        std::fs::metadata(dir.join("out")).unwrap().len(),
+        1 << 20,
+        "written exactly once"
+    );
+    b.close().await.unwrap();
+}
