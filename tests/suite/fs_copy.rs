@@ -52,6 +52,14 @@ async fn case(tag: &str, unprivileged: bool) -> (PathBuf, Client) {
         nix::sys::stat::Mode::from_bits_truncate(0o644),
     )
     .unwrap();
+    // A character device (what /dev/null is): never opened by a copy.
+    nix::sys::stat::mknod(
+        &src.join("dev"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .expect("mknod (the tests run as root)");
     let (cmd, uid) = agent_command(unprivileged);
     chown_r(&base, uid);
     // After the chown (which clears set-id bits).
@@ -105,7 +113,7 @@ root_and_unprivileged!(
             .await
             .unwrap();
         assert_eq!(r.bytes, 7);
-        assert_eq!(r.skipped, 1, "{r:?}");
+        assert_eq!(r.skipped, 2, "the FIFO and the device: {r:?}");
         assert_eq!(r.entries, 6, "d, a, abs, link, sub, sub/b: {r:?}");
         assert_eq!(std::fs::read_to_string(at("d/a")).unwrap(), "AAA");
         assert_eq!(std::fs::read_to_string(at("d/sub/b")).unwrap(), "BBBB");
@@ -114,7 +122,9 @@ root_and_unprivileged!(
             std::fs::read_link(at("d/abs")).unwrap(),
             Path::new("/etc/passwd")
         );
-        assert!(!at("d/fifo").exists() && std::fs::symlink_metadata(at("d/fifo")).is_err());
+        for special in ["d/fifo", "d/dev"] {
+            assert!(std::fs::symlink_metadata(at(special)).is_err(), "{special}");
+        }
         assert_eq!(mode(&at("d/a")), 0o755);
         assert_eq!(mode(&at("d/sub")), 0o755, "setgid dropped on a directory");
         assert_eq!(mode(&at("d")), mode(&src));
@@ -129,13 +139,19 @@ root_and_unprivileged!(
         assert_eq!(code(&e), Some(ErrorCode::AlreadyExists), "{e}");
         assert_eq!(std::fs::read_to_string(at("d/a")).unwrap(), "AAA");
 
-        // A FIFO as the source is refused (never opened).
-        let e = c
-            .copy(src.join("fifo").as_path(), at("ff").as_path(), false)
-            .await
-            .unwrap_err();
-        assert_eq!(field(&e).as_deref(), Some("source"), "{e}");
-        assert!(!at("ff").exists());
+        // A FIFO or a device as the source is refused (never opened).
+        for special in [
+            src.join("fifo"),
+            src.join("dev"),
+            PathBuf::from("/dev/null"),
+        ] {
+            let e = c
+                .copy(special.as_path(), at("ff").as_path(), false)
+                .await
+                .unwrap_err();
+            assert_eq!(field(&e).as_deref(), Some("source"), "{special:?}: {e}");
+            assert!(std::fs::symlink_metadata(at("ff")).is_err());
+        }
 
         // A directory into itself or below it is refused, nothing made.
         for dest in [src.join("sub/in"), src.clone(), src.join("sub/../sub/x")] {
@@ -271,6 +287,40 @@ async fn a_copy_over_its_bounds_is_limit_exceeded() {
         remote(e).data_get("limit").and_then(|v| v.as_str()),
         Some("max_copy_bytes")
     );
+    // Deeper than 128 directories.
+    let mut deep = base.join("deep");
+    for _ in 0..130 {
+        deep = deep.join("d");
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    let c2 = local_client().await;
+    let e = c2
+        .copy(
+            base.join("deep").as_path(),
+            base.join("deep2").as_path(),
+            true,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        remote(e).data_get("limit").and_then(|v| v.as_str()),
+        Some("max_copy_depth")
+    );
+    let mut fine = base.join("fine");
+    for _ in 0..100 {
+        fine = fine.join("d");
+    }
+    std::fs::create_dir_all(&fine).unwrap();
+    let r = c2
+        .copy(
+            base.join("fine").as_path(),
+            base.join("fine2").as_path(),
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.entries, 101, "the control: 100 levels below the top");
+    c2.close().await.unwrap();
     let left: Vec<_> = std::fs::read_dir(base.join("two2"))
         .unwrap()
         .flatten()
