@@ -852,7 +852,7 @@ mod tests {
         let c = parse("[limits]\nmax_processes = 7\nmax_detached_sessions = 2\n").unwrap();
         assert_eq!(c.limits.max_processes, 7);
         assert_eq!(c.limits.max_detached_sessions, 2);
-        assert_eq!(Limits::default().max_detached_sessions, 16);
+        assert_eq!(Limits::default().max_detached_sessions, 64);
         let e = parse("[limits]\n\nmax_http_body_bytes = 999999999\n").unwrap_err();
         let shown = e.to_string();
         assert!(

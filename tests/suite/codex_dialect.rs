@@ -263,20 +263,18 @@ fn a_jobs_output_exit_and_close_take_seqs_in_order() {
         json!({
         "processId": "p2", "argv": ["sleep", "300"], "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
-    let (r, _) = {
-        s.send(json!({"id": 11, "method": "process/terminate", "params": {"processId": "p2"}}));
-        s.answer(json!(11))
-    };
+    s.send(json!({"id": 11, "method": "process/terminate", "params": {"processId": "p2"}}));
+    // The exit may be pushed before the answer.
+    let (r, mut pushed) = s.answer(json!(11));
     assert_eq!(r["result"], json!({"running": true}));
-    let exited = loop {
-        let v = s.next();
-        if v["method"] == json!("process/exited") {
-            break v;
-        }
-    };
+    while pushed.len() < 2 {
+        pushed.push(s.next());
+    }
+    let exited = &pushed[0];
+    assert_eq!(exited["method"], json!("process/exited"), "{pushed:?}");
     assert_eq!(exited["params"]["exitCode"], json!(137));
     assert_eq!(exited["params"]["seq"], json!(1));
-    assert_eq!(s.next()["method"], json!("process/closed"));
+    assert_eq!(pushed[1]["method"], json!("process/closed"));
     s.close_stdin_and_wait();
 }
 

@@ -504,7 +504,7 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         g.by_codex.insert(
             p.process_id.clone(),
             Entry {
-                piped_stdin: p.pipe_stdin,
+                piped_stdin: p.pipe_stdin || p.tty,
                 ..Entry::default()
             },
         );
