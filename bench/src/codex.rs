@@ -35,8 +35,8 @@ impl Server {
                 .env("CODEX_HOME", home);
             c
         } else {
-            let bin = executor_client::target::local_executor()
-                .context("finding the executor binary")?;
+            let bin =
+                executor_client::target::local_executor().context("finding the executor binary")?;
             let mut c = Command::new(bin);
             c.args(["codex-exec-server", "--listen", "stdio"]);
             c
@@ -47,7 +47,8 @@ impl Server {
             .kill_on_drop(true);
         let mut child = cmd.spawn().context("starting an exec-server")?;
         let stdin = child.stdin.take().context("stdin")?;
-        let lines = BufReader::with_capacity(4 << 20, child.stdout.take().context("stdout")?).lines();
+        let lines =
+            BufReader::with_capacity(4 << 20, child.stdout.take().context("stdout")?).lines();
         let mut s = Server {
             child,
             stdin,
@@ -55,7 +56,8 @@ impl Server {
             next_id: 1,
         };
         s.call("initialize", json!({"clientName": "bench"})).await?;
-        s.send(json!({"method": "initialized", "params": {}})).await?;
+        s.send(json!({"method": "initialized", "params": {}}))
+            .await?;
         Ok(s)
     }
 
@@ -74,7 +76,8 @@ impl Server {
     async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
         let id = self.next_id;
         self.next_id += 1;
-        self.send(json!({"id": id, "method": method, "params": params})).await?;
+        self.send(json!({"id": id, "method": method, "params": params}))
+            .await?;
         loop {
             let v = self.next().await?;
             if v["id"] == json!(id) {
@@ -103,7 +106,8 @@ impl Server {
             }
         }
         let took = t.elapsed();
-        self.call("process/terminate", json!({"processId": pid})).await?;
+        self.call("process/terminate", json!({"processId": pid}))
+            .await?;
         Ok(took)
     }
 
@@ -111,11 +115,15 @@ impl Server {
     async fn read_whole(&mut self, n: usize, path: &str) -> anyhow::Result<(Duration, u64)> {
         let h = format!("h{n}");
         let t = Instant::now();
-        self.call("fs/open", json!({"handleId": h, "path": path})).await?;
+        self.call("fs/open", json!({"handleId": h, "path": path}))
+            .await?;
         let (mut offset, mut total) = (0u64, 0u64);
         loop {
             let r = self
-                .call("fs/readBlock", json!({"handleId": h, "offset": offset, "len": 1 << 20}))
+                .call(
+                    "fs/readBlock",
+                    json!({"handleId": h, "offset": offset, "len": 1 << 20}),
+                )
                 .await?;
             let chunk = base64::engine::general_purpose::STANDARD
                 .decode(r["chunk"].as_str().unwrap_or_default())?;
@@ -140,11 +148,17 @@ fn home() -> anyhow::Result<PathBuf> {
     let h = std::env::temp_dir()
         .parent()
         .unwrap_or(std::path::Path::new("/"))
-        .join(format!("var/tmp/executor-bench-codex-{}", std::process::id()));
+        .join(format!(
+            "var/tmp/executor-bench-codex-{}",
+            std::process::id()
+        ));
     let h = if h.starts_with("/var/tmp") {
         h
     } else {
-        PathBuf::from(format!("/var/tmp/executor-bench-codex-{}", std::process::id()))
+        PathBuf::from(format!(
+            "/var/tmp/executor-bench-codex-{}",
+            std::process::id()
+        ))
     };
     std::fs::create_dir_all(&h)?;
     Ok(h)
