@@ -29,12 +29,16 @@ mod egress_policy;
 mod exec;
 #[path = "suite/fs.rs"]
 mod fs;
+#[path = "suite/fs_copy.rs"]
+mod fs_copy;
 #[path = "suite/fuzzish.rs"]
 mod fuzzish;
 #[path = "suite/hardening.rs"]
 mod hardening;
 #[path = "suite/http.rs"]
 mod http;
+#[path = "suite/idempotency.rs"]
+mod idempotency;
 #[path = "suite/jobs_tmp.rs"]
 mod jobs_tmp;
 #[path = "suite/policy_table.rs"]

@@ -367,6 +367,19 @@ pub fn note_spawned(pid: u32, process_id: &str) {
     });
 }
 
+/// The current request was answered with an earlier one's outcome (an
+/// `idempotency_key` or `write_id` seen before): it did nothing itself;
+/// `job` is the job the earlier start made.
+pub fn note_replayed(job: Option<(u32, &str)>) {
+    with_notes(|n| {
+        n.fields.insert("replayed".into(), json!(true));
+        if let Some((pid, process_id)) = job {
+            n.fields.insert("pid".into(), json!(pid));
+            n.fields.insert("process_id".into(), json!(process_id));
+        }
+    });
+}
+
 /// Where a params type writes what it acts on.
 #[derive(Debug)]
 pub struct Details<'a>(&'a mut Map<String, Json>);
@@ -422,6 +435,9 @@ mod audited {
             d.argv(&p.argv);
             d.path("cwd", &p.cwd);
             d.0.insert("tty".into(), p.tty.into());
+            if let Some(k) = &p.idempotency_key {
+                d.text("idempotency_key", k);
+            }
         }
         exec::ExecCommandParams => |p, d| {
             d.argv(&p.command);
@@ -429,7 +445,12 @@ mod audited {
             d.0.insert("tty".into(), p.tty.into());
         }
         process::ProcessReadParams => |p, d| { d.text("process_id", &p.process_id) }
-        process::ProcessWriteParams => |p, d| { d.text("process_id", &p.process_id) }
+        process::ProcessWriteParams => |p, d| {
+            d.text("process_id", &p.process_id);
+            if let Some(w) = &p.write_id {
+                d.text("write_id", w);
+            }
+        }
         process::ProcessSignalParams => |p, d| {
             d.text("process_id", &p.process_id);
             d.text("signal", p.signal.as_str());
@@ -445,6 +466,11 @@ mod audited {
         fs::RenameParams => |p, d| {
             d.path("from", &p.from);
             d.path("to", &p.to);
+            d.cwd(p.cwd())
+        }
+        fs::CopyParams => |p, d| {
+            d.path("source", &p.source);
+            d.path("destination", &p.destination);
             d.cwd(p.cwd())
         }
         fs::WalkParams => |p, d| { d.path("root", &p.root); d.cwd(p.cwd()) }
@@ -519,7 +545,7 @@ pub fn describe(method: &str, params: &Value) -> Map<String, Json> {
                     out.insert(key.into(), Json::Array(argv));
                 }
             }
-            "cwd" | "path" | "from" | "to" | "root" | "target" => {
+            "cwd" | "path" | "from" | "to" | "root" | "target" | "source" | "destination" => {
                 if let Some(t) = text(v) {
                     out.insert(key.into(), Json::String(t));
                 }

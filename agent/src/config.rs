@@ -253,6 +253,7 @@ struct RawLimits {
     max_read_streams: Option<toml::Spanned<u64>>,
     max_walk_entries: Option<toml::Spanned<u64>>,
     max_walk_response_bytes: Option<toml::Spanned<u64>>,
+    max_copy_bytes: Option<toml::Spanned<u64>>,
     max_http_body_bytes: Option<toml::Spanned<u64>>,
     max_http_streams: Option<toml::Spanned<u64>>,
     max_detach_ttl_ms: Option<toml::Spanned<u64>>,
@@ -464,7 +465,7 @@ fn apply_limits(
     spans: &mut Spans,
 ) -> Result<(), ConfigError> {
     let l = raw.get_ref();
-    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 18] = [
+    let table: [(&'static str, &Option<toml::Spanned<u64>>, &mut u64); 19] = [
         (
             "max_frame_bytes",
             &l.max_frame_bytes,
@@ -525,6 +526,11 @@ fn apply_limits(
             "max_walk_response_bytes",
             &l.max_walk_response_bytes,
             &mut limits.max_walk_response_bytes,
+        ),
+        (
+            "max_copy_bytes",
+            &l.max_copy_bytes,
+            &mut limits.max_copy_bytes,
         ),
         (
             "max_http_body_bytes",

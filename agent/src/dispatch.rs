@@ -96,6 +96,7 @@ table! {
     m::FS_WALK => fs::walk::walk,
     m::FS_READ_LINK => fs::read_link,
     m::FS_CREATE_SYMLINK => fs::create_symlink,
+    m::FS_COPY => fs::copy::copy,
     m::FS_OPEN => fs::handles::open,
     m::FS_READ_BLOCK => fs::handles::read_block,
     m::FS_READ_STREAM => fs::stream::read_stream,

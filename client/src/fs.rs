@@ -104,6 +104,27 @@ impl Client {
         .await
     }
 
+    /// `fs/copy`: a file or a symlink (copied as a link); with `recursive`
+    /// a directory tree (FIFOs, sockets and devices left out).
+    pub async fn copy(
+        &self,
+        source: impl Into<WirePath>,
+        destination: impl Into<WirePath>,
+        recursive: bool,
+    ) -> Result<CopyResult, Error> {
+        self.request(
+            m::FS_COPY,
+            &CopyParams {
+                source: source.into(),
+                destination: destination.into(),
+                recursive,
+                sandbox: self.intent(),
+                cwd: None,
+            },
+        )
+        .await
+    }
+
     /// `fs/rename` (an existing file at `to` is replaced).
     pub async fn rename(
         &self,

@@ -176,28 +176,40 @@ impl Process {
 
     /// Write to its stdin.
     pub async fn write(&self, data: &[u8]) -> Result<(), Error> {
+        self.write_params(data, false, None).await
+    }
+
+    /// Write to its stdin once: retried with the same `write_id` (on this
+    /// connection or, for a detached session, after a resume), the agent
+    /// answers as the first write did and writes nothing again.
+    pub async fn write_once(&self, data: &[u8], write_id: &str) -> Result<(), Error> {
+        self.write_params(data, false, Some(write_id)).await
+    }
+
+    /// Close its stdin (EOF).
+    pub async fn close_stdin(&self) -> Result<(), Error> {
+        self.write_params(&[], true, None).await
+    }
+
+    /// Close its stdin (EOF), once per `write_id` as [`Process::write_once`].
+    pub async fn close_stdin_once(&self, write_id: &str) -> Result<(), Error> {
+        self.write_params(&[], true, Some(write_id)).await
+    }
+
+    async fn write_params(
+        &self,
+        data: &[u8],
+        close_stdin: bool,
+        write_id: Option<&str>,
+    ) -> Result<(), Error> {
         self.client
             .request::<_, Empty>(
                 m::PROCESS_WRITE,
                 &ProcessWriteParams {
                     process_id: self.id.clone(),
                     data: serde_bytes::ByteBuf::from(data.to_vec()),
-                    close_stdin: false,
-                },
-            )
-            .await
-            .map(|_| ())
-    }
-
-    /// Close its stdin (EOF).
-    pub async fn close_stdin(&self) -> Result<(), Error> {
-        self.client
-            .request::<_, Empty>(
-                m::PROCESS_WRITE,
-                &ProcessWriteParams {
-                    process_id: self.id.clone(),
-                    data: serde_bytes::ByteBuf::new(),
-                    close_stdin: true,
+                    close_stdin,
+                    write_id: write_id.map(str::to_owned),
                 },
             )
             .await

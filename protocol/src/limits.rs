@@ -46,6 +46,21 @@ pub const MAX_WALK_ENTRIES: u64 = 100_000;
 pub const MAX_WALK_RESPONSE_BYTES: u64 = 12 * MIB;
 /// Directories read per `fs/walk` request: bounds the time of one request.
 pub const MAX_WALK_DIRECTORIES: u64 = 10_000;
+/// File bytes one `fs/copy` copies: it holds a blocking thread until done
+/// (it runs to its end), so a few seconds to a minute of disk time.
+pub const MAX_COPY_BYTES: u64 = 4 * 1024 * MIB;
+/// Directory levels one `fs/copy` descends: it holds two descriptors per
+/// level, far below the descriptor limit.
+pub const MAX_COPY_DEPTH: u64 = 128;
+/// `idempotency_key`s of `process/start` a session remembers (the oldest
+/// is forgotten first); each costs about 300 bytes.
+pub const MAX_START_KEYS: usize = 4096;
+/// `write_id`s of `process/write` a process remembers (the oldest is
+/// forgotten first), as the Codex exec-server does; each costs about 100
+/// bytes, less than a job's output buffer.
+pub const MAX_WRITE_IDS: usize = 4096;
+/// Bytes of an `idempotency_key` or a `write_id`.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
 /// Buffered HTTP body: must fit one frame with headers.
 pub const MAX_HTTP_BODY_BYTES: u64 = 8 * MIB;
 /// Concurrent streamed HTTP responses per session.
@@ -86,6 +101,9 @@ pub struct Limits {
     pub max_read_streams: u64,
     pub max_walk_entries: u64,
     pub max_walk_response_bytes: u64,
+    /// File bytes one `fs/copy` copies (its entries are bounded by
+    /// `max_walk_entries`).
+    pub max_copy_bytes: u64,
     pub max_http_body_bytes: u64,
     pub max_http_streams: u64,
     pub max_detach_ttl_ms: u64,
@@ -112,6 +130,7 @@ impl Default for Limits {
             max_read_streams: MAX_READ_STREAMS,
             max_walk_entries: MAX_WALK_ENTRIES,
             max_walk_response_bytes: MAX_WALK_RESPONSE_BYTES,
+            max_copy_bytes: MAX_COPY_BYTES,
             max_http_body_bytes: MAX_HTTP_BODY_BYTES,
             max_http_streams: MAX_HTTP_STREAMS,
             max_detach_ttl_ms: MAX_DETACH_TTL_MS,

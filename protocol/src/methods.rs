@@ -258,6 +258,9 @@ method_table! {
     FS_READ_LINK = "fs/readLink", fs::ReadLinkParams => fs::ReadLinkResult, READS.with_intent("sandbox");
     /// A new symlink; an existing entry at `path` is `already_exists`.
     FS_CREATE_SYMLINK = "fs/createSymlink", fs::CreateSymlinkParams => Empty, FS_WRITES.with_intent("sandbox");
+    /// A file, a symlink or (`recursive`) a tree, copied beneath the
+    /// destination by descriptor; never follows a symlink.
+    FS_COPY = "fs/copy", fs::CopyParams => fs::CopyResult, FS_WRITES.with_intent("sandbox");
     FS_OPEN = "fs/open", fs::OpenParams => fs::OpenResult, READS.with_intent("sandbox");
     FS_READ_BLOCK = "fs/readBlock", fs::ReadBlockParams => fs::ReadBlockResult, READS;
     /// One request for a whole file: the agent pushes its blocks
@@ -316,7 +319,7 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), n);
-        assert_eq!(ALL_REQUESTS.len(), 31);
+        assert_eq!(ALL_REQUESTS.len(), 32);
     }
 
     #[test]
@@ -353,9 +356,8 @@ mod facts_tests {
                 | HTTP_CANCEL => true,
                 PROCESS_START | PROCESS_WRITE | PROCESS_SIGNAL | PROCESS_RESIZE | EXEC_COMMAND
                 | WRITE_STDIN | FS_WRITE_FILE | FS_CREATE_DIRECTORY | FS_REMOVE | FS_RENAME
-                | FS_CREATE_SYMLINK | FS_OPEN_WRITE | FS_WRITE_BLOCK | FS_COMMIT | HTTP_REQUEST => {
-                    false
-                }
+                | FS_CREATE_SYMLINK | FS_COPY | FS_OPEN_WRITE | FS_WRITE_BLOCK | FS_COMMIT
+                | HTTP_REQUEST => false,
                 other => panic!("{other} is not classified in this test"),
             };
             assert_eq!(f.is_read_only(), read_only, "{m}: {f:?}");
@@ -427,6 +429,7 @@ mod unknown_key_tests {
             ]),
             FS_WRITE_FILE => map(&[path(), ("data", Value::Binary(vec![]))]),
             FS_RENAME => map(&[("from", "/a".into()), ("to", "/b".into())]),
+            FS_COPY => map(&[("source", "/a".into()), ("destination", "/b".into())]),
             FS_WALK => map(&[("root", "/".into())]),
             FS_CREATE_SYMLINK => map(&[path(), ("target", "/etc".into())]),
             FS_READ_BLOCK => map(&[handle(), ("offset", 0.into()), ("length", 1.into())]),

@@ -273,10 +273,10 @@ rt!(
         of(intent()),
         any::<bool>(),
         of(any::<u64>()),
-        of(s())
+        (of(s()), of(s()))
     )
         .prop_map(
-            |(argv, cwd, env, arg0, tty, size, null, sandbox, notify, obb, tag)| {
+            |(argv, cwd, env, arg0, tty, size, null, sandbox, notify, obb, (tag, key))| {
                 ProcessStartParams {
                     argv,
                     cwd,
@@ -294,6 +294,7 @@ rt!(
                     output_buffer_bytes: obb,
                     tag,
                     env_base: Default::default(),
+                    idempotency_key: key,
                 }
             }
         )
@@ -383,10 +384,13 @@ rt!(
 );
 rt!(
     process_write,
-    (s(), bytes(), any::<bool>()).prop_map(|(process_id, data, close_stdin)| ProcessWriteParams {
-        process_id,
-        data,
-        close_stdin
+    (s(), bytes(), any::<bool>(), of(s())).prop_map(|(process_id, data, close_stdin, write_id)| {
+        ProcessWriteParams {
+            process_id,
+            data,
+            close_stdin,
+            write_id,
+        }
     })
 );
 rt!(
@@ -611,6 +615,16 @@ rt!(
     (wpath(), wpath()).prop_map(|(from, to)| RenameParams {
         from,
         to,
+        sandbox: None,
+        cwd: None
+    })
+);
+rt!(
+    fs_copy,
+    (wpath(), wpath(), any::<bool>()).prop_map(|(source, destination, recursive)| CopyParams {
+        source,
+        destination,
+        recursive,
         sandbox: None,
         cwd: None
     })

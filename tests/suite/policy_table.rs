@@ -154,6 +154,10 @@ fn valid_params(method: &str, base: &Path, ws: &Path, url: &str, h: &Held) -> Va
             ("path", s(&ws.join("planted-link"))),
             ("target", "/etc/shadow".into()),
         ]),
+        m::FS_COPY => map(&[
+            ("source", s(&ws.join("f.txt"))),
+            ("destination", s(&ws.join("copied"))),
+        ]),
         m::FS_READ_BLOCK => map(&[
             ("handle", h.handle.into()),
             ("offset", 0.into()),
@@ -297,6 +301,7 @@ both!(
                 "ran-exec",
                 "ws/newdir",
                 "ws/renamed",
+                "ws/copied",
             ] {
                 assert!(
                     after.contains_key(Path::new(made)),

@@ -140,7 +140,8 @@ impl Held {
     }
 }
 
-fn denied(path: &Path, rule: String) -> WireError {
+/// `sandbox_denied` for `path`, saying which `rule` refused it.
+pub fn denied(path: &Path, rule: String) -> WireError {
     WireError::new(
         ErrorCode::SandboxDenied,
         format!("{}: {rule}", path.display()),
@@ -396,6 +397,21 @@ impl Confinement {
             }
         }
         Ok(())
+    }
+
+    /// A carve-out at or below `real` that a request acting on the whole
+    /// tree there with `access` must not reach (an `fs/copy` reads every
+    /// entry below its source and writes below its destination).
+    pub fn carve_out_within(&self, real: &Path, access: Access) -> Option<&Path> {
+        let write = match access {
+            Access::Read => &[][..],
+            Access::Write | Access::Move => &self.deny_write[..],
+        };
+        self.deny_read
+            .iter()
+            .chain(write)
+            .find(|d| d.starts_with(real))
+            .map(PathBuf::as_path)
     }
 
     /// Whether a directory met during a walk is hidden by a carve-out.

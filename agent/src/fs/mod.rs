@@ -11,6 +11,7 @@
 //! [`crate::sandbox_gate`] (through [`confine`]); nothing above it.
 
 pub mod confine;
+pub mod copy;
 pub mod handles;
 pub mod stream;
 pub mod walk;

@@ -21,9 +21,10 @@ use crate::outbound::Outbound;
 use crate::session::Session;
 pub use crate::tables::jobs::{signal_name, Exit, Proc, LAG_PATIENCE, REAP_AFTER, TERM_GRACE};
 use crate::tables::jobs::{Live, ProcessTable, Slot, StdinSink};
+use crate::tables::once;
 pub use crate::tables::output;
 use bytes::BytesMut;
-use executor_protocol::limits::MAX_OUTPUT_BUFFER_BYTES;
+use executor_protocol::limits::{MAX_IDEMPOTENCY_KEY_BYTES, MAX_OUTPUT_BUFFER_BYTES};
 use executor_protocol::methods as m;
 use executor_protocol::types::process::*;
 use executor_protocol::types::Empty;
@@ -480,8 +481,55 @@ async fn wait_job(
 
 // ---- handlers -------------------------------------------------------------
 
-/// `process/start`
+/// `process/start`. With an `idempotency_key`, the start happens once per
+/// key in the session ([`crate::tables::once`]): a retry with the same key
+/// and params answers the first start's result (the same job), one with
+/// other params is refused.
 pub async fn handle_start(
+    s: &Arc<Session>,
+    p: ProcessStartParams,
+) -> Result<ProcessStartResult, WireError> {
+    let Some(key) = p.idempotency_key.clone() else {
+        return start_now(s, p).await;
+    };
+    once::check_key(&key, "idempotency_key", MAX_IDEMPOTENCY_KEY_BYTES)?;
+    let params = start_digest(&p)?;
+    let session = s.clone();
+    let notes = crate::audit::Notes::current();
+    let work = async move {
+        let run = start_now(&session, p);
+        match notes {
+            Some(n) => n.scope(true, run).await,
+            None => run.await,
+        }
+    };
+    let mut replayed = false;
+    let r = s
+        .start_keys()
+        .run(&key, params, "idempotency_key", || replayed = true, work)
+        .await;
+    if replayed {
+        crate::audit::note_replayed(r.as_ref().ok().map(|r| (r.pid, r.process_id.as_str())));
+    }
+    r
+}
+
+/// The digest of a start's params, its key left out: a key reused with
+/// anything else different is refused.
+fn start_digest(p: &ProcessStartParams) -> Result<once::Digest, WireError> {
+    let mut keyless = p.clone();
+    keyless.idempotency_key = None;
+    let bytes = rmp_serde::to_vec_named(&keyless).map_err(|e| {
+        WireError::new(
+            ErrorCode::Internal,
+            format!("internal error (a bug): cannot encode the start's params: {e}"),
+        )
+    })?;
+    Ok(once::digest(&[&bytes]))
+}
+
+/// Start the job `p` asks for.
+async fn start_now(
     s: &Arc<Session>,
     p: ProcessStartParams,
 ) -> Result<ProcessStartResult, WireError> {
@@ -538,11 +586,32 @@ pub async fn handle_read(
     }
 }
 
-/// `process/write`
+/// `process/write`. With a `write_id`, the write happens once per id in
+/// the process ([`crate::tables::once`]): once begun it runs to its end
+/// in a task of its own, and a write with an id already seen answers as
+/// that write did, writing nothing, whatever its data (as Codex's
+/// exec-server does: the id alone names the write).
 pub async fn handle_write(s: &Arc<Session>, p: ProcessWriteParams) -> Result<Empty, WireError> {
     let proc = s.processes().get(&p.process_id)?;
-    proc.write_stdin(&p.data, p.close_stdin).await?;
-    Ok(Empty {})
+    let Some(id) = p.write_id else {
+        proc.write_stdin(&p.data, p.close_stdin).await?;
+        return Ok(Empty {});
+    };
+    once::check_key(&id, "write_id", MAX_IDEMPOTENCY_KEY_BYTES)?;
+    // The id alone names the write: no params digest to compare.
+    let params = once::digest(&[]);
+    let job = proc.clone();
+    let work = async move { job.write_stdin(&p.data, p.close_stdin).await };
+    let mut replayed = false;
+    let r = proc
+        .live
+        .write_ids
+        .run(&id, params, "write_id", || replayed = true, work)
+        .await;
+    if replayed {
+        crate::audit::note_replayed(None);
+    }
+    r.map(|()| Empty {})
 }
 
 /// The host signal for a wire signal name.

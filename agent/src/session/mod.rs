@@ -13,6 +13,7 @@ use crate::outbound::pipes::PipePool;
 use crate::outbound::Outbound;
 use crate::tables::handles::HandleTable;
 use crate::tables::jobs::ProcessTable;
+use crate::tables::once::Once;
 use crate::tables::streams::Streams;
 use executor_protocol::limits::Limits;
 use executor_protocol::types::session::{
@@ -134,6 +135,9 @@ pub struct Session {
     outbound: Outbound,
     identity: OnceLock<Identity>,
     processes: Arc<ProcessTable>,
+    /// The `idempotency_key`s of `process/start`, and what each start
+    /// answered.
+    start_keys: Once<executor_protocol::types::process::ProcessStartResult>,
     handles: HandleTable,
     http: Arc<HttpContext>,
     streams: Arc<Streams>,
@@ -207,6 +211,8 @@ impl Session {
             outbound,
             identity: OnceLock::new(),
             processes: Arc::default(),
+            // A failed start started nothing: retried, it tries again.
+            start_keys: Once::new(executor_protocol::limits::MAX_START_KEYS, true),
             handles: HandleTable::default(),
             http,
             streams: Arc::new(Streams::new(limits.max_http_streams, "max_http_streams")),
@@ -340,6 +346,11 @@ impl Session {
     /// The session's jobs.
     pub fn processes(&self) -> &Arc<ProcessTable> {
         &self.processes
+    }
+
+    /// The session's `process/start` idempotency keys.
+    pub fn start_keys(&self) -> &Once<executor_protocol::types::process::ProcessStartResult> {
+        &self.start_keys
     }
 
     /// The session's open file handles.

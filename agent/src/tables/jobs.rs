@@ -108,6 +108,8 @@ pub struct Live {
     stdin: tokio::sync::Mutex<Option<StdinSink>>,
     /// The PTY master (for resize); released when the job ends.
     pty: Mutex<Option<OwnedFd>>,
+    /// The `write_id`s of `process/write` and what each write answered.
+    pub write_ids: super::once::Once<()>,
 }
 
 impl Live {
@@ -134,6 +136,9 @@ impl Live {
             push_order: tokio::sync::Mutex::new(()),
             stdin: tokio::sync::Mutex::new(stdin),
             pty: Mutex::new(pty),
+            // A write that failed may have written part of its data:
+            // retried, it answers the same failure, writing nothing.
+            write_ids: super::once::Once::new(executor_protocol::limits::MAX_WRITE_IDS, false),
         }
     }
 }

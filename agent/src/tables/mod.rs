@@ -1,6 +1,6 @@
 //! The session's state tables: [`jobs`] (processes and their buffered
 //! output), [`handles`] (open file handles), [`streams`] (streamed HTTP
-//! responses).
+//! responses), [`once`] (requests that happen once per client-chosen key).
 //!
 //! The layer between [`crate::outbound`] and [`crate::session`]: the
 //! tables hold data and the rules that keep it consistent (bounds, ids,
@@ -10,5 +10,6 @@
 
 pub mod handles;
 pub mod jobs;
+pub mod once;
 pub mod output;
 pub mod streams;

@@ -458,6 +458,7 @@ impl Job {
             process_id: self.id.clone(),
             data: serde_bytes::ByteBuf::from(data.to_vec()),
             close_stdin: close,
+            write_id: None,
         };
         self.call(methods::PROCESS_WRITE, &params).await
     }

@@ -339,6 +339,30 @@ fs_params! {
     }
 }
 
+fs_params! {
+    /// `fs/copy`: a file, a symlink (copied as a link, never followed) or,
+    /// with `recursive`, a directory tree. Changes the host: an unknown key
+    /// is an error naming it.
+    #[serde(deny_unknown_fields)]
+    pub struct CopyParams {
+        pub source: WirePath,
+        pub destination: WirePath,
+        #[serde(default)]
+        pub recursive: bool,
+    }
+}
+
+/// What `fs/copy` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CopyResult {
+    /// Entries made at the destination (files, directories, symlinks).
+    pub entries: u64,
+    /// File bytes copied.
+    pub bytes: u64,
+    /// Special files (FIFOs, sockets, devices) left out of a tree.
+    pub skipped: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HandleResult {
     pub handle: u64,

@@ -77,6 +77,11 @@ pub struct ProcessStartParams {
     pub tag: Option<String>,
     #[serde(default, skip_serializing_if = "EnvBase::is_none")]
     pub env_base: EnvBase,
+    /// A start retried with the same key in the same session (its answer
+    /// lost with a connection) starts nothing and answers the first
+    /// start's result; 1..=128 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 impl std::fmt::Debug for ProcessStartParams {
@@ -91,6 +96,7 @@ impl std::fmt::Debug for ProcessStartParams {
             .field("sandbox", &self.sandbox)
             .field("tag", &self.tag)
             .field("env_base", &self.env_base)
+            .field("idempotency_key", &self.idempotency_key)
             .finish_non_exhaustive()
     }
 }
@@ -111,7 +117,15 @@ impl ProcessStartParams {
             output_buffer_bytes: None,
             tag: None,
             env_base: EnvBase::None,
+            idempotency_key: None,
         }
+    }
+
+    /// The same params with an idempotency key: retried with the same
+    /// key in the same session, the start happens once.
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
     }
 }
 
@@ -209,6 +223,10 @@ pub struct ProcessWriteParams {
     pub data: ByteBuf,
     #[serde(default)]
     pub close_stdin: bool,
+    /// A write whose id this process already had answers as that write
+    /// did, writing nothing; 1..=128 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_id: Option<String>,
 }
 
 crate::wire_enum! {
