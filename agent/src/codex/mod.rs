@@ -14,6 +14,7 @@
 //! May use every module of the agent (it sits above [`crate::host`]).
 
 pub mod errors;
+pub mod fs;
 pub mod native;
 pub mod process;
 pub mod uri;
@@ -47,6 +48,8 @@ pub struct Conn {
     pub native: Arc<Native>,
     pub out: mpsc::Sender<Vec<u8>>,
     pub procs: Arc<process::Registry>,
+    /// The connection's `fs/open` handles.
+    pub files: fs::Handles,
     phase: Arc<Mutex<Phase>>,
 }
 
@@ -97,6 +100,18 @@ pub fn sandbox_request(
         ));
     }
     Ok(None)
+}
+
+/// The native scope (`sandbox` and the `cwd` it is relative to) of a
+/// Codex fs request's `sandbox`: none when it asks for none. What cannot
+/// be enforced exactly is refused.
+pub fn fs_scope(sandbox: Option<&Value>) -> Result<fs::Scope, RpcError> {
+    if sandbox.is_some_and(|v| !v.is_null()) {
+        return Err(RpcError::invalid_request(
+            "this exec-server cannot translate the requested sandbox yet; refused rather than run unconfined",
+        ));
+    }
+    Ok(fs::Scope::default())
 }
 
 /// Serve one Codex connection on `input`/`output` until the input ends.
@@ -196,6 +211,7 @@ where
     // lives on in its host, its jobs running), then what is queued is
     // written.
     if let Some(c) = conn.take() {
+        fs::close_all(&c).await;
         c.native.close();
     }
     drop(out);
@@ -326,6 +342,7 @@ async fn initialize(
         native,
         out: out.clone(),
         procs,
+        files: fs::Handles::default(),
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
@@ -389,6 +406,18 @@ async fn dispatch(conn: &Arc<Conn>, method: &str, params: Value) -> Result<Value
         "process/write" => process::write(conn, params).await,
         "process/signal" => process::signal(conn, params).await,
         "process/terminate" => process::terminate(conn, params).await,
+        "fs/getMetadata" => fs::get_metadata(conn, params).await,
+        "fs/readFile" => fs::read_file(conn, params).await,
+        "fs/writeFile" => fs::write_file(conn, params).await,
+        "fs/createDirectory" => fs::create_directory(conn, params).await,
+        "fs/remove" => fs::remove(conn, params).await,
+        "fs/canonicalize" => fs::canonicalize(conn, params).await,
+        "fs/readDirectory" => fs::read_directory(conn, params).await,
+        "fs/walk" => fs::walk(conn, params).await,
+        "fs/open" => fs::open(conn, params).await,
+        "fs/readBlock" => fs::read_block(conn, params).await,
+        "fs/close" => fs::close(conn, params).await,
+        "fs/copy" => fs::copy(conn, params).await,
         other => Err(not_implemented(other)),
     }
 }
