@@ -23,6 +23,8 @@ mod codex_cli;
 mod codex_dialect;
 #[path = "suite/codex_diff.rs"]
 mod codex_diff;
+#[path = "suite/codex_fs.rs"]
+mod codex_fs;
 #[path = "suite/codex_sandbox.rs"]
 mod codex_sandbox;
 #[path = "suite/degraded.rs"]

@@ -1,7 +1,6 @@
 //! The real Codex CLI (`codex exec`) with a scripted model, its tools run
-//! in a remote environment: the reference `codex exec-server` (directly
-//! and through a real sshd) now, and `executor codex-exec-server` (directly
-//! and through sshd) when the `codex-dialect` feature of this crate is on.
+//! in a remote environment: the reference `codex exec-server` and
+//! `executor codex-exec-server`, each directly and through a real sshd.
 //! Each scenario checks what Codex sent back to the model and what the
 //! workspace holds afterwards.
 //!
@@ -394,7 +393,5 @@ mod reference_over_ssh {
     }
 }
 
-#[cfg(feature = "codex-dialect")]
 scenarios_against!(executor, Server::Executor { via_ssh: false });
-#[cfg(feature = "codex-dialect")]
 scenarios_against!(executor_over_ssh, Server::Executor { via_ssh: true });

@@ -12,16 +12,22 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// A running `executor codex-exec-server`, its lines read on a thread.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<Value>,
 }
 
 impl Server {
-    fn start() -> Server {
+    pub(crate) fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Started with more arguments (`--config`, `--profile`).
+    pub(crate) fn start_with(args: &[&std::ffi::OsStr]) -> Server {
         let mut child = Command::new(executor_bin())
             .args(["codex-exec-server", "--listen", "stdio"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -47,24 +53,24 @@ impl Server {
         }
     }
 
-    fn send(&mut self, v: Value) {
+    pub(crate) fn send(&mut self, v: Value) {
         self.send_raw(&v.to_string());
     }
 
-    fn send_raw(&mut self, line: &str) {
+    pub(crate) fn send_raw(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
         writeln!(stdin, "{line}").expect("write a line");
         stdin.flush().unwrap();
     }
 
-    fn next(&self) -> Value {
+    pub(crate) fn next(&self) -> Value {
         self.lines
             .recv_timeout(Duration::from_secs(20))
             .expect("a line from the server within 20 s")
     }
 
     /// The answer to `id`, with the notifications seen before it.
-    fn answer(&self, id: Value) -> (Value, Vec<Value>) {
+    pub(crate) fn answer(&self, id: Value) -> (Value, Vec<Value>) {
         let mut notes = Vec::new();
         loop {
             let v = self.next();
@@ -75,13 +81,13 @@ impl Server {
         }
     }
 
-    fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
+    pub(crate) fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
         self.send(json!({"id": id, "method": method, "params": params}));
         self.answer(json!(id)).0
     }
 
     /// `initialize` (resuming `resume`) and `initialized`: the session id.
-    fn handshake(&mut self, resume: Option<&str>) -> String {
+    pub(crate) fn handshake(&mut self, resume: Option<&str>) -> String {
         let r = self.request(
             1,
             "initialize",
@@ -95,7 +101,7 @@ impl Server {
         sid
     }
 
-    fn close_stdin_and_wait(&mut self) {
+    pub(crate) fn close_stdin_and_wait(&mut self) {
         self.stdin.take();
         let status = self.child.wait().unwrap();
         assert!(
@@ -112,7 +118,7 @@ impl Drop for Server {
     }
 }
 
-fn error(v: &Value) -> (i64, String) {
+pub(crate) fn error(v: &Value) -> (i64, String) {
     (
         v["error"]["code"]
             .as_i64()
@@ -345,7 +351,9 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
         "initialize",
         json!({"clientName": "t", "resumeSessionId": format!("{sid}0")}),
     );
-    assert_eq!(error(&r), (-32600, "unknown session id".into()));
+    let (code, message) = error(&r);
+    assert_eq!(code, -32600);
+    assert!(message.starts_with("unknown session id "), "{message}");
     third.close_stdin_and_wait();
     let _ = std::fs::remove_dir_all(&dir);
 }

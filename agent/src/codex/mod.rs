@@ -14,6 +14,7 @@
 //! May use every module of the agent (it sits above [`crate::host`]).
 
 pub mod errors;
+pub mod fs;
 pub mod native;
 pub mod process;
 pub mod sandbox;
@@ -48,6 +49,8 @@ pub struct Conn {
     pub native: Arc<Native>,
     pub out: mpsc::Sender<Vec<u8>>,
     pub procs: Arc<process::Registry>,
+    /// The connection's `fs/open` handles.
+    pub files: fs::Handles,
     phase: Arc<Mutex<Phase>>,
 }
 
@@ -79,7 +82,22 @@ pub fn b64(data: &[u8]) -> String {
 /// A request's params as `T`, with serde's message (as the reference
 /// answers) on failure.
 pub fn decode<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
-    serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))
+    serde_json::from_value(params)
+        .map_err(|e| RpcError::invalid_params(reference_words(&e.to_string())))
+}
+
+/// serde's "invalid type: integer `7`" as the reference words it
+/// ("invalid type: number").
+fn reference_words(message: &str) -> String {
+    for kind in ["integer", "floating point"] {
+        let head = format!("invalid type: {kind} `");
+        if let Some(rest) = message.strip_prefix(&head) {
+            if let Some((_, tail)) = rest.split_once('`') {
+                return format!("invalid type: number{tail}");
+            }
+        }
+    }
+    message.to_owned()
 }
 
 /// The sandbox a Codex request asks for, as a native intent: `None` when
@@ -99,6 +117,27 @@ pub fn sandbox_request(
         sandbox::Host { tmpdir },
     )
     .map_err(|u| RpcError::new(u.code(), u.message))
+}
+
+/// The native scope of a Codex fs request's `sandbox`: none when it asks
+/// for none (a profile's still applies); the translated intent otherwise
+/// (relative to the sandbox's own `cwd`, else the agent's). What has no
+/// native form is refused, never run weaker.
+pub fn fs_scope(sandbox_param: Option<&Value>) -> Result<fs::Scope, RpcError> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let tmpdir = std::env::var_os("TMPDIR")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute());
+    let intent = sandbox_request(
+        sandbox_param,
+        sandbox::NetworkRequest::default(),
+        &cwd,
+        tmpdir.as_deref(),
+    )?;
+    Ok(fs::Scope {
+        sandbox: intent,
+        cwd: None,
+    })
 }
 
 /// Serve one Codex connection on `input`/`output` until the input ends.
@@ -157,15 +196,30 @@ where
             Line::Message(Message::Request { id, method, params }) => (id, method, params),
         };
         if method == "initialize" {
-            let answer = match (&conn, config.take(), launch.take()) {
-                (None, Some(c), Some(l)) => match initialize(params, c, l, &out, &phase).await {
+            // Params that do not decode are answered without using up the
+            // connection's one initialize.
+            let parsed = decode::<InitializeParams>(params);
+            let answer = match (&conn, parsed) {
+                (Some(_), _) | (None, Ok(_)) if conn.is_some() || config.is_none() => Err(
+                    RpcError::invalid_request("initialize may only be sent once per connection"),
+                ),
+                (None, Err(e)) => Err(e),
+                (_, Ok(p)) => match initialize(
+                    p,
+                    config.take().expect("checked"),
+                    launch.take().expect("checked"),
+                    &out,
+                    &phase,
+                )
+                .await
+                {
                     Ok((c, v)) => {
                         conn = Some(c);
                         Ok(v)
                     }
                     Err(e) => Err(e),
                 },
-                _ => Err(RpcError::invalid_request(
+                (Some(_), Err(_)) => Err(RpcError::invalid_request(
                     "initialize may only be sent once per connection",
                 )),
             };
@@ -198,6 +252,7 @@ where
     // lives on in its host, its jobs running), then what is queued is
     // written.
     if let Some(c) = conn.take() {
+        fs::close_all(&c).await;
         c.native.close();
     }
     drop(out);
@@ -264,6 +319,16 @@ fn not_implemented(method: &str) -> RpcError {
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // decoded to refuse what the reference refuses
+struct WatchMissingParams {
+    watch_id: u64,
+    missing: Vec<String>,
+    #[serde(default)]
+    present: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct InitializeParams {
     client_name: String,
     #[serde(default)]
@@ -276,18 +341,17 @@ fn split_session(s: &str) -> Option<(&str, &str)> {
 }
 
 async fn initialize(
-    params: Value,
+    p: InitializeParams,
     config: crate::config::Config,
     launch: crate::host::Launch,
     out: &mpsc::Sender<Vec<u8>>,
     phase: &Arc<Mutex<Phase>>,
 ) -> Result<(Arc<Conn>, Value), RpcError> {
-    let p: InitializeParams = decode(params)?;
     let resume = match p.resume_session_id.as_deref() {
         None => None,
         Some(s) => match split_session(s) {
             Some((id, token)) => Some((id.to_owned(), token.to_owned())),
-            None => return Err(RpcError::invalid_request("unknown session id")),
+            None => return Err(RpcError::invalid_request(format!("unknown session id {s}"))),
         },
     };
     let procs = Arc::new(process::Registry::default());
@@ -325,7 +389,10 @@ async fn initialize(
             native.close();
             return Err(match e.code {
                 executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
-                    RpcError::invalid_request("unknown session id")
+                    RpcError::invalid_request(format!(
+                        "unknown session id {}",
+                        p.resume_session_id.as_deref().unwrap_or_default()
+                    ))
                 }
                 _ => errors::from_wire(&e),
             });
@@ -335,6 +402,7 @@ async fn initialize(
         native,
         out: out.clone(),
         procs,
+        files: fs::Handles::default(),
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
@@ -409,6 +477,25 @@ async fn dispatch(conn: &Arc<Conn>, method: &str, params: Value) -> Result<Value
         "process/write" => process::write(conn, params).await,
         "process/signal" => process::signal(conn, params).await,
         "process/terminate" => process::terminate(conn, params).await,
+        "fs/watchMissing" => {
+            // Not advertised (`fsWatchMissing: false`): nothing is watched,
+            // and the answer says so.
+            let _: WatchMissingParams = decode(params)?;
+            conn.ready("filesystem")?;
+            Ok(json!({"watching": false}))
+        }
+        "fs/getMetadata" => fs::get_metadata(conn, params).await,
+        "fs/readFile" => fs::read_file(conn, params).await,
+        "fs/writeFile" => fs::write_file(conn, params).await,
+        "fs/createDirectory" => fs::create_directory(conn, params).await,
+        "fs/remove" => fs::remove(conn, params).await,
+        "fs/canonicalize" => fs::canonicalize(conn, params).await,
+        "fs/readDirectory" => fs::read_directory(conn, params).await,
+        "fs/walk" => fs::walk(conn, params).await,
+        "fs/open" => fs::open(conn, params).await,
+        "fs/readBlock" => fs::read_block(conn, params).await,
+        "fs/close" => fs::close(conn, params).await,
+        "fs/copy" => fs::copy(conn, params).await,
         other => Err(not_implemented(other)),
     }
 }
@@ -424,6 +511,12 @@ async fn environment_info(conn: &Conn) -> Result<Value, RpcError> {
         )
         .await
         .map_err(|e| errors::from_wire(&e))?;
+    // The home this agent runs with (as the reference reports it), else
+    // the user's from the password database.
+    let home = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| e.home.clone().into());
     let tmp = std::env::var_os("TMPDIR")
         .map(std::path::PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -431,9 +524,11 @@ async fn environment_info(conn: &Conn) -> Result<Value, RpcError> {
     Ok(json!({
         "shell": {"name": e.shell.name, "path": e.shell.path},
         "executorVersion": env!("CARGO_PKG_VERSION"),
+        "providerId": concat!("executor:", env!("CARGO_PKG_VERSION")),
         "cwd": uri::from_path(std::path::Path::new(&e.cwd)),
-        "userHomeDir": uri::from_path(std::path::Path::new(&e.home)),
+        "userHomeDir": uri::from_path(&home),
         "platformOs": e.os,
+        "prependPathDirs": [],
         "temporaryDirectories": [],
         "tempDir": uri::from_path(&tmp),
         "capabilities": capabilities(),

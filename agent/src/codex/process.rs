@@ -334,7 +334,7 @@ enum Inherit {
 
 /// The variables `inherit: "core"` keeps (Codex's core set).
 const CORE_VARS: &[&str] = &[
-    "HOME", "LOGNAME", "PATH", "SHELL", "USER", "USERNAME", "TMPDIR", "TEMP", "TMP",
+    "HOME", "LANG", "LOGNAME", "PATH", "SHELL", "USER", "USERNAME", "TMPDIR", "TEMP", "TMP",
 ];
 /// Names dropped unless `ignoreDefaultExcludes`: likely secrets.
 const DEFAULT_EXCLUDES: &[&str] = &["*KEY*", "*SECRET*", "*TOKEN*"];
@@ -715,12 +715,15 @@ pub async fn write(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     }
     let data = base64::engine::general_purpose::STANDARD
         .decode(p.chunk.as_bytes())
-        .map_err(|e| RpcError::invalid_params(format!("chunk is not base64: {e}")))?;
+        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
     let Some((native, piped, exit, _)) = native_of(conn, &p.process_id) else {
         return Ok(json!({"status": "unknownProcess"}));
     };
-    if !piped || exit.is_some() {
+    if !piped {
         return Ok(json!({"status": "stdinClosed"}));
+    }
+    if exit.is_some() {
+        return Err(RpcError::internal("failed to write to process stdin"));
     }
     let r: Result<rmpv::Value, _> = conn
         .native

@@ -165,7 +165,7 @@ pub fn parse(line: &[u8]) -> Result<Message, Malformed> {
     })?;
     let Value::Object(mut o) = value else {
         return Err(Malformed(
-            "failed to parse JSON-RPC message from exec-server stdio: a message must be a JSON object"
+            "failed to parse JSON-RPC message from exec-server stdio: expected a JSON-RPC object"
                 .into(),
         ));
     };
