@@ -19,6 +19,8 @@ mod cli_terminal;
 mod client;
 #[path = "suite/codex_dialect.rs"]
 mod codex_dialect;
+#[path = "suite/codex_http.rs"]
+mod codex_http;
 #[path = "suite/degraded.rs"]
 mod degraded;
 #[path = "suite/egress.rs"]

@@ -14,10 +14,12 @@
 //! May use every module of the agent (it sits above [`crate::host`]).
 
 pub mod errors;
+pub mod http;
 pub mod native;
 pub mod process;
 pub mod uri;
 pub mod wire;
+pub mod ws;
 
 use base64::Engine;
 use native::Native;
@@ -47,6 +49,7 @@ pub struct Conn {
     pub native: Arc<Native>,
     pub out: mpsc::Sender<Vec<u8>>,
     pub procs: Arc<process::Registry>,
+    pub http: Arc<http::Streams>,
     phase: Arc<Mutex<Phase>>,
 }
 
@@ -179,6 +182,16 @@ where
             }
             continue;
         };
+        if method == "http/request" {
+            // It answers itself: a stream's head goes before its deltas.
+            let out = out.clone();
+            tokio::spawn(async move {
+                if let Some(answer) = http::request(&c, &id, params).await {
+                    let _ = out.send(wire::response(&id, answer)).await;
+                }
+            });
+            continue;
+        }
         if runs_beside(&method, &params) {
             let out = out.clone();
             tokio::spawn(async move {
@@ -326,6 +339,7 @@ async fn initialize(
         native,
         out: out.clone(),
         procs,
+        http: Arc::new(http::Streams::default()),
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
@@ -362,6 +376,9 @@ impl native::Notes for Notes {
         };
         if method.starts_with("process/") {
             return conn.procs.note(&conn, method, params);
+        }
+        if method == executor_protocol::methods::HTTP_BODY_DELTA {
+            return conn.http.note(params);
         }
         tracing::debug!(method, "native notification without a Codex counterpart");
         vec![]
@@ -433,7 +450,7 @@ fn capabilities() -> Value {
         "fsWatchMissing": false,
         "capabilityDiscoveryV2": false,
         "environmentConfigRead": false,
-        "httpHeaderEnvVars": false,
+        "httpHeaderEnvVars": true,
         "sandboxedFileStreaming": false,
         "fileWriteStreaming": false,
         "shellSnapshotV2": false,
