@@ -25,6 +25,8 @@ mod codex_dialect;
 mod codex_diff;
 #[path = "suite/codex_fs.rs"]
 mod codex_fs;
+#[path = "suite/codex_http.rs"]
+mod codex_http;
 #[path = "suite/codex_sandbox.rs"]
 mod codex_sandbox;
 #[path = "suite/degraded.rs"]

@@ -15,11 +15,13 @@
 
 pub mod errors;
 pub mod fs;
+pub mod http;
 pub mod native;
 pub mod process;
 pub mod sandbox;
 pub mod uri;
 pub mod wire;
+pub mod ws;
 
 use base64::Engine;
 use native::Native;
@@ -51,6 +53,7 @@ pub struct Conn {
     pub procs: Arc<process::Registry>,
     /// The connection's `fs/open` handles.
     pub files: fs::Handles,
+    pub http: Arc<http::Streams>,
     phase: Arc<Mutex<Phase>>,
 }
 
@@ -235,6 +238,16 @@ where
             }
             continue;
         };
+        if method == "http/request" {
+            // It answers itself: a stream's head goes before its deltas.
+            let out = out.clone();
+            tokio::spawn(async move {
+                if let Some(answer) = http::request(&c, &id, params).await {
+                    let _ = out.send(wire::response(&id, answer)).await;
+                }
+            });
+            continue;
+        }
         if runs_beside(&method, &params) {
             let out = out.clone();
             tokio::spawn(async move {
@@ -403,6 +416,7 @@ async fn initialize(
         out: out.clone(),
         procs,
         files: fs::Handles::default(),
+        http: Arc::new(http::Streams::default()),
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
@@ -450,6 +464,9 @@ impl native::Notes for Notes {
         };
         if method.starts_with("process/") {
             return conn.procs.note(&conn, method, params);
+        }
+        if method == executor_protocol::methods::HTTP_BODY_DELTA {
+            return conn.http.note(params);
         }
         tracing::debug!(method, "native notification without a Codex counterpart");
         vec![]
@@ -548,7 +565,7 @@ fn capabilities() -> Value {
         "fsWatchMissing": false,
         "capabilityDiscoveryV2": false,
         "environmentConfigRead": false,
-        "httpHeaderEnvVars": false,
+        "httpHeaderEnvVars": true,
         "sandboxedFileStreaming": false,
         "fileWriteStreaming": false,
         "shellSnapshotV2": false,
