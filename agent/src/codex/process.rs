@@ -49,6 +49,9 @@ struct Entry {
     last_pushed: Option<u64>,
     /// Lines held while missing chunks are read back.
     held: Option<Vec<Held>>,
+    /// Learnt from a resumed session: what the client read before is not
+    /// known, so pushing starts at the first chunk that arrives.
+    resumed: bool,
     exit: Option<Exit>,
     sandbox_denied: bool,
 }
@@ -130,6 +133,9 @@ impl Registry {
             held.push(Held::Chunk(seq, line));
             return vec![];
         }
+        if e.resumed && e.last_pushed.is_none() {
+            e.last_pushed = seq.checked_sub(1);
+        }
         let expected = e.last_pushed.map_or(0, |s| s + 1);
         if seq < expected {
             return vec![];
@@ -156,6 +162,9 @@ impl Registry {
         if let Some(held) = e.held.as_mut() {
             held.push(Held::Exited(x));
             return vec![];
+        }
+        if e.resumed && e.last_pushed.is_none() {
+            e.last_pushed = x.final_seq;
         }
         if x.final_seq.is_some() && x.final_seq != e.last_pushed {
             e.held = Some(vec![Held::Exited(x)]);
@@ -259,6 +268,7 @@ impl Registry {
                     Entry {
                         native: p.process_id,
                         piped_stdin: true,
+                        resumed: true,
                         ..Entry::default()
                     },
                 );
@@ -624,39 +634,27 @@ pub async fn read(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         )
         .await
         .map_err(|e| super::errors::from_wire(&e))?;
-    let (native, _, mut exit, denied) = native_of(conn, &p.process_id).unwrap_or_default();
+    let (_, _, mut exit, denied) = native_of(conn, &p.process_id).unwrap_or_default();
+    // The native `next_seq` is the seq the job's next chunk will get: with
+    // the job exited, how many chunks it wrote.
     if let (None, Some(x)) = (exit, &r.exited) {
         // Exited while no connection was attached (or before its exit
-        // notification was handled): when nothing is left after this
-        // read, the exit and the close take the next two seqs.
-        let rest: Result<ProcessReadResult, _> = conn
-            .native
-            .call(
-                m::PROCESS_READ,
-                &ProcessReadParams {
-                    process_id: native,
-                    after_seq: r.next_seq.checked_sub(1),
-                    max_bytes: Some(1),
-                    wait_ms: None,
-                },
-            )
-            .await;
-        if rest.is_ok_and(|rest| rest.chunks.is_empty()) {
-            let code = x.exit_code.unwrap_or_else(|| {
-                x.signal
-                    .as_deref()
-                    .and_then(|s| s.parse::<nix::sys::signal::Signal>().ok())
-                    .map_or(-1, |s| 128 + s as i32)
-            });
-            let e = Exit {
-                code,
-                seq: r.next_seq + 1,
-            };
-            exit = Some(e);
-            let mut g = conn.procs.inner.lock().expect("registry lock");
-            if let Some(entry) = g.by_codex.get_mut(&p.process_id) {
-                entry.exit.get_or_insert(e);
-            }
+        // notification was handled): the exit and the close take the two
+        // seqs after its last chunk.
+        let code = x.exit_code.unwrap_or_else(|| {
+            x.signal
+                .as_deref()
+                .and_then(|s| s.parse::<nix::sys::signal::Signal>().ok())
+                .map_or(-1, |s| 128 + s as i32)
+        });
+        let e = Exit {
+            code,
+            seq: r.next_seq + 1,
+        };
+        exit = Some(e);
+        let mut g = conn.procs.inner.lock().expect("registry lock");
+        if let Some(entry) = g.by_codex.get_mut(&p.process_id) {
+            entry.exit.get_or_insert(e);
         }
     }
     let chunks: Vec<Value> = r
@@ -665,20 +663,16 @@ pub async fn read(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         .map(|c| json!({"seq": c.seq + 1, "stream": c.stream.as_str(), "chunk": b64(&c.data)}))
         .collect();
     let exited = r.exited.is_some();
-    let code = match (exit, &r.exited) {
-        (Some(e), _) => Some(e.code),
-        (None, Some(x)) => Some(x.exit_code.unwrap_or(-1)),
-        (None, None) => None,
-    };
+    let code = exit.filter(|_| exited).map(|e| e.code);
+    // How far this read went (native seqs): past its last chunk, or
+    // everything there is when it returned none.
+    let read_through = r.chunks.last().map_or(r.next_seq, |c| c.seq + 1);
     // Closed once the job exited and every chunk was read: the exit and
     // the close take the two seqs after the last chunk.
-    let closed = match exit {
-        Some(e) => exited && r.next_seq + 1 >= e.seq,
-        None => false,
-    };
+    let closed = exit.is_some_and(|e| exited && read_through + 1 >= e.seq);
     let next = match exit {
         Some(e) if closed => e.seq + 2,
-        _ => r.next_seq + 1,
+        _ => read_through + 1,
     };
     Ok(json!({
         "chunks": chunks,
