@@ -183,13 +183,23 @@ where
             continue;
         };
         if method == "http/request" {
-            // It answers itself: a stream's head goes before its deltas.
-            let out = out.clone();
-            tokio::spawn(async move {
-                if let Some(answer) = http::request(&c, &id, params).await {
-                    let _ = out.send(wire::response(&id, answer)).await;
+            // Checked in order, then run beside; it answers itself (a
+            // stream's head goes before its deltas).
+            match http::prepare(&c, params) {
+                Ok(p) => {
+                    let out = out.clone();
+                    tokio::spawn(async move {
+                        if let Some(answer) = http::run(&c, &id, p).await {
+                            let _ = out.send(wire::response(&id, answer)).await;
+                        }
+                    });
                 }
-            });
+                Err(e) => {
+                    if out.send(wire::response(&id, Err(e))).await.is_err() {
+                        break;
+                    }
+                }
+            }
             continue;
         }
         if runs_beside(&method, &params) {
@@ -326,15 +336,24 @@ async fn initialize(
         session: Some(session),
         capabilities: None,
     };
-    let r: executor_protocol::types::session::InitializeResult = native
+    // A failed initialize ends the native connection it started (its
+    // reader holds the client's queue: left open, the input's end would
+    // wait for it forever).
+    let r: executor_protocol::types::session::InitializeResult = match native
         .call(executor_protocol::methods::INITIALIZE, &init)
         .await
-        .map_err(|e| match e.code {
-            executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
-                RpcError::invalid_request("unknown session id")
-            }
-            _ => errors::from_wire(&e),
-        })?;
+    {
+        Ok(r) => r,
+        Err(e) => {
+            native.close();
+            return Err(match e.code {
+                executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
+                    RpcError::invalid_request("unknown session id")
+                }
+                _ => errors::from_wire(&e),
+            });
+        }
+    };
     let conn = Arc::new(Conn {
         native,
         out: out.clone(),
@@ -343,10 +362,21 @@ async fn initialize(
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
-    if resume.is_some() {
-        process::relearn(&conn).await?;
-    }
-    let info = environment_info(&conn).await?;
+    let relearnt = match resume {
+        Some(_) => process::relearn(&conn).await,
+        None => Ok(()),
+    };
+    let info = match relearnt {
+        Ok(()) => environment_info(&conn).await,
+        Err(e) => Err(e),
+    };
+    let info = match info {
+        Ok(info) => info,
+        Err(e) => {
+            conn.native.close();
+            return Err(e);
+        }
+    };
     *phase.lock().expect("phase lock") = Phase::Initialized;
     Ok((
         conn,
