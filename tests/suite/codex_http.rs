@@ -448,6 +448,21 @@ fn timeouts_bound_the_request_and_none_means_none() {
                "timeoutMs": null}),
     );
     assert_eq!(r["result"]["status"], json!(200), "no timeout: {r}");
+    // Streamed, the timeout bounds each silence of the body: the stream
+    // ends with a last delta carrying the error.
+    s.send(json!({"id": 4, "method": "http/request", "params": {
+        "method": "GET", "url": format!("{base}/chunks?n=3&size=10&delay_ms=3000"),
+        "requestId": "v", "streamResponse": true, "timeoutMs": 300}}));
+    let (head, _) = s.answer(json!(4));
+    assert_eq!(head["result"]["status"], json!(200), "{head}");
+    let last = loop {
+        let d = s.next();
+        if d["params"]["done"] == json!(true) {
+            break d;
+        }
+    };
+    let error = last["params"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("timeout_ms 300"), "{last}");
     s.close();
 }
 
@@ -628,6 +643,25 @@ fn ws_url_line_readyz_and_origin_refused() {
     assert_eq!(status, 403, "a browser's upgrade: {text}");
     // Still serving.
     assert_eq!(http_get(addr, "/readyz", "").0, 200);
+    // No listener but on loopback, and none under a forced command.
+    for (listen, forced) in [
+        ("ws://0.0.0.0:0", None),
+        ("ws://127.0.0.1:0", Some("executor codex-exec-server")),
+    ] {
+        let mut c = Command::new(executor_bin());
+        c.args(["codex-exec-server", "--listen", listen]);
+        if let Some(f) = forced {
+            c.env("SSH_ORIGINAL_COMMAND", f);
+        }
+        let out = c.stdin(Stdio::null()).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{listen} {forced:?}");
+        assert!(out.stdout.is_empty(), "no URL line");
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            why.contains("loopback") || why.contains("forced command"),
+            "{why}"
+        );
+    }
 }
 
 #[test]
