@@ -35,6 +35,16 @@ fn web() -> (tokio::runtime::Runtime, TestServer) {
     (rt, server)
 }
 
+/// A configuration whose only change is room for many detached sessions:
+/// every Codex connection leaves one for 30 s, and other tests on this
+/// host (as this user) count against the default 16.
+fn roomy_config() -> std::path::PathBuf {
+    let dir = executor_tests::unique_tempdir("codex-http-config");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, "[limits]\nmax_detached_sessions = 1024\n").unwrap();
+    path
+}
+
 /// A running `executor codex-exec-server --listen stdio`.
 struct Server {
     child: Child,
@@ -45,7 +55,8 @@ struct Server {
 impl Server {
     fn start(env: &[(&str, &str)], stderr: Stdio) -> Server {
         let mut child = Command::new(executor_bin())
-            .args(["codex-exec-server", "--listen", "stdio"])
+            .args(["codex-exec-server", "--listen", "stdio", "--config"])
+            .arg(roomy_config())
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -54,7 +65,9 @@ impl Server {
             .expect("start executor codex-exec-server");
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
+        // Bounded: a test that stops taking lines stops the reading of
+        // stdout too.
+        let (tx, lines) = mpsc::sync_channel(16);
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
@@ -253,6 +266,36 @@ fn a_streamed_body_comes_after_its_answer_in_ordered_deltas() {
 }
 
 #[test]
+fn a_client_that_stops_reading_slows_the_server_not_the_dialects_memory() {
+    let (_rt, web) = web();
+    let total: u64 = 192 << 20;
+    // One body with a length: the agent reads it in large pieces.
+    let url = format!("http://{}/bytes?n={total}", web.addr);
+    let mut s = Server::start(&[], Stdio::inherit());
+    s.send(json!({"id": 2, "method": "http/request", "params": {
+        "method": "GET", "url": url, "requestId": "big", "streamResponse": true}}));
+    // Nothing is read from the dialect's stdout beyond its pipe and the
+    // reader thread's 16 lines. What the pipeline holds then stays: 1024
+    // queued lines of at most 32 KiB each (about 45 MiB), pipes and socket
+    // buffers; measured 65 MiB resident, steady. With deltas of up to
+    // 1 MiB (the agent's pieces of this body, up to 400 KiB) it grew past
+    // 200 MiB.
+    std::thread::sleep(Duration::from_secs(10));
+    let rss_mib = executor_tests::status_kib(s.child.id(), "VmRSS") >> 10;
+    assert!(rss_mib < 128, "the dialect holds {rss_mib} MiB");
+    // Reading resumes the stream where it stopped.
+    let mut seq = 0;
+    for _ in 0..200 {
+        let d = s.next();
+        if d["method"] == json!("http/request/bodyDelta") {
+            seq += 1;
+            assert_eq!(d["params"]["seq"], json!(seq));
+            assert!(unb64(&d["params"]["deltaBase64"]).len() <= 32 << 10);
+        }
+    }
+}
+
+#[test]
 fn a_streamed_request_id_is_refused_while_its_stream_is_open() {
     let (_rt, web) = web();
     let base = format!("http://{}", web.addr);
@@ -405,6 +448,21 @@ fn timeouts_bound_the_request_and_none_means_none() {
                "timeoutMs": null}),
     );
     assert_eq!(r["result"]["status"], json!(200), "no timeout: {r}");
+    // Streamed, the timeout bounds each silence of the body: the stream
+    // ends with a last delta carrying the error.
+    s.send(json!({"id": 4, "method": "http/request", "params": {
+        "method": "GET", "url": format!("{base}/chunks?n=3&size=10&delay_ms=3000"),
+        "requestId": "v", "streamResponse": true, "timeoutMs": 300}}));
+    let (head, _) = s.answer(json!(4));
+    assert_eq!(head["result"]["status"], json!(200), "{head}");
+    let last = loop {
+        let d = s.next();
+        if d["params"]["done"] == json!(true) {
+            break d;
+        }
+    };
+    let error = last["params"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("timeout_ms 300"), "{last}");
     s.close();
 }
 
@@ -425,7 +483,13 @@ impl Drop for WsServer {
 
 fn ws_server() -> WsServer {
     let mut child = Command::new(executor_bin())
-        .args(["codex-exec-server", "--listen", "ws://127.0.0.1:0"])
+        .args([
+            "codex-exec-server",
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--config",
+        ])
+        .arg(roomy_config())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -579,6 +643,25 @@ fn ws_url_line_readyz_and_origin_refused() {
     assert_eq!(status, 403, "a browser's upgrade: {text}");
     // Still serving.
     assert_eq!(http_get(addr, "/readyz", "").0, 200);
+    // No listener but on loopback, and none under a forced command.
+    for (listen, forced) in [
+        ("ws://0.0.0.0:0", None),
+        ("ws://127.0.0.1:0", Some("executor codex-exec-server")),
+    ] {
+        let mut c = Command::new(executor_bin());
+        c.args(["codex-exec-server", "--listen", listen]);
+        if let Some(f) = forced {
+            c.env("SSH_ORIGINAL_COMMAND", f);
+        }
+        let out = c.stdin(Stdio::null()).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{listen} {forced:?}");
+        assert!(out.stdout.is_empty(), "no URL line");
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            why.contains("loopback") || why.contains("forced command"),
+            "{why}"
+        );
+    }
 }
 
 #[test]

@@ -16,7 +16,7 @@
 //! line is built on the native reader (a hook on the native answer), then
 //! written by whichever comes first, the request's task or the stream's
 //! first delta. Native deltas become Codex ones in order, their seqs from
-//! 1, their data in pieces of at most 1 MiB; the reader waits for room in
+//! 1, their data in pieces of at most 32 KiB; the reader waits for room in
 //! the client's queue, so a slow client slows the native stream, which
 //! stops reading from the server.
 //!
@@ -36,8 +36,10 @@ use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
-/// At most this many body bytes in one Codex delta (the reference's bound).
-pub const MAX_DELTA_BYTES: usize = 1 << 20;
+/// At most this many body bytes in one Codex delta (the reference's bound
+/// is 1 MiB). Smaller, so that the client's queue, bounded in lines, holds
+/// at most about 45 MiB of deltas when the client stops reading.
+pub const MAX_DELTA_BYTES: usize = 32 << 10;
 /// The hops `redirectPolicy: "follow"` allows.
 pub const FOLLOW_REDIRECTS: u32 = 10;
 /// The native maximum `timeout_ms`: what "no timeout" becomes.
@@ -185,27 +187,47 @@ enum RedirectPolicy {
     Stop,
 }
 
-/// `http/request` answered to `id`: `None` when the answer was already
-/// queued (a stream's head, written before its deltas).
-pub async fn request(conn: &Conn, id: &Id, params: Value) -> Option<Result<Value, RpcError>> {
-    let p: RequestParams = match decode(params) {
-        Ok(p) => p,
-        Err(e) => return Some(Err(e)),
-    };
-    if let Err(e) = conn.ready("http") {
-        return Some(Err(e));
-    }
-    let native = match native_params(&p) {
-        Ok(n) => n,
-        Err(e) => return Some(Err(e)),
-    };
+/// A checked `http/request`, its stream's `requestId` claimed.
+#[allow(missing_debug_implementations)] // holds header values
+pub struct Prepared {
+    native: HttpRequestParams,
+    request_id: String,
+}
+
+/// Check an `http/request` and claim its stream's `requestId`; run in the
+/// order the requests came (the request itself then runs beside the
+/// others, [`run`]), so of two streams with one id the first is served.
+pub fn prepare(conn: &Conn, params: Value) -> Result<Prepared, RpcError> {
+    let p: RequestParams = decode(params)?;
+    conn.ready("http")?;
+    let native = native_params(&p)?;
     if native.timeout_ms == 0 {
         // A zero budget is spent before the request leaves.
-        return Some(Err(RpcError::internal(
+        return Err(RpcError::internal(
             "http/request failed: timed out (timeoutMs 0)",
-        )));
+        ));
     }
-    if !p.stream_response {
+    if native.stream {
+        let mut g = conn.http.inner.lock().expect("streams lock");
+        if !g.active.insert(p.request_id.clone()) {
+            return Err(RpcError::invalid_params(format!(
+                "http/request streamResponse requestId `{}` is already active",
+                p.request_id
+            )));
+        }
+    }
+    Ok(Prepared {
+        native,
+        request_id: p.request_id,
+    })
+}
+
+/// Run a prepared `http/request` whose answer goes to `id`: `None` when
+/// the answer was already queued (a stream's head, written before its
+/// deltas).
+pub async fn run(conn: &Conn, id: &Id, p: Prepared) -> Option<Result<Value, RpcError>> {
+    let native = p.native;
+    if !native.stream {
         let r: Result<HttpResponse, WireError> = conn.native.call(m::HTTP_REQUEST, &native).await;
         return Some(match r {
             Ok(r) => Ok(json!({
@@ -215,15 +237,6 @@ pub async fn request(conn: &Conn, id: &Id, params: Value) -> Option<Result<Value
             })),
             Err(e) => Err(failed(&e)),
         });
-    }
-    {
-        let mut g = conn.http.inner.lock().expect("streams lock");
-        if !g.active.insert(p.request_id.clone()) {
-            return Some(Err(RpcError::invalid_params(format!(
-                "http/request streamResponse requestId `{}` is already active",
-                p.request_id
-            ))));
-        }
     }
     // The stream is known, its answer ready, before the reader looks at
     // its first delta.

@@ -239,13 +239,23 @@ where
             continue;
         };
         if method == "http/request" {
-            // It answers itself: a stream's head goes before its deltas.
-            let out = out.clone();
-            tokio::spawn(async move {
-                if let Some(answer) = http::request(&c, &id, params).await {
-                    let _ = out.send(wire::response(&id, answer)).await;
+            // Checked in order, then run beside; it answers itself (a
+            // stream's head goes before its deltas).
+            match http::prepare(&c, params) {
+                Ok(p) => {
+                    let out = out.clone();
+                    tokio::spawn(async move {
+                        if let Some(answer) = http::run(&c, &id, p).await {
+                            let _ = out.send(wire::response(&id, answer)).await;
+                        }
+                    });
                 }
-            });
+                Err(e) => {
+                    if out.send(wire::response(&id, Err(e))).await.is_err() {
+                        break;
+                    }
+                }
+            }
             continue;
         }
         if runs_beside(&method, &params) {

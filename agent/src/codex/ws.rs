@@ -262,9 +262,30 @@ fn ws_config() -> WebSocketConfig {
         .max_frame_size(Some(super::wire::MAX_LINE_BYTES))
 }
 
+/// A message as one line: a line break between JSON tokens is whitespace
+/// and becomes a space; one inside a string (never valid JSON) becomes
+/// another control character, so the message stays as invalid as it was.
+fn one_line(mut data: Vec<u8>) -> Vec<u8> {
+    let (mut in_string, mut escaped) = (false, false);
+    for b in data.iter_mut() {
+        match *b {
+            b'\n' | b'\r' if in_string => *b = 0x01,
+            b'\n' | b'\r' => *b = b' ',
+            _ if escaped => {}
+            b'\\' if in_string => {
+                escaped = true;
+                continue;
+            }
+            b'"' => in_string = !in_string,
+            _ => {}
+        }
+        escaped = false;
+    }
+    data
+}
+
 /// Serve one Codex connection over `ws`: each message becomes one input
-/// line of [`super::serve`] (its line breaks, which in JSON can only be
-/// whitespace between tokens, become spaces), each output line one text
+/// line of [`super::serve`] ([`one_line`]), each output line one text
 /// message.
 async fn bridge(
     ws: WebSocketStream<TcpStream>,
@@ -288,10 +309,7 @@ async fn bridge(
                 // heard.
                 Ok(_) => continue,
             };
-            let mut line: Vec<u8> = data
-                .into_iter()
-                .map(|b| if b == b'\n' || b == b'\r' { b' ' } else { b })
-                .collect();
+            let mut line = one_line(data);
             line.push(b'\n');
             if to_serve.write_all(&line).await.is_err() {
                 break;
@@ -374,6 +392,17 @@ mod tests {
             accept_key("dGhlIHNhbXBsZSBub25jZQ=="),
             "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
         );
+    }
+
+    #[test]
+    fn messages_become_one_line_and_stay_as_valid_as_they_were() {
+        let ok = one_line(b"{\"a\":\r\n \"x\\\"\\\\\",\n\"b\": 1}".to_vec());
+        assert!(!ok.contains(&b'\n'));
+        let v: serde_json::Value = serde_json::from_slice(&ok).unwrap();
+        assert_eq!(v["a"], "x\"\\");
+        let bad = one_line(b"{\"a\": \"x\ny\"}".to_vec());
+        assert!(!bad.contains(&b'\n'));
+        assert!(serde_json::from_slice::<serde_json::Value>(&bad).is_err());
     }
 
     #[test]
