@@ -276,7 +276,8 @@ where
     // written.
     if let Some(c) = conn.take() {
         fs::close_all(&c).await;
-        c.native.close();
+        // The client is gone: nothing more is pushed to it.
+        c.native.stop();
     }
     drop(out);
     let _ = writer.await;

@@ -38,6 +38,8 @@ struct Pending {
 pub struct Native {
     /// `None` once closed.
     to_agent: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    /// Set once the reader task is started: [`Native::stop`] aborts it.
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
     pending: Mutex<Option<HashMap<u64, Pending>>>,
     next_id: AtomicU64,
 }
@@ -81,11 +83,12 @@ impl Native {
         });
         let native = Arc::new(Native {
             to_agent: Mutex::new(Some(tx)),
+            reader: Mutex::new(None),
             pending: Mutex::new(Some(HashMap::new())),
             next_id: AtomicU64::new(1),
         });
         let reader = native.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut notes = notes;
             if let Err(e) = reader.read_loop(&mut from_agent, &mut notes).await {
                 tracing::debug!(error = %e, "native read ended");
@@ -93,6 +96,7 @@ impl Native {
             reader.fail_all();
             notes.ended();
         });
+        *native.reader.lock().expect("reader lock") = Some(task.abort_handle());
         native
     }
 
@@ -227,6 +231,17 @@ impl Native {
     /// answered.
     pub fn close(&self) {
         self.to_agent.lock().expect("sender lock").take();
+    }
+
+    /// End the native connection both ways: nothing more is read from the
+    /// agent (its relay then ends at once; a detached session lives on in
+    /// its host), what was asked and not answered fails.
+    pub fn stop(&self) {
+        self.close();
+        if let Some(reader) = self.reader.lock().expect("reader lock").take() {
+            reader.abort();
+        }
+        self.fail_all();
     }
 }
 
