@@ -472,6 +472,8 @@ fn timeouts_bound_the_request_and_none_means_none() {
 struct WsServer {
     child: Child,
     addr: String,
+    /// The URL's path: the secret only the holder of the URL line knows.
+    path: String,
 }
 
 impl Drop for WsServer {
@@ -498,15 +500,20 @@ fn ws_server() -> WsServer {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let addr = line
+    let rest = line
         .trim_end()
         .strip_prefix("ws://127.0.0.1:")
         .unwrap_or_else(|| panic!("the URL line comes first: {line:?}"));
-    let port: u16 = addr.parse().expect("a port");
+    let (port, path) = rest
+        .split_once('/')
+        .unwrap_or_else(|| panic!("the URL has a secret path: {line:?}"));
+    let port: u16 = port.parse().expect("a port");
     assert_ne!(port, 0, "the bound port, not the asked 0");
+    assert_eq!(path.len(), 32, "a 128-bit secret: {line:?}");
     WsServer {
         child,
         addr: format!("127.0.0.1:{port}"),
+        path: format!("/{path}"),
     }
 }
 
@@ -535,10 +542,11 @@ struct Ws {
 }
 
 impl Ws {
-    fn connect(addr: &str) -> Ws {
+    fn connect(server: &WsServer) -> Ws {
+        let (addr, path) = (&server.addr, &server.path);
         let mut tcp = TcpStream::connect(addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write!(tcp, "GET / HTTP/1.1\r\nHost: {addr}\r\n{UPGRADE}\r\n").unwrap();
+        write!(tcp, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{UPGRADE}\r\n").unwrap();
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
         let end = loop {
@@ -637,10 +645,23 @@ fn ws_url_line_readyz_and_origin_refused() {
         403
     );
     assert_eq!(http_get(addr, "/nope", "").0, 404);
-    let (status, text) = http_get(addr, "/", "");
-    assert_eq!(status, 400, "a GET / that is no upgrade: {text}");
-    let (status, text) = http_get(addr, "/", &format!("{UPGRADE}Origin: http://localhost\r\n"));
+    let path = server.path.as_str();
+    let (status, text) = http_get(addr, path, "");
+    assert_eq!(status, 400, "a GET that is no upgrade: {text}");
+    let (status, text) = http_get(
+        addr,
+        path,
+        &format!("{UPGRADE}Origin: http://localhost\r\n"),
+    );
     assert_eq!(status, 403, "a browser's upgrade: {text}");
+    // Review of issue 30: any local process (another user, a job whose
+    // network is the host's) could open a session on the listener. Without
+    // the URL's secret path, an upgrade is refused: at `/`, at a guessed
+    // path, at a prefix of the secret. Layer: the dialect's listener.
+    for guess in ["/", "/x", &path[..path.len() - 1]] {
+        let (status, text) = http_get(addr, guess, UPGRADE);
+        assert_eq!(status, 404, "an upgrade at {guess:?}: {text}");
+    }
     // Still serving.
     assert_eq!(http_get(addr, "/readyz", "").0, 200);
     // No listener but on loopback, and none under a forced command.
@@ -668,7 +689,7 @@ fn ws_url_line_readyz_and_origin_refused() {
 fn ws_connections_serve_the_dialect() {
     let (_rt, web) = web();
     let server = ws_server();
-    let mut a = Ws::connect(&server.addr);
+    let mut a = Ws::connect(&server);
     let r = a.request(1, "initialize", json!({"clientName": "ws"}));
     let sid = r["result"]["sessionId"]
         .as_str()
@@ -705,7 +726,7 @@ fn ws_connections_serve_the_dialect() {
         }
     }
     // A second connection is a connection of its own.
-    let mut b = Ws::connect(&server.addr);
+    let mut b = Ws::connect(&server);
     let r = b.request(1, "initialize", json!({"clientName": "ws2"}));
     assert_ne!(r["result"]["sessionId"].as_str(), Some(sid.as_str()), "{r}");
     b.send(1, br#"{"method": "initialized"}"#);

@@ -4,9 +4,13 @@
 //! the next two seqs, `process/read` by `afterSeq`, `process/write` with
 //! its `writeId`, `process/terminate` answering whether the job ran.
 //!
-//! Nothing pushed is lost: after a native `process/lagged`, or a gap in
-//! the seqs, the missing chunks are read back (`process/read`) and pushed
-//! in order before anything later of that job.
+//! After a native `process/lagged`, or a gap in the seqs, the missing
+//! chunks are read back (`process/read`, 4 MiB at a time, waiting for the
+//! client) and pushed in order before anything later of that job; live
+//! chunks are dropped meanwhile (read back too), so a job outrunning its
+//! client costs no memory here. What the agent's own retained buffer (1
+//! MiB per job by default, as the reference's) no longer holds is a gap in
+//! the seqs the client sees.
 //!
 //! Uses the dialect's wire, uri, errors and native modules, and the
 //! protocol crate.
@@ -47,7 +51,8 @@ struct Entry {
     piped_stdin: bool,
     /// The native seq of the last chunk pushed.
     last_pushed: Option<u64>,
-    /// Lines held while missing chunks are read back.
+    /// `Some` while missing chunks are read back (then live chunks are
+    /// dropped and the exit waits).
     held: Option<Vec<Held>>,
     /// Learnt from a resumed session: what the client read before is not
     /// known, so pushing starts at the first chunk that arrives.
@@ -63,8 +68,9 @@ struct Exit {
     seq: u64,
 }
 
+/// What waits for a catch-up to end (live chunks are dropped meanwhile:
+/// the catch-up reads them back).
 enum Held {
-    Chunk(u64, Vec<u8>),
     Exited(ProcessExited),
 }
 
@@ -128,11 +134,13 @@ impl Registry {
         let Some(e) = g.by_codex.get_mut(&codex) else {
             return vec![];
         };
-        let line = output_line(&codex, seq, stream, data);
-        if let Some(held) = e.held.as_mut() {
-            held.push(Held::Chunk(seq, line));
+        if e.held.is_some() {
+            // Being read back: this chunk comes with the catch-up (nothing
+            // of it is held here, so a job outrunning its client costs no
+            // memory).
             return vec![];
         }
+        let line = output_line(&codex, seq, stream, data);
         if e.resumed && e.last_pushed.is_none() {
             e.last_pushed = seq.checked_sub(1);
         }
@@ -141,8 +149,8 @@ impl Registry {
             return vec![];
         }
         if seq > expected {
-            // A gap: read back what is missing, then this.
-            e.held = Some(vec![Held::Chunk(seq, line)]);
+            // A gap: read back what is missing, this chunk with it.
+            e.held = Some(Vec::new());
             drop(g);
             self.catch_up(conn, codex);
             return vec![];
@@ -224,12 +232,6 @@ impl Registry {
                         let held = e.held.take().unwrap_or_default();
                         for h in held {
                             match h {
-                                Held::Chunk(seq, line) => {
-                                    if e.last_pushed.is_none_or(|l| seq > l) {
-                                        e.last_pushed = Some(seq);
-                                        lines.push(line);
-                                    }
-                                }
                                 Held::Exited(x) => lines.extend(exit_lines(&codex, e, &x)),
                             }
                         }
@@ -321,7 +323,7 @@ pub async fn relearn(conn: &Conn) -> Result<(), RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct EnvPolicy {
     inherit: Inherit,
     #[serde(default)]

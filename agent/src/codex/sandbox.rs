@@ -671,6 +671,7 @@ fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<Filesy
         ..Default::default()
     };
     let mut read_all = false;
+    let mut deny_root = false;
     let mut reads: Vec<WirePath> = Vec::new();
     let grants_of = |t: &Target| -> Vec<WirePath> {
         match t {
@@ -704,12 +705,21 @@ fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<Filesy
                     }
                 }
             }
-            // Deny of everything: only the other entries' grants.
-            (Access::Deny, Target::Root) => {}
+            // Deny of everything: only the other entries' grants (a grant
+            // of the root itself beside it is refused below: in Codex the
+            // deny wins that tie).
+            (Access::Deny, Target::Root) => deny_root = true,
             (Access::Deny, t) => fs.deny_read.extend(carve_of(t)),
         }
     }
     let any_write_all = fs.write.iter().any(|w| w.as_bytes() == b"/");
+    if deny_root && (read_all || any_write_all) {
+        return Err(Untranslatable::unsupported(
+            "sandbox.permissions.file_system.entries",
+            "the root is both denied and granted (Codex lets the deny win; \
+             executor has no intent for it)",
+        ));
+    }
     fs.read = if read_all || any_write_all {
         ReadRoots::All
     } else {

@@ -1,6 +1,7 @@
 //! `executor codex-exec-server --listen ws://IP:PORT`: the Codex dialect
 //! over websockets, as the reference serves it. The URL line
-//! (`ws://IP:PORT`, the bound port when 0 was asked) is the first line on
+//! (`ws://IP:PORT/SECRET`, the bound port when 0 was asked, SECRET a
+//! fresh random path only the holder of that line can use) is the first line on
 //! stdout; then each websocket connection is one Codex connection
 //! ([`super::serve`]), one JSON message per frame (text, or binary JSON),
 //! one per text frame back.
@@ -76,10 +77,16 @@ pub async fn listen(
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    // Loopback is not a boundary (other users, and jobs whose network is
+    // the host's, reach it): only a client given the URL line, whose path
+    // is a fresh random secret, is served.
+    let secret =
+        crate::session::random_hex::<16>().map_err(|e| std::io::Error::other(e.message))?;
+    let path: Arc<str> = format!("/{secret}").into();
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "ws://{local}")?;
+        writeln!(stdout, "ws://{local}{path}")?;
         stdout.flush()?;
     }
     tracing::info!(%local, "codex exec-server listening");
@@ -93,9 +100,9 @@ pub async fn listen(
                 continue;
             }
         };
-        let (config, launch) = (config.clone(), launch.clone());
+        let (config, launch, path) = (config.clone(), launch.clone(), path.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(tcp, config, launch).await {
+            if let Err(e) = connection(tcp, config, launch, &path).await {
                 tracing::debug!(%peer, error = %e, "websocket connection ended");
             }
         });
@@ -223,6 +230,7 @@ async fn connection(
     mut tcp: TcpStream,
     config: crate::config::Config,
     launch: crate::host::Launch,
+    secret_path: &str,
 ) -> std::io::Result<()> {
     let _ = tcp.set_nodelay(true);
     let (head, rest) = match read_head(&mut tcp).await {
@@ -238,8 +246,10 @@ async fn connection(
     match (path, head.method.as_str()) {
         ("/readyz", "GET" | "HEAD") => return respond(&mut tcp, 200, "", "").await,
         ("/readyz", _) => return respond(&mut tcp, 405, "allow: GET,HEAD\r\n", "").await,
-        ("/", "GET") => {}
-        ("/", _) => return respond(&mut tcp, 405, "allow: GET\r\n", "").await,
+        (p, "GET") if p == secret_path => {}
+        (p, _) if p == secret_path => return respond(&mut tcp, 405, "allow: GET\r\n", "").await,
+        // Without the URL's secret, nothing is served (not even whether
+        // the path exists).
         _ => return respond(&mut tcp, 404, "", "").await,
     }
     if let Some(problem) = upgrade_problem(&head) {

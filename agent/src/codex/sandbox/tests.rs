@@ -616,3 +616,36 @@ fn managed_network_maps_onto_egress_by_name_or_fails_closed() {
         assert!(e.message.starts_with("unsupported sandbox"), "{e}");
     }
 }
+
+/// Review of issue 30: a deny of the root beside a grant of it was
+/// dropped (Codex lets the deny win that tie): the job read everything.
+/// Refused now; a root deny beside grants of other paths still applies.
+#[test]
+fn a_root_both_denied_and_granted_is_refused() {
+    let entry = |access: &str| json!({"path": {"type": "special", "value": {"kind": "root"}}, "access": access});
+    let slash_write = json!({"path": {"type": "path", "path": "file:///"}, "access": "write"});
+    for entries in [
+        vec![entry("read"), entry("none")],
+        vec![entry("write"), entry("none")],
+        vec![slash_write.clone(), entry("none")],
+        vec![entry("none"), entry("read")],
+    ] {
+        let sandbox = json!({"permissions": {"type": "managed", "file_system":
+            {"type": "restricted", "entries": entries}, "network": "restricted"}});
+        let e = go(&sandbox).unwrap_err();
+        assert!(
+            e.message.contains("both denied and granted"),
+            "{}",
+            e.message
+        );
+    }
+    let sandbox = json!({"permissions": {"type": "managed", "file_system":
+        {"type": "restricted", "entries": [
+            entry("none"),
+            {"path": {"type": "path", "path": format!("file://{WS}")}, "access": "read"}
+        ]}, "network": "restricted"}});
+    let i = go(&sandbox).unwrap().unwrap();
+    let r = reads(&i).expect("not read-all");
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(r[0].trim_start_matches('?') == WS, "{r:?}");
+}
