@@ -152,6 +152,13 @@ fn metadata_reads_writes_and_directories_answer_as_the_reference() {
         (-32602, "missing field `path`"),
     );
     is(
+        c.err("fs/getMetadata", Value::Null),
+        (
+            -32602,
+            "invalid type: null, expected struct WireFsGetMetadataParams",
+        ),
+    );
+    is(
         c.err("fs/getMetadata", json!({"path": t.join("f")})),
         (-32602, "invalid URI: relative URL without a base"),
     );
@@ -612,6 +619,21 @@ fn handles_are_client_named_and_bounded() {
             json!({"handleId": "nope", "offset": 0, "len": 1}),
         ),
         (-32004, "unknown file handle `nope`"),
+    );
+    // The length is checked before the handle, the URI before the id.
+    is(
+        c.err(
+            "fs/readBlock",
+            json!({"handleId": "nope", "offset": 0, "len": 0}),
+        ),
+        len_bound,
+    );
+    is(
+        c.err(
+            "fs/open",
+            json!({"handleId": "x".repeat(33), "path": "relative"}),
+        ),
+        (-32602, "invalid URI: relative URL without a base"),
     );
     is(
         c.err("fs/readBlock", json!({"handleId": "h", "offset": 0})),

@@ -176,7 +176,11 @@ fn millis(ns: i64) -> i64 {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsGetMetadataParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct MetadataParams {
     path: String,
     #[serde(default)]
@@ -187,8 +191,8 @@ struct MetadataParams {
 
 pub async fn get_metadata(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: MetadataParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let (st, is_symlink) = if p.follow_symlinks == Some(false) {
         let link = RpcError::invalid_request("path contains a symbolic link");
@@ -216,7 +220,11 @@ pub async fn get_metadata(conn: &Conn, params: Value) -> Result<Value, RpcError>
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsReadFileParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct ReadParams {
     path: String,
     #[serde(default)]
@@ -233,8 +241,8 @@ fn too_large() -> RpcError {
 
 pub async fn read_file(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: ReadParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let nofollow = p.follow_symlinks == Some(false);
     let refuse = |e: &WireError| {
@@ -362,7 +370,11 @@ async fn read_blocks(conn: &Conn, opened: OpenResult) -> Result<Vec<u8>, Big> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsWriteFileParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct WriteParams {
     path: String,
     data_base64: String,
@@ -374,8 +386,8 @@ struct WriteParams {
 
 pub async fn write_file(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: WriteParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let data = base64::engine::general_purpose::STANDARD
         .decode(p.data_base64.as_bytes())
         .map_err(|e| {
@@ -487,7 +499,11 @@ async fn write_by_handle(
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsCreateDirectoryParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct CreateDirParams {
     path: String,
     #[serde(default)]
@@ -500,8 +516,8 @@ struct CreateDirParams {
 
 pub async fn create_directory(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: CreateDirParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     if p.follow_symlinks == Some(false) {
         refuse_symlinks(conn, &path, &scope, os_error(libc::ENOTDIR)).await?;
@@ -536,7 +552,11 @@ pub async fn create_directory(conn: &Conn, params: Value) -> Result<Value, RpcEr
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsRemoveParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct RemoveArgs {
     path: String,
     #[serde(default)]
@@ -551,8 +571,8 @@ struct RemoveArgs {
 
 pub async fn remove(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: RemoveArgs = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let recursive = p.recursive.unwrap_or(true);
     if p.follow_symlinks == Some(false) && recursive {
@@ -581,17 +601,33 @@ pub async fn remove(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PathArgs {
+#[serde(
+    expecting = "struct WireFsCanonicalizeParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
+struct CanonicalizeArgs {
+    path: String,
+    #[serde(default)]
+    sandbox: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    expecting = "struct WireFsReadDirectoryParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
+struct ReadDirectoryArgs {
     path: String,
     #[serde(default)]
     sandbox: Option<Value>,
 }
 
 pub async fn canonicalize(conn: &Conn, params: Value) -> Result<Value, RpcError> {
-    let p: PathArgs = decode(params)?;
-    conn.ready("filesystem")?;
+    let p: CanonicalizeArgs = decode(params)?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let r: PathResult = call(
         conn,
@@ -640,9 +676,9 @@ async fn followed_kind(conn: &Conn, path: &Path, scope: &Scope) -> Option<FileKi
 }
 
 pub async fn read_directory(conn: &Conn, params: Value) -> Result<Value, RpcError> {
-    let p: PathArgs = decode(params)?;
-    conn.ready("filesystem")?;
+    let p: ReadDirectoryArgs = decode(params)?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let mut entries = Vec::new();
     let mut count = 0usize;
@@ -686,7 +722,11 @@ pub async fn read_directory(conn: &Conn, params: Value) -> Result<Value, RpcErro
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsWalkParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct WalkArgs {
     path: String,
     options: WalkOptions,
@@ -755,6 +795,7 @@ impl Walk {
 
 pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: WalkArgs = decode(params)?;
+    let root = super::uri::to_path(&p.path)?;
     conn.ready("filesystem")?;
     let o = p.options;
     if o.max_depth > WALK_MAX_DEPTH
@@ -770,7 +811,6 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             "filesystem walk limits must be greater than zero",
         ));
     }
-    let root = super::uri::to_path(&p.path)?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let mut out = Walk {
         entries: Vec::new(),
@@ -894,7 +934,11 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsOpenParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct OpenArgs {
     handle_id: String,
     path: String,
@@ -913,6 +957,7 @@ enum OpenMode {
 
 pub async fn open(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: OpenArgs = decode(params)?;
+    let path = super::uri::to_path(&p.path)?;
     conn.ready("filesystem")?;
     if p.handle_id.len() > MAX_HANDLE_ID_BYTES {
         return Err(RpcError::invalid_request(format!(
@@ -938,7 +983,6 @@ pub async fn open(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             "fs/open mode `replace` is not supported by this exec-server (fileWriteStreaming is not advertised)",
         ));
     }
-    let path = super::uri::to_path(&p.path)?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let r: OpenResult = call(
         conn,
@@ -967,7 +1011,11 @@ pub async fn open(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct FsReadBlockParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct ReadBlockArgs {
     handle_id: String,
     offset: u64,
@@ -977,6 +1025,11 @@ struct ReadBlockArgs {
 pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: ReadBlockArgs = decode(params)?;
     conn.ready("filesystem")?;
+    if p.len == 0 || p.len > MAX_READ_BLOCK_BYTES {
+        return Err(RpcError::invalid_request(format!(
+            "file read block length must be between 1 and {MAX_READ_BLOCK_BYTES}"
+        )));
+    }
     let Some(handle) = conn
         .files
         .map
@@ -990,11 +1043,6 @@ pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             format!("unknown file handle `{}`", p.handle_id),
         ));
     };
-    if p.len == 0 || p.len > MAX_READ_BLOCK_BYTES {
-        return Err(RpcError::invalid_request(format!(
-            "file read block length must be between 1 and {MAX_READ_BLOCK_BYTES}"
-        )));
-    }
     let mut data = Vec::new();
     let mut block = p.len;
     while (data.len() as u64) < p.len {
@@ -1031,7 +1079,11 @@ pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct FsCloseParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct CloseArgs {
     handle_id: String,
 }
@@ -1085,7 +1137,11 @@ pub async fn close_all(conn: &Conn) {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsCopyParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct CopyArgs {
     source_path: String,
     destination_path: String,
@@ -1096,9 +1152,9 @@ struct CopyArgs {
 
 pub async fn copy(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: CopyArgs = decode(params)?;
-    conn.ready("filesystem")?;
     let source = super::uri::to_path(&p.source_path)?;
     let destination = super::uri::to_path(&p.destination_path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let r: Result<CopyResult, _> = call(
         conn,
