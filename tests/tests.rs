@@ -17,10 +17,18 @@ mod cli_quoting;
 mod cli_terminal;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/codex_cli.rs"]
+mod codex_cli;
 #[path = "suite/codex_dialect.rs"]
 mod codex_dialect;
+#[path = "suite/codex_diff.rs"]
+mod codex_diff;
 #[path = "suite/codex_fs.rs"]
 mod codex_fs;
+#[path = "suite/codex_http.rs"]
+mod codex_http;
+#[path = "suite/codex_sandbox.rs"]
+mod codex_sandbox;
 #[path = "suite/degraded.rs"]
 mod degraded;
 #[path = "suite/egress.rs"]

@@ -719,6 +719,19 @@ fn check_sandbox_roots(
     has_workspace_roots: bool,
 ) -> Result<(), ConfigError> {
     use executor_protocol::types::sandbox::ReadRoots;
+    if sb.get_ref().workspace_roots.is_some() {
+        let span = sb.span();
+        let at = ctx.text[span.clone()]
+            .find("workspace_roots")
+            .map_or(span.start, |o| span.start + o);
+        return Err(ctx.invalid(
+            Some(at..at),
+            &format!("{key}.workspace_roots"),
+            "a profile's workspace roots are the profile's own `workspace_roots` key, \
+             not a key of its sandbox"
+                .to_string(),
+        ));
+    }
     let fs = &sb.get_ref().filesystem;
     let read: &[_] = match &fs.read {
         ReadRoots::All => &[],
@@ -735,21 +748,24 @@ fn check_sandbox_roots(
             // `:workspace_roots` without `workspace_roots`, which means
             // the cwd) would be the request's cwd, so the client would
             // choose the roots the profile imposes.
-            let why = if !executor_sandbox::policy::well_formed_root(root) {
-                format!(
+            use executor_sandbox::policy::{parse_entry, Symbol};
+            let why = match parse_entry(root) {
+                Err(None) => format!(
                     "is not absolute and not a symbol ({})",
                     executor_sandbox::policy::SYMBOLS.join(", ")
-                )
-            } else if root.as_bytes() == b":cwd" {
-                "would be each request's cwd: a profile's roots must not depend on a request \
+                ),
+                Err(Some(why)) => why,
+                Ok(e) if e.symbol == Symbol::Cwd => {
+                    "would be each request's cwd: a profile's roots must not depend on a request \
                  (name the directory, or use :workspace_roots with workspace_roots set)"
-                    .to_string()
-            } else if root.as_bytes() == b":workspace_roots" && !has_workspace_roots {
-                "without workspace_roots would be each request's cwd: a profile's roots must \
-                 not depend on a request (set workspace_roots in this profile)"
-                    .to_string()
-            } else {
-                continue;
+                        .to_string()
+                }
+                Ok(e) if matches!(e.symbol, Symbol::WorkspaceRoots(_)) && !has_workspace_roots => {
+                    "without workspace_roots would be each request's cwd: a profile's roots must \
+                     not depend on a request (set workspace_roots in this profile)"
+                        .to_string()
+                }
+                Ok(_) => continue,
             };
             let shown = root.display();
             let span = sb.span();
@@ -836,7 +852,7 @@ mod tests {
         let c = parse("[limits]\nmax_processes = 7\nmax_detached_sessions = 2\n").unwrap();
         assert_eq!(c.limits.max_processes, 7);
         assert_eq!(c.limits.max_detached_sessions, 2);
-        assert_eq!(Limits::default().max_detached_sessions, 16);
+        assert_eq!(Limits::default().max_detached_sessions, 64);
         let e = parse("[limits]\n\nmax_http_body_bytes = 999999999\n").unwrap_err();
         let shown = e.to_string();
         assert!(
@@ -874,6 +890,37 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_intent_takes_the_new_symbols_but_not_request_roots() {
+        let ok = Config::parse(
+            Path::new("c.toml"),
+            "[profiles.ci]\nworkspace_roots = [\"/srv\"]\nsandbox = { filesystem = { read = [\":minimal\", \"?/opt/tool\", \":workspace_roots\"], write = [\":workspace_roots/out\"] } }\n",
+            Some("ci"),
+        );
+        assert!(ok.is_ok(), "{:?}", ok.err());
+        for (toml, why) in [
+            (
+                "[profiles.ci]\nsandbox = { filesystem = { write = [\"?:workspace_roots/out\"] } }\n",
+                "without workspace_roots",
+            ),
+            (
+                "[profiles.ci]\nsandbox = { filesystem = { write = [\"?:cwd\"] } }\n",
+                "each request's cwd",
+            ),
+            (
+                "[profiles.ci]\nworkspace_roots = [\"/srv\"]\nsandbox = { filesystem = { write = [\":workspace_roots/../etc\"] } }\n",
+                "plain names",
+            ),
+            (
+                "[profiles.ci]\nsandbox = { workspace_roots = [\"/srv\"], filesystem = { write = [\"/srv\"] } }\n",
+                "profiles.ci.sandbox.workspace_roots",
+            ),
+        ] {
+            let e = Config::parse(Path::new("c.toml"), toml, Some("ci")).unwrap_err();
+            assert!(e.to_string().contains(why), "{toml}: {e}");
+        }
+    }
+
+    #[test]
     fn a_bad_type_or_a_relative_sandbox_root_names_its_key() {
         let e = parse("[profiles.a]\nallow_root = \"yes\"\n").unwrap_err();
         assert!(
@@ -889,7 +936,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "c.toml:4: profiles.ci.sandbox.filesystem.write[1]: \"build/out\" is not absolute and not a symbol (:cwd, :workspace_roots, :tmp, :home)"
+            "c.toml:4: profiles.ci.sandbox.filesystem.write[1]: \"build/out\" is not absolute and not a symbol (:cwd, :workspace_roots, :tmp, :home, :minimal)"
         );
         let ok = Config::parse(
             Path::new("c.toml"),

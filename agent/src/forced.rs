@@ -90,6 +90,13 @@ mod tests {
             judge("executor codex-exec-server --listen ws://0.0.0.0:9"),
             Forced::Refuse(_)
         ));
+        for ws in [
+            "executor codex-exec-server --listen ws://127.0.0.1:0",
+            "executor codex-exec-server --listen=ws://127.0.0.1:0",
+            "executor codex-exec-server --listen stdio --listen ws://127.0.0.1:0",
+        ] {
+            assert!(matches!(judge(ws), Forced::Refuse(_)), "{ws}");
+        }
         assert!(matches!(
             judge("executor codex-exec-server --config /tmp/x"),
             Forced::Refuse(_)

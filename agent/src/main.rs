@@ -30,8 +30,9 @@ struct Cli {
     #[arg(long, value_name = "KIND", hide = true)]
     generate: Option<String>,
     /// With `codex-exec-server`: where to serve Codex's exec-server
-    /// protocol (`stdio`, the default).
-    #[arg(long, value_name = "stdio")]
+    /// protocol: `stdio` (the default) or `ws://IP:PORT` (a loopback
+    /// address; port 0 picks one, printed as the first line on stdout).
+    #[arg(long, value_name = "stdio|ws://IP:PORT")]
     listen: Option<String>,
 }
 
@@ -65,13 +66,27 @@ fn main() -> anyhow::Result<()> {
         Cli::parse()
     };
     let codex_mode = codex_mode || forced == Some(true);
-    if let Some(listen) = &cli.listen {
+    let mut listen = executor_agent::codex::ws::Listen::Stdio;
+    if let Some(text) = &cli.listen {
         if !codex_mode {
             anyhow::bail!("--listen is an option of `executor codex-exec-server`");
         }
-        if listen != "stdio" && listen != "stdio://" {
-            eprintln!("executor codex-exec-server: --listen {listen:?}: only `stdio` is served");
-            std::process::exit(2);
+        match executor_agent::codex::ws::parse_listen(text) {
+            // Under an authorized_keys forced command the connection is
+            // the ssh channel: no listener, whatever the key's command says.
+            Ok(executor_agent::codex::ws::Listen::Ws(_))
+                if std::env::var_os("SSH_ORIGINAL_COMMAND").is_some() =>
+            {
+                eprintln!(
+                    "executor codex-exec-server: --listen {text:?}: a forced command serves stdio only"
+                );
+                std::process::exit(2);
+            }
+            Ok(l) => listen = l,
+            Err(e) => {
+                eprintln!("executor codex-exec-server: {e}");
+                std::process::exit(2);
+            }
         }
     }
     // EXECUTOR_LOG_JSON=1: JSON logs for a client that cannot pass flags
@@ -112,6 +127,11 @@ fn main() -> anyhow::Result<()> {
         config_path: cli.config.clone(),
         profile: cli.profile.clone(),
     };
+    if let (true, executor_agent::codex::ws::Listen::Ws(addr)) = (codex_mode, listen) {
+        runtime.block_on(executor_agent::codex::ws::listen(addr, config, launch))?;
+        runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+        return Ok(());
+    }
     if codex_mode {
         runtime.block_on(async {
             match stream_stdio() {

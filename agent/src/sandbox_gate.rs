@@ -17,6 +17,7 @@ use executor_protocol::{ErrorCode, WireError};
 use executor_sandbox::plan::{JobFiles, Plan, PlanError, WirePlan};
 use executor_sandbox::policy::{resolve, Context, Policy, Root};
 use executor_sandbox::Capabilities;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 fn home() -> Option<PathBuf> {
@@ -29,20 +30,57 @@ fn home() -> Option<PathBuf> {
 
 /// Resolve `intent` for a request whose cwd is `cwd`; `param` names the
 /// request field holding the intent (`sandbox`, `sandbox_permissions`).
+/// `workspace_roots` are the profile's: what `:workspace_roots` means
+/// unless the intent names its own (`workspace_roots`), which must then
+/// lie within them (when there are any) where they are used.
 pub fn resolve_intent(
     intent: &SandboxIntent,
     cwd: Option<&Path>,
     workspace_roots: &[PathBuf],
     param: &str,
 ) -> Result<Policy, WireError> {
+    let rename = |s: &str| s.replacen("sandbox", param, 1);
+    let (roots, request_roots_within) = match &intent.workspace_roots {
+        None => (workspace_roots.to_vec(), None),
+        Some(asked) => {
+            let mut roots = Vec::with_capacity(asked.len());
+            for (j, r) in asked.iter().enumerate() {
+                if !r.is_absolute() || r.as_bytes().contains(&0) {
+                    let e = executor_sandbox::policy::PolicyError::NotAbsoluteWorkspaceRoot {
+                        field: format!("sandbox.workspace_roots.{j}"),
+                        path: r.display(),
+                    };
+                    return Err(WireError::invalid_params(
+                        &rename(e.field()),
+                        rename(&e.to_string()),
+                    ));
+                }
+                roots.push(PathBuf::from(std::ffi::OsStr::from_bytes(r.as_bytes())));
+            }
+            // The profile's roots, canonical (configured paths; a missing
+            // one bounds nothing).
+            let within = (!workspace_roots.is_empty()).then(|| {
+                workspace_roots
+                    .iter()
+                    .filter_map(|r| executor_sandbox::policy::existing(r).map(|c| c.path))
+                    .collect::<Vec<_>>()
+            });
+            (roots, Some(within))
+        }
+    };
     let ctx = Context {
         cwd: cwd.map(Path::to_path_buf),
-        workspace_roots: workspace_roots.to_vec(),
+        workspace_roots: roots,
         home: home(),
+        request_roots_within,
     };
     resolve(intent, &ctx).map_err(|e| {
-        let field = e.field().replacen("sandbox", param, 1);
-        WireError::invalid_params(&field, e.to_string().replacen("sandbox", param, 1))
+        let field = rename(e.field());
+        if e.is_wider_than_profile() {
+            WireError::new(ErrorCode::PolicyDenied, rename(&e.to_string())).with("field", field)
+        } else {
+            WireError::invalid_params(&field, rename(&e.to_string()))
+        }
     })
 }
 

@@ -60,6 +60,7 @@ fn intent_for(port: u16) -> SandboxIntent {
             ask_timeout_ms: 1000,
         }),
         required: true,
+        workspace_roots: None,
     }
 }
 

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod agent_cost;
+mod codex;
 mod egress;
 mod scale;
 mod ssh_read;
@@ -32,7 +33,8 @@ struct Args {
     iterations: usize,
     /// Run only these comparisons (output, spawn, sandbox, read, walk,
     /// ssh-exec, ssh-get, cold-start, idle-rss, stream-rss, wire, egress,
-    /// and the scale rows: walk-1m, streams-64, idle-jobs, reads-32).
+    /// the scale rows: walk-1m, streams-64, idle-jobs, reads-32, and the
+    /// Codex dialect's: codex-start, codex-sandbox, codex-read).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -465,6 +467,7 @@ async fn sandbox_spawn(iterations: usize) -> anyhow::Result<Row> {
         },
         network: NetworkIntent::Deny,
         required: true,
+        workspace_roots: None,
     });
     // The same intent with the network allowed: no network namespace.
     let mut open_net = boxed.clone();
@@ -570,6 +573,15 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("idle-jobs") {
         rows.extend(scale::idle_jobs(1000, args.iterations).await?);
+    }
+    if want("codex-start") {
+        rows.push(codex::start_latency(args.iterations.min(200), false).await?);
+    }
+    if want("codex-sandbox") {
+        rows.push(codex::start_latency(args.iterations.min(200), true).await?);
+    }
+    if want("codex-read") {
+        rows.push(codex::read_throughput(256 << 20).await?);
     }
     if want("reads-32") {
         rows.push(scale::concurrent_reads().await?);

@@ -727,7 +727,13 @@ impl Client {
     /// `|o| Client::connect_ssh(host, &ssh, o)`), retrying failures of the
     /// transport (and `session_busy`) with exponential backoff. Any other
     /// answer of the agent (`session_expired`: unknown, expired, wrong
-    /// token, other profile) is final and returned at once.
+    /// token, other profile) is final and returned at once. Requests in
+    /// flight when the transport died are not sent again: a start or a
+    /// write the caller retries happens once if it carries a key
+    /// ([`ProcessStartParams::with_idempotency_key`],
+    /// [`Process::write_once`]).
+    ///
+    /// [`ProcessStartParams::with_idempotency_key`]: executor_protocol::types::process::ProcessStartParams::with_idempotency_key
     pub async fn reconnect<F, Fut>(&self, mut connect: F, backoff: Backoff) -> Result<Client, Error>
     where
         F: FnMut(ClientOptions) -> Fut,

@@ -53,6 +53,7 @@ pub struct Intent {
     deny_write: Vec<WirePath>,
     net: Option<Net>,
     best_effort: bool,
+    workspace_roots: Option<Vec<WirePath>>,
 }
 
 impl Intent {
@@ -83,6 +84,7 @@ impl Intent {
                 },
             }),
             best_effort: !intent.required,
+            workspace_roots: intent.workspace_roots,
         }
     }
 
@@ -114,6 +116,15 @@ impl Intent {
     /// removed when the job ends; grants nothing to fs requests).
     pub fn tmp(self) -> Self {
         self.write(":tmp")
+    }
+
+    /// What `:workspace_roots` means for this request (within the
+    /// profile's `workspace_roots`, when it has some).
+    pub fn workspace_root(mut self, path: impl Into<WirePath>) -> Self {
+        self.workspace_roots
+            .get_or_insert_with(Vec::new)
+            .push(path.into());
+        self
     }
 
     /// The network.
@@ -158,6 +169,7 @@ impl Intent {
                 }),
             },
             required: !self.best_effort,
+            workspace_roots: self.workspace_roots,
         }
     }
 }
@@ -235,6 +247,7 @@ mod round_trip {
                 ask_timeout_ms: 1500,
             }),
             required: false,
+            workspace_roots: Some(vec!["/srv/ws".into()]),
             ..SandboxIntent::default()
         };
         assert_eq!(Intent::from_intent(whole.clone()).build(), whole);

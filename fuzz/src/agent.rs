@@ -41,6 +41,7 @@ pub fn confined_config() -> Config {
                 },
                 network: NetworkIntent::Deny,
                 required: true,
+                workspace_roots: None,
             }),
             ..Profile::default()
         },

@@ -70,7 +70,7 @@ pub const MAX_DETACH_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 /// Session hosts of one user alive at once: each keeps its jobs and their
 /// output for up to a day, so a client that detaches in a loop must not
 /// pile them up; a person or an orchestrator rarely needs more than a few.
-pub const MAX_DETACHED_SESSIONS: u64 = 16;
+pub const MAX_DETACHED_SESSIONS: u64 = 64;
 /// Open proxied connections of one job (egress by name): each holds two
 /// sockets and at most 2 × [`EGRESS_BUFFER_BYTES`], so a job's egress costs
 /// the agent at most 32 MiB of buffers and 512 descriptors.

@@ -105,17 +105,21 @@ fn intent() -> impl Strategy<Value = SandboxIntent> {
                 })
         ],
         any::<bool>(),
+        proptest::option::of(vec(wpath(), 0..3)),
     )
         .prop_map(
-            |(read, write, deny_read, deny_write, network, required)| SandboxIntent {
-                filesystem: FilesystemIntent {
-                    read,
-                    write,
-                    deny_read,
-                    deny_write,
-                },
-                network,
-                required,
+            |(read, write, deny_read, deny_write, network, required, workspace_roots)| {
+                SandboxIntent {
+                    filesystem: FilesystemIntent {
+                        read,
+                        write,
+                        deny_read,
+                        deny_write,
+                    },
+                    network,
+                    required,
+                    workspace_roots,
+                }
             },
         )
 }

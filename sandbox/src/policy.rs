@@ -7,9 +7,12 @@
 //! naming the offending entry (never a silent weakening, never a spawn).
 //! Depends on `std`, `nix` and the protocol's intent types.
 //!
-//! Symbols: `:cwd` (the request's cwd), `:workspace_roots` (the configured
-//! workspace roots, default the cwd), `:tmp` (a private temp dir of the
-//! process, created at spawn), `:home`.
+//! Symbols: `:cwd` (the request's cwd), `:workspace_roots` (the request's
+//! or the configured workspace roots, default the cwd; `:workspace_roots/SUB`
+//! that subpath under each, which must stay inside it), `:tmp` (a private
+//! temp dir of the process, created at spawn), `:home`, `:minimal`
+//! ([`MINIMAL_READ`], read roots only). A root written `?ROOT` may be
+//! missing: it is skipped, never granted later.
 
 use executor_protocol::types::sandbox::{NetworkIntent, ReadRoots, SandboxIntent};
 use executor_protocol::WirePath;
@@ -107,6 +110,12 @@ pub struct Context {
     /// Configured workspace roots; empty means "the cwd".
     pub workspace_roots: Vec<PathBuf>,
     pub home: Option<PathBuf>,
+    /// Set when `workspace_roots` came from the request (its intent's
+    /// `workspace_roots`): the canonical roots each must lie within once
+    /// resolved (the profile's), or `None` when the profile has none.
+    /// Checked on the walk that grants the root, named
+    /// `sandbox.workspace_roots.J`.
+    pub request_roots_within: Option<Option<Vec<PathBuf>>>,
 }
 
 /// Why an intent cannot be resolved; `field` is the dotted path into the
@@ -114,9 +123,9 @@ pub struct Context {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
-    #[error("{field}: {path:?} does not exist (a sandbox root must exist)")]
+    #[error("{field}: {path:?} does not exist (a sandbox root must exist; write it with a leading `?` to skip it when missing)")]
     MissingRoot { field: String, path: String },
-    #[error("{field}: {path:?} is not absolute and not a known symbol (:cwd, :workspace_roots, :tmp, :home)")]
+    #[error("{field}: {path:?} is not absolute and not a known symbol (:cwd, :workspace_roots, :workspace_roots/SUBPATH, :tmp, :home, :minimal, or a root with a leading `?`)")]
     NotAbsolute { field: String, path: String },
     #[error("{field}: :cwd is used but the request has no absolute cwd")]
     NoCwd { field: String },
@@ -132,6 +141,24 @@ pub enum PolicyError {
         path: String,
         reason: String,
     },
+    #[error("{field}: {path:?}: {reason}")]
+    BadSymbol {
+        field: String,
+        path: String,
+        reason: String,
+    },
+    #[error("{field}: {path:?} is not absolute (a workspace root is an absolute path)")]
+    NotAbsoluteWorkspaceRoot { field: String, path: String },
+    /// A request's workspace root outside the profile's: `policy_denied`.
+    #[error("{field}: {path:?} is outside this profile's workspace_roots (a request's workspace roots may only narrow them)")]
+    WiderWorkspaceRoot { field: String, path: String },
+    #[error("{field}: {path:?} resolves to {resolved:?}, outside its workspace root {root:?} (a symbolic link on the way leaves it)")]
+    SubpathEscapes {
+        field: String,
+        path: String,
+        resolved: String,
+        root: String,
+    },
 }
 
 impl PolicyError {
@@ -144,67 +171,281 @@ impl PolicyError {
             | PolicyError::NoHome { field }
             | PolicyError::TmpCarveOut { field }
             | PolicyError::SymlinkRoot { field, .. }
-            | PolicyError::Unresolvable { field, .. } => field,
+            | PolicyError::Unresolvable { field, .. }
+            | PolicyError::BadSymbol { field, .. }
+            | PolicyError::NotAbsoluteWorkspaceRoot { field, .. }
+            | PolicyError::WiderWorkspaceRoot { field, .. }
+            | PolicyError::SubpathEscapes { field, .. } => field,
         }
+    }
+
+    /// Whether the intent asks for more than the profile allows (rather
+    /// than being malformed): `policy_denied`, not `invalid_params`.
+    pub fn is_wider_than_profile(&self) -> bool {
+        matches!(self, PolicyError::WiderWorkspaceRoot { .. })
     }
 }
 
-/// The symbols a root may be instead of an absolute path.
-pub const SYMBOLS: [&str; 4] = [":cwd", ":workspace_roots", ":tmp", ":home"];
+/// The symbols a root may be instead of an absolute path
+/// (`:workspace_roots/SUBPATH` and a leading `?` besides).
+pub const SYMBOLS: [&str; 5] = [":cwd", ":workspace_roots", ":tmp", ":home", ":minimal"];
 
-/// Whether `p` is an absolute path or one of [`SYMBOLS`]: what [`resolve`]
-/// accepts before it looks anything up (for checking a configuration at
-/// load).
+/// `:minimal`: what a process needs to run on Linux (programs, libraries,
+/// the dynamic linker's and the system's configuration), read-only. Those
+/// that do not exist on the host are skipped. The job gets its own `/dev`
+/// and `/proc` anyway. (The same directories Codex's Linux sandbox reads
+/// for its platform defaults.)
+pub const MINIMAL_READ: [&str; 8] = [
+    "/bin",
+    "/sbin",
+    "/usr",
+    "/etc",
+    "/lib",
+    "/lib64",
+    "/nix/store",
+    "/run/current-system/sw",
+];
+
+/// What an entry of an intent's lists names, before anything is looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Symbol {
+    /// An absolute path.
+    Path(PathBuf),
+    Cwd,
+    /// `:workspace_roots`, or `:workspace_roots/SUBPATH` (relative, only
+    /// plain names: no `.`, `..` or empty component).
+    WorkspaceRoots(Option<PathBuf>),
+    Home,
+    Tmp,
+    Minimal,
+}
+
+/// An entry of an intent's lists: its symbol, and whether it was written
+/// with a leading `?` (a root that may be missing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub optional: bool,
+    pub symbol: Symbol,
+}
+
+/// Parse one entry; the error is the reason, for [`PolicyError::BadSymbol`]
+/// (or `None`: not absolute and not a symbol).
+pub fn parse_entry(p: &WirePath) -> Result<Entry, Option<String>> {
+    let mut bytes = p.as_bytes();
+    let optional = bytes.first() == Some(&b'?');
+    if optional {
+        bytes = &bytes[1..];
+        if bytes.first() == Some(&b'?') {
+            return Err(Some("a root takes one leading `?`".into()));
+        }
+    }
+    let symbol = match bytes {
+        b":cwd" => Symbol::Cwd,
+        b":workspace_roots" => Symbol::WorkspaceRoots(None),
+        b":home" => Symbol::Home,
+        b":tmp" => Symbol::Tmp,
+        b":minimal" => Symbol::Minimal,
+        _ if bytes.starts_with(b":workspace_roots/") => {
+            let sub = &bytes[b":workspace_roots/".len()..];
+            if sub.contains(&0) {
+                return Err(Some("a subpath holds no NUL byte".into()));
+            }
+            if sub
+                .split(|b| *b == b'/')
+                .any(|c| c.is_empty() || c == b"." || c == b"..")
+            {
+                return Err(Some(
+                    "a subpath of :workspace_roots is relative and made of plain names \
+                     (no `.`, `..` or empty component)"
+                        .into(),
+                ));
+            }
+            Symbol::WorkspaceRoots(Some(PathBuf::from(OsStr::from_bytes(sub))))
+        }
+        _ if bytes.first() == Some(&b'/') => Symbol::Path(PathBuf::from(OsStr::from_bytes(bytes))),
+        _ => return Err(None),
+    };
+    Ok(Entry { optional, symbol })
+}
+
+/// Whether `p` is an absolute path or a symbol [`resolve`] knows (see
+/// [`parse_entry`]): what it accepts before it looks anything up (for
+/// checking a configuration at load).
 pub fn well_formed_root(p: &WirePath) -> bool {
-    p.as_bytes().first() == Some(&b'/') || SYMBOLS.iter().any(|s| s.as_bytes() == p.as_bytes())
+    parse_entry(p).is_ok()
+}
+
+fn bad_entry(p: &WirePath, field: &str, why: Option<String>) -> PolicyError {
+    match why {
+        Some(reason) => PolicyError::BadSymbol {
+            field: field.into(),
+            path: p.display(),
+            reason,
+        },
+        None => PolicyError::NotAbsolute {
+            field: field.into(),
+            path: p.display(),
+        },
+    }
+}
+
+/// One path an entry expands to.
+struct Expansion {
+    path: PathBuf,
+    /// Skip it when missing (`?`, a `:minimal` member).
+    optional: bool,
+    /// The field a wider-than-profile request root is reported at
+    /// (`sandbox.workspace_roots.J`), when it came from the request.
+    request_root: Option<String>,
+    /// A subpath: the granted path must stay under the (canonical)
+    /// workspace root it was joined to.
+    within: Option<PathBuf>,
 }
 
 enum Expanded {
-    Paths(Vec<PathBuf>),
+    Paths(Vec<Expansion>),
     Tmp,
 }
 
-fn expand(p: &WirePath, field: &str, ctx: &Context) -> Result<Expanded, PolicyError> {
-    match p.as_bytes() {
-        b":cwd" => ctx
+/// The workspace roots `:workspace_roots` stands for, each with the field
+/// of a request's own (`sandbox.workspace_roots.J`).
+fn workspace_roots(
+    field: &str,
+    ctx: &Context,
+) -> Result<Vec<(PathBuf, Option<String>)>, PolicyError> {
+    if ctx.workspace_roots.is_empty() {
+        return ctx
             .cwd
             .clone()
-            .map(|c| Expanded::Paths(vec![c]))
+            .map(|c| vec![(c, None)])
             .ok_or_else(|| PolicyError::NoCwd {
                 field: field.into(),
-            }),
-        b":workspace_roots" => {
-            if ctx.workspace_roots.is_empty() {
-                ctx.cwd
-                    .clone()
-                    .map(|c| Expanded::Paths(vec![c]))
-                    .ok_or_else(|| PolicyError::NoCwd {
-                        field: field.into(),
-                    })
-            } else {
-                Ok(Expanded::Paths(ctx.workspace_roots.clone()))
-            }
-        }
-        b":home" => ctx
-            .home
-            .clone()
-            .map(|h| Expanded::Paths(vec![h]))
-            .ok_or_else(|| PolicyError::NoHome {
-                field: field.into(),
-            }),
-        b":tmp" => Ok(Expanded::Tmp),
-        bytes if bytes.first() == Some(&b'/') => Ok(Expanded::Paths(vec![PathBuf::from(
-            OsStr::from_bytes(bytes),
-        )])),
-        _ => Err(PolicyError::NotAbsolute {
-            field: field.into(),
-            path: p.display(),
-        }),
+            });
     }
+    Ok(ctx
+        .workspace_roots
+        .iter()
+        .enumerate()
+        .map(|(j, r)| {
+            let f = ctx
+                .request_roots_within
+                .is_some()
+                .then(|| format!("sandbox.workspace_roots.{j}"));
+            (r.clone(), f)
+        })
+        .collect())
 }
 
-/// Roots must exist; a broken symlink does not. A write root may not be a
-/// symlink itself (what it points to could change after the check).
+/// Whether the canonical `path` lies within the profile's roots, for a
+/// request's own workspace root.
+fn check_request_root(
+    path: &Path,
+    field: &Option<String>,
+    ctx: &Context,
+) -> Result<(), PolicyError> {
+    if let (Some(f), Some(Some(bound))) = (field, &ctx.request_roots_within) {
+        if !bound.iter().any(|b| path.starts_with(b)) {
+            return Err(PolicyError::WiderWorkspaceRoot {
+                field: f.clone(),
+                path: path.to_string_lossy().into_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn expand(p: &WirePath, field: &str, ctx: &Context, list: &str) -> Result<Expanded, PolicyError> {
+    let entry = parse_entry(p).map_err(|why| bad_entry(p, field, why))?;
+    let one = |path: PathBuf| Expansion {
+        path,
+        optional: entry.optional,
+        request_root: None,
+        within: None,
+    };
+    let carve_out = list.starts_with("deny_");
+    if entry.optional && carve_out {
+        return Err(bad_entry(
+            p,
+            field,
+            Some("a carve-out may be missing already; `?` is for read and write roots".into()),
+        ));
+    }
+    Ok(match entry.symbol {
+        Symbol::Cwd => ctx
+            .cwd
+            .clone()
+            .map(|c| Expanded::Paths(vec![one(c)]))
+            .ok_or_else(|| PolicyError::NoCwd {
+                field: field.into(),
+            })?,
+        Symbol::Home => ctx
+            .home
+            .clone()
+            .map(|h| Expanded::Paths(vec![one(h)]))
+            .ok_or_else(|| PolicyError::NoHome {
+                field: field.into(),
+            })?,
+        Symbol::Tmp => Expanded::Tmp,
+        Symbol::Path(path) => Expanded::Paths(vec![one(path)]),
+        Symbol::Minimal => {
+            if list != "read" {
+                return Err(bad_entry(
+                    p,
+                    field,
+                    Some(":minimal is a read root only".into()),
+                ));
+            }
+            Expanded::Paths(
+                MINIMAL_READ
+                    .iter()
+                    .map(|m| Expansion {
+                        optional: true,
+                        ..one(PathBuf::from(m))
+                    })
+                    .collect(),
+            )
+        }
+        Symbol::WorkspaceRoots(sub) => {
+            let mut out = Vec::new();
+            for (root, request_root) in workspace_roots(field, ctx)? {
+                match &sub {
+                    None => out.push(Expansion {
+                        request_root,
+                        ..one(root)
+                    }),
+                    // A carve-out: taken lexically under the root (its
+                    // walk follows and pins what it meets, as any
+                    // carve-out's; covering more only denies more).
+                    Some(sub) if carve_out => out.push(one(root.join(sub))),
+                    Some(sub) => {
+                        // The root itself must exist (`?` skips it): its
+                        // canonical path is what the subpath must stay in.
+                        let canonical = match walk(&root, true) {
+                            Ok(w) if w.node.is_some() => w.path,
+                            _ if entry.optional => continue,
+                            _ => {
+                                return Err(PolicyError::MissingRoot {
+                                    field: field.into(),
+                                    path: root.to_string_lossy().into_owned(),
+                                })
+                            }
+                        };
+                        check_request_root(&canonical, &request_root, ctx)?;
+                        out.push(Expansion {
+                            within: Some(canonical.clone()),
+                            ..one(canonical.join(sub))
+                        });
+                    }
+                }
+            }
+            Expanded::Paths(out)
+        }
+    })
+}
+
+/// Roots must exist (unless optional: then a missing one is skipped); a
+/// broken symlink does not. A write root may not be a symlink itself
+/// (what it points to could change after the check), optional or not.
 fn roots(
     list: &[WirePath],
     name: &str,
@@ -214,22 +455,43 @@ fn roots(
     let mut out = Vec::new();
     for (i, p) in list.iter().enumerate() {
         let field = format!("sandbox.filesystem.{name}.{i}");
-        match expand(p, &field, ctx)? {
+        match expand(p, &field, ctx, name)? {
             Expanded::Tmp => out.push(Root::Tmp),
             Expanded::Paths(paths) => {
-                for path in paths {
+                for e in paths {
+                    let path = e.path;
                     let missing = || PolicyError::MissingRoot {
                         field: field.clone(),
                         path: path.to_string_lossy().into_owned(),
                     };
-                    let w = walk(&path, name != "write").map_err(|_| missing())?;
+                    let w = match walk(&path, name != "write") {
+                        Ok(w) => w,
+                        Err(_) if e.optional => continue,
+                        Err(_) => return Err(missing()),
+                    };
                     if w.final_link {
                         return Err(PolicyError::SymlinkRoot {
                             field: field.clone(),
                             path: path.to_string_lossy().into_owned(),
                         });
                     }
-                    let (dev, ino) = w.node.ok_or_else(missing)?;
+                    let (dev, ino) = match w.node {
+                        Some(id) => id,
+                        None if e.optional => continue,
+                        None => return Err(missing()),
+                    };
+                    // Checked on this walk's own result: what is granted.
+                    check_request_root(&w.path, &e.request_root, ctx)?;
+                    if let Some(within) = &e.within {
+                        if !w.path.starts_with(within) {
+                            return Err(PolicyError::SubpathEscapes {
+                                field: field.clone(),
+                                path: path.to_string_lossy().into_owned(),
+                                resolved: w.path.to_string_lossy().into_owned(),
+                                root: within.to_string_lossy().into_owned(),
+                            });
+                        }
+                    }
                     for (at, to) in w.links {
                         let l = (at.path, to);
                         if !links.contains(&l) {
@@ -525,9 +787,11 @@ fn carve_outs(
     let mut given: Vec<(String, PathBuf)> = Vec::new();
     for (i, p) in list.iter().enumerate() {
         let field = format!("sandbox.filesystem.{name}.{i}");
-        match expand(p, &field, ctx)? {
+        match expand(p, &field, ctx, name)? {
             Expanded::Tmp => return Err(PolicyError::TmpCarveOut { field }),
-            Expanded::Paths(paths) => given.extend(paths.into_iter().map(|p| (field.clone(), p))),
+            Expanded::Paths(paths) => {
+                given.extend(paths.into_iter().map(|e| (field.clone(), e.path)))
+            }
         }
     }
     // Shallowest first: a deny_read path is known before one named below it.
@@ -625,6 +889,7 @@ mod tests {
             cwd: Some(d.join("ws")),
             workspace_roots: vec![],
             home: Some(d.clone()),
+            ..Context::default()
         };
         let intent = SandboxIntent {
             filesystem: FilesystemIntent {
@@ -642,6 +907,7 @@ mod tests {
             },
             network: NetworkIntent::Deny,
             required: true,
+            workspace_roots: None,
         };
         let p = resolve(&intent, &ctx).unwrap();
         assert_eq!(
@@ -694,6 +960,210 @@ mod tests {
         read.filesystem.read = ReadRoots::Paths(vec![link.to_str().unwrap().into()]);
         let e = resolve(&read, &ctx).unwrap_err();
         assert!(matches!(e, PolicyError::MissingRoot { .. }), "{e}");
+    }
+
+    #[test]
+    fn entries_parse_or_name_why_not() {
+        let ok = |s: &str| parse_entry(&s.into()).unwrap();
+        assert_eq!(ok("/a").symbol, Symbol::Path("/a".into()));
+        assert!(ok("?/a").optional && !ok("/a").optional);
+        assert_eq!(ok(":minimal").symbol, Symbol::Minimal);
+        assert_eq!(
+            ok("?:workspace_roots/.git/hooks").symbol,
+            Symbol::WorkspaceRoots(Some(".git/hooks".into()))
+        );
+        assert_eq!(ok(":workspace_roots").symbol, Symbol::WorkspaceRoots(None));
+        for bad in [
+            ":workspace_roots/..",
+            ":workspace_roots/a/../../etc",
+            ":workspace_roots/./a",
+            ":workspace_roots//etc",
+            ":workspace_roots/",
+            ":workspace_roots/a/",
+            "??/a",
+        ] {
+            assert!(
+                matches!(parse_entry(&bad.into()), Err(Some(_))),
+                "{bad} was accepted"
+            );
+        }
+        for bad in [
+            "relative",
+            "?relative",
+            ":minimals",
+            ":workspace_rootsx",
+            "",
+        ] {
+            assert_eq!(parse_entry(&bad.into()), Err(None), "{bad}");
+        }
+        let nul = WirePath::from_bytes(&b":workspace_roots/a\0b"[..]);
+        assert!(matches!(parse_entry(&nul), Err(Some(_))));
+    }
+
+    fn intent(read: Option<Vec<&str>>, write: Vec<&str>, deny_write: Vec<&str>) -> SandboxIntent {
+        SandboxIntent {
+            filesystem: FilesystemIntent {
+                read: read.map_or(ReadRoots::All, |r| {
+                    ReadRoots::Paths(r.into_iter().map(WirePath::from).collect())
+                }),
+                write: write.into_iter().map(WirePath::from).collect(),
+                deny_write: deny_write.into_iter().map(WirePath::from).collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn minimal_is_the_existing_system_directories_and_read_only() {
+        let p = resolve(
+            &intent(Some(vec![":minimal"]), vec![], vec![]),
+            &Context::default(),
+        )
+        .unwrap();
+        let got = root_paths(&p.read.unwrap());
+        let want: Vec<PathBuf> = MINIMAL_READ
+            .iter()
+            .filter_map(|m| existing(Path::new(m)).map(|c| c.path))
+            .collect();
+        assert_eq!(got, want);
+        assert!(got.contains(&PathBuf::from("/usr")) && got.contains(&PathBuf::from("/etc")));
+        for (i, field) in [
+            (
+                intent(None, vec![":minimal"], vec![]),
+                "sandbox.filesystem.write.0",
+            ),
+            (
+                intent(None, vec![], vec![":minimal"]),
+                "sandbox.filesystem.deny_write.0",
+            ),
+        ] {
+            let e = resolve(&i, &Context::default()).unwrap_err();
+            assert!(matches!(e, PolicyError::BadSymbol { .. }), "{e}");
+            assert_eq!(e.field(), field);
+        }
+    }
+
+    #[test]
+    fn an_optional_root_is_skipped_only_when_missing() {
+        let d = dir().join("optional");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("there")).unwrap();
+        std::os::unix::fs::symlink(d.join("there"), d.join("link")).unwrap();
+        let s = |p: &str| format!("?{}/{p}", d.display());
+        let (gone, there, link) = (s("gone"), s("there"), s("link"));
+        let p = resolve(
+            &intent(Some(vec![&gone, &there]), vec![&gone, &there], vec![]),
+            &Context::default(),
+        )
+        .unwrap();
+        assert_eq!(root_paths(&p.read.unwrap()), vec![d.join("there")]);
+        assert_eq!(root_paths(&p.write), vec![d.join("there")]);
+        // Control: without `?`, the missing root is refused.
+        let e = resolve(
+            &intent(None, vec![&there, &gone[1..]], vec![]),
+            &Context::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, PolicyError::MissingRoot { .. }), "{e}");
+        assert_eq!(e.field(), "sandbox.filesystem.write.1");
+        // Existing but not acceptable is never skipped: a write root that
+        // is a symlink.
+        let e = resolve(&intent(None, vec![&link], vec![]), &Context::default()).unwrap_err();
+        assert!(matches!(e, PolicyError::SymlinkRoot { .. }), "{e}");
+        // `?` is for roots: a carve-out may be missing already.
+        let e = resolve(&intent(None, vec![], vec![&gone]), &Context::default()).unwrap_err();
+        assert!(matches!(e, PolicyError::BadSymbol { .. }), "{e}");
+        assert_eq!(e.field(), "sandbox.filesystem.deny_write.0");
+    }
+
+    #[test]
+    fn subpaths_stay_under_their_workspace_root() {
+        let d = dir().join("subpaths");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("ws/src")).unwrap();
+        std::fs::create_dir_all(d.join("outside")).unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), d.join("ws/esc")).unwrap();
+        let ctx = Context {
+            workspace_roots: vec![d.join("ws")],
+            ..Context::default()
+        };
+        let p = resolve(
+            &intent(
+                None,
+                vec![":workspace_roots/src", "?:workspace_roots/gone"],
+                vec![":workspace_roots/.git", ":workspace_roots/esc/x"],
+            ),
+            &ctx,
+        )
+        .unwrap();
+        assert_eq!(root_paths(&p.write), vec![d.join("ws/src")]);
+        // Carve-outs: lexically under the root, symlinks followed (and
+        // pinned) as for any carve-out: covering more only denies more.
+        assert_eq!(p.deny_write, vec![d.join("ws/.git"), d.join("outside/x")]);
+        for w in [":workspace_roots/esc", ":workspace_roots/esc/"] {
+            let e = resolve(&intent(None, vec![w], vec![]), &ctx).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    PolicyError::SymlinkRoot { .. } | PolicyError::BadSymbol { .. }
+                ),
+                "{w}: {e}"
+            );
+        }
+        let e = resolve(
+            &intent(Some(vec![":workspace_roots/esc"]), vec![], vec![]),
+            &ctx,
+        )
+        .unwrap_err();
+        assert!(matches!(e, PolicyError::SubpathEscapes { .. }), "{e}");
+        let e = resolve(&intent(None, vec![":workspace_roots/gone"], vec![]), &ctx).unwrap_err();
+        assert!(matches!(e, PolicyError::MissingRoot { .. }), "{e}");
+    }
+
+    #[test]
+    fn request_workspace_roots_stay_within_the_profiles() {
+        let d = dir().join("request-roots");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("ws/sub")).unwrap();
+        std::fs::create_dir_all(d.join("outside")).unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), d.join("ws/esc")).unwrap();
+        let ctx = |roots: Vec<PathBuf>, bound: Option<Vec<PathBuf>>| Context {
+            workspace_roots: roots,
+            request_roots_within: Some(bound),
+            ..Context::default()
+        };
+        let w = intent(None, vec![":workspace_roots"], vec![]);
+        let bound = Some(vec![d.join("ws")]);
+        // Within: granted.
+        let p = resolve(&w, &ctx(vec![d.join("ws/sub")], bound.clone())).unwrap();
+        assert_eq!(root_paths(&p.write), vec![d.join("ws/sub")]);
+        // Outside, directly or through a link inside: policy, naming the
+        // request's root.
+        // (A write root that is a link is refused anyway; as a read root
+        // the link is followed, out of the profile's roots.)
+        let r = intent(Some(vec![":workspace_roots"]), vec![], vec![]);
+        for (i, roots, field) in [
+            (
+                &w,
+                vec![d.join("ws/sub"), d.join("outside")],
+                "sandbox.workspace_roots.1",
+            ),
+            (&r, vec![d.join("ws/esc")], "sandbox.workspace_roots.0"),
+            (&w, vec![PathBuf::from("/")], "sandbox.workspace_roots.0"),
+        ] {
+            let e = resolve(i, &ctx(roots, bound.clone())).unwrap_err();
+            assert!(e.is_wider_than_profile(), "{e}");
+            assert_eq!(e.field(), field);
+        }
+        // A subpath of a request root outside the profile's is refused too.
+        let sub = intent(None, vec![":workspace_roots/x"], vec![]);
+        std::fs::create_dir_all(d.join("outside/x")).unwrap();
+        let e = resolve(&sub, &ctx(vec![d.join("outside")], bound.clone())).unwrap_err();
+        assert!(e.is_wider_than_profile(), "{e}");
+        // Without profile roots, the request's are its own.
+        let p = resolve(&w, &ctx(vec![d.join("outside")], None)).unwrap();
+        assert_eq!(root_paths(&p.write), vec![d.join("outside")]);
     }
 
     /// Run `swap` in a loop on another thread while `check` runs `n`

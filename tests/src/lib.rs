@@ -2,6 +2,8 @@
 //! `executor` binary, and talk to it in raw frames.
 
 pub mod cli;
+pub mod codex;
+pub mod codex_diff;
 pub mod http;
 pub mod sshd;
 

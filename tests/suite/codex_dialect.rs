@@ -247,7 +247,7 @@ fn a_jobs_output_exit_and_close_take_seqs_in_order() {
         7,
         "process/start",
         json!({
-        "processId": "p1", "argv": ["true"], "cwd": "file:///tmp", "env": {}}),
+        "processId": "p1", "argv": ["true"], "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
     assert_eq!(error(&r), (-32600, "process p1 already exists".into()));
     let r = s.request(
@@ -267,22 +267,20 @@ fn a_jobs_output_exit_and_close_take_seqs_in_order() {
         10,
         "process/start",
         json!({
-        "processId": "p2", "argv": ["sleep", "300"], "cwd": "file:///tmp", "env": {}}),
+        "processId": "p2", "argv": ["sleep", "300"], "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
-    let (r, _) = {
-        s.send(json!({"id": 11, "method": "process/terminate", "params": {"processId": "p2"}}));
-        s.answer(json!(11))
-    };
+    s.send(json!({"id": 11, "method": "process/terminate", "params": {"processId": "p2"}}));
+    // The exit may be pushed before the answer.
+    let (r, mut pushed) = s.answer(json!(11));
     assert_eq!(r["result"], json!({"running": true}));
-    let exited = loop {
-        let v = s.next();
-        if v["method"] == json!("process/exited") {
-            break v;
-        }
-    };
+    while pushed.len() < 2 {
+        pushed.push(s.next());
+    }
+    let exited = &pushed[0];
+    assert_eq!(exited["method"], json!("process/exited"), "{pushed:?}");
     assert_eq!(exited["params"]["exitCode"], json!(137));
     assert_eq!(exited["params"]["seq"], json!(1));
-    assert_eq!(s.next()["method"], json!("process/closed"));
+    assert_eq!(pushed[1]["method"], json!("process/closed"));
     s.close_stdin_and_wait();
 }
 
@@ -303,7 +301,7 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
         "process/start",
         json!({
         "processId": "job", "argv": ["/bin/sh", "-c", script],
-        "cwd": "file:///tmp", "env": {}}),
+        "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
     assert!(r["result"].is_object(), "{r}");
     s.close_stdin_and_wait();
@@ -342,7 +340,7 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
         4,
         "process/start",
         json!({
-        "processId": "job", "argv": ["true"], "cwd": "file:///tmp", "env": {}}),
+        "processId": "job", "argv": ["true"], "cwd": "file:///tmp", "env": {}, "tty": false}),
     );
     assert_eq!(error(&r), (-32600, "process job already exists".into()));
     again.close_stdin_and_wait();
@@ -353,7 +351,9 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
         "initialize",
         json!({"clientName": "t", "resumeSessionId": format!("{sid}0")}),
     );
-    assert_eq!(error(&r), (-32600, "unknown session id".into()));
+    let (code, message) = error(&r);
+    assert_eq!(code, -32600);
+    assert!(message.starts_with("unknown session id "), "{message}");
     third.close_stdin_and_wait();
     let _ = std::fs::remove_dir_all(&dir);
 }

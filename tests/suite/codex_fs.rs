@@ -166,12 +166,13 @@ fn metadata_reads_writes_and_directories_answer_as_the_reference() {
     let (code, msg) = c.err("fs/getMetadata", json!({"path": p("f"), "zz": 1}));
     assert_eq!(code, -32602);
     assert!(msg.contains("unknown field `zz`"), "{msg}");
-    // Nothing runs weaker than asked: a sandbox is not ignored.
+    // Nothing runs weaker than asked: a sandbox is not ignored (a
+    // malformed one is refused in the reference's words).
     let (code, _) = c.err(
         "fs/getMetadata",
         json!({"path": p("f"), "sandbox": {"permissions": {}}}),
     );
-    assert_eq!(code, -32600);
+    assert_eq!(code, -32602);
 
     // readFile.
     let r = c.ok("fs/readFile", json!({"path": p("lf")}));

@@ -150,6 +150,7 @@ pub(crate) fn egress(hosts: &[String], ask: bool, ask_timeout_ms: u64) -> Sandbo
             ask_timeout_ms,
         }),
         required: true,
+        workspace_roots: None,
     }
 }
 

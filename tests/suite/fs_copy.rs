@@ -52,6 +52,14 @@ async fn case(tag: &str, unprivileged: bool) -> (PathBuf, Client) {
         nix::sys::stat::Mode::from_bits_truncate(0o644),
     )
     .unwrap();
+    // A character device (what /dev/null is): never opened by a copy.
+    nix::sys::stat::mknod(
+        &src.join("dev"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .expect("mknod (the tests run as root)");
     let (cmd, uid) = agent_command(unprivileged);
     chown_r(&base, uid);
     // After the chown (which clears set-id bits).
@@ -105,7 +113,7 @@ root_and_unprivileged!(
             .await
             .unwrap();
         assert_eq!(r.bytes, 7);
-        assert_eq!(r.skipped, 1, "{r:?}");
+        assert_eq!(r.skipped, 2, "the FIFO and the device: {r:?}");
         assert_eq!(r.entries, 6, "d, a, abs, link, sub, sub/b: {r:?}");
         assert_eq!(std::fs::read_to_string(at("d/a")).unwrap(), "AAA");
         assert_eq!(std::fs::read_to_string(at("d/sub/b")).unwrap(), "BBBB");
@@ -114,7 +122,9 @@ root_and_unprivileged!(
             std::fs::read_link(at("d/abs")).unwrap(),
             Path::new("/etc/passwd")
         );
-        assert!(!at("d/fifo").exists() && std::fs::symlink_metadata(at("d/fifo")).is_err());
+        for special in ["d/fifo", "d/dev"] {
+            assert!(std::fs::symlink_metadata(at(special)).is_err(), "{special}");
+        }
         assert_eq!(mode(&at("d/a")), 0o755);
         assert_eq!(mode(&at("d/sub")), 0o755, "setgid dropped on a directory");
         assert_eq!(mode(&at("d")), mode(&src));
@@ -129,13 +139,19 @@ root_and_unprivileged!(
         assert_eq!(code(&e), Some(ErrorCode::AlreadyExists), "{e}");
         assert_eq!(std::fs::read_to_string(at("d/a")).unwrap(), "AAA");
 
-        // A FIFO as the source is refused (never opened).
-        let e = c
-            .copy(src.join("fifo").as_path(), at("ff").as_path(), false)
-            .await
-            .unwrap_err();
-        assert_eq!(field(&e).as_deref(), Some("source"), "{e}");
-        assert!(!at("ff").exists());
+        // A FIFO or a device as the source is refused (never opened).
+        for special in [
+            src.join("fifo"),
+            src.join("dev"),
+            PathBuf::from("/dev/null"),
+        ] {
+            let e = c
+                .copy(special.as_path(), at("ff").as_path(), false)
+                .await
+                .unwrap_err();
+            assert_eq!(field(&e).as_deref(), Some("source"), "{special:?}: {e}");
+            assert!(std::fs::symlink_metadata(at("ff")).is_err());
+        }
 
         // A directory into itself or below it is refused, nothing made.
         for dest in [src.join("sub/in"), src.clone(), src.join("sub/../sub/x")] {
@@ -271,6 +287,40 @@ async fn a_copy_over_its_bounds_is_limit_exceeded() {
         remote(e).data_get("limit").and_then(|v| v.as_str()),
         Some("max_copy_bytes")
     );
+    // Deeper than 128 directories.
+    let mut deep = base.join("deep");
+    for _ in 0..130 {
+        deep = deep.join("d");
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    let c2 = local_client().await;
+    let e = c2
+        .copy(
+            base.join("deep").as_path(),
+            base.join("deep2").as_path(),
+            true,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        remote(e).data_get("limit").and_then(|v| v.as_str()),
+        Some("max_copy_depth")
+    );
+    let mut fine = base.join("fine");
+    for _ in 0..100 {
+        fine = fine.join("d");
+    }
+    std::fs::create_dir_all(&fine).unwrap();
+    let r = c2
+        .copy(
+            base.join("fine").as_path(),
+            base.join("fine2").as_path(),
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.entries, 101, "the control: 100 levels below the top");
+    c2.close().await.unwrap();
     let left: Vec<_> = std::fs::read_dir(base.join("two2"))
         .unwrap()
         .flatten()
@@ -443,3 +493,112 @@ root_and_unprivileged!(
         c.close().await.unwrap();
     }
 );
+
+/// Every file found under `dir` (not following symlinks), with its bytes.
+fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.extend(files_under(&e.path()));
+        } else if ft.is_file() {
+            out.push((e.path(), std::fs::read(e.path()).unwrap()));
+        }
+    }
+    out
+}
+
+// A source swapped under the copy: a directory of the tree, and the
+// source itself, turned into a symlink to a directory outside the
+// intent's read roots and back, as fast as a thread can, while the agent
+// (root) copies under an intent that reads only the workspace. Each entry
+// is judged by fstat of the descriptor it is then read through: a swapped
+// name is copied as a symlink or as the directory, never as what the
+// link points to. Layer: the agent's fs confinement (descriptors, no
+// second lookup).
+#[tokio::test]
+async fn a_source_swapped_for_a_symlink_mid_copy_never_copies_what_it_points_to() {
+    let base = unique_tempdir("copy-swap");
+    let (w, outside) = (base.join("w"), base.join("outside"));
+    std::fs::create_dir_all(w.join("src/x")).unwrap();
+    std::fs::create_dir_all(w.join("top/x")).unwrap();
+    std::fs::create_dir_all(w.join("out")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    for i in 0..20 {
+        std::fs::write(w.join(format!("src/x/f{i}")), "inside").unwrap();
+        std::fs::write(w.join(format!("top/x/f{i}")), "inside").unwrap();
+        std::fs::write(outside.join(format!("f{i}")), "OUTSIDE").unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The swappers stop when the test ends, passed or failed.
+    struct Stop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let _stop = Stop(stop.clone());
+    let swapper = |name: PathBuf| {
+        let (stop, outside) = (stop.clone(), outside.clone());
+        std::thread::spawn(move || {
+            let parked = name.with_extension("parked");
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::fs::rename(&name, &parked).unwrap();
+                std::os::unix::fs::symlink(&outside, &name).unwrap();
+                std::thread::yield_now();
+                std::fs::remove_file(&name).unwrap();
+                std::fs::rename(&parked, &name).unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let threads = [swapper(w.join("src/x")), swapper(w.join("top"))];
+    let c = local_client().await;
+    let s = c.with_sandbox(Some(
+        Intent::new()
+            .read(w.as_path())
+            .write(w.join("out").as_path())
+            .build(),
+    ));
+    let (mut copied, mut failed) = (0, 0);
+    for i in 0..150 {
+        for src in ["src", "top"] {
+            match s
+                .copy(
+                    w.join(src).as_path(),
+                    w.join(format!("out/{src}{i}")).as_path(),
+                    true,
+                )
+                .await
+            {
+                Ok(_) => copied += 1,
+                Err(e) => {
+                    // A name gone for a moment, or the source a symlink
+                    // when a tree was asked for: never anything else.
+                    assert!(
+                        matches!(
+                            e.code(),
+                            Some(ErrorCode::NotFound | ErrorCode::AlreadyExists)
+                        ),
+                        "{e}"
+                    );
+                    failed += 1;
+                }
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    eprintln!("{copied} copies, {failed} failed, {swaps} swaps");
+    assert!(swaps > 100, "the swappers ran");
+    assert!(copied > 0, "the positive control: copies succeed meanwhile");
+    for (path, data) in files_under(&w.join("out")) {
+        assert_eq!(data, b"inside", "{path:?} holds what a link pointed to");
+    }
+    c.close().await.unwrap();
+}

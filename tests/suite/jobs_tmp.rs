@@ -27,6 +27,7 @@ fn tmp_only() -> SandboxIntent {
         },
         network: NetworkIntent::Deny,
         required: true,
+        workspace_roots: None,
     }
 }
 

@@ -56,6 +56,7 @@ fn intent(write: &[&Path], net: NetworkIntent) -> SandboxIntent {
         },
         network: net,
         required: true,
+        workspace_roots: None,
     }
 }
 

@@ -142,6 +142,7 @@ impl Env {
             },
             network: NetworkIntent::Deny,
             required: true,
+            workspace_roots: None,
         }
     }
 
@@ -3090,3 +3091,6 @@ both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
 mod carve;
 #[path = "sandbox_kernel.rs"]
 mod kernel;
+
+#[path = "sandbox_intent_additions.rs"]
+mod intent_additions;

@@ -781,6 +781,7 @@ async fn ask_while_detached_denies_at_once_with_an_audit_line() {
             ask_timeout_ms: 60_000,
         }),
         required: true,
+        workspace_roots: None,
     };
     let curl = format!("curl -sS -o /dev/null -w '%{{http_code}} %{{time_total}}' {url}");
     let job = |script: String| {

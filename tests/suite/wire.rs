@@ -40,7 +40,7 @@ async fn preamble_then_initialize_reports_every_field() {
     let limits: Limits = rmpv::ext::from_value(get(res, "limits").unwrap().clone()).unwrap();
     assert_eq!(limits, Limits::default());
     let limit_keys = get(res, "limits").unwrap().as_map().unwrap().len();
-    assert_eq!(limit_keys, 18);
+    assert_eq!(limit_keys, 19);
     assert_eq!(
         path(res, "platform.os").and_then(|v| v.as_str()),
         Some(std::env::consts::OS)

@@ -15,10 +15,13 @@
 
 pub mod errors;
 pub mod fs;
+pub mod http;
 pub mod native;
 pub mod process;
+pub mod sandbox;
 pub mod uri;
 pub mod wire;
+pub mod ws;
 
 use base64::Engine;
 use native::Native;
@@ -50,6 +53,7 @@ pub struct Conn {
     pub procs: Arc<process::Registry>,
     /// The connection's `fs/open` handles.
     pub files: fs::Handles,
+    pub http: Arc<http::Streams>,
     phase: Arc<Mutex<Phase>>,
 }
 
@@ -81,37 +85,62 @@ pub fn b64(data: &[u8]) -> String {
 /// A request's params as `T`, with serde's message (as the reference
 /// answers) on failure.
 pub fn decode<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
-    serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))
+    serde_json::from_value(params)
+        .map_err(|e| RpcError::invalid_params(reference_words(&e.to_string())))
+}
+
+/// serde's "invalid type: integer `7`" as the reference words it
+/// ("invalid type: number").
+fn reference_words(message: &str) -> String {
+    for kind in ["integer", "floating point"] {
+        let head = format!("invalid type: {kind} `");
+        if let Some(rest) = message.strip_prefix(&head) {
+            if let Some((_, tail)) = rest.split_once('`') {
+                return format!("invalid type: number{tail}");
+            }
+        }
+    }
+    message.to_owned()
 }
 
 /// The sandbox a Codex request asks for, as a native intent: `None` when
-/// it asks for none. What cannot be enforced exactly is refused.
+/// it asks for none (a profile's sandbox still applies). What has no
+/// native form is refused (`-32602`), never run weaker. `tmpdir` is what a
+/// `tmpdir` entry means: the job's `TMPDIR`, or the agent's for `fs/*`.
 pub fn sandbox_request(
     sandbox: Option<&Value>,
-    enforce_managed_network: bool,
-    managed_network: Option<&Value>,
-    network_proxy: Option<&Value>,
-    _cwd: &std::path::Path,
+    network: sandbox::NetworkRequest<'_>,
+    cwd: &std::path::Path,
+    tmpdir: Option<&std::path::Path>,
 ) -> Result<Option<executor_protocol::types::sandbox::SandboxIntent>, RpcError> {
-    let set = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
-    if set(sandbox) || enforce_managed_network || set(managed_network) || set(network_proxy) {
-        return Err(RpcError::invalid_request(
-            "this exec-server cannot translate the requested sandbox yet; refused rather than run unconfined",
-        ));
-    }
-    Ok(None)
+    sandbox::translate(
+        sandbox.unwrap_or(&Value::Null),
+        network,
+        cwd,
+        sandbox::Host { tmpdir },
+    )
+    .map_err(|u| RpcError::new(u.code(), u.message))
 }
 
-/// The native scope (`sandbox` and the `cwd` it is relative to) of a
-/// Codex fs request's `sandbox`: none when it asks for none. What cannot
-/// be enforced exactly is refused.
-pub fn fs_scope(sandbox: Option<&Value>) -> Result<fs::Scope, RpcError> {
-    if sandbox.is_some_and(|v| !v.is_null()) {
-        return Err(RpcError::invalid_request(
-            "this exec-server cannot translate the requested sandbox yet; refused rather than run unconfined",
-        ));
-    }
-    Ok(fs::Scope::default())
+/// The native scope of a Codex fs request's `sandbox`: none when it asks
+/// for none (a profile's still applies); the translated intent otherwise
+/// (relative to the sandbox's own `cwd`, else the agent's). What has no
+/// native form is refused, never run weaker.
+pub fn fs_scope(sandbox_param: Option<&Value>) -> Result<fs::Scope, RpcError> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let tmpdir = std::env::var_os("TMPDIR")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute());
+    let intent = sandbox_request(
+        sandbox_param,
+        sandbox::NetworkRequest::default(),
+        &cwd,
+        tmpdir.as_deref(),
+    )?;
+    Ok(fs::Scope {
+        sandbox: intent,
+        cwd: None,
+    })
 }
 
 /// Serve one Codex connection on `input`/`output` until the input ends.
@@ -170,15 +199,30 @@ where
             Line::Message(Message::Request { id, method, params }) => (id, method, params),
         };
         if method == "initialize" {
-            let answer = match (&conn, config.take(), launch.take()) {
-                (None, Some(c), Some(l)) => match initialize(params, c, l, &out, &phase).await {
+            // Params that do not decode are answered without using up the
+            // connection's one initialize.
+            let parsed = decode::<InitializeParams>(params);
+            let answer = match (&conn, parsed) {
+                (Some(_), _) | (None, Ok(_)) if conn.is_some() || config.is_none() => Err(
+                    RpcError::invalid_request("initialize may only be sent once per connection"),
+                ),
+                (None, Err(e)) => Err(e),
+                (_, Ok(p)) => match initialize(
+                    p,
+                    config.take().expect("checked"),
+                    launch.take().expect("checked"),
+                    &out,
+                    &phase,
+                )
+                .await
+                {
                     Ok((c, v)) => {
                         conn = Some(c);
                         Ok(v)
                     }
                     Err(e) => Err(e),
                 },
-                _ => Err(RpcError::invalid_request(
+                (Some(_), Err(_)) => Err(RpcError::invalid_request(
                     "initialize may only be sent once per connection",
                 )),
             };
@@ -194,6 +238,16 @@ where
             }
             continue;
         };
+        if method == "http/request" {
+            // It answers itself: a stream's head goes before its deltas.
+            let out = out.clone();
+            tokio::spawn(async move {
+                if let Some(answer) = http::request(&c, &id, params).await {
+                    let _ = out.send(wire::response(&id, answer)).await;
+                }
+            });
+            continue;
+        }
         if runs_beside(&method, &params) {
             let out = out.clone();
             tokio::spawn(async move {
@@ -278,6 +332,16 @@ fn not_implemented(method: &str) -> RpcError {
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // decoded to refuse what the reference refuses
+struct WatchMissingParams {
+    watch_id: u64,
+    missing: Vec<String>,
+    #[serde(default)]
+    present: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct InitializeParams {
     client_name: String,
     #[serde(default)]
@@ -290,18 +354,17 @@ fn split_session(s: &str) -> Option<(&str, &str)> {
 }
 
 async fn initialize(
-    params: Value,
+    p: InitializeParams,
     config: crate::config::Config,
     launch: crate::host::Launch,
     out: &mpsc::Sender<Vec<u8>>,
     phase: &Arc<Mutex<Phase>>,
 ) -> Result<(Arc<Conn>, Value), RpcError> {
-    let p: InitializeParams = decode(params)?;
     let resume = match p.resume_session_id.as_deref() {
         None => None,
         Some(s) => match split_session(s) {
             Some((id, token)) => Some((id.to_owned(), token.to_owned())),
-            None => return Err(RpcError::invalid_request("unknown session id")),
+            None => return Err(RpcError::invalid_request(format!("unknown session id {s}"))),
         },
     };
     let procs = Arc::new(process::Registry::default());
@@ -329,27 +392,49 @@ async fn initialize(
         session: Some(session),
         capabilities: None,
     };
-    let r: executor_protocol::types::session::InitializeResult = native
+    let r: executor_protocol::types::session::InitializeResult = match native
         .call(executor_protocol::methods::INITIALIZE, &init)
         .await
-        .map_err(|e| match e.code {
-            executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
-                RpcError::invalid_request("unknown session id")
-            }
-            _ => errors::from_wire(&e),
-        })?;
+    {
+        Ok(r) => r,
+        Err(e) => {
+            // Nothing is left running for a refused initialize.
+            native.close();
+            return Err(match e.code {
+                executor_protocol::error::ErrorCode::SessionExpired if resume.is_some() => {
+                    RpcError::invalid_request(format!(
+                        "unknown session id {}",
+                        p.resume_session_id.as_deref().unwrap_or_default()
+                    ))
+                }
+                _ => errors::from_wire(&e),
+            });
+        }
+    };
     let conn = Arc::new(Conn {
         native,
         out: out.clone(),
         procs,
         files: fs::Handles::default(),
+        http: Arc::new(http::Streams::default()),
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
-    if resume.is_some() {
-        process::relearn(&conn).await?;
-    }
-    let info = environment_info(&conn).await?;
+    let learnt = match resume {
+        Some(_) => process::relearn(&conn).await,
+        None => Ok(()),
+    };
+    let info = match learnt {
+        Ok(()) => environment_info(&conn).await,
+        Err(e) => Err(e),
+    };
+    let info = match info {
+        Ok(i) => i,
+        Err(e) => {
+            conn.native.close();
+            return Err(e);
+        }
+    };
     *phase.lock().expect("phase lock") = Phase::Initialized;
     Ok((
         conn,
@@ -380,6 +465,9 @@ impl native::Notes for Notes {
         if method.starts_with("process/") {
             return conn.procs.note(&conn, method, params);
         }
+        if method == executor_protocol::methods::HTTP_BODY_DELTA {
+            return conn.http.note(params);
+        }
         tracing::debug!(method, "native notification without a Codex counterpart");
         vec![]
     }
@@ -406,6 +494,13 @@ async fn dispatch(conn: &Arc<Conn>, method: &str, params: Value) -> Result<Value
         "process/write" => process::write(conn, params).await,
         "process/signal" => process::signal(conn, params).await,
         "process/terminate" => process::terminate(conn, params).await,
+        "fs/watchMissing" => {
+            // Not advertised (`fsWatchMissing: false`): nothing is watched,
+            // and the answer says so.
+            let _: WatchMissingParams = decode(params)?;
+            conn.ready("filesystem")?;
+            Ok(json!({"watching": false}))
+        }
         "fs/getMetadata" => fs::get_metadata(conn, params).await,
         "fs/readFile" => fs::read_file(conn, params).await,
         "fs/writeFile" => fs::write_file(conn, params).await,
@@ -433,6 +528,12 @@ async fn environment_info(conn: &Conn) -> Result<Value, RpcError> {
         )
         .await
         .map_err(|e| errors::from_wire(&e))?;
+    // The home this agent runs with (as the reference reports it), else
+    // the user's from the password database.
+    let home = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| e.home.clone().into());
     let tmp = std::env::var_os("TMPDIR")
         .map(std::path::PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -440,9 +541,11 @@ async fn environment_info(conn: &Conn) -> Result<Value, RpcError> {
     Ok(json!({
         "shell": {"name": e.shell.name, "path": e.shell.path},
         "executorVersion": env!("CARGO_PKG_VERSION"),
+        "providerId": concat!("executor:", env!("CARGO_PKG_VERSION")),
         "cwd": uri::from_path(std::path::Path::new(&e.cwd)),
-        "userHomeDir": uri::from_path(std::path::Path::new(&e.home)),
+        "userHomeDir": uri::from_path(&home),
         "platformOs": e.os,
+        "prependPathDirs": [],
         "temporaryDirectories": [],
         "tempDir": uri::from_path(&tmp),
         "capabilities": capabilities(),
@@ -462,7 +565,7 @@ fn capabilities() -> Value {
         "fsWatchMissing": false,
         "capabilityDiscoveryV2": false,
         "environmentConfigRead": false,
-        "httpHeaderEnvVars": false,
+        "httpHeaderEnvVars": true,
         "sandboxedFileStreaming": false,
         "fileWriteStreaming": false,
         "shellSnapshotV2": false,

@@ -334,7 +334,7 @@ enum Inherit {
 
 /// The variables `inherit: "core"` keeps (Codex's core set).
 const CORE_VARS: &[&str] = &[
-    "HOME", "LOGNAME", "PATH", "SHELL", "USER", "USERNAME", "TMPDIR", "TEMP", "TMP",
+    "HOME", "LANG", "LOGNAME", "PATH", "SHELL", "USER", "USERNAME", "TMPDIR", "TEMP", "TMP",
 ];
 /// Names dropped unless `ignoreDefaultExcludes`: likely secrets.
 const DEFAULT_EXCLUDES: &[&str] = &["*KEY*", "*SECRET*", "*TOKEN*"];
@@ -415,7 +415,6 @@ struct StartParams {
     env_policy: Option<EnvPolicy>,
     #[serde(default)]
     env: BTreeMap<String, String>,
-    #[serde(default)]
     tty: bool,
     #[serde(default)]
     pipe_stdin: bool,
@@ -467,13 +466,33 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         ));
     }
     let cwd = super::uri::to_path(&p.cwd)?;
+    let env = compose_env(p.env_policy, p.env);
+    let nonnull = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
+    let (proxy, managed) = (nonnull(&p.network_proxy), nonnull(&p.managed_network));
     let intent = super::sandbox_request(
         p.sandbox.as_ref(),
-        p.enforce_managed_network,
-        p.managed_network.as_ref(),
-        p.network_proxy.as_ref(),
+        super::sandbox::NetworkRequest {
+            enforce_managed: p.enforce_managed_network,
+            proxy: proxy.as_ref(),
+            managed: managed.as_ref(),
+        },
         &cwd,
+        env.get("TMPDIR").map(std::path::Path::new),
     )?;
+    // A bare program name is looked up in the job's PATH, or this agent's
+    // when the job has none (as the reference's spawn does); the job
+    // still sees the name it was given as its argv[0].
+    let mut argv = p.argv.clone();
+    let mut arg0 = p.arg0.clone();
+    if !argv[0].contains('/') && !env.contains_key("PATH") {
+        match find_program(&argv[0]) {
+            Some(path) => {
+                arg0.get_or_insert_with(|| argv[0].clone());
+                argv[0] = path;
+            }
+            None => return Err(spawn_not_found()),
+        }
+    }
     {
         let mut g = conn.procs.inner.lock().expect("registry lock");
         if g.by_codex.contains_key(&p.process_id) {
@@ -485,18 +504,17 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         g.by_codex.insert(
             p.process_id.clone(),
             Entry {
-                piped_stdin: p.pipe_stdin,
+                piped_stdin: p.pipe_stdin || p.tty,
                 ..Entry::default()
             },
         );
     }
-    let env = compose_env(p.env_policy, p.env);
     let sandboxed = intent.is_some();
     let native_params = NativeStart {
-        argv: &p.argv,
+        argv: &argv,
         cwd: super::uri::wire_path(&cwd),
         env: &env,
-        arg0: p.arg0.as_deref(),
+        arg0: arg0.as_deref(),
         tty: p.tty,
         pty_size: p.tty.then(PtySize::default),
         stdin: if p.pipe_stdin || p.tty {
@@ -535,9 +553,33 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
                 .expect("registry lock")
                 .by_codex
                 .remove(&p.process_id);
+            if e.code == executor_protocol::error::ErrorCode::NotFound
+                && e.data_get("field").and_then(|f| f.as_str()) != Some("cwd")
+            {
+                return Err(spawn_not_found());
+            }
             Err(super::errors::from_wire(&e))
         }
     }
+}
+
+/// A program that is not there, as the reference reports it.
+fn spawn_not_found() -> RpcError {
+    RpcError::internal("No such file or directory (os error 2)")
+        .with_data(json!({"kind": "spawnNotFound"}))
+}
+
+/// `name` in this agent's PATH: the first executable regular file.
+fn find_program(name: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .and_then(|p| p.to_str().map(str::to_owned))
 }
 
 #[derive(Deserialize)]
@@ -673,12 +715,15 @@ pub async fn write(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     }
     let data = base64::engine::general_purpose::STANDARD
         .decode(p.chunk.as_bytes())
-        .map_err(|e| RpcError::invalid_params(format!("chunk is not base64: {e}")))?;
+        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
     let Some((native, piped, exit, _)) = native_of(conn, &p.process_id) else {
         return Ok(json!({"status": "unknownProcess"}));
     };
-    if !piped || exit.is_some() {
+    if !piped {
         return Ok(json!({"status": "stdinClosed"}));
+    }
+    if exit.is_some() {
+        return Err(RpcError::internal("failed to write to process stdin"));
     }
     let r: Result<rmpv::Value, _> = conn
         .native

@@ -47,6 +47,8 @@ impl Id {
 pub struct RpcError {
     pub code: i64,
     pub message: String,
+    /// The reference's `data`, where it sends one.
+    pub data: Option<Value>,
 }
 
 impl RpcError {
@@ -54,7 +56,12 @@ impl RpcError {
         RpcError {
             code,
             message: message.into(),
+            data: None,
         }
+    }
+    pub fn with_data(mut self, data: Value) -> RpcError {
+        self.data = Some(data);
+        self
     }
     pub fn invalid_request(message: impl Into<String>) -> RpcError {
         RpcError::new(code::INVALID_REQUEST, message)
@@ -158,7 +165,7 @@ pub fn parse(line: &[u8]) -> Result<Message, Malformed> {
     })?;
     let Value::Object(mut o) = value else {
         return Err(Malformed(
-            "failed to parse JSON-RPC message from exec-server stdio: a message must be a JSON object"
+            "failed to parse JSON-RPC message from exec-server stdio: expected a JSON-RPC object"
                 .into(),
         ));
     };
@@ -214,6 +221,9 @@ pub fn response(id: &Id, result: Result<Value, RpcError>) -> Vec<u8> {
             let mut err = Map::new();
             err.insert("code".into(), e.code.into());
             err.insert("message".into(), e.message.into());
+            if let Some(d) = e.data {
+                err.insert("data".into(), d);
+            }
             o.insert("error".into(), Value::Object(err));
             o.insert("id".into(), id.to_json());
         }

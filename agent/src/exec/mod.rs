@@ -69,6 +69,19 @@ pub fn widen(base: Option<SandboxIntent>, extra: Option<SandboxIntent>) -> Optio
                 | (base @ NetworkIntent::AllowHosts(_), NetworkIntent::AllowTcpConnect(_)) => base,
             };
             b.required = b.required || e.required;
+            // Request-level workspace roots: the union of both (each is
+            // still checked against the profile's where it is used).
+            b.workspace_roots = match (b.workspace_roots.take(), e.workspace_roots) {
+                (Some(mut a), Some(x)) => {
+                    for r in x {
+                        if !a.contains(&r) {
+                            a.push(r);
+                        }
+                    }
+                    Some(a)
+                }
+                (a, x) => a.or(x),
+            };
             Some(b)
         }
     }
@@ -258,6 +271,7 @@ mod tests {
             },
             network: NetworkIntent::Deny,
             required: true,
+            workspace_roots: None,
         };
         let b = SandboxIntent {
             filesystem: FilesystemIntent {
@@ -267,6 +281,7 @@ mod tests {
             },
             network: NetworkIntent::AllowTcpConnect(vec![443]),
             required: false,
+            workspace_roots: None,
         };
         let w = widen(Some(a), Some(b)).unwrap();
         assert_eq!(

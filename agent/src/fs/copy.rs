@@ -12,8 +12,10 @@
 //! directory is opened from its descriptor; FIFOs, sockets and devices are
 //! never opened (skipped in a tree, refused as the source). At the
 //! destination every entry is made beneath the directory descriptor it
-//! belongs in (`mkdirat`, `symlinkat`, a temp file `O_EXCL | O_NOFOLLOW`
-//! renamed over the name with `renameat`), never through a symlink there.
+//! belongs in (`mkdirat`, `symlinkat`; a file into a temp file `O_EXCL |
+//! O_NOFOLLOW` renamed over the name with `renameat`, or, in a directory
+//! the copy made itself, straight into a new name `O_EXCL | O_NOFOLLOW`),
+//! never through a symlink there.
 //!
 //! Modes: permission bits are kept, setuid and setgid never (nothing
 //! set-id appears on the host through the agent). Owners and times are
@@ -155,7 +157,7 @@ impl Copy<'_> {
             libc::S_IFLNK => self.link(node, &dest.parent, name, &dest.path),
             libc::S_IFREG => {
                 let file = source.reopen(libc::O_RDONLY | libc::O_CLOEXEC)?;
-                self.file(file, &st, &dest.parent, name, &dest.path)
+                self.file(file, &st, &dest.parent, name, &dest.path, false)
             }
             libc::S_IFDIR => {
                 if !recursive {
@@ -208,9 +210,10 @@ impl Copy<'_> {
         Ok(())
     }
 
-    /// The file `src` (of `st`) copied to a temp file in `dir`, then
-    /// renamed over `name` (a symlink there is replaced, never written
-    /// through).
+    /// The file `src` (of `st`) copied to `name` in `dir`: into a temp
+    /// file renamed over the name (a symlink there is replaced, never
+    /// written through), or, in a directory this copy made (`fresh`:
+    /// nothing was there), straight into a new file (`O_EXCL`).
     fn file(
         &mut self,
         src: std::fs::File,
@@ -218,6 +221,7 @@ impl Copy<'_> {
         dir: &OwnedFd,
         name: &OsStr,
         at: &Path,
+        fresh: bool,
     ) -> Result<(), WireError> {
         let left = self.bounds.bytes - self.done.bytes;
         let over = |got: u64| {
@@ -231,14 +235,25 @@ impl Copy<'_> {
         if st.st_size as u64 > left {
             return Err(over(st.st_size as u64));
         }
-        let tmp = temp_name(name)?;
+        let made = if fresh {
+            name.to_os_string()
+        } else {
+            temp_name(name)?
+        };
         let fd = nix::fcntl::openat(
             dir,
-            tmp.as_os_str(),
+            made.as_os_str(),
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
         )
-        .map_err(|e| io_error(&errno(e), at, "cannot create a temp file beside"))?;
+        .map_err(|e| {
+            let what = if fresh {
+                "cannot create"
+            } else {
+                "cannot create a temp file beside"
+            };
+            io_error(&errno(e), at, what)
+        })?;
         let mut out = std::fs::File::from(fd);
         let r = (|| {
             // At most one byte past the budget: a file that grew is caught.
@@ -249,8 +264,10 @@ impl Copy<'_> {
             }
             out.set_permissions(std::fs::Permissions::from_mode(st.st_mode & KEPT_MODE))
                 .map_err(|e| io_error(&e, at, "cannot set the mode of"))?;
-            nix::fcntl::renameat(dir, tmp.as_os_str(), dir, name)
-                .map_err(|e| io_error(&errno(e), at, "cannot rename into place"))?;
+            if !fresh {
+                nix::fcntl::renameat(dir, made.as_os_str(), dir, name)
+                    .map_err(|e| io_error(&errno(e), at, "cannot rename into place"))?;
+            }
             Ok(n)
         })();
         match r {
@@ -260,9 +277,11 @@ impl Copy<'_> {
                 Ok(())
             }
             Err(e) => {
+                // What this copy created goes (a name that was there
+                // before was never opened).
                 let _ = nix::unistd::unlinkat(
                     dir,
-                    tmp.as_os_str(),
+                    made.as_os_str(),
                     nix::unistd::UnlinkatFlags::NoRemoveDir,
                 );
                 Err(e)
@@ -422,7 +441,14 @@ impl Copy<'_> {
                     }
                     let file = reopen(&fd, OFlag::O_RDONLY)
                         .map_err(|e| io_error(&e, &from, "cannot open"))?;
-                    self.file(std::fs::File::from(file), &est, &top.dst, &name, &to)?;
+                    self.file(
+                        std::fs::File::from(file),
+                        &est,
+                        &top.dst,
+                        &name,
+                        &to,
+                        top.mode.is_some(),
+                    )?;
                 }
                 libc::S_IFDIR => {
                     if depth >= MAX_COPY_DEPTH {

@@ -8,6 +8,13 @@ use serde::{Deserialize, Serialize};
 /// The orchestrator's intent; the agent enforces it or refuses. An
 /// unknown key anywhere in it (`deny_reads`, `denyRead`) is an error naming
 /// the key, never ignored: a misspelt carve-out must not vanish.
+///
+/// Each entry of the `filesystem` lists is an absolute path or a symbol
+/// (docs/PROTOCOL.md §7): `:cwd`, `:workspace_roots` (or
+/// `:workspace_roots/SUBPATH`, that path under each workspace root),
+/// `:home`, `:tmp`, `:minimal` (the platform's minimal read set, read roots
+/// only); a read or write root written with a leading `?` may be missing
+/// (it is skipped instead of refused).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxIntent {
@@ -18,6 +25,12 @@ pub struct SandboxIntent {
     /// Fail closed (`sandbox_unavailable`) when not every part can be enforced.
     #[serde(default = "super::yes")]
     pub required: bool,
+    /// What `:workspace_roots` means for this request (absolute paths);
+    /// absent: the profile's `workspace_roots`, default the cwd. Under a
+    /// profile with `workspace_roots`, each must lie within one of those
+    /// (`policy_denied` otherwise): a request only narrows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_roots: Option<Vec<WirePath>>,
 }
 
 impl Default for SandboxIntent {
@@ -26,6 +39,7 @@ impl Default for SandboxIntent {
             filesystem: FilesystemIntent::default(),
             network: NetworkIntent::Deny,
             required: true,
+            workspace_roots: None,
         }
     }
 }

@@ -1,0 +1,255 @@
+//! The Codex dialect against Codex's own exec-server, through one client:
+//! a small NDJSON JSON-RPC driver of a stdio server (as Codex's client
+//! drives it), run on `executor codex-exec-server --listen stdio` and on
+//! `codex exec-server --listen stdio` (@openai/codex 0.171.0, from
+//! `EXECUTOR_CODEX_BIN` or /opt/codex-ref), alternating the two sides.
+
+use super::{best, median, Row};
+use anyhow::{bail, Context};
+use base64::Engine;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+fn codex_bin() -> PathBuf {
+    std::env::var_os("EXECUTOR_CODEX_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/opt/codex-ref/node_modules/.bin/codex".into())
+}
+
+/// One stdio exec-server and its lines.
+struct Server {
+    child: Child,
+    stdin: ChildStdin,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    next_id: i64,
+}
+
+impl Server {
+    async fn start(reference: bool, home: &std::path::Path) -> anyhow::Result<Server> {
+        let mut cmd = if reference {
+            let mut c = Command::new(codex_bin());
+            c.args(["exec-server", "--listen", "stdio"])
+                .env("CODEX_HOME", home);
+            c
+        } else {
+            let bin =
+                executor_client::target::local_executor().context("finding the executor binary")?;
+            let mut c = Command::new(bin);
+            c.args(["codex-exec-server", "--listen", "stdio"]);
+            c
+        };
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("starting an exec-server")?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let lines =
+            BufReader::with_capacity(4 << 20, child.stdout.take().context("stdout")?).lines();
+        let mut s = Server {
+            child,
+            stdin,
+            lines,
+            next_id: 1,
+        };
+        s.call("initialize", json!({"clientName": "bench"})).await?;
+        s.send(json!({"method": "initialized", "params": {}}))
+            .await?;
+        Ok(s)
+    }
+
+    async fn send(&mut self, v: Value) -> anyhow::Result<()> {
+        let mut line = serde_json::to_vec(&v)?;
+        line.push(b'\n');
+        self.stdin.write_all(&line).await?;
+        Ok(())
+    }
+
+    async fn next(&mut self) -> anyhow::Result<Value> {
+        let line = self.lines.next_line().await?.context("the server ended")?;
+        Ok(serde_json::from_str(&line)?)
+    }
+
+    async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(json!({"id": id, "method": method, "params": params}))
+            .await?;
+        loop {
+            let v = self.next().await?;
+            if v["id"] == json!(id) {
+                if let Some(e) = v.get("error") {
+                    bail!("{method}: {e}");
+                }
+                return Ok(v["result"].clone());
+            }
+        }
+    }
+
+    /// `/bin/true` started and seen closed.
+    async fn true_once(&mut self, n: usize, sandbox: &Value) -> anyhow::Result<Duration> {
+        let pid = format!("p{n}");
+        let t = Instant::now();
+        self.call(
+            "process/start",
+            json!({"processId": pid, "argv": ["/bin/true"], "cwd": "file:///tmp",
+                   "env": {"PATH": "/usr/bin:/bin"}, "tty": false, "sandbox": sandbox}),
+        )
+        .await?;
+        loop {
+            let v = self.next().await?;
+            if v["method"] == json!("process/closed") && v["params"]["processId"] == json!(pid) {
+                break;
+            }
+        }
+        let took = t.elapsed();
+        self.call("process/terminate", json!({"processId": pid}))
+            .await?;
+        Ok(took)
+    }
+
+    /// `path` read whole through `fs/open` + 1 MiB `fs/readBlock`s.
+    async fn read_whole(&mut self, n: usize, path: &str) -> anyhow::Result<(Duration, u64)> {
+        let h = format!("h{n}");
+        let t = Instant::now();
+        self.call("fs/open", json!({"handleId": h, "path": path}))
+            .await?;
+        let (mut offset, mut total) = (0u64, 0u64);
+        loop {
+            let r = self
+                .call(
+                    "fs/readBlock",
+                    json!({"handleId": h, "offset": offset, "len": 1 << 20}),
+                )
+                .await?;
+            let chunk = base64::engine::general_purpose::STANDARD
+                .decode(r["chunk"].as_str().unwrap_or_default())?;
+            offset += chunk.len() as u64;
+            total += chunk.len() as u64;
+            if r["eof"] == json!(true) || chunk.is_empty() {
+                break;
+            }
+        }
+        let took = t.elapsed();
+        self.call("fs/close", json!({"handleId": h})).await?;
+        Ok((took, total))
+    }
+
+    async fn end(mut self) {
+        drop(self.stdin);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+fn home() -> anyhow::Result<PathBuf> {
+    let h = std::env::temp_dir()
+        .parent()
+        .unwrap_or(std::path::Path::new("/"))
+        .join(format!(
+            "var/tmp/executor-bench-codex-{}",
+            std::process::id()
+        ));
+    let h = if h.starts_with("/var/tmp") {
+        h
+    } else {
+        PathBuf::from(format!(
+            "/var/tmp/executor-bench-codex-{}",
+            std::process::id()
+        ))
+    };
+    std::fs::create_dir_all(&h)?;
+    Ok(h)
+}
+
+/// `/bin/true` start → closed, median of `n` each, alternating; with
+/// `sandbox` (Codex's read-only profile) when `sandboxed`.
+pub async fn start_latency(n: usize, sandboxed: bool) -> anyhow::Result<Row> {
+    let home = home()?;
+    let sandbox = if sandboxed {
+        read_only_sandbox()
+    } else {
+        Value::Null
+    };
+    let mut ours = Server::start(false, &home).await?;
+    let mut theirs = Server::start(true, &home).await?;
+    for i in 0..5 {
+        ours.true_once(100_000 + i, &sandbox).await?;
+        theirs.true_once(100_000 + i, &sandbox).await?;
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        a.push(ours.true_once(i, &sandbox).await?);
+        b.push(theirs.true_once(i, &sandbox).await?);
+    }
+    ours.end().await;
+    theirs.end().await;
+    let (a, b) = (median(a), median(b));
+    let ratio = b.as_secs_f64() / a.as_secs_f64();
+    Ok(Row {
+        what: format!(
+            "Codex dialect: {}`/bin/true` process/start → process/closed (median of {n}, alternating)",
+            if sandboxed { "sandboxed (Codex's read-only profile) " } else { "" }
+        ),
+        ours: format!("{} µs", a.as_micros()),
+        baseline: format!("{} µs (`codex exec-server` 0.171.0)", b.as_micros()),
+        ratio,
+        goal: "≥ 2× faster".into(),
+        met: Some(ratio >= 2.0),
+        note: "both servers driven by the same NDJSON client over stdio pipes; ratio = Codex's time / executor's (higher is better)".into(),
+    })
+}
+
+/// Codex's read-only permission profile as 0.171.0 sends it (the cwd and
+/// roots adapted to /tmp).
+fn read_only_sandbox() -> Value {
+    json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"}
+        ]}, "network": "restricted"},
+        "cwd": "file:///tmp"
+    })
+}
+
+/// A `bytes` file read whole through fs/open + fs/readBlock, best of 3
+/// each, alternating.
+pub async fn read_throughput(bytes: u64) -> anyhow::Result<Row> {
+    let home = home()?;
+    let file = home.join("read.bin");
+    {
+        let f = std::fs::File::create(&file)?;
+        f.set_len(bytes)?;
+    }
+    let uri = format!("file://{}", file.display());
+    let mut ours = Server::start(false, &home).await?;
+    let mut theirs = Server::start(true, &home).await?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..3 {
+        let (t, n) = ours.read_whole(i, &uri).await?;
+        anyhow::ensure!(n == bytes, "executor read {n} of {bytes} bytes");
+        a.push(t);
+        let (t, n) = theirs.read_whole(i, &uri).await?;
+        anyhow::ensure!(n == bytes, "codex read {n} of {bytes} bytes");
+        b.push(t);
+    }
+    ours.end().await;
+    theirs.end().await;
+    let _ = std::fs::remove_file(&file);
+    let (a, b) = (best(a), best(b));
+    let mbs = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e6;
+    let ratio = mbs(a) / mbs(b);
+    Ok(Row {
+        what: format!(
+            "Codex dialect: read {} MiB through fs/open + 1 MiB fs/readBlock (best of 3, alternating)",
+            bytes >> 20
+        ),
+        ours: format!("{:.0} MB/s", mbs(a)),
+        baseline: format!("{:.0} MB/s (`codex exec-server` 0.171.0)", mbs(b)),
+        ratio,
+        goal: "≥ 3× faster".into(),
+        met: Some(ratio >= 3.0),
+        note: "JSON + base64 on both sides; the same client decodes every block".into(),
+    })
+}

@@ -1,0 +1,637 @@
+//! `executor codex-exec-server`: Codex's `http/request` against a real
+//! loopback HTTP server (buffered, streamed deltas, redirects, duplicate
+//! stream ids, `valueEnvVar` headers read on the executor host and never
+//! logged, timeouts, the destination policy), and `--listen ws://`: the
+//! URL line, requests over websocket frames, `Origin` refused, `/readyz`.
+
+use base64::Engine;
+use executor_tests::executor_bin;
+use executor_tests::http::TestServer;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+fn unb64(v: &Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().unwrap_or_else(|| panic!("base64 text: {v}")))
+        .expect("valid base64")
+}
+
+/// A loopback HTTP server (tests/src/http.rs) on its own runtime.
+fn web() -> (tokio::runtime::Runtime, TestServer) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(TestServer::start());
+    (rt, server)
+}
+
+/// A running `executor codex-exec-server --listen stdio`.
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<Value>,
+}
+
+impl Server {
+    fn start(env: &[(&str, &str)], stderr: Stdio) -> Server {
+        let mut child = Command::new(executor_bin())
+            .args(["codex-exec-server", "--listen", "stdio"])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("start executor codex-exec-server");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout carries only JSON lines: {line:?}: {e}"));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut s = Server {
+            child,
+            stdin,
+            lines,
+        };
+        let r = s.request(1, "initialize", json!({"clientName": "test"}));
+        assert!(r["result"]["sessionId"].is_string(), "{r}");
+        assert_eq!(
+            r["result"]["environmentInfo"]["capabilities"]["httpHeaderEnvVars"],
+            json!(true)
+        );
+        s.send(json!({"method": "initialized", "params": {}}));
+        s
+    }
+
+    fn send(&mut self, v: Value) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{v}").expect("write a line");
+        stdin.flush().unwrap();
+    }
+
+    fn next(&self) -> Value {
+        self.lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a line from the server within 20 s")
+    }
+
+    /// The answer to `id`, with the lines seen before it.
+    fn answer(&self, id: Value) -> (Value, Vec<Value>) {
+        let mut notes = Vec::new();
+        loop {
+            let v = self.next();
+            if v.get("id") == Some(&id) {
+                return (v, notes);
+            }
+            notes.push(v);
+        }
+    }
+
+    fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
+        self.send(json!({"id": id, "method": method, "params": params}));
+        self.answer(json!(id)).0
+    }
+
+    fn http(&mut self, id: i64, params: Value) -> Value {
+        self.request(id, "http/request", params)
+    }
+
+    fn close(mut self) {
+        self.stdin.take();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "exit at the end of input: {status}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn error(v: &Value) -> (i64, String) {
+    (
+        v["error"]["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("an error: {v}")),
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+fn header<'a>(r: &'a Value, name: &str) -> Option<&'a str> {
+    r["result"]["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h["name"] == name)
+        .and_then(|h| h["value"].as_str())
+}
+
+#[test]
+fn buffered_requests_and_redirect_policies() {
+    let (_rt, web) = web();
+    let base = format!("http://{}", web.addr);
+    let mut s = Server::start(&[], Stdio::inherit());
+    let r = s.http(
+        2,
+        json!({"method": "POST", "url": format!("{base}/echo"), "requestId": "a",
+               "headers": [{"name": "x-rep", "value": "one"}, {"name": "x-rep", "value": "two"}],
+               "bodyBase64": b64(b"hello")}),
+    );
+    assert_eq!(r["result"]["status"], json!(200), "{r}");
+    assert_eq!(unb64(&r["result"]["bodyBase64"]), b"hello");
+    assert_eq!(header(&r, "x-method"), Some("POST"));
+    let echoed: Vec<&str> = r["result"]["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["name"] == "x-rep-echo")
+        .map(|h| h["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(echoed, ["one", "two"], "repeated headers kept in order");
+    let redirect = format!("{base}/redirect?code=302&to=/echo");
+    let stop = s.http(
+        3,
+        json!({"method": "GET", "url": redirect, "requestId": "b", "redirectPolicy": "stop"}),
+    );
+    assert_eq!(stop["result"]["status"], json!(302), "{stop}");
+    assert_eq!(header(&stop, "location"), Some("/echo"));
+    let follow = s.http(
+        4,
+        json!({"method": "GET", "url": redirect, "requestId": "c"}),
+    );
+    assert_eq!(
+        follow["result"]["status"],
+        json!(200),
+        "follow by default: {follow}"
+    );
+    assert_eq!(header(&follow, "x-method"), Some("GET"));
+    // Refusals, each naming what is wrong; the connection survives them.
+    let bad = s.http(
+        5,
+        json!({"method": "GET", "url": base, "requestId": "d", "bogus": 1}),
+    );
+    let (code, message) = error(&bad);
+    assert_eq!(code, -32602);
+    assert!(message.contains("unknown field `bogus`"), "{message}");
+    let bad = s.http(
+        6,
+        json!({"method": "GET", "url": "ftp://h/", "requestId": "e"}),
+    );
+    assert_eq!(
+        error(&bad),
+        (
+            -32602,
+            "http/request only supports http and https URLs, got ftp".into()
+        )
+    );
+    // Executor's destination policy applies: no cloud metadata address.
+    let meta = s.http(
+        7,
+        json!({"method": "GET", "url": "http://169.254.169.254/latest", "requestId": "f"}),
+    );
+    let (code, message) = error(&meta);
+    assert_eq!(code, -32600, "{meta}");
+    assert!(message.contains("metadata"), "{message}");
+    s.close();
+}
+
+#[test]
+fn a_streamed_body_comes_after_its_answer_in_ordered_deltas() {
+    let (_rt, web) = web();
+    let (n, size) = (6u64, 3000usize);
+    let url = format!("http://{}/chunks?n={n}&size={size}&delay_ms=20", web.addr);
+    let mut s = Server::start(&[], Stdio::inherit());
+    s.send(json!({"id": 2, "method": "http/request", "params": {
+        "method": "GET", "url": url, "requestId": "s1", "streamResponse": true}}));
+    let first = s.next();
+    assert_eq!(first["id"], json!(2), "the answer comes first: {first}");
+    assert_eq!(first["result"]["status"], json!(200));
+    assert_eq!(first["result"]["bodyBase64"], json!(""));
+    let mut body = Vec::new();
+    let mut want_seq = 1;
+    loop {
+        let d = s.next();
+        assert_eq!(d["method"], json!("http/request/bodyDelta"), "{d}");
+        let p = &d["params"];
+        assert_eq!(p["requestId"], json!("s1"));
+        assert_eq!(p["seq"], json!(want_seq), "seqs from 1, consecutive");
+        want_seq += 1;
+        let data = unb64(&p["deltaBase64"]);
+        assert!(data.len() <= 1 << 20);
+        if p["done"] == json!(true) {
+            assert!(data.is_empty());
+            assert_eq!(p["error"], Value::Null, "{d}");
+            break;
+        }
+        body.extend_from_slice(&data);
+    }
+    let expected: Vec<u8> = (0..n).flat_map(|i| vec![(i % 251) as u8; size]).collect();
+    assert_eq!(body.len(), expected.len());
+    assert!(body == expected, "every byte, in order");
+    s.close();
+}
+
+#[test]
+fn a_streamed_request_id_is_refused_while_its_stream_is_open() {
+    let (_rt, web) = web();
+    let base = format!("http://{}", web.addr);
+    let mut s = Server::start(&[], Stdio::inherit());
+    s.send(json!({"id": 2, "method": "http/request", "params": {
+        "method": "GET", "url": format!("{base}/slow?ms=1500"), "requestId": "d",
+        "streamResponse": true}}));
+    let dup = s.http(
+        3,
+        json!({"method": "GET", "url": format!("{base}/echo"), "requestId": "d",
+               "streamResponse": true}),
+    );
+    assert_eq!(
+        error(&dup),
+        (
+            -32602,
+            "http/request streamResponse requestId `d` is already active".into()
+        )
+    );
+    // A buffered request has no stream: its id is not checked (as the
+    // reference).
+    let buffered = s.http(
+        4,
+        json!({"method": "GET", "url": format!("{base}/echo"), "requestId": "d"}),
+    );
+    assert_eq!(buffered["result"]["status"], json!(200), "{buffered}");
+    let (head, _) = s.answer(json!(2));
+    assert_eq!(head["result"]["status"], json!(200), "{head}");
+    loop {
+        let d = s.next();
+        if d["params"]["done"] == json!(true) {
+            assert_eq!(d["params"]["requestId"], json!("d"));
+            break;
+        }
+    }
+    // Once its stream ended the id is free again.
+    let again = s.http(
+        5,
+        json!({"method": "GET", "url": format!("{base}/echo"), "requestId": "d",
+               "streamResponse": true}),
+    );
+    assert_eq!(again["result"]["status"], json!(200), "{again}");
+    s.close();
+}
+
+#[test]
+fn env_headers_come_from_the_executor_host_protected_names_refused_never_logged() {
+    let (_rt, web) = web();
+    let url = format!("http://{}/headers", web.addr);
+    let dir = executor_tests::unique_tempdir("codex-http-env");
+    let log = dir.join("stderr");
+    let secret = "s3cret-from-the-host";
+    let mut s = Server::start(
+        &[
+            ("CODEX_HTTP_TEST_TOKEN", secret),
+            ("OPENAI_API_KEY", "sk-should-never-leave"),
+            ("CODEX_HTTP_TEST_EMPTY", ""),
+            ("RUST_LOG", "trace"),
+        ],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let r = s.http(
+        2,
+        json!({"method": "GET", "url": url, "requestId": "e", "headers": [
+            {"name": "Authorization", "value": "Bearer ", "valueEnvVar": "CODEX_HTTP_TEST_TOKEN"}]}),
+    );
+    let seen = String::from_utf8(unb64(&r["result"]["bodyBase64"])).unwrap();
+    assert!(
+        seen.contains(&format!("authorization: Bearer {secret}\n")),
+        "{seen}"
+    );
+    for (id, var) in [
+        (3, "OPENAI_API_KEY"),
+        (4, "codex_exec_server_noise_auth_token"),
+    ] {
+        let r = s.http(
+            id,
+            json!({"method": "GET", "url": url, "requestId": "e", "headers": [
+                {"name": "X-Key", "value": "", "valueEnvVar": var}]}),
+        );
+        assert_eq!(
+            error(&r),
+            (
+                -32602,
+                format!("http/request header X-Key cannot use executor environment variable {var}")
+            )
+        );
+    }
+    let r = s.http(
+        5,
+        json!({"method": "GET", "url": url, "requestId": "e", "headers": [
+            {"name": "X-Key", "value": "", "valueEnvVar": "CODEX_HTTP_TEST_MISSING"}]}),
+    );
+    assert_eq!(
+        error(&r),
+        (
+            -32602,
+            "http/request header X-Key requires executor environment variable CODEX_HTTP_TEST_MISSING".into()
+        )
+    );
+    let r = s.http(
+        6,
+        json!({"method": "GET", "url": url, "requestId": "e", "headers": [
+            {"name": "X-Key", "value": "", "valueEnvVar": "CODEX_HTTP_TEST_EMPTY"}]}),
+    );
+    assert_eq!(error(&r).0, -32602);
+    // A Host header from a variable would be echoed in the refusal of a
+    // mismatched Host: refused before it gets there.
+    let r = s.http(
+        7,
+        json!({"method": "GET", "url": url, "requestId": "e", "headers": [
+            {"name": "Host", "value": "", "valueEnvVar": "CODEX_HTTP_TEST_TOKEN"}]}),
+    );
+    let (code, message) = error(&r);
+    assert_eq!(code, -32602);
+    assert!(!message.contains(secret), "{message}");
+    s.close();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("TRACE"),
+        "trace logging was on, so the check below means something: {logged}"
+    );
+    assert!(!logged.contains(secret), "the value is never logged");
+    assert!(!logged.contains("sk-should-never-leave"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn timeouts_bound_the_request_and_none_means_none() {
+    let (_rt, web) = web();
+    let base = format!("http://{}", web.addr);
+    let mut s = Server::start(&[], Stdio::inherit());
+    let started = Instant::now();
+    let r = s.http(
+        2,
+        json!({"method": "GET", "url": format!("{base}/slow?ms=5000"), "requestId": "t",
+               "timeoutMs": 300}),
+    );
+    let (code, message) = error(&r);
+    assert_eq!(code, -32603, "{r}");
+    assert!(message.starts_with("http/request failed: "), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = s.http(
+        3,
+        json!({"method": "GET", "url": format!("{base}/slow?ms=400"), "requestId": "u",
+               "timeoutMs": null}),
+    );
+    assert_eq!(r["result"]["status"], json!(200), "no timeout: {r}");
+    s.close();
+}
+
+// ---- websocket ----
+
+/// `executor codex-exec-server --listen ws://127.0.0.1:0` and its address.
+struct WsServer {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for WsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ws_server() -> WsServer {
+    let mut child = Command::new(executor_bin())
+        .args(["codex-exec-server", "--listen", "ws://127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start executor codex-exec-server --listen ws://");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .trim_end()
+        .strip_prefix("ws://127.0.0.1:")
+        .unwrap_or_else(|| panic!("the URL line comes first: {line:?}"));
+    let port: u16 = addr.parse().expect("a port");
+    assert_ne!(port, 0, "the bound port, not the asked 0");
+    WsServer {
+        child,
+        addr: format!("127.0.0.1:{port}"),
+    }
+}
+
+/// One plain HTTP request: the status code and the whole answer.
+fn http_get(addr: &str, path: &str, extra: &str) -> (u16, String) {
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(tcp, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}\r\n").unwrap();
+    let mut text = String::new();
+    let _ = tcp.read_to_string(&mut text);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("an HTTP answer: {text:?}"));
+    (status, text)
+}
+
+const UPGRADE: &str = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+
+/// A minimal websocket client (RFC 6455), independent of the server's
+/// library.
+struct Ws {
+    tcp: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Ws {
+    fn connect(addr: &str) -> Ws {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(tcp, "GET / HTTP/1.1\r\nHost: {addr}\r\n{UPGRADE}\r\n").unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let end = loop {
+            let n = tcp.read(&mut chunk).unwrap();
+            assert!(n > 0, "the server closed during the handshake");
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        // RFC 6455 §1.3: the accept value of this key.
+        assert!(
+            head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+            "{head}"
+        );
+        Ws {
+            tcp,
+            buf: buf[end..].to_vec(),
+        }
+    }
+
+    fn send(&mut self, opcode: u8, data: &[u8]) {
+        let mut frame = vec![0x80 | opcode];
+        match data.len() {
+            n if n < 126 => frame.push(0x80 | n as u8),
+            n if n < 65536 => {
+                frame.push(0x80 | 126);
+                frame.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                frame.push(0x80 | 127);
+                frame.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        let mask = [0x12, 0x34, 0x56, 0x78];
+        frame.extend_from_slice(&mask);
+        frame.extend(data.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.tcp.write_all(&frame).unwrap();
+    }
+
+    fn need(&mut self, n: usize) -> Vec<u8> {
+        let mut chunk = [0u8; 65536];
+        while self.buf.len() < n {
+            let got = self.tcp.read(&mut chunk).expect("a frame within 20 s");
+            assert!(got > 0, "the server closed the connection");
+            self.buf.extend_from_slice(&chunk[..got]);
+        }
+        self.buf.drain(..n).collect()
+    }
+
+    /// The next frame: its opcode and payload (server frames are unmasked).
+    fn frame(&mut self) -> (u8, Vec<u8>) {
+        let h = self.need(2);
+        assert_eq!(h[1] & 0x80, 0, "server frames are not masked");
+        let len = match h[1] & 0x7f {
+            126 => u16::from_be_bytes(self.need(2).try_into().unwrap()) as usize,
+            127 => u64::from_be_bytes(self.need(8).try_into().unwrap()) as usize,
+            n => n as usize,
+        };
+        (h[0] & 0x0f, self.need(len))
+    }
+
+    /// The next JSON message (a text frame), pings and pongs skipped.
+    fn json(&mut self) -> Value {
+        loop {
+            let (op, data) = self.frame();
+            match op {
+                1 => return serde_json::from_slice(&data).expect("a JSON text frame"),
+                9 | 10 => continue,
+                other => panic!("opcode {other}: {data:?}"),
+            }
+        }
+    }
+
+    fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
+        let line = json!({"id": id, "method": method, "params": params}).to_string();
+        self.send(1, line.as_bytes());
+        loop {
+            let v = self.json();
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
+    }
+}
+
+#[test]
+fn ws_url_line_readyz_and_origin_refused() {
+    let server = ws_server();
+    let addr = server.addr.as_str();
+    assert_eq!(http_get(addr, "/readyz", "").0, 200);
+    assert_eq!(
+        http_get(addr, "/readyz", "Origin: http://evil.example\r\n").0,
+        403
+    );
+    assert_eq!(http_get(addr, "/nope", "").0, 404);
+    let (status, text) = http_get(addr, "/", "");
+    assert_eq!(status, 400, "a GET / that is no upgrade: {text}");
+    let (status, text) = http_get(addr, "/", &format!("{UPGRADE}Origin: http://localhost\r\n"));
+    assert_eq!(status, 403, "a browser's upgrade: {text}");
+    // Still serving.
+    assert_eq!(http_get(addr, "/readyz", "").0, 200);
+}
+
+#[test]
+fn ws_connections_serve_the_dialect() {
+    let (_rt, web) = web();
+    let server = ws_server();
+    let mut a = Ws::connect(&server.addr);
+    let r = a.request(1, "initialize", json!({"clientName": "ws"}));
+    let sid = r["result"]["sessionId"]
+        .as_str()
+        .expect("a session")
+        .to_owned();
+    // A binary frame carries JSON too; a line break inside a message is
+    // only whitespace.
+    a.send(2, br#"{"method": "initialized", "params": {}}"#);
+    a.send(
+        1,
+        b"{\"id\": 2,\n \"method\": \"environment/status\",\r\n \"params\": {}}",
+    );
+    assert_eq!(a.json(), json!({"id": 2, "result": {"status": "ready"}}));
+    let r = a.request(
+        3,
+        "http/request",
+        json!({"method": "POST", "url": format!("http://{}/echo", web.addr),
+               "requestId": "w", "bodyBase64": b64(b"over ws")}),
+    );
+    assert_eq!(unb64(&r["result"]["bodyBase64"]), b"over ws", "{r}");
+    a.send(1, b"not json");
+    let bad = a.json();
+    assert_eq!(
+        (bad["id"].clone(), bad["error"]["code"].clone()),
+        (json!(-1), json!(-32600))
+    );
+    // A ping is answered with its payload.
+    a.send(9, b"keepalive?");
+    loop {
+        let (op, data) = a.frame();
+        if op == 10 {
+            assert_eq!(data, b"keepalive?");
+            break;
+        }
+    }
+    // A second connection is a connection of its own.
+    let mut b = Ws::connect(&server.addr);
+    let r = b.request(1, "initialize", json!({"clientName": "ws2"}));
+    assert_ne!(r["result"]["sessionId"].as_str(), Some(sid.as_str()), "{r}");
+    b.send(1, br#"{"method": "initialized"}"#);
+    let r = b.request(2, "environment/status", json!({}));
+    assert_eq!(r["result"]["status"], json!("ready"));
+    let r = a.request(4, "environment/status", json!({}));
+    assert_eq!(
+        r["result"]["status"],
+        json!("ready"),
+        "the first one still serves"
+    );
+}
