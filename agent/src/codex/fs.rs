@@ -59,7 +59,7 @@ const WRITE_FILE_DIRECT_BYTES: usize = 1 << 20;
 /// from its `limit_exceeded`).
 const NATIVE_BLOCK: u64 = 1 << 20;
 /// Entries asked of one native `fs/walk` page.
-const WALK_PAGE: u64 = 4096;
+const WALK_PAGE: u64 = 65_536;
 
 /// The `fs/open` handles of one connection: Codex id → native handle.
 #[derive(Debug, Default)]
