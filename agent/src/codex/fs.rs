@@ -20,7 +20,7 @@ use executor_protocol::types::fs::{
     CanonicalizeParams, CloseParams, CommitParams, CommitResult, CopyParams, CopyResult,
     CreateDirectoryParams, FileKind, OpenParams, OpenResult, OpenWriteParams, PathResult,
     ReadBlockParams, ReadBlockResult, ReadFileParams, ReadFileResult, RemoveParams, StatParams,
-    StatResult, WalkParams, WalkResult, WriteBlockParams, WriteFileParams,
+    StatResult, TruncatedBy, WalkParams, WalkResult, WriteBlockParams, WriteFileParams,
 };
 use executor_protocol::types::sandbox::SandboxIntent;
 use executor_protocol::types::Empty;
@@ -760,15 +760,29 @@ struct Walk {
     errors: Vec<Value>,
     bytes: usize,
     truncated: bool,
+    /// Names met that count toward `maxEntries`: as the reference counts,
+    /// every name whose (followed) stat succeeds, listed or not (a
+    /// symlink not followed, a FIFO); not a dangling symlink.
+    seen: usize,
     max_entries: usize,
 }
 
 impl Walk {
-    /// Add an entry; false once a bound is reached (the walk stops).
+    /// Count one name toward `maxEntries`; false once the bound is
+    /// reached (the walk stops, truncated).
+    fn count(&mut self) -> bool {
+        if self.seen >= self.max_entries {
+            self.truncated = true;
+            return false;
+        }
+        self.seen += 1;
+        true
+    }
+    /// Add an entry (counted already); false once the answer is full.
     fn entry(&mut self, path: &Path, kind: &str) -> bool {
         let uri = super::uri::from_path(path);
         let size = uri.len() + kind.len() + 32;
-        if self.entries.len() >= self.max_entries || self.bytes + size > WALK_MAX_RESPONSE_BYTES {
+        if self.bytes + size > WALK_MAX_RESPONSE_BYTES {
             self.truncated = true;
             return false;
         }
@@ -787,6 +801,16 @@ impl Walk {
         self.errors
             .push(json!({"path": uri, "message": os_message(message)}));
         true
+    }
+    fn new(max_entries: usize) -> Walk {
+        Walk {
+            entries: Vec::new(),
+            errors: Vec::new(),
+            bytes: 64,
+            truncated: false,
+            seen: 0,
+            max_entries,
+        }
     }
     fn answer(self) -> Value {
         json!({"entries": self.entries, "errors": self.errors, "truncated": self.truncated})
@@ -812,13 +836,7 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         ));
     }
     let scope = super::fs_scope(p.sandbox.as_ref())?;
-    let mut out = Walk {
-        entries: Vec::new(),
-        errors: Vec::new(),
-        bytes: 64,
-        truncated: false,
-        max_entries: o.max_entries as usize,
-    };
+    let mut out = Walk::new(o.max_entries as usize);
     // The root: a directory, or a symlink to one when links are followed;
     // anything else has nothing to list.
     let st: StatResult = call(conn, m::FS_STAT, &stat_params(&root, false, &scope))
@@ -833,6 +851,12 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     };
     if !is_dir {
         return Ok(out.answer());
+    }
+    if !o.follow_directory_symlinks && !o.prune_hidden_directories {
+        if let Some(answer) = walk_at_once(conn, &root, &scope, &o, &mut out).await? {
+            return Ok(answer);
+        }
+        out = Walk::new(o.max_entries as usize);
     }
     let canon: PathResult = call(
         conn,
@@ -877,6 +901,18 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
                 let path = dir.join(name);
                 let hidden = name.as_bytes().first() == Some(&b'.');
                 let enter = depth < o.max_depth && !(o.prune_hidden_directories && hidden);
+                // What a symlink leads to (a dangling one is skipped,
+                // not counted).
+                let followed = match e.kind {
+                    FileKind::Symlink => match followed_kind(conn, &path, &scope).await {
+                        Some(k) => Some(k),
+                        None => continue,
+                    },
+                    _ => None,
+                };
+                if !out.count() {
+                    break 'dirs;
+                }
                 match e.kind {
                     FileKind::File if !out.entry(&path, "file") => break 'dirs,
                     FileKind::File => {}
@@ -888,10 +924,9 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
                             queue.push_back((path, canon.join(name), depth + 1));
                         }
                     }
-                    FileKind::Symlink if o.follow_directory_symlinks => {
-                        if followed_kind(conn, &path, &scope).await != Some(FileKind::Dir) {
-                            continue;
-                        }
+                    FileKind::Symlink
+                        if o.follow_directory_symlinks && followed == Some(FileKind::Dir) =>
+                    {
                         let c: Result<PathResult, _> = call(
                             conn,
                             m::FS_CANONICALIZE,
@@ -931,6 +966,66 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         }
     }
     Ok(out.answer())
+}
+
+/// The walk as one native walk (no link followed, nothing pruned: the
+/// native walk lists the same directories in the same order, breadth
+/// first, each sorted). `None` when one native page does not hold it
+/// (more than [`WALK_PAGE`] names, links and special files included):
+/// the caller walks directory by directory instead.
+async fn walk_at_once(
+    conn: &Conn,
+    root: &Path,
+    scope: &Scope,
+    o: &WalkOptions,
+    out: &mut Walk,
+) -> Result<Option<Value>, RpcError> {
+    let page: WalkResult = call(
+        conn,
+        m::FS_WALK,
+        &WalkParams {
+            root: wire(root),
+            // The native depth counts the root's children as 1.
+            max_depth: (o.max_depth + 1) as u32,
+            max_entries: WALK_PAGE,
+            max_directories: o.max_directories,
+            max_response_bytes: executor_protocol::limits::MAX_WALK_RESPONSE_BYTES,
+            include_hidden: true,
+            cursor: None,
+            sandbox: scope.sandbox.clone(),
+            cwd: scope.cwd.clone(),
+        },
+    )
+    .await
+    .map_err(|e| from_wire(&e))?;
+    let cut_by_directories = page.truncated_by == Some(TruncatedBy::MaxDirectories);
+    if page.next_cursor.is_some() && !cut_by_directories {
+        return Ok(None);
+    }
+    for e in &page.entries {
+        let path = root.join(OsStr::from_bytes(e.path.as_bytes()));
+        if e.kind == FileKind::Symlink && followed_kind(conn, &path, scope).await.is_none() {
+            continue;
+        }
+        if !out.count() {
+            return Ok(Some(std::mem::replace(out, Walk::new(0)).answer()));
+        }
+        let kind = match e.kind {
+            FileKind::File => "file",
+            FileKind::Dir => "directory",
+            _ => continue,
+        };
+        if !out.entry(&path, kind) {
+            return Ok(Some(std::mem::replace(out, Walk::new(0)).answer()));
+        }
+    }
+    for e in &page.errors {
+        if !out.error(&root.join(OsStr::from_bytes(e.path.as_bytes())), &e.message) {
+            break;
+        }
+    }
+    out.truncated |= cut_by_directories;
+    Ok(Some(std::mem::replace(out, Walk::new(0)).answer()))
 }
 
 #[derive(Deserialize)]
