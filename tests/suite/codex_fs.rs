@@ -152,6 +152,13 @@ fn metadata_reads_writes_and_directories_answer_as_the_reference() {
         (-32602, "missing field `path`"),
     );
     is(
+        c.err("fs/getMetadata", Value::Null),
+        (
+            -32602,
+            "invalid type: null, expected struct WireFsGetMetadataParams",
+        ),
+    );
+    is(
         c.err("fs/getMetadata", json!({"path": t.join("f")})),
         (-32602, "invalid URI: relative URL without a base"),
     );
@@ -536,6 +543,49 @@ fn read_directory_and_walk_list_as_the_reference() {
         NOT_FOUND,
     );
 
+    // maxEntries counts every name that stats, listed or not (a symlink
+    // not followed, a FIFO), but not a dangling symlink: a b bb [bbb]
+    // bbbb c d e, both ways of walking (at once; directory by directory
+    // when pruning).
+    let r8 = t.join("count");
+    std::fs::create_dir_all(r8.join("c")).unwrap();
+    for f in ["a", "d", "e"] {
+        std::fs::write(r8.join(f), "").unwrap();
+    }
+    std::os::unix::fs::symlink("c", r8.join("b")).unwrap();
+    std::os::unix::fs::symlink("a", r8.join("bb")).unwrap();
+    std::os::unix::fs::symlink("nope", r8.join("bbb")).unwrap();
+    nix::unistd::mkfifo(
+        &r8.join("bbbb"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    for prune in [false, true] {
+        for (max, want, truncated) in [
+            (1, vec!["a"], true),
+            (4, vec!["a"], true),
+            (5, vec!["a", "c"], true),
+            (6, vec!["a", "c", "d"], true),
+            (7, vec!["a", "c", "d", "e"], false),
+        ] {
+            let mut o = opts(0, 10, max, false);
+            o["pruneHiddenDirectories"] = json!(prune);
+            let r = walk(&mut c, &uri(&r8), o);
+            let names: Vec<&str> = r["result"]["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["path"].as_str().unwrap().rsplit('/').next().unwrap())
+                .collect();
+            assert_eq!(names, want, "maxEntries {max}, prune {prune}");
+            assert_eq!(
+                r["result"]["truncated"],
+                json!(truncated),
+                "maxEntries {max}"
+            );
+        }
+    }
+
     // readDirectory's bound: 50,000 entries.
     let many = t.join("many");
     std::fs::create_dir(&many).unwrap();
@@ -613,6 +663,21 @@ fn handles_are_client_named_and_bounded() {
             json!({"handleId": "nope", "offset": 0, "len": 1}),
         ),
         (-32004, "unknown file handle `nope`"),
+    );
+    // The length is checked before the handle, the URI before the id.
+    is(
+        c.err(
+            "fs/readBlock",
+            json!({"handleId": "nope", "offset": 0, "len": 0}),
+        ),
+        len_bound,
+    );
+    is(
+        c.err(
+            "fs/open",
+            json!({"handleId": "x".repeat(33), "path": "relative"}),
+        ),
+        (-32602, "invalid URI: relative URL without a base"),
     );
     is(
         c.err("fs/readBlock", json!({"handleId": "h", "offset": 0})),

@@ -20,7 +20,7 @@ use executor_protocol::types::fs::{
     CanonicalizeParams, CloseParams, CommitParams, CommitResult, CopyParams, CopyResult,
     CreateDirectoryParams, FileKind, OpenParams, OpenResult, OpenWriteParams, PathResult,
     ReadBlockParams, ReadBlockResult, ReadFileParams, ReadFileResult, RemoveParams, StatParams,
-    StatResult, WalkParams, WalkResult, WriteBlockParams, WriteFileParams,
+    StatResult, TruncatedBy, WalkParams, WalkResult, WriteBlockParams, WriteFileParams,
 };
 use executor_protocol::types::sandbox::SandboxIntent;
 use executor_protocol::types::Empty;
@@ -59,7 +59,7 @@ const WRITE_FILE_DIRECT_BYTES: usize = 1 << 20;
 /// from its `limit_exceeded`).
 const NATIVE_BLOCK: u64 = 1 << 20;
 /// Entries asked of one native `fs/walk` page.
-const WALK_PAGE: u64 = 4096;
+const WALK_PAGE: u64 = 65_536;
 
 /// The `fs/open` handles of one connection: Codex id → native handle.
 #[derive(Debug, Default)]
@@ -176,7 +176,11 @@ fn millis(ns: i64) -> i64 {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsGetMetadataParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct MetadataParams {
     path: String,
     #[serde(default)]
@@ -187,8 +191,8 @@ struct MetadataParams {
 
 pub async fn get_metadata(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: MetadataParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let (st, is_symlink) = if p.follow_symlinks == Some(false) {
         let link = RpcError::invalid_request("path contains a symbolic link");
@@ -216,7 +220,11 @@ pub async fn get_metadata(conn: &Conn, params: Value) -> Result<Value, RpcError>
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsReadFileParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct ReadParams {
     path: String,
     #[serde(default)]
@@ -233,8 +241,8 @@ fn too_large() -> RpcError {
 
 pub async fn read_file(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: ReadParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let nofollow = p.follow_symlinks == Some(false);
     let refuse = |e: &WireError| {
@@ -362,7 +370,11 @@ async fn read_blocks(conn: &Conn, opened: OpenResult) -> Result<Vec<u8>, Big> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsWriteFileParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct WriteParams {
     path: String,
     data_base64: String,
@@ -374,8 +386,8 @@ struct WriteParams {
 
 pub async fn write_file(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: WriteParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let data = base64::engine::general_purpose::STANDARD
         .decode(p.data_base64.as_bytes())
         .map_err(|e| {
@@ -487,7 +499,11 @@ async fn write_by_handle(
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsCreateDirectoryParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct CreateDirParams {
     path: String,
     #[serde(default)]
@@ -500,8 +516,8 @@ struct CreateDirParams {
 
 pub async fn create_directory(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: CreateDirParams = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     if p.follow_symlinks == Some(false) {
         refuse_symlinks(conn, &path, &scope, os_error(libc::ENOTDIR)).await?;
@@ -536,7 +552,11 @@ pub async fn create_directory(conn: &Conn, params: Value) -> Result<Value, RpcEr
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsRemoveParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct RemoveArgs {
     path: String,
     #[serde(default)]
@@ -551,8 +571,8 @@ struct RemoveArgs {
 
 pub async fn remove(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: RemoveArgs = decode(params)?;
-    conn.ready("filesystem")?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let recursive = p.recursive.unwrap_or(true);
     if p.follow_symlinks == Some(false) && recursive {
@@ -581,17 +601,33 @@ pub async fn remove(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PathArgs {
+#[serde(
+    expecting = "struct WireFsCanonicalizeParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
+struct CanonicalizeArgs {
+    path: String,
+    #[serde(default)]
+    sandbox: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    expecting = "struct WireFsReadDirectoryParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
+struct ReadDirectoryArgs {
     path: String,
     #[serde(default)]
     sandbox: Option<Value>,
 }
 
 pub async fn canonicalize(conn: &Conn, params: Value) -> Result<Value, RpcError> {
-    let p: PathArgs = decode(params)?;
-    conn.ready("filesystem")?;
+    let p: CanonicalizeArgs = decode(params)?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let r: PathResult = call(
         conn,
@@ -640,9 +676,9 @@ async fn followed_kind(conn: &Conn, path: &Path, scope: &Scope) -> Option<FileKi
 }
 
 pub async fn read_directory(conn: &Conn, params: Value) -> Result<Value, RpcError> {
-    let p: PathArgs = decode(params)?;
-    conn.ready("filesystem")?;
+    let p: ReadDirectoryArgs = decode(params)?;
     let path = super::uri::to_path(&p.path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let mut entries = Vec::new();
     let mut count = 0usize;
@@ -686,7 +722,11 @@ pub async fn read_directory(conn: &Conn, params: Value) -> Result<Value, RpcErro
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsWalkParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct WalkArgs {
     path: String,
     options: WalkOptions,
@@ -720,15 +760,29 @@ struct Walk {
     errors: Vec<Value>,
     bytes: usize,
     truncated: bool,
+    /// Names met that count toward `maxEntries`: as the reference counts,
+    /// every name whose (followed) stat succeeds, listed or not (a
+    /// symlink not followed, a FIFO); not a dangling symlink.
+    seen: usize,
     max_entries: usize,
 }
 
 impl Walk {
-    /// Add an entry; false once a bound is reached (the walk stops).
+    /// Count one name toward `maxEntries`; false once the bound is
+    /// reached (the walk stops, truncated).
+    fn count(&mut self) -> bool {
+        if self.seen >= self.max_entries {
+            self.truncated = true;
+            return false;
+        }
+        self.seen += 1;
+        true
+    }
+    /// Add an entry (counted already); false once the answer is full.
     fn entry(&mut self, path: &Path, kind: &str) -> bool {
         let uri = super::uri::from_path(path);
         let size = uri.len() + kind.len() + 32;
-        if self.entries.len() >= self.max_entries || self.bytes + size > WALK_MAX_RESPONSE_BYTES {
+        if self.bytes + size > WALK_MAX_RESPONSE_BYTES {
             self.truncated = true;
             return false;
         }
@@ -748,6 +802,16 @@ impl Walk {
             .push(json!({"path": uri, "message": os_message(message)}));
         true
     }
+    fn new(max_entries: usize) -> Walk {
+        Walk {
+            entries: Vec::new(),
+            errors: Vec::new(),
+            bytes: 64,
+            truncated: false,
+            seen: 0,
+            max_entries,
+        }
+    }
     fn answer(self) -> Value {
         json!({"entries": self.entries, "errors": self.errors, "truncated": self.truncated})
     }
@@ -755,6 +819,7 @@ impl Walk {
 
 pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: WalkArgs = decode(params)?;
+    let root = super::uri::to_path(&p.path)?;
     conn.ready("filesystem")?;
     let o = p.options;
     if o.max_depth > WALK_MAX_DEPTH
@@ -770,15 +835,8 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             "filesystem walk limits must be greater than zero",
         ));
     }
-    let root = super::uri::to_path(&p.path)?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
-    let mut out = Walk {
-        entries: Vec::new(),
-        errors: Vec::new(),
-        bytes: 64,
-        truncated: false,
-        max_entries: o.max_entries as usize,
-    };
+    let mut out = Walk::new(o.max_entries as usize);
     // The root: a directory, or a symlink to one when links are followed;
     // anything else has nothing to list.
     let st: StatResult = call(conn, m::FS_STAT, &stat_params(&root, false, &scope))
@@ -793,6 +851,12 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     };
     if !is_dir {
         return Ok(out.answer());
+    }
+    if !o.follow_directory_symlinks && !o.prune_hidden_directories {
+        if let Some(answer) = walk_at_once(conn, &root, &scope, &o, &mut out).await? {
+            return Ok(answer);
+        }
+        out = Walk::new(o.max_entries as usize);
     }
     let canon: PathResult = call(
         conn,
@@ -837,6 +901,18 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
                 let path = dir.join(name);
                 let hidden = name.as_bytes().first() == Some(&b'.');
                 let enter = depth < o.max_depth && !(o.prune_hidden_directories && hidden);
+                // What a symlink leads to (a dangling one is skipped,
+                // not counted).
+                let followed = match e.kind {
+                    FileKind::Symlink => match followed_kind(conn, &path, &scope).await {
+                        Some(k) => Some(k),
+                        None => continue,
+                    },
+                    _ => None,
+                };
+                if !out.count() {
+                    break 'dirs;
+                }
                 match e.kind {
                     FileKind::File if !out.entry(&path, "file") => break 'dirs,
                     FileKind::File => {}
@@ -848,10 +924,9 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
                             queue.push_back((path, canon.join(name), depth + 1));
                         }
                     }
-                    FileKind::Symlink if o.follow_directory_symlinks => {
-                        if followed_kind(conn, &path, &scope).await != Some(FileKind::Dir) {
-                            continue;
-                        }
+                    FileKind::Symlink
+                        if o.follow_directory_symlinks && followed == Some(FileKind::Dir) =>
+                    {
                         let c: Result<PathResult, _> = call(
                             conn,
                             m::FS_CANONICALIZE,
@@ -893,8 +968,72 @@ pub async fn walk(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     Ok(out.answer())
 }
 
+/// The walk as one native walk (no link followed, nothing pruned: the
+/// native walk lists the same directories in the same order, breadth
+/// first, each sorted). `None` when one native page does not hold it
+/// (more than [`WALK_PAGE`] names, links and special files included):
+/// the caller walks directory by directory instead.
+async fn walk_at_once(
+    conn: &Conn,
+    root: &Path,
+    scope: &Scope,
+    o: &WalkOptions,
+    out: &mut Walk,
+) -> Result<Option<Value>, RpcError> {
+    let page: WalkResult = call(
+        conn,
+        m::FS_WALK,
+        &WalkParams {
+            root: wire(root),
+            // The native depth counts the root's children as 1.
+            max_depth: (o.max_depth + 1) as u32,
+            max_entries: WALK_PAGE,
+            max_directories: o.max_directories,
+            max_response_bytes: executor_protocol::limits::MAX_WALK_RESPONSE_BYTES,
+            include_hidden: true,
+            cursor: None,
+            sandbox: scope.sandbox.clone(),
+            cwd: scope.cwd.clone(),
+        },
+    )
+    .await
+    .map_err(|e| from_wire(&e))?;
+    let cut_by_directories = page.truncated_by == Some(TruncatedBy::MaxDirectories);
+    if page.next_cursor.is_some() && !cut_by_directories {
+        return Ok(None);
+    }
+    for e in &page.entries {
+        let path = root.join(OsStr::from_bytes(e.path.as_bytes()));
+        if e.kind == FileKind::Symlink && followed_kind(conn, &path, scope).await.is_none() {
+            continue;
+        }
+        if !out.count() {
+            return Ok(Some(std::mem::replace(out, Walk::new(0)).answer()));
+        }
+        let kind = match e.kind {
+            FileKind::File => "file",
+            FileKind::Dir => "directory",
+            _ => continue,
+        };
+        if !out.entry(&path, kind) {
+            return Ok(Some(std::mem::replace(out, Walk::new(0)).answer()));
+        }
+    }
+    for e in &page.errors {
+        if !out.error(&root.join(OsStr::from_bytes(e.path.as_bytes())), &e.message) {
+            break;
+        }
+    }
+    out.truncated |= cut_by_directories;
+    Ok(Some(std::mem::replace(out, Walk::new(0)).answer()))
+}
+
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsOpenParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct OpenArgs {
     handle_id: String,
     path: String,
@@ -913,6 +1052,7 @@ enum OpenMode {
 
 pub async fn open(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: OpenArgs = decode(params)?;
+    let path = super::uri::to_path(&p.path)?;
     conn.ready("filesystem")?;
     if p.handle_id.len() > MAX_HANDLE_ID_BYTES {
         return Err(RpcError::invalid_request(format!(
@@ -938,7 +1078,6 @@ pub async fn open(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             "fs/open mode `replace` is not supported by this exec-server (fileWriteStreaming is not advertised)",
         ));
     }
-    let path = super::uri::to_path(&p.path)?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let r: OpenResult = call(
         conn,
@@ -967,7 +1106,11 @@ pub async fn open(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct FsReadBlockParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct ReadBlockArgs {
     handle_id: String,
     offset: u64,
@@ -977,6 +1120,11 @@ struct ReadBlockArgs {
 pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: ReadBlockArgs = decode(params)?;
     conn.ready("filesystem")?;
+    if p.len == 0 || p.len > MAX_READ_BLOCK_BYTES {
+        return Err(RpcError::invalid_request(format!(
+            "file read block length must be between 1 and {MAX_READ_BLOCK_BYTES}"
+        )));
+    }
     let Some(handle) = conn
         .files
         .map
@@ -990,11 +1138,6 @@ pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             format!("unknown file handle `{}`", p.handle_id),
         ));
     };
-    if p.len == 0 || p.len > MAX_READ_BLOCK_BYTES {
-        return Err(RpcError::invalid_request(format!(
-            "file read block length must be between 1 and {MAX_READ_BLOCK_BYTES}"
-        )));
-    }
     let mut data = Vec::new();
     let mut block = p.len;
     while (data.len() as u64) < p.len {
@@ -1031,7 +1174,11 @@ pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct FsCloseParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct CloseArgs {
     handle_id: String,
 }
@@ -1085,7 +1232,11 @@ pub async fn close_all(conn: &Conn) {
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    expecting = "struct WireFsCopyParams",
+    rename_all = "camelCase",
+    deny_unknown_fields
+)]
 struct CopyArgs {
     source_path: String,
     destination_path: String,
@@ -1096,9 +1247,9 @@ struct CopyArgs {
 
 pub async fn copy(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let p: CopyArgs = decode(params)?;
-    conn.ready("filesystem")?;
     let source = super::uri::to_path(&p.source_path)?;
     let destination = super::uri::to_path(&p.destination_path)?;
+    conn.ready("filesystem")?;
     let scope = super::fs_scope(p.sandbox.as_ref())?;
     let r: Result<CopyResult, _> = call(
         conn,
