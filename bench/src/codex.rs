@@ -25,6 +25,8 @@ struct Server {
     stdin: ChildStdin,
     lines: tokio::io::Lines<BufReader<ChildStdout>>,
     next_id: i64,
+    /// Notifications read while waiting for an answer, in order.
+    pending: std::collections::VecDeque<Value>,
 }
 
 impl Server {
@@ -54,6 +56,7 @@ impl Server {
             stdin,
             lines,
             next_id: 1,
+            pending: Default::default(),
         };
         s.call("initialize", json!({"clientName": "bench"})).await?;
         s.send(json!({"method": "initialized", "params": {}}))
@@ -69,6 +72,13 @@ impl Server {
     }
 
     async fn next(&mut self) -> anyhow::Result<Value> {
+        if let Some(v) = self.pending.pop_front() {
+            return Ok(v);
+        }
+        self.read().await
+    }
+
+    async fn read(&mut self) -> anyhow::Result<Value> {
         let line = self.lines.next_line().await?.context("the server ended")?;
         Ok(serde_json::from_str(&line)?)
     }
@@ -79,12 +89,17 @@ impl Server {
         self.send(json!({"id": id, "method": method, "params": params}))
             .await?;
         loop {
-            let v = self.next().await?;
+            // A notification may come before the answer (a job's exit
+            // before its start's answer): kept for `next`.
+            let v = self.read().await?;
             if v["id"] == json!(id) {
                 if let Some(e) = v.get("error") {
                     bail!("{method}: {e}");
                 }
                 return Ok(v["result"].clone());
+            }
+            if v.get("id").is_none() {
+                self.pending.push_back(v);
             }
         }
     }
