@@ -36,6 +36,20 @@ struct Cli {
     listen: Option<String>,
 }
 
+/// `$serve(input, output, config, launch)` on this process's stdin and
+/// stdout: driven directly when they are pipes or sockets
+/// ([`stream_stdio`]), through tokio's stdio otherwise.
+macro_rules! on_stdio {
+    ($serve:path, $config:expr, $launch:expr) => {
+        async {
+            match stream_stdio() {
+                Some((input, output)) => $serve(input, output, $config, $launch).await,
+                None => $serve(tokio::io::stdin(), tokio::io::stdout(), $config, $launch).await,
+            }
+        }
+    };
+}
+
 fn main() -> anyhow::Result<()> {
     // The trampoline must run single-threaded: dispatch to it before
     // anything else (no runtime, no logging threads).
@@ -133,41 +147,11 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if codex_mode {
-        runtime.block_on(async {
-            match stream_stdio() {
-                Some((input, output)) => {
-                    executor_agent::codex::serve(input, output, config, launch).await
-                }
-                None => {
-                    executor_agent::codex::serve(
-                        tokio::io::stdin(),
-                        tokio::io::stdout(),
-                        config,
-                        launch,
-                    )
-                    .await
-                }
-            }
-        })?;
+        runtime.block_on(on_stdio!(executor_agent::codex::serve, config, launch))?;
         runtime.shutdown_timeout(std::time::Duration::from_millis(100));
         return Ok(());
     }
-    let ending = runtime.block_on(async {
-        match stream_stdio() {
-            Some((input, output)) => {
-                executor_agent::host::serve_stdio(input, output, config, launch).await
-            }
-            None => {
-                executor_agent::host::serve_stdio(
-                    tokio::io::stdin(),
-                    tokio::io::stdout(),
-                    config,
-                    launch,
-                )
-                .await
-            }
-        }
-    })?;
+    let ending = runtime.block_on(on_stdio!(executor_agent::host::serve_stdio, config, launch))?;
     tracing::debug!(?ending, "agent exiting");
     // Blocked stdin reads on the runtime's blocking pool must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
