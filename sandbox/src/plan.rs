@@ -624,6 +624,12 @@ impl<'a> CarveOuts<'a> {
             // Read-only in the sandbox: it cannot be created.
             return Ok(());
         };
+        if !kind.is_dir() && ancestor == w.as_path() {
+            // The write root itself is not a directory: the job's mount
+            // point, which it can neither rename nor remove (EBUSY), so
+            // nothing can ever be created below it.
+            return Ok(());
+        }
         if !kind.is_dir() {
             // A file or a link where a directory would have to be
             // (a git worktree's `.git` file): it is covered

@@ -177,6 +177,7 @@ static int more(int argc, char **argv) {
     if (!strcmp(c, "exchange")) return report(syscall(SYS_renameat2, AT_FDCWD, argv[2], AT_FDCWD, argv[3], RENAME_EXCHANGE));
     if (!strcmp(c, "rename")) return report(rename(argv[2], argv[3]));
     if (!strcmp(c, "rmdir")) return report(rmdir(argv[2]));
+    if (!strcmp(c, "unlink")) return report(unlink(argv[2]));
     if (!strcmp(c, "mkdir")) return report(mkdir(argv[2], 0755));
     if (!strcmp(c, "open-read")) return report(open(argv[2], O_RDONLY));
     return 2;

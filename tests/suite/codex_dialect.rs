@@ -7,6 +7,7 @@
 use executor_tests::executor_bin;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -25,7 +26,25 @@ impl Server {
 
     /// Started with more arguments (`--config`, `--profile`).
     pub(crate) fn start_with(args: &[&std::ffi::OsStr]) -> Server {
-        let mut child = Command::new(executor_bin())
+        Server::spawn(Command::new(executor_bin()), args)
+    }
+
+    /// Started as an unprivileged user (uid 65534) when `unprivileged`
+    /// and this is root, as [`executor_tests::agent_command`] starts the
+    /// native agent; the uid it runs as.
+    pub(crate) fn start_as(unprivileged: bool) -> (Server, u32) {
+        if unprivileged && executor_tests::current_uid() == 0 {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(executor_tests::executor_bin_for_any_user());
+            (Server::spawn(c, &[]), 65534)
+        } else {
+            (Server::start(), executor_tests::current_uid())
+        }
+    }
+
+    fn spawn(mut command: Command, args: &[&std::ffi::OsStr]) -> Server {
+        let mut child = command
             .args(["codex-exec-server", "--listen", "stdio"])
             .args(args)
             .stdin(Stdio::piped())
@@ -99,6 +118,46 @@ impl Server {
             .to_owned();
         self.send(json!({"method": "initialized", "params": {}}));
         sid
+    }
+
+    /// `process/start` of `sh -c script` in `cwd` under `sandbox`, read to
+    /// its close: (stdout and stderr as pushed, exit code).
+    pub(crate) fn sh(
+        &mut self,
+        id: i64,
+        cwd: &Path,
+        sandbox: &Value,
+        script: &str,
+    ) -> (String, i64) {
+        let pid = format!("sh-{id}");
+        self.send(json!({"id": id, "method": "process/start", "params": {
+            "processId": pid, "argv": ["/bin/sh", "-c", script],
+            "cwd": format!("file://{}", cwd.display()), "env": {"PATH": "/usr/bin:/bin"},
+            "tty": false, "sandbox": sandbox}}));
+        // The job's lines may come before the answer.
+        let (r, early) = self.answer(json!(id));
+        assert!(r.get("result").is_some(), "process/start answered {r}");
+        let mut early = early.into_iter();
+        let (mut out, mut code) = (Vec::new(), None);
+        loop {
+            let v = early.next().unwrap_or_else(|| self.next());
+            if v["params"]["processId"] != json!(pid) {
+                continue;
+            }
+            match v["method"].as_str() {
+                Some("process/output") => out.extend(
+                    executor_tests::codex::unbase64(v["params"]["chunk"].as_str().unwrap())
+                        .unwrap(),
+                ),
+                Some("process/exited") => code = v["params"]["exitCode"].as_i64(),
+                Some("process/closed") => break,
+                _ => {}
+            }
+        }
+        (
+            String::from_utf8_lossy(&out).into_owned(),
+            code.expect("an exit"),
+        )
     }
 
     pub(crate) fn close_stdin_and_wait(&mut self) {

@@ -444,3 +444,105 @@ executor_tests::root_and_unprivileged!(
         );
     }
 );
+
+/// Through the dialect, end to end: `.git`, `.agents` and `.codex` stay
+/// read-only under every writable root of a Codex sandbox (a project root
+/// and a `path` entry), existing or not, and cannot be moved away (the
+/// carve-outs' read-only binds and pinned ancestors); what else the roots
+/// hold is writable (positive control). The shared /tmp gets none.
+executor_tests::root_and_unprivileged!(
+    protected_metadata_under_every_writable_root,
+    |unprivileged: bool| async move {
+        use serde_json::json;
+        let base = unique_tempdir("codex-meta");
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (ws, extra) = (base.join("ws"), base.join("extra"));
+        std::fs::create_dir_all(&ws).unwrap();
+        // A file granted by itself: writable, nothing to carve below it.
+        let one = base.join("one.txt");
+        std::fs::write(&one, "old\n").unwrap();
+        std::fs::create_dir_all(extra.join(".git/hooks")).unwrap();
+        let (mut s, uid) = crate::codex_dialect::Server::start_as(unprivileged);
+        if uid != current_uid() {
+            chown_r(&base, uid);
+        }
+        s.handshake(None);
+        let uri = |p: &Path| format!("file://{}", p.display());
+        let sandbox = json!({
+            "permissions": {"type": "managed", "network": "restricted",
+                "file_system": {"type": "restricted", "entries": [
+                    {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+                    {"path": {"type": "special", "value": {"kind": "project_roots"}}, "access": "write"},
+                    {"path": {"type": "path", "path": uri(&extra)}, "access": "write"},
+                    {"path": {"type": "path", "path": uri(&one)}, "access": "write"},
+                    {"path": {"type": "special", "value": {"kind": "slash_tmp"}}, "access": "write"}]}},
+            "cwd": uri(&ws), "workspaceRoots": [uri(&ws)],
+            "windowsSandboxLevel": "disabled", "useLegacyLandlock": false});
+        let mut id = 10;
+        let mut run = |script: &str| {
+            id += 1;
+            s.sh(id, &ws, &sandbox, script)
+        };
+        let e = extra.display();
+        for denied in [
+            format!("echo x > {e}/.git/hooks/pre-commit"),
+            format!("echo x > {e}/.git/config"),
+            format!("mv {e}/.git {e}/git-old"),
+            format!("mkdir {e}/.codex"),
+            format!("mkdir -p {e}/.agents/skills && touch {e}/.agents/skills/x"),
+            "mkdir .git && touch .git/config".into(),
+            "mkdir -p .codex && echo x > .codex/config.toml".into(),
+            "touch .agents".into(),
+        ] {
+            let (out, code) = run(&denied);
+            assert_ne!(code, 0, "{denied}: {out}");
+        }
+        assert!(!extra.join(".git/hooks/pre-commit").exists());
+        assert!(!extra.join(".git/config").exists() && extra.join(".git").is_dir());
+        for name in [".codex", ".agents"] {
+            assert!(!extra.join(name).exists(), "{name} left in extra");
+        }
+        for name in [".git", ".codex", ".agents"] {
+            assert!(!ws.join(name).exists(), "{name} left in the workspace");
+        }
+        // Positive control: the roots are writable, other dot names too,
+        // and the file granted by itself.
+        let (out, code) = run(&format!(
+            "echo x > {e}/file && mkdir {e}/.codex2 && echo x > made && mkdir .github \
+             && echo new > {} && echo ok",
+            one.display()
+        ));
+        assert_eq!((out.as_str(), code), ("ok\n", 0));
+        assert_eq!(std::fs::read_to_string(&one).unwrap(), "new\n");
+        // The shared /tmp keeps no placeholders and gets no carve-outs: a
+        // planted /tmp/.codex of anyone's is no concern of the job's.
+        let tmp_meta = Path::new("/tmp/.codex");
+        if !tmp_meta.exists() {
+            let (out, code) = run(
+                "ls -lad /tmp/.codex /tmp/.codex/* 2>&1; grep -w tmp /proc/self/mountinfo; true",
+            );
+            assert!(out.contains("No such file"), "{out} ({code})");
+        }
+        // The agent's own writes under the same sandbox: a file of a
+        // root (positive control), not a protected name.
+        let r = s.request(
+            90,
+            "fs/writeFile",
+            json!({"path": uri(&extra.join("file2")), "dataBase64": "bmV3ZXIK", "sandbox": sandbox}),
+        );
+        assert!(r.get("result").is_some(), "{r}");
+        assert_eq!(
+            std::fs::read_to_string(extra.join("file2")).unwrap(),
+            "newer\n"
+        );
+        let r = s.request(
+            91,
+            "fs/writeFile",
+            json!({"path": uri(&extra.join(".git/config")), "dataBase64": "eAo=", "sandbox": sandbox}),
+        );
+        assert!(r.get("error").is_some(), "{r}");
+        assert!(!extra.join(".git/config").exists());
+        drop(s);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+);

@@ -2154,6 +2154,44 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
     assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied);
 });
 
+/// A carve-out below a write root that is a file (`--rw F --deny-write
+/// F/.git`, what a Codex sandbox asks for a file it grants) needs nothing:
+/// the file is the job's mount point, which it can neither remove, move
+/// nor exchange for a directory (EBUSY, the mount) even when the directory
+/// around it is writable too; the file itself stays writable (positive
+/// control; before, the carve-out covered the whole file read-only).
+both!(c45c_carve_outs_below_a_file_root, |e: Env| async move {
+    let f = e.ws.join("granted");
+    std::fs::write(&f, "old\n").unwrap();
+    std::fs::create_dir_all(e.ws.join("d")).unwrap();
+    if e.uid != current_uid() {
+        chown_r(&e.ws, e.uid);
+    }
+    let mut i = e.ws_write();
+    i.filesystem.write = vec![wp(&f)];
+    i.filesystem.deny_write = vec![wp(&f.join(".git")), wp(&f.join(".codex/x"))];
+    let (out, code) = e.sh(Some(i.clone()), "echo new > granted && echo ok").await;
+    assert_eq!((out.as_str(), code), ("ok\n", 0), "positive control");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "new\n");
+    // The directory around it writable too.
+    i.filesystem.write = vec![wp(&e.ws), wp(&f)];
+    for (call, want) in [
+        ("rename granted other", "errno=16"),
+        ("exchange d granted", "errno=16"),
+        ("unlink granted", "errno=16"),
+    ] {
+        assert_eq!(e.hostile(Some(i.clone()), call).await, want, "{call}");
+    }
+    let (out, code) = e
+        .sh(
+            Some(i.clone()),
+            "echo newer > granted && mkdir -p d/.git && echo ok",
+        )
+        .await;
+    assert_eq!((out.as_str(), code), ("ok\n", 0), "positive control");
+    assert!(f.is_file() && !e.ws.join("other").exists());
+});
+
 // 45, found by an attack on the placeholders: a carve-out named through a
 // symlink (the carve-out itself, or a parent) keeps its name: the link
 // cannot be removed or replaced; a file where a parent directory would

@@ -28,6 +28,7 @@
 //! | `path {URI}` | the path |
 //! | access `read` / `write` / `deny` (`none`) | read root / write root / `deny_read` |
 //! | a `read` entry below a `write` one | also `deny_write` of each place (the more specific entry wins, as in Codex; a `write` of the same place wins over it) |
+//! | every `write` place but the root, `tmpdir` and `slash_tmp` | also `deny_write` of its `.git`, `.agents`, `.codex` ([`PROTECTED_METADATA`]), existing or not, unless a `write` entry names that place (as Codex protects them under writable roots; not in the shared temporary directories, where any local user could plant one that refuses every job) |
 //! | `glob_pattern` deny | `deny_read` of each match when the request is translated (as the reference snapshots them), scanned to `glob_scan_max_depth` or, without it, as deep as the scan budget ([`MAX_GLOB_SCAN`] entries, [`MAX_GLOB_MATCHES`] matches) allows: beyond it, refused |
 //! | `glob_pattern` read / write | refused |
 //! | `missing_path_behavior` | every grant is `?ROOT` (skipped when missing, as the reference runs with a missing path) |
@@ -53,6 +54,12 @@ use std::path::{Component, Path, PathBuf};
 /// parse (`unknown variant ...`, `missing field ...`, `invalid URI: ...`),
 /// and how a sandbox this translation cannot express is answered.
 pub const INVALID_PARAMS: i64 = -32602;
+
+/// Names Codex keeps read-only directly under every writable root (its
+/// own list): what they hold runs later with more authority than the job
+/// (`.git/hooks`, `.git/config`'s `core.fsmonitor`, the agents' own rules
+/// and skills).
+pub const PROTECTED_METADATA: [&str; 3] = [".git", ".agents", ".codex"];
 
 /// At most this many glob matches become carve-outs.
 pub const MAX_GLOB_MATCHES: usize = 4096;
@@ -449,6 +456,9 @@ enum Target {
     Minimal,
     /// An absolute path.
     Path(PathBuf),
+    /// A shared temporary directory (`tmpdir`, `slash_tmp`): a path whose
+    /// top-level names anyone may have made.
+    Temp(PathBuf),
     /// `:workspace_roots[/sub]`.
     Workspace(Option<PathBuf>),
     /// Nothing (an `unknown` special grant, an empty tmpdir list, project
@@ -612,13 +622,13 @@ fn special(
         "tmpdir" => {
             only_kind(v)?;
             match host.tmpdir {
-                Some(t) if t.is_absolute() => Target::Path(t.to_path_buf()),
+                Some(t) if t.is_absolute() => Target::Temp(t.to_path_buf()),
                 _ => Target::Nothing,
             }
         }
         "slash_tmp" => {
             only_kind(v)?;
-            Target::Path(PathBuf::from("/tmp"))
+            Target::Temp(PathBuf::from("/tmp"))
         }
         "unknown" => {
             known_keys(v, vf, &["kind", "path", "subpath"])?;
@@ -676,7 +686,7 @@ fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<Filesy
     let grants_of = |t: &Target| -> Vec<WirePath> {
         match t {
             Target::Root => vec!["/".into()],
-            Target::Path(p) => vec![optional(p)],
+            Target::Path(p) | Target::Temp(p) => vec![optional(p)],
             Target::Workspace(None) => vec!["?:workspace_roots".into()],
             Target::Workspace(Some(s)) => vec![workspace_sub(s, true)],
             Target::Minimal | Target::Nothing => Vec::new(),
@@ -712,6 +722,26 @@ fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<Filesy
             (Access::Deny, t) => fs.deny_read.extend(carve_of(t)),
         }
     }
+    // Codex keeps its protected metadata names read-only under every
+    // writable root (created or not), unless a write entry names that
+    // place itself. Not under the shared temporary directories: anyone
+    // may plant a `.git` there, and a carve-out holding more than can be
+    // examined, or a file hard-linked outside it, refuses the job, so any
+    // local user could refuse every job.
+    let protected: Vec<PathBuf> = items
+        .iter()
+        .filter(|(t, a, _)| *a == Access::Write && !matches!(t, Target::Temp(_)))
+        .flat_map(|(t, _, _)| places(t, roots))
+        .filter(|w| w.as_os_str() != "/")
+        .collect();
+    for w in &protected {
+        for name in PROTECTED_METADATA {
+            let place = w.join(name);
+            if !written.contains(&place) {
+                fs.deny_write.push(wire(&place));
+            }
+        }
+    }
     let any_write_all = fs.write.iter().any(|w| w.as_bytes() == b"/");
     if deny_root && (read_all || any_write_all) {
         return Err(Untranslatable::unsupported(
@@ -736,7 +766,7 @@ fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<Filesy
 fn places(t: &Target, roots: &[PathBuf]) -> Vec<PathBuf> {
     match t {
         Target::Root => vec![PathBuf::from("/")],
-        Target::Path(p) => vec![p.clone()],
+        Target::Path(p) | Target::Temp(p) => vec![p.clone()],
         Target::Workspace(None) => roots.to_vec(),
         Target::Workspace(Some(s)) => roots.iter().map(|r| r.join(s)).collect(),
         Target::Minimal | Target::Nothing => Vec::new(),
@@ -757,7 +787,7 @@ fn workspace_sub(s: &Path, opt: bool) -> WirePath {
 
 fn carve_of(t: &Target) -> Vec<WirePath> {
     match t {
-        Target::Path(p) => vec![wire(p)],
+        Target::Path(p) | Target::Temp(p) => vec![wire(p)],
         Target::Workspace(None) => vec![":workspace_roots".into()],
         Target::Workspace(Some(s)) => vec![workspace_sub(s, false)],
         Target::Root | Target::Minimal | Target::Nothing => Vec::new(),

@@ -26,6 +26,14 @@ fn paths(v: &[WirePath]) -> Vec<String> {
     v.iter().map(|p| p.display()).collect()
 }
 
+/// The protected metadata names under each writable root, in order.
+fn meta(roots: &[&str]) -> Vec<String> {
+    roots
+        .iter()
+        .flat_map(|r| PROTECTED_METADATA.map(|n| format!("{r}/{n}")))
+        .collect()
+}
+
 fn reads(i: &SandboxIntent) -> Option<Vec<String>> {
     match &i.filesystem.read {
         ReadRoots::All => None,
@@ -49,7 +57,9 @@ fn the_captured_read_only_shape() {
 
 /// `--sandbox workspace-write`: the workspace, /tmp and $TMPDIR writable
 /// (each skipped when missing), `.git`, `.agents`, `.codex`, `.aws` under
-/// the workspace read-only; the same for `fs/writeFile`'s sandbox (with
+/// the workspace read-only (the request's entries; the protected
+/// metadata names are among them; none under the shared /tmp and
+/// $TMPDIR); the same for `fs/writeFile`'s sandbox (with
 /// `policyContext` and `userHomeDir`).
 #[test]
 fn the_captured_workspace_write_shapes() {
@@ -173,7 +183,9 @@ fn every_kind_of_entry() {
         paths(&i.filesystem.deny_read),
         ["/srv/secret", "/srv/other"]
     );
-    assert_eq!(paths(&i.filesystem.deny_write), [format!("{WS}/out/keep")]);
+    let mut want = vec![format!("{WS}/out/keep")];
+    want.extend(meta(&[WS, &format!("{WS}/out")]));
+    assert_eq!(paths(&i.filesystem.deny_write), want);
     // A path `/` written is the root.
     let i = go(&managed(json!([entry(
         json!({"type": "path", "path": "file:///"}),
@@ -238,14 +250,16 @@ fn a_read_below_a_write_is_read_only() {
     ])))
     .unwrap()
     .unwrap();
-    assert_eq!(paths(&i.filesystem.deny_write), [format!("{WS}/.git")]);
+    assert_eq!(paths(&i.filesystem.deny_write), meta(&[WS]));
     let i = go(&managed(json!([
         entry(json!({"type": "path", "path": "file:///home"}), "write"),
         entry(sp("project_roots"), "read"),
     ])))
     .unwrap()
     .unwrap();
-    assert_eq!(paths(&i.filesystem.deny_write), [WS.to_string()]);
+    let mut want = vec![WS.to_string()];
+    want.extend(meta(&["/home"]));
+    assert_eq!(paths(&i.filesystem.deny_write), want);
     let i = go(&managed(json!([
         entry(json!({"type": "path", "path": "file:///home"}), "write"),
         entry(sp("project_roots"), "read"),
@@ -253,11 +267,40 @@ fn a_read_below_a_write_is_read_only() {
     ])))
     .unwrap()
     .unwrap();
-    assert!(
-        i.filesystem.deny_write.is_empty(),
-        "{:?}",
-        i.filesystem.deny_write
-    );
+    assert_eq!(paths(&i.filesystem.deny_write), meta(&["/home", WS]));
+}
+
+/// `.git`, `.agents`, `.codex` stay read-only under every writable root
+/// but the whole disk and the shared temporary directories, created or not, unless a write entry names the
+/// place itself (a write of the root around it does not).
+#[test]
+fn protected_metadata_under_every_writable_root() {
+    let i = go(&managed(json!([
+        entry(sp("root"), "read"),
+        entry(json!({"type": "path", "path": "file:///srv/a"}), "write"),
+        entry(
+            json!({"type": "path", "path": "file:///srv/a/.git"}),
+            "write"
+        ),
+        entry(sp("tmpdir"), "write"),
+    ])))
+    .unwrap()
+    .unwrap();
+    let mut want = vec!["/srv/a/.agents".to_string(), "/srv/a/.codex".into()];
+    want.extend(meta(&["/srv/a/.git"]));
+    assert_eq!(paths(&i.filesystem.deny_write), want);
+    // The whole disk writable: nothing carved (Codex's full access).
+    for whole in [sp("root"), json!({"type": "path", "path": "file:///"})] {
+        let i = go(&managed(json!([entry(whole, "write")])))
+            .unwrap()
+            .unwrap();
+        assert!(i.filesystem.deny_write.is_empty());
+    }
+    // Read-only: nothing to protect.
+    let i = go(&managed(json!([entry(sp("root"), "read")])))
+        .unwrap()
+        .unwrap();
+    assert!(i.filesystem.deny_write.is_empty());
 }
 
 #[test]
