@@ -445,11 +445,11 @@ executor_tests::root_and_unprivileged!(
     }
 );
 
-/// Through the dialect, end to end: `.git`, `.agents` and `.codex` stay
-/// read-only under every writable root of a Codex sandbox (a project root
-/// and a `path` entry), existing or not, and cannot be moved away (the
-/// carve-outs' read-only binds and pinned ancestors); what else the roots
-/// hold is writable (positive control). The shared /tmp gets none.
+// Through the dialect, end to end: `.git`, `.agents` and `.codex` stay
+// read-only under every writable root of a Codex sandbox (a project root
+// and a `path` entry), existing or not, and cannot be moved away (the
+// carve-outs' read-only binds and pinned ancestors); what else the roots
+// hold is writable (positive control). The shared /tmp gets none.
 executor_tests::root_and_unprivileged!(
     protected_metadata_under_every_writable_root,
     |unprivileged: bool| async move {

@@ -2154,12 +2154,12 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
     assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied);
 });
 
-/// A carve-out below a write root that is a file (`--rw F --deny-write
-/// F/.git`, what a Codex sandbox asks for a file it grants) needs nothing:
-/// the file is the job's mount point, which it can neither remove, move
-/// nor exchange for a directory (EBUSY, the mount) even when the directory
-/// around it is writable too; the file itself stays writable (positive
-/// control; before, the carve-out covered the whole file read-only).
+// A carve-out below a write root that is a file (`--rw F --deny-write
+// F/.git`, what a Codex sandbox asks for a file it grants) needs nothing:
+// the file is the job's mount point, which it can neither remove, move
+// nor exchange for a directory (EBUSY, the mount) even when the directory
+// around it is writable too; the file itself stays writable (positive
+// control; before, the carve-out covered the whole file read-only).
 both!(c45c_carve_outs_below_a_file_root, |e: Env| async move {
     let f = e.ws.join("granted");
     std::fs::write(&f, "old\n").unwrap();
