@@ -394,6 +394,11 @@ impl Details<'_> {
     fn num(&mut self, key: &str, n: u64) {
         self.0.insert(key.into(), json!(n));
     }
+    fn names(&mut self, key: &str, names: Vec<&str>) {
+        if !names.is_empty() {
+            self.0.insert(key.into(), json!(names));
+        }
+    }
     fn argv(&mut self, argv: &[String]) {
         self.0.insert("argv".into(), json!(argv));
     }
@@ -500,6 +505,8 @@ mod audited {
         http::HttpRequestParams => |p, d| {
             d.text("url", &super::redact_url(&p.url));
             d.text("http_method", &p.method);
+            // The variables read, never their values.
+            d.names("header_env", p.env_headers.iter().map(|h| h.env.as_str()).collect());
         }
         http::HttpCancelParams => |p, d| { d.num("stream_id", p.stream_id) }
     }

@@ -19,6 +19,10 @@
 //! allow = ["mirror.corp:443", "10.0.0.0/8"]
 //! extra_ca_file = "/etc/executor/corp-ca.pem"   # PEM, added to the host's roots
 //! proxy = "http://proxy.corp:3128"              # HTTP(S)_PROXY is never read
+//! # The variables a request's env_headers may read (a token that never
+//! # leaves the host). Unset: any but the executor's own credentials
+//! # without --profile, none under a profile (unless its [http] sets it).
+//! header_env = ["GITHUB_TOKEN", "MCP_*"]
 //!
 //! [audit]                  # one JSON line per request
 //! file = "/var/log/executor/audit.jsonl"
@@ -168,6 +172,56 @@ pub struct HttpConfig {
     pub extra_roots: Vec<rustls_pki_types::CertificateDer<'static>>,
     /// `http://host:port` of a proxy (CONNECT tunnels for every request).
     pub proxy: Option<url::Url>,
+    /// The environment variables a request's `env_headers` may name
+    /// (`NAME`, or `PREFIX*`); `None` when not configured: any variable
+    /// but the executor's own credentials without `--profile`, none with
+    /// one ([`HttpConfig::header_env_refusal`]).
+    pub header_env: Option<Vec<String>>,
+}
+
+/// Variables a header may never take its value from, whatever the
+/// configuration (ASCII case aside): the credentials of the executor and
+/// of the Codex exec-server it stands in for (Codex's own list).
+pub const PROTECTED_HEADER_ENV: &[&str] = &[
+    "CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN",
+    "OPENAI_FEDERATION_RULE_ID",
+    "OPENAI_IDENTITY_TOKEN_FILE",
+    "OPENAI_WORKLOAD_IDENTITY_CONTEXT",
+    "OPENAI_API_KEY",
+    "CODEX_API_KEY",
+    "CODEX_ACCESS_TOKEN",
+    "CODEX_CONNECTORS_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_FEDERATED_TOKEN_FILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+];
+
+impl HttpConfig {
+    /// Why a header may not take its value from variable `var` under
+    /// `profile`, if it may not.
+    pub fn header_env_refusal(&self, profile: &Profile, var: &str) -> Option<String> {
+        if PROTECTED_HEADER_ENV
+            .iter()
+            .any(|p| p.eq_ignore_ascii_case(var))
+        {
+            return Some(format!("{var} is one of the executor's own credentials"));
+        }
+        let who = profile.name.as_deref().unwrap_or("(default)");
+        match &self.header_env {
+            Some(list) => (!list.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => var.starts_with(prefix),
+                None => p == var,
+            }))
+            .then(|| format!("{var} is not in http.header_env of profile {who}")),
+            None if profile.name.is_some() => Some(format!(
+                "profile {who} names no variable in http.header_env"
+            )),
+            None => None,
+        }
+    }
 }
 
 /// Why the configuration cannot be used. Displays as
@@ -266,6 +320,7 @@ struct RawLimits {
 struct RawHttp {
     #[serde(default)]
     allow: Vec<toml::Spanned<String>>,
+    header_env: Option<Vec<toml::Spanned<String>>>,
     extra_ca_file: Option<toml::Spanned<PathBuf>>,
     proxy: Option<toml::Spanned<String>>,
 }
@@ -352,6 +407,9 @@ impl Config {
                 }
                 if h.proxy.is_some() {
                     http.proxy = over.proxy;
+                }
+                if h.header_env.is_some() {
+                    http.header_env = over.header_env;
                 }
             }
             chosen = Profile {
@@ -675,6 +733,26 @@ fn parse_http(ctx: &Ctx<'_>, prefix: &str, raw: &RawHttp) -> Result<HttpConfig, 
             })?;
         http.proxy = Some(url);
     }
+    if let Some(list) = &raw.header_env {
+        let mut names = Vec::new();
+        for (i, v) in list.iter().enumerate() {
+            let name = v.get_ref();
+            let stem = name.strip_suffix('*').unwrap_or(name);
+            let valid = stem.bytes().enumerate().all(|(j, b)| {
+                b == b'_' || b.is_ascii_alphabetic() || (j > 0 && b.is_ascii_digit())
+            }) && !name.is_empty()
+                && name != "*";
+            if !valid {
+                return Err(ctx.invalid(
+                    Some(v.span()),
+                    &format!("{prefix}.header_env[{i}]"),
+                    format!("{name:?} is not a variable name (letters, digits, `_`; a trailing `*` for a prefix)"),
+                ));
+            }
+            names.push(name.clone());
+        }
+        http.header_env = Some(names);
+    }
     Ok(http)
 }
 
@@ -838,6 +916,33 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(Path::new("/etc/executor/config.toml"), text, None)
+    }
+
+    #[test]
+    fn header_env_names_variables_or_prefixes() {
+        let c = parse("[http]\nheader_env = [\"GITHUB_TOKEN\", \"MCP_*\"]\n").unwrap();
+        let anyone = Profile::default();
+        assert_eq!(c.http.header_env_refusal(&anyone, "GITHUB_TOKEN"), None);
+        assert_eq!(c.http.header_env_refusal(&anyone, "MCP_X"), None);
+        assert!(c.http.header_env_refusal(&anyone, "HOME").is_some());
+        // The credentials, whatever a prefix says.
+        let c = parse("[http]\nheader_env = [\"AWS_*\"]\n").unwrap();
+        assert!(c
+            .http
+            .header_env_refusal(&anyone, "aws_secret_access_key")
+            .is_some());
+        // Unset: any without a profile, none under one.
+        let c = parse("[profiles.p]\n").unwrap();
+        assert_eq!(c.http.header_env_refusal(&anyone, "HOME"), None);
+        let c = Config::parse(Path::new("/c.toml"), "[profiles.p]\n", Some("p")).unwrap();
+        assert!(c.http.header_env_refusal(&c.profile, "HOME").is_some());
+        for bad in ["1X", "A-B", "*", "", "A*B"] {
+            let e = parse(&format!("[http]\nheader_env = [\"ok\", {bad:?}]\n")).unwrap_err();
+            assert!(
+                e.to_string().contains(":2: http.header_env[1]: "),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

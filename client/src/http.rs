@@ -36,7 +36,8 @@ use crate::{Client, Error, Subscription};
 use bytes::Bytes;
 use executor_protocol::methods;
 use executor_protocol::types::http::{
-    BodyDelta, HttpCancelParams, HttpRequestParams, HttpResponse as WireResponse, HttpStreamHead,
+    BodyDelta, EnvHeader, HttpCancelParams, HttpRequestParams, HttpResponse as WireResponse,
+    HttpStreamHead,
 };
 use executor_protocol::types::sandbox::SandboxIntent;
 use futures_util::Stream;
@@ -63,6 +64,7 @@ impl HttpRequest {
                 max_response_bytes: None,
                 follow_redirects: 0,
                 sandbox: None,
+                env_headers: Vec::new(),
             },
         }
     }
@@ -75,6 +77,24 @@ impl HttpRequest {
     /// Add a header (repeated names are kept, in order).
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.params.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// A header whose value the agent reads from its own environment
+    /// variable `env`, after `prefix` (`"Bearer "`): the secret never
+    /// leaves the host. The agent's `http.header_env` says which
+    /// variables may be named.
+    pub fn header_from_env(
+        mut self,
+        name: impl Into<String>,
+        env: impl Into<String>,
+        prefix: impl Into<String>,
+    ) -> Self {
+        self.params.env_headers.push(EnvHeader {
+            name: name.into(),
+            env: env.into(),
+            prefix: prefix.into(),
+        });
         self
     }
 

@@ -805,7 +805,8 @@ rt!(
         any::<bool>(),
         of(any::<u64>()),
         any::<u32>(),
-        of(intent())
+        of(intent()),
+        vec((s(), s(), s()), 0..3)
     )
         .prop_map(
             |(
@@ -818,6 +819,7 @@ rt!(
                 max_response_bytes,
                 follow_redirects,
                 sandbox,
+                env,
             )| HttpRequestParams {
                 method,
                 url,
@@ -827,7 +829,11 @@ rt!(
                 stream,
                 max_response_bytes,
                 follow_redirects,
-                sandbox
+                sandbox,
+                env_headers: env
+                    .into_iter()
+                    .map(|(name, env, prefix)| EnvHeader { name, env, prefix })
+                    .collect(),
             }
         )
 );

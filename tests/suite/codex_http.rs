@@ -54,9 +54,15 @@ struct Server {
 
 impl Server {
     fn start(env: &[(&str, &str)], stderr: Stdio) -> Server {
+        let config = roomy_config();
+        Server::start_with(env, stderr, &["--config".as_ref(), config.as_os_str()])
+    }
+
+    /// Started with these arguments after `--listen stdio`.
+    fn start_with(env: &[(&str, &str)], stderr: Stdio, args: &[&std::ffi::OsStr]) -> Server {
         let mut child = Command::new(executor_bin())
-            .args(["codex-exec-server", "--listen", "stdio", "--config"])
-            .arg(roomy_config())
+            .args(["codex-exec-server", "--listen", "stdio"])
+            .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -738,4 +744,91 @@ fn ws_connections_serve_the_dialect() {
         json!("ready"),
         "the first one still serves"
     );
+}
+
+/// `valueEnvVar` under a profile reads only the variables its
+/// `http.header_env` names (the native agent's rule, `policy_denied`
+/// before any connection): a profile without the key reads none, even a
+/// variable another profile may read; the executor's own credentials
+/// never. The audit line names the variable, never its value.
+#[test]
+fn a_profile_names_the_variables_a_header_may_read() {
+    let (_rt, web) = web();
+    let url = format!("http://{}/headers", web.addr);
+    let dir = executor_tests::unique_tempdir("codex-http-env-profile");
+    let audit = dir.join("audit.jsonl");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[limits]\nmax_detached_sessions = 1024\n[audit]\nfile = {audit:?}\n\
+             [profiles.bare]\n[profiles.tokens.http]\nheader_env = [\"CODEX_HTTP_TEST_*\"]\n"
+        ),
+    )
+    .unwrap();
+    let secret = "s3cret-for-the-profile";
+    let env = [
+        ("CODEX_HTTP_TEST_TOKEN", secret),
+        ("OTHER_HOST_SECRET", "other-s3cret"),
+        ("OPENAI_API_KEY", "sk-never"),
+    ];
+    let header = |var: &str| {
+        json!({"method": "GET", "url": url, "requestId": "e", "headers": [
+            {"name": "Authorization", "value": "Bearer ", "valueEnvVar": var}]})
+    };
+    let start = |profile: &str| {
+        Server::start_with(
+            &env,
+            Stdio::inherit(),
+            &[
+                "--config".as_ref(),
+                config.as_os_str(),
+                "--profile".as_ref(),
+                profile.as_ref(),
+            ],
+        )
+    };
+    let mut bare = start("bare");
+    for (id, var) in [(2, "CODEX_HTTP_TEST_TOKEN"), (3, "OTHER_HOST_SECRET")] {
+        let (code, message) = error(&bare.http(id, header(var)));
+        assert_eq!(code, -32600, "{message}");
+        assert!(
+            message.contains("profile bare names no variable in http.header_env"),
+            "{message}"
+        );
+    }
+    bare.close();
+    let mut tokens = start("tokens");
+    // Positive control: the variable the profile names.
+    let r = tokens.http(2, header("CODEX_HTTP_TEST_TOKEN"));
+    let seen = String::from_utf8(unb64(&r["result"]["bodyBase64"])).unwrap();
+    assert!(
+        seen.contains(&format!("authorization: Bearer {secret}\n")),
+        "{seen}"
+    );
+    let (code, message) = error(&tokens.http(3, header("OTHER_HOST_SECRET")));
+    assert_eq!(code, -32600, "{message}");
+    assert!(
+        message.contains("OTHER_HOST_SECRET is not in http.header_env of profile tokens"),
+        "{message}"
+    );
+    // A prefix rule does not reach the credentials it would match.
+    let (code, _) = error(&tokens.http(4, header("OPENAI_API_KEY")));
+    assert_eq!(code, -32602);
+    tokens.close();
+    let lines = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        !lines.contains(secret) && !lines.contains("other-s3cret") && !lines.contains("sk-never")
+    );
+    let read: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["method"] == json!("http/request"))
+        .collect();
+    assert!(
+        read.iter()
+            .any(|v| v["header_env"] == json!(["CODEX_HTTP_TEST_TOKEN"])),
+        "{lines}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -920,6 +920,7 @@ async fn a_client_that_stops_reading_slows_the_server_not_the_agents_memory() {
         max_response_bytes: None,
         follow_redirects: 0,
         sandbox: None,
+        env_headers: vec![],
     };
     a.send_request(2, executor_protocol::methods::HTTP_REQUEST, &params)
         .await;
@@ -1028,4 +1029,85 @@ async fn the_cli_streams_a_body_to_stdout() {
         err.contains("policy_denied") && err.contains("169.254.169.254"),
         "{err}"
     );
+}
+
+/// `env_headers`: a header's value read from the agent's own environment
+/// (the secret never crosses the wire). Without a configuration any
+/// variable but the executor's own credentials (`policy_denied`, any case);
+/// under a profile only what its `http.header_env` names (none without
+/// it); a missing variable and a `Host` from a variable are
+/// `invalid_params` that never echo a value. Each refusal comes before
+/// any connection.
+#[tokio::test]
+async fn env_headers_read_the_agents_environment_under_the_configured_rule() {
+    let server = TestServer::start().await;
+    let dir = unique_tempdir("http-env-headers");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[profiles.bare]\n[profiles.tokens.http]\nheader_env = [\"EXEC_T_TOK*\"]\n",
+    )
+    .unwrap();
+    let secret = "s3cret-env-header";
+    let agent = |profile: Option<&str>| {
+        let mut cmd = tokio::process::Command::new(executor_bin());
+        cmd.env("EXEC_T_TOKEN", secret)
+            .env("EXEC_T_OTHER", "other-s3cret")
+            .env("AWS_SECRET_ACCESS_KEY", "aws-s3cret")
+            .env_remove("EXEC_T_MISSING");
+        if let Some(p) = profile {
+            cmd.arg("--config").arg(&config).args(["--profile", p]);
+        }
+        Client::spawn(cmd, executor_client::ClientOptions::default())
+    };
+    let get = |var: &str| {
+        HttpRequest::get(server.url("/headers")).header_from_env("Authorization", var, "Bearer ")
+    };
+    let body = |r: HttpResponse| async move {
+        String::from_utf8(r.body.bytes().await.unwrap().to_vec()).unwrap()
+    };
+    let c = agent(None).await.unwrap();
+    let seen = body(c.http_request(get("EXEC_T_TOKEN")).await.unwrap()).await;
+    assert!(
+        seen.contains(&format!("authorization: Bearer {secret}\n")),
+        "{seen}"
+    );
+    for var in [
+        "AWS_SECRET_ACCESS_KEY",
+        "aws_secret_access_key",
+        "OPENAI_API_KEY",
+    ] {
+        let e = fails(&c, get(var)).await;
+        assert_eq!(e.code, ErrorCode::PolicyDenied, "{var}: {e}");
+        assert!(e.message.contains("the executor's own credentials"), "{e}");
+    }
+    let e = fails(&c, get("EXEC_T_MISSING")).await;
+    assert_eq!(e.code, ErrorCode::InvalidParams, "{e}");
+    assert!(e.message.contains("EXEC_T_MISSING"), "{e}");
+    let e = fails(
+        &c,
+        HttpRequest::get(server.url("/headers")).header_from_env("Host", "EXEC_T_TOKEN", ""),
+    )
+    .await;
+    assert_eq!(e.code, ErrorCode::InvalidParams, "{e}");
+    assert!(!e.message.contains(secret), "{e}");
+    c.close().await.unwrap();
+
+    let c = agent(Some("bare")).await.unwrap();
+    let e = fails(&c, get("EXEC_T_TOKEN")).await;
+    assert_eq!(e.code, ErrorCode::PolicyDenied, "{e}");
+    assert!(e.message.contains("profile bare names no variable"), "{e}");
+    c.close().await.unwrap();
+
+    let c = agent(Some("tokens")).await.unwrap();
+    let seen = body(c.http_request(get("EXEC_T_TOKEN")).await.unwrap()).await;
+    assert!(
+        seen.contains(&format!("authorization: Bearer {secret}\n")),
+        "{seen}"
+    );
+    let e = fails(&c, get("EXEC_T_OTHER")).await;
+    assert_eq!(e.code, ErrorCode::PolicyDenied, "{e}");
+    assert!(!e.message.contains("other-s3cret"), "{e}");
+    c.close().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -29,7 +29,7 @@ use base64::Engine;
 use executor_protocol::error::{ErrorCode, WireError};
 use executor_protocol::methods as m;
 use executor_protocol::types::http::{
-    BodyDelta, HttpRequestParams, HttpRequestResult, HttpResponse, HttpStreamHead,
+    BodyDelta, EnvHeader, HttpRequestParams, HttpRequestResult, HttpResponse, HttpStreamHead,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -46,23 +46,10 @@ pub const FOLLOW_REDIRECTS: u32 = 10;
 pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
 /// Variables a header may never take its value from (the reference's
-/// list, ASCII case-insensitive): the executor's own credentials.
-pub const PROTECTED_ENV: &[&str] = &[
-    "CODEX_EXEC_SERVER_NOISE_AUTH_TOKEN",
-    "OPENAI_FEDERATION_RULE_ID",
-    "OPENAI_IDENTITY_TOKEN_FILE",
-    "OPENAI_WORKLOAD_IDENTITY_CONTEXT",
-    "OPENAI_API_KEY",
-    "CODEX_API_KEY",
-    "CODEX_ACCESS_TOKEN",
-    "CODEX_CONNECTORS_TOKEN",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AZURE_CLIENT_SECRET",
-    "AZURE_FEDERATED_TOKEN_FILE",
-    "GOOGLE_APPLICATION_CREDENTIALS",
-];
+/// list, ASCII case-insensitive): the executor's own credentials. The
+/// native agent refuses them too, with the configuration's
+/// `http.header_env` rule.
+pub use crate::config::PROTECTED_HEADER_ENV as PROTECTED_ENV;
 
 /// The open streams of one connection, shared by the request tasks and
 /// the native reader.
@@ -314,8 +301,18 @@ fn native_params(p: &RequestParams) -> Result<HttpRequestParams, RpcError> {
         )));
     }
     let mut headers = Vec::with_capacity(p.headers.len());
+    let mut env_headers = Vec::new();
     for h in &p.headers {
-        headers.push((h.name.clone(), header_value(h)?));
+        match header_value(h)? {
+            Some(value) => headers.push((h.name.clone(), value)),
+            // Read again by the native agent, under the configuration's
+            // `http.header_env` and into its audit line (the name only).
+            None => env_headers.push(EnvHeader {
+                name: h.name.clone(),
+                env: h.value_env_var.clone().unwrap_or_default(),
+                prefix: h.value.clone(),
+            }),
+        }
     }
     let body = match &p.body_base64 {
         Some(b) => Some(serde_bytes::ByteBuf::from(
@@ -340,12 +337,14 @@ fn native_params(p: &RequestParams) -> Result<HttpRequestParams, RpcError> {
             RedirectPolicy::Stop => 0,
         },
         sandbox: None,
+        env_headers,
     })
 }
 
-/// A header's value: `value`, then (with `valueEnvVar`) that variable of
-/// this process's environment.
-fn header_value(h: &Header) -> Result<String, RpcError> {
+/// A header's value (`None` for one with `valueEnvVar`, checked as the
+/// reference checks it: `value` followed by that variable of this
+/// process's environment, which the native agent reads itself).
+fn header_value(h: &Header) -> Result<Option<String>, RpcError> {
     let name = &h.name;
     http::HeaderName::from_bytes(name.as_bytes()).map_err(|e| {
         RpcError::invalid_params(format!("http/request header name is invalid: {e}"))
@@ -388,7 +387,7 @@ fn header_value(h: &Header) -> Result<String, RpcError> {
             "http/request header value is invalid for {name}: {e}"
         ))
     })?;
-    Ok(value)
+    Ok(h.value_env_var.is_none().then_some(value))
 }
 
 fn headers_json(headers: &[(String, String)]) -> Value {
@@ -469,9 +468,10 @@ mod tests {
                 value_env_var: Some(var.into()),
             })
         };
+        // Checked here, read by the native agent.
         assert_eq!(
             h("Authorization", "Bearer ", "CODEX_HTTP_UNIT_TOKEN").unwrap(),
-            "Bearer tok"
+            None
         );
         for protected in ["OPENAI_API_KEY", "codex_exec_server_noise_auth_token"] {
             assert_eq!(

@@ -17,7 +17,7 @@ pub use crate::tables::streams::Streams;
 use bytes::Bytes;
 use executor_protocol::methods;
 use executor_protocol::types::http::{
-    BodyDelta, HttpCancelParams, HttpRequestParams, HttpResponse, HttpStreamHead,
+    BodyDelta, EnvHeader, HttpCancelParams, HttpRequestParams, HttpResponse, HttpStreamHead,
 };
 use executor_protocol::types::sandbox::SandboxIntent;
 use executor_protocol::types::Empty;
@@ -65,7 +65,8 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
         ));
     }
     let url = check_url(&p.url)?;
-    let headers = request_headers(&url, &p.headers)?;
+    let mut headers = request_headers(&url, &p.headers)?;
+    env_headers(s, &p.env_headers, &mut headers)?;
     if p.timeout_ms == 0 || p.timeout_ms > MAX_TIMEOUT_MS {
         return Err(WireError::invalid_params(
             "timeout_ms",
@@ -173,6 +174,63 @@ fn request_headers(url: &Url, given: &[(String, String)]) -> Result<http::Header
         headers.append(n, v);
     }
     Ok(headers)
+}
+
+/// `env_headers`, appended in order: each variable one the configuration
+/// lets this key read ([`crate::config::HttpConfig::header_env_refusal`]:
+/// `policy_denied`), set and not empty in the agent's environment; never a
+/// `Host` header (its value would be echoed in a refusal). Values are
+/// never echoed nor logged.
+fn env_headers(
+    s: &Session,
+    given: &[EnvHeader],
+    headers: &mut http::HeaderMap,
+) -> Result<(), WireError> {
+    for (i, h) in given.iter().enumerate() {
+        let field = format!("env_headers.{i}");
+        let n = header::HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| {
+            WireError::invalid_params(&field, format!("{:?} is not a valid header name", h.name))
+        })?;
+        if n == header::HOST {
+            return Err(WireError::invalid_params(
+                &field,
+                "a Host header cannot take its value from the environment",
+            ));
+        }
+        if let Some(why) = s.http().config.header_env_refusal(s.profile(), &h.env) {
+            return Err(WireError::new(
+                ErrorCode::PolicyDenied,
+                format!("header {:?} from variable {:?}: {why}", h.name, h.env),
+            )
+            .with("field", field)
+            .with("env", h.env.as_str()));
+        }
+        let found = if h.env.is_empty() || h.env.contains(['=', '\0']) {
+            None
+        } else {
+            std::env::var(&h.env).ok().filter(|v| !v.is_empty())
+        };
+        let Some(found) = found else {
+            return Err(WireError::invalid_params(
+                &field,
+                format!(
+                    "header {:?}: the variable {:?} is not set, or empty, in the agent's environment",
+                    h.name, h.env
+                ),
+            ));
+        };
+        let v = header::HeaderValue::from_str(&format!("{}{found}", h.prefix)).map_err(|_| {
+            WireError::invalid_params(
+                &field,
+                format!(
+                    "header {:?}: its prefix and the variable {:?} make no valid header value",
+                    h.name, h.env
+                ),
+            )
+        })?;
+        headers.append(n, v);
+    }
+    Ok(())
 }
 
 /// A `Host` header (any case of the name) must name the URL's authority:

@@ -66,6 +66,23 @@ pub struct HttpRequestParams {
     pub follow_redirects: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxIntent>,
+    /// Headers whose values the agent reads from its own environment
+    /// (a bearer token that never leaves the host), added after `headers`
+    /// in order. Which variables a key may name is the configuration's
+    /// `http.header_env` (docs/PROTOCOL.md §6).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_headers: Vec<EnvHeader>,
+}
+
+/// A header whose value is `prefix` followed by the agent's environment
+/// variable `env` (`{name: "Authorization", env: "TOKEN", prefix: "Bearer "}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvHeader {
+    pub name: String,
+    pub env: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
 }
 
 impl std::fmt::Debug for HttpRequestParams {
@@ -80,6 +97,14 @@ impl std::fmt::Debug for HttpRequestParams {
             .field("body_len", &self.body.as_ref().map(|b| b.len()))
             .field("timeout_ms", &self.timeout_ms)
             .field("stream", &self.stream)
+            .field(
+                "env_headers",
+                &self
+                    .env_headers
+                    .iter()
+                    .map(|h| (&h.name, &h.env))
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
