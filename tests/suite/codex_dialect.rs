@@ -416,3 +416,85 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
     third.close_stdin_and_wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A write to a job that reads nothing waits for room in its stdin, and
+/// nothing else waits with it: `environment/status`, a second job and the
+/// job's `process/terminate` are answered meanwhile (before, the write held
+/// the connection's one lane and the terminate Codex sends after every
+/// command never came through). Writes to one job stay in order; the
+/// blocked ones answer once the job is gone.
+#[test]
+fn a_write_that_waits_for_room_stalls_nothing_else() {
+    use base64::Engine;
+    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
+    let mut s = Server::start();
+    s.handshake(None);
+    let r = s.request(
+        2,
+        "process/start",
+        json!({"processId": "deaf", "argv": ["sleep", "300"], "cwd": "file:///tmp",
+               "env": {}, "tty": false, "pipeStdin": true}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    // Far more than a pipe holds: the first write cannot finish.
+    let big = vec![b'x'; 4 << 20];
+    s.send(json!({"id": 3, "method": "process/write",
+                  "params": {"processId": "deaf", "chunk": b64(&big), "writeId": "w1"}}));
+    s.send(json!({"id": 4, "method": "process/write",
+                  "params": {"processId": "deaf", "chunk": b64(b"y"), "writeId": "w2"}}));
+    s.send(json!({"id": 5, "method": "environment/status", "params": {}}));
+    let (r, early) = s.answer(json!(5));
+    assert_eq!(r["result"]["status"], json!("ready"), "{r}");
+    assert!(
+        early.iter().all(|v| v.get("id").is_none()),
+        "no write answered while the job reads nothing: {early:?}"
+    );
+    let r = s.request(
+        6,
+        "process/start",
+        json!({"processId": "other", "argv": ["true"], "cwd": "file:///tmp", "env": {}, "tty": false}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    // What waits is bounded: past 64 MiB queued, a write is refused at
+    // once, naming the limit.
+    let chunk = b64(&vec![b'z'; 6 << 20]);
+    let mut refused = None;
+    for id in 100..112 {
+        s.send(json!({"id": id, "method": "process/write",
+                      "params": {"processId": "deaf", "chunk": chunk, "writeId": format!("b{id}")}}));
+        s.send(json!({"id": 1000 + id, "method": "environment/status", "params": {}}));
+        let (_, early) = s.answer(json!(1000 + id));
+        if let Some(e) = early.iter().find(|v| v.get("error").is_some()) {
+            refused = Some((id, e.clone()));
+            break;
+        }
+    }
+    let (at, e) = refused.expect("a write past the bound is refused");
+    assert!(at > 100, "the first writes wait: {e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit_exceeded"),
+        "{e}"
+    );
+    s.send(json!({"id": 7, "method": "process/terminate", "params": {"processId": "deaf"}}));
+    let mut answered = std::collections::BTreeMap::new();
+    while !answered.contains_key(&7) || !answered.contains_key(&3) || !answered.contains_key(&4) {
+        let v = s.next();
+        if let Some(id) = v.get("id").and_then(Value::as_i64) {
+            answered.insert(id, v);
+        }
+    }
+    assert_eq!(answered[&7]["result"], json!({"running": true}));
+    // The blocked writes end with the job, in order, neither accepted.
+    for id in [3, 4] {
+        assert!(
+            answered[&id]["result"]["status"] == json!("stdinClosed")
+                || answered[&id].get("error").is_some(),
+            "{:?}",
+            answered[&id]
+        );
+    }
+    s.close_stdin_and_wait();
+}

@@ -9,7 +9,11 @@
 //! host as a native request: a Codex request becomes one or more native
 //! requests, native notifications become Codex ones. Requests are handled
 //! one at a time in the order they came, as the reference does, except
-//! waits (`process/read` with `waitMs`, `http/request`), which run beside.
+//! waits (`process/read` with `waitMs`, `http/request`), which run beside,
+//! and `process/write`, which runs in its job's own lane ([`Lanes`]): in
+//! order with the job's other writes, and with everything else while it
+//! takes at most [`WRITE_IN_ORDER_MS`]; a write waiting longer for room in
+//! the job's stdin stalls nothing else (the job's terminate included).
 //!
 //! May use every module of the agent (it sits above [`crate::host`]).
 
@@ -36,6 +40,12 @@ use wire::{Line, Message, RpcError};
 pub const DETACHED_TTL_MS: u64 = 30_000;
 /// Lines queued for the client before the native side waits.
 const OUT_QUEUE: usize = 1024;
+/// How long the request loop waits for a `process/write` before it goes
+/// on with the next request (the write goes on in its lane).
+pub const WRITE_IN_ORDER_MS: u64 = 200;
+/// Stdin data (base64 text) queued in one connection's write lanes at
+/// most; a write past it is refused.
+pub const MAX_QUEUED_WRITE_BYTES: usize = 64 << 20;
 
 /// Where the connection is in its handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +64,94 @@ pub struct Conn {
     /// The connection's `fs/open` handles.
     pub files: fs::Handles,
     pub http: Arc<http::Streams>,
+    /// One write lane a job.
+    pub lanes: Lanes,
     phase: Arc<Mutex<Phase>>,
+}
+
+/// The `process/write` lanes of one connection: one task a job, taking
+/// its writes in the order they came, at most [`MAX_QUEUED_WRITE_BYTES`]
+/// queued in all.
+#[derive(Default, Debug)]
+pub struct Lanes {
+    /// (closed, the lanes by client `processId`).
+    senders: Mutex<(
+        bool,
+        std::collections::HashMap<String, mpsc::UnboundedSender<LaneJob>>,
+    )>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct LaneJob {
+    id: wire::Id,
+    params: Value,
+    size: usize,
+    done: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Lanes {
+    /// Queue a write of job `pid`; the receiver fires once it is answered.
+    fn enqueue(
+        conn: &Arc<Conn>,
+        pid: String,
+        id: wire::Id,
+        params: Value,
+        size: usize,
+    ) -> Result<tokio::sync::oneshot::Receiver<()>, (wire::Id, RpcError)> {
+        use std::sync::atomic::Ordering;
+        let lanes = &conn.lanes;
+        let before = lanes.queued.fetch_add(size, Ordering::AcqRel);
+        if before + size > MAX_QUEUED_WRITE_BYTES {
+            lanes.queued.fetch_sub(size, Ordering::AcqRel);
+            return Err((
+                id,
+                RpcError::internal(format!(
+                    "limit_exceeded: more than {MAX_QUEUED_WRITE_BYTES} bytes of process/write \
+                     data would wait for jobs' stdin on this connection"
+                )),
+            ));
+        }
+        let (done, fired) = tokio::sync::oneshot::channel();
+        let job = LaneJob {
+            id,
+            params,
+            size,
+            done,
+        };
+        let mut g = lanes.senders.lock().expect("lanes lock");
+        let (closed, map) = &mut *g;
+        if *closed {
+            lanes.queued.fetch_sub(size, Ordering::AcqRel);
+            return Err((job.id, RpcError::internal("the connection is closing")));
+        }
+        let tx = map.entry(pid).or_insert_with(|| {
+            let (tx, mut rx) = mpsc::unbounded_channel::<LaneJob>();
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                while let Some(j) = rx.recv().await {
+                    let answer = dispatch(&conn, "process/write", j.params).await;
+                    conn.lanes.queued.fetch_sub(j.size, Ordering::AcqRel);
+                    let _ = conn.out.send(wire::response(&j.id, answer)).await;
+                    let _ = j.done.send(());
+                }
+            });
+            tx
+        });
+        if let Err(e) = tx.send(job) {
+            lanes.queued.fetch_sub(size, Ordering::AcqRel);
+            return Err((e.0.id, RpcError::internal("the connection is closing")));
+        }
+        Ok(fired)
+    }
+
+    /// End every lane (each after the write it is doing): the connection
+    /// is over.
+    fn close(&self) {
+        let mut g = self.senders.lock().expect("lanes lock");
+        g.0 = true;
+        g.1.clear();
+    }
 }
 
 impl Conn {
@@ -258,6 +355,26 @@ where
             }
             continue;
         }
+        if method == "process/write" {
+            if let Some(pid) = params.get("processId").and_then(Value::as_str) {
+                let size = params
+                    .get("chunk")
+                    .and_then(Value::as_str)
+                    .map_or(0, str::len);
+                match Lanes::enqueue(&c, pid.to_owned(), id, params, size) {
+                    Ok(done) => {
+                        let wait = std::time::Duration::from_millis(WRITE_IN_ORDER_MS);
+                        let _ = tokio::time::timeout(wait, done).await;
+                    }
+                    Err((id, e)) => {
+                        if out.send(wire::response(&id, Err(e))).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                continue;
+            }
+        }
         if runs_beside(&method, &params) {
             let out = out.clone();
             tokio::spawn(async move {
@@ -275,6 +392,7 @@ where
     // lives on in its host, its jobs running), then what is queued is
     // written.
     if let Some(c) = conn.take() {
+        c.lanes.close();
         fs::close_all(&c).await;
         // The client is gone: nothing more is pushed to it.
         c.native.stop();
@@ -428,6 +546,7 @@ async fn initialize(
         procs,
         files: fs::Handles::default(),
         http: Arc::new(http::Streams::default()),
+        lanes: Lanes::default(),
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
