@@ -62,14 +62,10 @@ struct Responder {
 }
 
 impl Responder {
-    async fn respond(&self, mut frame: OutFrame) {
-        let queued = frame.on_queued.take();
-        // Fails only when the writer is gone; nothing left to tell then.
-        if self.tx.send(frame).await.is_ok() {
-            if let Some(signal) = queued {
-                let _ = signal.send(());
-            }
-        }
+    /// Queue `frame`; the writer fires its `on_taken` (dropped unfired
+    /// when the writer is gone: nothing left to tell then).
+    async fn respond(&self, frame: OutFrame) {
+        let _ = self.tx.send(frame).await;
     }
 
     async fn respond_error(&self, id: Option<u64>, error: &WireError) {
@@ -723,7 +719,7 @@ async fn write_loop<W: Output>(
             },
         };
         let mut total = first.len();
-        batch.push(first);
+        batch.push(taken(first));
         // Gather what is already queued, responses ahead of notifications.
         while total < WRITE_BATCH && batch.len() < MAX_BATCH_FRAMES {
             let next = match responses.try_recv() {
@@ -734,7 +730,7 @@ async fn write_loop<W: Output>(
                 },
             };
             total += next.len();
-            batch.push(next);
+            batch.push(taken(next));
         }
         if let Err(e) = write_frames(&mut out, &mut batch).await {
             tracing::debug!(error = %e, "output closed");
@@ -744,6 +740,15 @@ async fn write_loop<W: Output>(
         batch.clear();
     }
     let _ = out.flush().await;
+}
+
+/// `frame`, taken by the writer: what is queued from now on is written
+/// after it (a stream's first notification after its head).
+fn taken(mut frame: OutFrame) -> OutFrame {
+    if let Some(signal) = frame.on_taken.take() {
+        let _ = signal.send(());
+    }
+    frame
 }
 
 /// Write frames whole, in order: the bytes and tails of the frames up to
@@ -830,6 +835,45 @@ async fn write_vectored_all<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream's head may sit queued behind a response another task is
+    /// still sending (a channel hands out its messages in the order their
+    /// senders claimed a slot, so the writer sees none of them and takes a
+    /// notification first): the stream starts only once the writer took
+    /// its head, and its first notification follows the head on the wire.
+    #[tokio::test]
+    async fn a_stream_starts_once_the_writer_took_its_head_not_once_it_is_queued() {
+        let (resp_tx, resp_rx) = mpsc::channel(4);
+        let (note_tx, note_rx) = mpsc::channel(4);
+        let responder = Responder {
+            tx: resp_tx,
+            max_frame: 1 << 20,
+        };
+        let (started, mut start) = tokio::sync::oneshot::channel();
+        responder
+            .respond(OutFrame {
+                on_taken: Some(started),
+                ..OutFrame::new(b"head".to_vec())
+            })
+            .await;
+        // Queued, and no writer has taken it: the stream may push nothing.
+        assert_eq!(
+            start.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+        );
+        let (out, mut wire) = tokio::io::duplex(1 << 16);
+        let writer = tokio::spawn(write_loop(out, resp_rx, note_rx, false));
+        tokio::time::timeout(Duration::from_secs(10), start)
+            .await
+            .expect("the writer took the head")
+            .unwrap();
+        note_tx.send(OutFrame::new(b"note".to_vec())).await.unwrap();
+        drop((responder, note_tx));
+        writer.await.unwrap();
+        let mut got = Vec::new();
+        wire.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"headnote");
+    }
     use executor_protocol::message::encode_request;
     use executor_protocol::types::session::{ClientInfo, InitializeParams};
     use executor_protocol::PROTOCOL_VERSION;

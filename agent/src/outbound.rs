@@ -47,9 +47,13 @@ pub struct OutFrame {
     /// Released when written: bounds requests between arrival and answer,
     /// and the read streams' read-ahead (`Session::read_ahead`).
     pub permit: Option<OwnedSemaphorePermit>,
-    /// Fired once the frame is queued: what is queued after it (a stream's
-    /// notifications) is written after it.
-    pub on_queued: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Fired once the connection's writer has taken the frame: what is
+    /// queued after that (a stream's notifications) is written after it.
+    /// Queued alone is not enough: a channel hands out its messages in the
+    /// order their senders claimed a slot, so a response still being
+    /// queued by another task holds back one queued after it, and the
+    /// writer takes the next notification first.
+    pub on_taken: Option<tokio::sync::oneshot::Sender<()>>,
     /// The error code when this frame answers with an error (for the
     /// audit log).
     pub error: Option<ErrorCode>,
@@ -63,7 +67,7 @@ impl OutFrame {
             tail: None,
             piped: None,
             permit: None,
-            on_queued: None,
+            on_taken: None,
             error: None,
         }
     }
@@ -149,8 +153,9 @@ pub enum Reply {
     /// `{eof, data}` with `data` sent by reference after the frame head
     /// (`fs/readBlock`): a value with a zero-copy tail.
     Block { eof: bool, data: Bytes },
-    /// A stream's head; `started` fires once it is queued, so what the
-    /// stream pushes next (its notifications) follows it on the wire.
+    /// A stream's head; `started` fires once the writer has taken it, so
+    /// what the stream pushes next (its notifications) follows it on the
+    /// wire.
     Stream {
         head: Box<dyn ReplyValue>,
         started: tokio::sync::oneshot::Sender<()>,
@@ -211,7 +216,7 @@ pub fn reply_frame(id: u64, outcome: Result<Reply, WireError>, max_frame: usize)
         }
         Ok(Reply::Stream { head, started }) => match head.encode(id, max_frame) {
             Ok(bytes) => OutFrame {
-                on_queued: Some(started),
+                on_taken: Some(started),
                 ..OutFrame::new(bytes)
             },
             Err(e) => internal(e),
@@ -606,11 +611,11 @@ mod tests {
         };
         encode_response(&mut want, Some(7), &value, 1 << 20).unwrap();
         assert_eq!(whole(&f), want);
-        assert!(f.error.is_none() && f.on_queued.is_none());
+        assert!(f.error.is_none() && f.on_taken.is_none());
     }
 
     #[test]
-    fn a_stream_reply_fires_when_queued_and_errors_carry_their_code() {
+    fn a_stream_reply_fires_when_taken_and_errors_carry_their_code() {
         let (tx, _rx) = tokio::sync::oneshot::channel();
         let f = reply_frame(
             1,
@@ -620,7 +625,7 @@ mod tests {
             }),
             1 << 20,
         );
-        assert!(f.on_queued.is_some());
+        assert!(f.on_taken.is_some());
         let e = WireError::new(ErrorCode::NotFound, "gone");
         let f = reply_frame(2, Err(e), 1 << 20);
         assert_eq!(f.error, Some(ErrorCode::NotFound));

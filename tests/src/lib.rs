@@ -52,7 +52,17 @@ pub fn executor_bin_for_any_user() -> PathBuf {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let bin = dir.join("executor");
         let tmp = dir.join("executor.tmp");
-        std::fs::copy(executor_bin(), &tmp).expect("copy executor");
+        // Copied by a `cp` process, not by this one: a child another test
+        // forks meanwhile would inherit a descriptor this process had open
+        // for writing the copy, and until that child execs, executing the
+        // copy fails with ETXTBSY ("Text file busy"). `cp` has exited, its
+        // descriptors with it, before anything runs the copy.
+        let st = std::process::Command::new("cp")
+            .arg(executor_bin())
+            .arg(&tmp)
+            .status()
+            .expect("cp");
+        assert!(st.success(), "copying the executor binary: {st}");
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         std::fs::rename(&tmp, &bin).expect("rename");
         bin

@@ -46,6 +46,14 @@ fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .collect()
 }
 
+/// A pipe nobody else holds: close-on-exec, so that no child another test
+/// spawns meanwhile (the suite runs its tests in parallel, in this one
+/// process) keeps either end open (a reader's end never seen, a closed
+/// read end that still has a reader).
+fn own_pipe() -> (OwnedFd, OwnedFd) {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap()
+}
+
 /// A pipe whose read end a thread drains (after `wait` says go, when
 /// given); `join` gives what it read.
 struct Drained {
@@ -55,7 +63,7 @@ struct Drained {
 
 impl Drained {
     fn new(wait: Option<std::sync::mpsc::Receiver<()>>) -> Drained {
-        let (r, w) = nix::unistd::pipe().unwrap();
+        let (r, w) = own_pipe();
         let reader = std::thread::spawn(move || {
             if let Some(go) = wait {
                 let _ = go.recv();
@@ -89,7 +97,43 @@ fn thread_rchar() -> u64 {
 async fn into(c: &Client, f: &Path, sink: impl AsFd) -> Result<u64, Error> {
     tokio::time::timeout(HANG, c.read_stream_into(p(f), sink))
         .await
-        .expect("read_stream_into hung")
+        .unwrap_or_else(|_| panic!("read_stream_into of {} hung for {HANG:?}", f.display()))
+}
+
+/// What is wrong with stream `name`'s result (`None`: `want.len()` bytes
+/// reported).
+fn wrong_result(name: &str, r: &Result<u64, Error>, want: &[u8]) -> Option<String> {
+    match r {
+        Ok(n) if *n == want.len() as u64 => None,
+        Ok(n) => Some(format!(
+            "stream {name}: {n} bytes reported, {} in the file",
+            want.len()
+        )),
+        Err(e) => Some(format!(
+            "stream {name} ({} bytes) failed: {e} ({e:?})",
+            want.len()
+        )),
+    }
+}
+
+/// What is wrong with what stream `name`'s sink received (`None`: `want`
+/// exactly): the lengths and the first offset where they differ.
+fn wrong_bytes(name: &str, got: &[u8], want: &[u8]) -> Option<String> {
+    if got == want {
+        return None;
+    }
+    let at = got
+        .iter()
+        .zip(want)
+        .position(|(g, w)| g != w)
+        .unwrap_or(got.len().min(want.len()));
+    Some(format!(
+        "stream {name}: the sink received {} bytes, {} sent; the first difference at offset {at} (block {} + {})",
+        got.len(),
+        want.len(),
+        at / BLOCK as usize,
+        at % BLOCK as usize
+    ))
 }
 
 /// Every file of [`files`] into a file, a pipe, /dev/null and a PTY.
@@ -100,14 +144,18 @@ async fn every_sink(c: &Client, dir: &Path) {
         let file = std::fs::File::create(&out).unwrap();
         assert_eq!(into(c, &f, &file).await.unwrap(), len as u64);
         drop(file);
-        assert!(std::fs::read(&out).unwrap() == data, "file, len {len}");
+        let got = std::fs::read(&out).unwrap();
+        assert_eq!(wrong_bytes(&format!("file, len {len}"), &got, &data), None);
 
         let pipe = Drained::new(None);
         assert_eq!(
             into(c, &f, pipe.w.as_ref().unwrap()).await.unwrap(),
             len as u64
         );
-        assert!(pipe.join() == data, "pipe, len {len}");
+        assert_eq!(
+            wrong_bytes(&format!("pipe, len {len}"), &pipe.join(), &data),
+            None
+        );
 
         let null = std::fs::OpenOptions::new()
             .write(true)
@@ -117,7 +165,8 @@ async fn every_sink(c: &Client, dir: &Path) {
 
         let (slave, reader) = raw_pty_reader(len);
         assert_eq!(into(c, &f, &slave).await.unwrap(), len as u64);
-        assert!(reader.join().unwrap().unwrap() == data, "pty, len {len}");
+        let got = reader.join().unwrap().unwrap();
+        assert_eq!(wrong_bytes(&format!("pty, len {len}"), &got, &data), None);
     }
 }
 
@@ -197,24 +246,30 @@ async fn two_streams_and_requests_between(c: &Client, d: &Path) {
     std::fs::write(&b, &db).unwrap();
     let (pa, pb) = (Drained::new(None), Drained::new(None));
     let requests = async {
-        let mut n = 0;
-        for _ in 0..20 {
-            assert_eq!(c.stat(p(&a)).await.unwrap().size, da.len() as u64);
-            n += 1;
+        let mut wrong = Vec::new();
+        for i in 0..20 {
+            match c.stat(p(&a)).await {
+                Ok(st) if st.size == da.len() as u64 => {}
+                Ok(st) => wrong.push(format!("stat {i}: size {}", st.size)),
+                Err(e) => wrong.push(format!("stat {i}: {e} ({e:?})")),
+            }
         }
-        n
+        wrong
     };
-    let (ra, rb, n) = tokio::join!(
+    let (ra, rb, mut wrong) = tokio::join!(
         into(c, &a, pa.w.as_ref().unwrap()),
         into(c, &b, pb.w.as_ref().unwrap()),
         requests
     );
-    assert_eq!(
-        (ra.unwrap(), rb.unwrap(), n),
-        (da.len() as u64, db.len() as u64, 20)
-    );
-    assert!(pa.join() == da);
-    assert!(pb.join() == db);
+    wrong.extend(wrong_result("a", &ra, &da));
+    wrong.extend(wrong_result("b", &rb, &db));
+    // Named before the sinks are joined: a failed stream's pipe may never
+    // see its end.
+    assert!(wrong.is_empty(), "{}", wrong.join("; "));
+    let (ga, gb) = (pa.join(), pb.join());
+    wrong.extend(wrong_bytes("a", &ga, &da));
+    wrong.extend(wrong_bytes("b", &gb, &db));
+    assert!(wrong.is_empty(), "{}", wrong.join("; "));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,7 +318,7 @@ async fn a_sink_closed_mid_stream_ends_that_stream_and_the_connection_survives()
     let d = unique_tempdir("into-epipe");
     let f = d.join("f");
     std::fs::write(&f, random(16 * BLOCK as usize, 5)).unwrap();
-    let (r, w) = nix::unistd::pipe().unwrap();
+    let (r, w) = own_pipe();
     let reader = std::thread::spawn(move || {
         let mut r = std::fs::File::from(r);
         let mut some = vec![0u8; 100_000];
