@@ -832,3 +832,58 @@ fn a_profile_names_the_variables_a_header_may_read() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A client that asks and does not read: what waits for it is bounded in
+/// bytes, not only in lines. Two hundred 1 MiB `fs/readBlock`s (1.4 MB
+/// answers each) sent while nothing is read: once the server stops making
+/// progress its memory is within its 64 MiB budget and a few lines in
+/// flight (before, 1,024 lines of any size could wait: 280 MB here), and
+/// once the client reads again every answer arrives, whole and in order.
+#[test]
+fn answers_waiting_for_a_client_that_does_not_read_are_bounded_in_bytes() {
+    let dir = executor_tests::unique_tempdir("codex-out-budget");
+    let f = dir.join("big");
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4099) as u8).collect();
+    std::fs::write(&f, &data).unwrap();
+    let mut s = Server::start(&[], Stdio::inherit());
+    let pid = s.child.id();
+    let r = s.request(
+        2,
+        "fs/open",
+        json!({"handleId": "h", "path": format!("file://{}", f.display())}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    let n = 200;
+    for id in 0..n {
+        s.send(json!({"id": 100 + id, "method": "fs/readBlock",
+                      "params": {"handleId": "h", "offset": 0, "len": 1 << 20}}));
+    }
+    // Until the server stops growing (it waits for the client, or it is
+    // done): no sample above the bound.
+    let (mut last, mut still, started) = (0, 0, Instant::now());
+    while still < 4 && started.elapsed() < Duration::from_secs(90) {
+        std::thread::sleep(Duration::from_millis(500));
+        let rss = executor_tests::status_kib(pid, "VmRSS");
+        assert!(
+            rss < 200 * 1024,
+            "the server holds {rss} KiB for a client that reads nothing"
+        );
+        still = if rss.abs_diff(last) < 2048 {
+            still + 1
+        } else {
+            0
+        };
+        last = rss;
+    }
+    let want = b64(&data);
+    for id in 0..n {
+        let v = s.next();
+        assert_eq!(v["id"], json!(100 + id));
+        assert!(
+            v["result"]["chunk"].as_str() == Some(want.as_str()),
+            "answer {id}"
+        );
+    }
+    s.close();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -274,7 +274,7 @@ pub async fn run(conn: &Conn, id: &Id, p: Prepared) -> Option<Result<Value, RpcE
         }
     };
     // Write the answer unless the stream's first delta already did.
-    let Ok(permit) = conn.out.reserve().await else {
+    let Ok(permit) = conn.out.reserve(64 << 10).await else {
         return None;
     };
     let mut g = conn.http.inner.lock().expect("streams lock");

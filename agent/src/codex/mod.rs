@@ -59,7 +59,7 @@ enum Phase {
 #[allow(missing_debug_implementations)] // channels and tables
 pub struct Conn {
     pub native: Arc<Native>,
-    pub out: mpsc::Sender<Vec<u8>>,
+    pub out: wire::Out,
     pub procs: Arc<process::Registry>,
     /// The connection's `fs/open` handles.
     pub files: fs::Handles,
@@ -251,7 +251,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (out, rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+    let (out, rx) = wire::Out::new(OUT_QUEUE);
     let writer = tokio::spawn(write_loop(output, rx));
     let mut input = BufReader::with_capacity(256 * 1024, input);
     let mut buf = Vec::new();
@@ -412,12 +412,13 @@ fn runs_beside(method: &str, params: &Value) -> bool {
     }
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut output: W, mut rx: mpsc::Receiver<Vec<u8>>) {
-    while let Some(line) = rx.recv().await {
+async fn write_loop<W: AsyncWrite + Unpin>(mut output: W, mut rx: wire::OutRx) {
+    // Each line's share of the budget goes back once it is written.
+    while let Some((line, _share)) = rx.recv().await {
         if output.write_all(&line).await.is_err() {
             return;
         }
-        while let Ok(line) = rx.try_recv() {
+        while let Ok((line, _share)) = rx.try_recv() {
             if output.write_all(&line).await.is_err() {
                 return;
             }
@@ -486,7 +487,7 @@ async fn initialize(
     p: InitializeParams,
     config: crate::config::Config,
     launch: crate::host::Launch,
-    out: &mpsc::Sender<Vec<u8>>,
+    out: &wire::Out,
     phase: &Arc<Mutex<Phase>>,
 ) -> Result<(Arc<Conn>, Value), RpcError> {
     let resume = match p.resume_session_id.as_deref() {
@@ -578,7 +579,7 @@ async fn initialize(
 /// Native notifications, turned into Codex lines on the reader task.
 struct Notes {
     conn: Arc<Mutex<Option<std::sync::Weak<Conn>>>>,
-    out: mpsc::Sender<Vec<u8>>,
+    out: wire::Out,
 }
 
 impl native::Notes for Notes {
@@ -601,7 +602,7 @@ impl native::Notes for Notes {
         tracing::debug!(method, "native notification without a Codex counterpart");
         vec![]
     }
-    fn out(&self) -> &mpsc::Sender<Vec<u8>> {
+    fn out(&self) -> &wire::Out {
         &self.out
     }
     fn ended(&mut self) {

@@ -51,7 +51,7 @@ pub trait Notes: Send + 'static {
     /// and it reports the lag, which the dialect catches up on).
     fn note(&mut self, method: &str, params: rmpv::Value) -> Vec<Vec<u8>>;
     /// Where the lines go.
-    fn out(&self) -> &mpsc::Sender<Vec<u8>>;
+    fn out(&self) -> &super::wire::Out;
     /// The native connection ended (the agent is gone).
     fn ended(&mut self);
 }

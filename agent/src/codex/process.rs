@@ -28,7 +28,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc;
 
 /// What the dialect knows of each job it started, shared between the
 /// request handlers and the native reader.
@@ -831,7 +830,7 @@ pub async fn terminate(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 }
 
 /// Lines pushed to the client, in order.
-pub type Out = mpsc::Sender<Vec<u8>>;
+pub use super::wire::Out;
 
 #[cfg(test)]
 mod tests {

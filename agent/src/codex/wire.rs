@@ -412,3 +412,76 @@ mod tests {
         ));
     }
 }
+
+/// Bytes of lines queued for the client at most (a longer line alone
+/// takes all of it): a client that stops reading stops what makes lines
+/// (the request loop, jobs' output, HTTP streams), before the agent's
+/// memory grows by more than this.
+pub const OUT_BUDGET: usize = 64 << 20;
+
+/// The connection's lines for the client, in order, bounded in number and
+/// in bytes ([`OUT_BUDGET`]); each line's share of the budget comes back
+/// once it is written.
+#[derive(Clone, Debug)]
+pub struct Out {
+    tx: tokio::sync::mpsc::Sender<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>,
+    budget: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// The client is gone: nothing more is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
+/// The receiving end: lines with their share of the budget, dropped once
+/// written.
+pub type OutRx = tokio::sync::mpsc::Receiver<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>;
+
+/// A place in the queue and `bytes` of the budget, taken before the line
+/// is known (sent without waiting).
+#[derive(Debug)]
+pub struct Reserved {
+    slot: tokio::sync::mpsc::OwnedPermit<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>,
+    bytes: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Reserved {
+    pub fn send(self, line: Vec<u8>) {
+        self.slot.send((line, self.bytes));
+    }
+}
+
+impl Out {
+    /// A queue of `lines` lines.
+    pub fn new(lines: usize) -> (Out, OutRx) {
+        let (tx, rx) = tokio::sync::mpsc::channel(lines);
+        let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(OUT_BUDGET));
+        (Out { tx, budget }, rx)
+    }
+
+    fn share(len: usize) -> u32 {
+        len.clamp(1, OUT_BUDGET) as u32
+    }
+
+    /// Queue `line`, waiting for its share of the budget and a place.
+    pub async fn send(&self, line: Vec<u8>) -> Result<(), Closed> {
+        let bytes = self
+            .budget
+            .clone()
+            .acquire_many_owned(Out::share(line.len()))
+            .await
+            .map_err(|_| Closed)?;
+        self.tx.send((line, bytes)).await.map_err(|_| Closed)
+    }
+
+    /// A place and `bytes` of the budget for a line sent later.
+    pub async fn reserve(&self, bytes: usize) -> Result<Reserved, Closed> {
+        let bytes = self
+            .budget
+            .clone()
+            .acquire_many_owned(Out::share(bytes))
+            .await
+            .map_err(|_| Closed)?;
+        let slot = self.tx.clone().reserve_owned().await.map_err(|_| Closed)?;
+        Ok(Reserved { slot, bytes })
+    }
+}
