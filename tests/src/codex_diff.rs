@@ -839,3 +839,34 @@ pub fn compare(scenario: &Scenario, golden: &str, executor: &Transcript) -> Vec<
     }
     diffs
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference's run reports a message the scenario declares
+    /// executor's alone, matched exactly with its seqs (the same message
+    /// with another seq is not it).
+    #[test]
+    fn a_reference_sending_an_executor_only_line_is_reported() {
+        let scenario = Scenario {
+            name: "self-test",
+            steps: vec![Step::ExecutorOnly {
+                m: Match::NotificationFor("process/closed", "p"),
+                why: "better",
+                want: json!({"method": "process/closed", "params": {"processId": "p", "seq": 5}}),
+            }],
+            executor_masks: &[],
+        };
+        let norm = Normalizer { subs: Vec::new() };
+        let other = r#"{"method":"process/closed","params":{"seq":4,"processId":"p"}}"#;
+        assert!(executor_only_sent(&scenario, &norm, &[other.to_string()]).is_empty());
+        let same = r#"{"params":{"seq":5,"processId":"p"},"method":"process/closed"}"#;
+        let sent = executor_only_sent(&scenario, &norm, &[other.to_string(), same.to_string()]);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert!(
+            sent[0].contains("declared executor's alone (better)"),
+            "{sent:?}"
+        );
+    }
+}
