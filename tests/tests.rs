@@ -17,6 +17,8 @@ mod cli_quoting;
 mod cli_terminal;
 #[path = "suite/client.rs"]
 mod client;
+#[path = "suite/codex_catchup.rs"]
+mod codex_catchup;
 #[path = "suite/codex_cli.rs"]
 mod codex_cli;
 #[path = "suite/codex_dialect.rs"]

@@ -92,6 +92,17 @@ pub enum Step {
     /// As `Expect`, with the values at these JSON pointers masked (for
     /// both servers: where the reference itself varies).
     ExpectMasked(Match, &'static [&'static str]),
+    /// A message only executor sends, where it does better than the
+    /// reference (`why` says how): on executor the first message `m`
+    /// matches is claimed and must be exactly `want` (normalized, its
+    /// seqs kept), recorded as a `+` line that the comparison with the
+    /// golden steps over; the reference records nothing here and must
+    /// never send `want` (its run reports it if it does).
+    ExecutorOnly {
+        m: Match,
+        why: &'static str,
+        want: Value,
+    },
     /// Remember the value at this JSON pointer of the message the `Expect`
     /// just before claimed as `{NAME}` (and normalize it to `<NAME>`, in
     /// that message too).
@@ -122,12 +133,29 @@ pub struct Scenario {
 pub struct Line {
     pub text: String,
     pub differing: Option<(&'static str, ExecutorCheck)>,
+    /// For a line only executor sends ([`Step::ExecutorOnly`]): why, and
+    /// the line it must be exactly.
+    pub executor_only: Option<(&'static str, String)>,
+}
+
+impl Line {
+    /// A line compared with the golden's.
+    pub fn plain(text: impl Into<String>) -> Line {
+        Line {
+            text: text.into(),
+            differing: None,
+            executor_only: None,
+        }
+    }
 }
 
 /// A scenario's recorded, normalized transcript.
 #[derive(Debug, Clone)]
 pub struct Transcript {
     pub lines: Vec<Line>,
+    /// Messages the reference sent that the scenario declares executor's
+    /// alone (empty for executor's transcript).
+    pub reference_sent_executor_only: Vec<String>,
 }
 
 impl Transcript {
@@ -362,9 +390,19 @@ impl Normalizer {
 
     /// A line (sent or received) in normalized form.
     fn line(&self, raw: &str) -> String {
+        self.line_with(raw, true)
+    }
+
+    /// A line in normalized form with its seqs as they are (for lines
+    /// that are not compared with the other server's).
+    fn line_keeping_seqs(&self, raw: &str) -> String {
+        self.line_with(raw, false)
+    }
+
+    fn line_with(&self, raw: &str, mask_seqs: bool) -> String {
         match serde_json::from_str::<Value>(raw) {
             Ok(mut v) => {
-                normalize_value(&mut v);
+                normalize_value(&mut v, mask_seqs);
                 self.text(&v.to_string())
             }
             Err(_) => format!("RAW {}", self.text(raw)),
@@ -374,7 +412,7 @@ impl Normalizer {
 
 const BASE64_KEYS: &[&str] = &["chunk", "dataBase64", "bodyBase64", "deltaBase64"];
 
-fn normalize_value(v: &mut Value) {
+fn normalize_value(v: &mut Value, mask_seqs: bool) {
     match v {
         Value::Object(map) => {
             let keys: Vec<String> = map.keys().cloned().collect();
@@ -392,7 +430,10 @@ fn normalize_value(v: &mut Value) {
                     // A process's seqs: its exit races its last output in
                     // the reference, so the order is checked apart
                     // (`SeqLog`) and the values masked.
-                    "seq" if map.contains_key("processId") || map.contains_key("stream") => {
+                    "seq"
+                        if mask_seqs
+                            && (map.contains_key("processId") || map.contains_key("stream")) =>
+                    {
                         Some("<seq>")
                     }
                     "executorVersion" => Some("<version>"),
@@ -406,7 +447,7 @@ fn normalize_value(v: &mut Value) {
                     continue;
                 }
                 if let Some(child) = map.get_mut(&k) {
-                    normalize_value(child);
+                    normalize_value(child, mask_seqs);
                 }
             }
             // An HTTP header `{name: "date", value}`.
@@ -419,7 +460,7 @@ fn normalize_value(v: &mut Value) {
                 map.insert("value".into(), json!("<date>"));
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(normalize_value),
+        Value::Array(items) => items.iter_mut().for_each(|i| normalize_value(i, mask_seqs)),
         _ => {}
     }
     // An HTTP `content-length`: bodies hold normalized paths.
@@ -576,8 +617,12 @@ pub async fn run(scenario: &Scenario, server: Server) -> Option<Transcript> {
         ),
         ("http".to_string(), http_base.clone()),
     ]);
+    let is_executor = matches!(server, Server::Executor { .. });
     let mut lines = Vec::new();
-    let mut push = |text: String, differing| lines.push(Line { text, differing });
+    // Every received line, raw: the reference's are checked against the
+    // scenario's executor-only messages at the end.
+    let mut received: Vec<String> = Vec::new();
+    let mut push = |line: Line| lines.push(line);
     let mut peer = Peer::spawn(server, &codex, &dir);
     let mut seqs = SeqLog::default();
     for (i, step) in scenario.steps.iter().enumerate() {
@@ -588,7 +633,7 @@ pub async fn run(scenario: &Scenario, server: Server) -> Option<Transcript> {
                 // such (when the server's exit is seen is a race); the
                 // waits that follow record the end.
                 let _ = peer.send(&l).await;
-                push(format!("> {}", norm.line(&l)), None);
+                push(Line::plain(format!("> {}", norm.line(&l))));
             }
             Step::Expect(m) | Step::ExpectDiffering { m, .. } | Step::ExpectMasked(m, _) => {
                 let masks: &[&str] = match step {
@@ -613,71 +658,121 @@ pub async fn run(scenario: &Scenario, server: Server) -> Option<Transcript> {
                             norm.capture(name, &captured);
                             vars.insert((*name).to_string(), captured);
                         }
-                        push(mask(&format!("< {}", norm.line(&l)), masks), differing);
+                        push(Line {
+                            text: mask(&format!("< {}", norm.line(&l)), masks),
+                            differing,
+                            executor_only: None,
+                        });
+                        received.push(l);
                     }
                     None => {
                         // Whether the server had closed its end by then
                         // or not is its timing, not its answer.
-                        push(format!("! no message {m:?}"), differing);
+                        push(Line {
+                            text: format!("! no message {m:?}"),
+                            differing,
+                            executor_only: None,
+                        });
                     }
                 }
+            }
+            // The reference records nothing here (what it sends is
+            // checked at the end).
+            Step::ExecutorOnly { .. } if !is_executor => {}
+            Step::ExecutorOnly { m, why, want } => {
+                // Kept apart from the compared seqs: `want` states them.
+                let text = match peer.claim(m).await {
+                    Some(l) => format!("+ {}", norm.line_keeping_seqs(&l)),
+                    None => format!("! no message {m:?}"),
+                };
+                push(Line {
+                    text,
+                    differing: None,
+                    executor_only: Some((*why, want.to_string())),
+                });
             }
             // Done with the `Expect` before it.
             Step::Capture(..) => {}
             Step::ExpectEof => {
                 let ended = peer.wait_end(MESSAGE_WAIT).await;
-                flush_pending(&mut peer, &norm, &mut seqs, &mut push);
-                push(
-                    if ended {
-                        "# connection ended".into()
-                    } else {
-                        "! the connection did not end".into()
-                    },
-                    None,
-                );
+                flush_pending(&mut peer, &norm, &mut seqs, &mut received, &mut push);
+                push(Line::plain(if ended {
+                    "# connection ended"
+                } else {
+                    "! the connection did not end"
+                }));
             }
             Step::CloseStdin => {
                 peer.settle(Duration::from_millis(200)).await;
-                flush_pending(&mut peer, &norm, &mut seqs, &mut push);
+                flush_pending(&mut peer, &norm, &mut seqs, &mut received, &mut push);
                 let code = peer.close_and_wait().await;
-                push(format!("# stdin closed; exit {code:?}"), None);
+                push(Line::plain(format!("# stdin closed; exit {code:?}")));
             }
             Step::Reconnect => {
                 peer = Peer::spawn(server, &codex, &dir);
-                push("# new connection".into(), None);
+                push(Line::plain("# new connection"));
             }
             Step::Sleep(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
         }
     }
     peer.settle(Duration::from_millis(200)).await;
-    flush_pending(&mut peer, &norm, &mut seqs, &mut push);
+    flush_pending(&mut peer, &norm, &mut seqs, &mut received, &mut push);
     let code = peer.close_and_wait().await;
     for v in seqs.verdicts() {
-        push(v, None);
+        push(Line::plain(v));
     }
-    push(format!("# end; exit {code:?}"), None);
-    Some(Transcript { lines })
+    push(Line::plain(format!("# end; exit {code:?}")));
+    let reference_sent_executor_only = if is_executor {
+        Vec::new()
+    } else {
+        executor_only_sent(scenario, &norm, &received)
+    };
+    Some(Transcript {
+        lines,
+        reference_sent_executor_only,
+    })
 }
-
 /// Record what arrived unclaimed, sorted (its order is not meaningful).
 fn flush_pending(
     peer: &mut Peer,
     norm: &Normalizer,
     seqs: &mut SeqLog,
-    push: &mut impl FnMut(String, Option<(&'static str, ExecutorCheck)>),
+    received: &mut Vec<String>,
+    push: &mut impl FnMut(Line),
 ) {
     let mut rest: Vec<String> = peer
         .pending
         .drain(..)
         .map(|l| {
             seqs.note(&l);
-            format!("<? {}", norm.line(&l))
+            let text = format!("<? {}", norm.line(&l));
+            received.push(l);
+            text
         })
         .collect();
     rest.sort();
     for l in rest {
-        push(l, None);
+        push(Line::plain(l));
     }
+}
+
+/// The scenario's executor-only messages that are among `received` (the
+/// reference's lines): each one a sentence.
+fn executor_only_sent(scenario: &Scenario, norm: &Normalizer, received: &[String]) -> Vec<String> {
+    let got: Vec<String> = received.iter().map(|l| norm.line_keeping_seqs(l)).collect();
+    scenario
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::ExecutorOnly { why, want, .. } => {
+                let want = want.to_string();
+                got.contains(&want).then(|| {
+                    format!("the reference sent {want}, declared executor's alone ({why})")
+                })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Mask the values at `pointers` of a transcript line's message.
@@ -697,28 +792,35 @@ fn mask(text: &str, pointers: &[&str]) -> String {
 }
 
 /// Compare executor's transcript with the reference's golden text:
-/// masked pointers ignored, a declared difference checked by its check.
-/// The differences, one message each (empty when they agree).
+/// masked pointers ignored, a declared difference checked by its check,
+/// an executor-only line checked to be exactly the declared one and
+/// stepped over (the golden's next line is compared with executor's line
+/// after it). The differences, one message each (empty when they agree);
+/// line numbers are executor's transcript's.
 pub fn compare(scenario: &Scenario, golden: &str, executor: &Transcript) -> Vec<String> {
     let want: Vec<&str> = golden.lines().collect();
     let mut diffs = Vec::new();
-    let n = want.len().max(executor.lines.len());
-    for i in 0..n {
-        let w = want.get(i).copied().unwrap_or("<missing>");
-        let Some(got) = executor.lines.get(i) else {
-            diffs.push(format!(
-                "line {}: reference {w}\n  executor <missing>",
-                i + 1
-            ));
+    let mut w_at = 0;
+    for (i, got) in executor.lines.iter().enumerate() {
+        let n = i + 1;
+        if let Some((why, line)) = &got.executor_only {
+            let expected = format!("+ {line}");
+            if got.text != expected {
+                diffs.push(format!(
+                    "line {n}: executor-only ({why})\n  expected {expected}\n  executor {}",
+                    got.text
+                ));
+            }
             continue;
-        };
+        }
+        let w = want.get(w_at).copied().unwrap_or("<missing>");
+        w_at += 1;
         if let Some((why, check)) = &got.differing {
             let json = got.text.split_once(' ').map(|(_, j)| j).unwrap_or("");
             let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
             if let Err(e) = (check.0)(&v) {
                 diffs.push(format!(
-                    "line {}: executor differs on purpose ({why}) but: {e}\n  executor {}",
-                    i + 1,
+                    "line {n}: executor differs on purpose ({why}) but: {e}\n  executor {}",
                     got.text
                 ));
             }
@@ -729,8 +831,42 @@ pub fn compare(scenario: &Scenario, golden: &str, executor: &Transcript) -> Vec<
             mask(&got.text, scenario.executor_masks),
         );
         if w != g {
-            diffs.push(format!("line {}: reference {w}\n  executor {g}", i + 1));
+            diffs.push(format!("line {n}: reference {w}\n  executor {g}"));
         }
     }
+    for w in want.iter().skip(w_at) {
+        diffs.push(format!("reference {w}\n  executor <missing>"));
+    }
     diffs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference's run reports a message the scenario declares
+    /// executor's alone, matched exactly with its seqs (the same message
+    /// with another seq is not it).
+    #[test]
+    fn a_reference_sending_an_executor_only_line_is_reported() {
+        let scenario = Scenario {
+            name: "self-test",
+            steps: vec![Step::ExecutorOnly {
+                m: Match::NotificationFor("process/closed", "p"),
+                why: "better",
+                want: json!({"method": "process/closed", "params": {"processId": "p", "seq": 5}}),
+            }],
+            executor_masks: &[],
+        };
+        let norm = Normalizer { subs: Vec::new() };
+        let other = r#"{"method":"process/closed","params":{"seq":4,"processId":"p"}}"#;
+        assert!(executor_only_sent(&scenario, &norm, &[other.to_string()]).is_empty());
+        let same = r#"{"params":{"seq":5,"processId":"p"},"method":"process/closed"}"#;
+        let sent = executor_only_sent(&scenario, &norm, &[other.to_string(), same.to_string()]);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert!(
+            sent[0].contains("declared executor's alone (better)"),
+            "{sent:?}"
+        );
+    }
 }

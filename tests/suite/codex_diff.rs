@@ -2,9 +2,10 @@
 //! against the reference `codex exec-server --listen stdio`, recorded as
 //! normalized transcripts (`tests/fixtures/codex/diff/NAME.golden`). The
 //! reference must keep matching its goldens (three runs each: the
-//! normalization is stable); with the `codex-dialect` feature `executor
-//! codex-exec-server` must match them too, except where a scenario
-//! declares that executor differs on purpose.
+//! normalization is stable); `executor codex-exec-server` must match them
+//! too, except where a scenario declares that executor differs on purpose
+//! (a line checked apart) or sends what the reference does not (exact
+//! lines only executor may send, which the reference must not).
 //!
 //! `EXECUTOR_CODEX_DIFF_RECORD=1` rewrites the goldens from the reference.
 
@@ -59,6 +60,17 @@ fn ran(id: &'static str) -> Vec<Step> {
         note("process/exited", id),
         note("process/closed", id),
     ]
+}
+
+/// A check that executor's (normalized) message is exactly `want`.
+fn exactly(want: Value) -> ExecutorCheck {
+    ExecutorCheck::new(move |v| {
+        if *v == want {
+            Ok(())
+        } else {
+            Err(format!("expected {want}"))
+        }
+    })
 }
 
 fn b64(s: &str) -> String {
@@ -434,13 +446,29 @@ fn scenarios() -> Vec<Scenario> {
         "process/start",
         start(
             "survivor",
-            &["/bin/sh", "-c", "echo before; sleep 2; echo after"],
+            &["/bin/sh", "-c", "echo before; sleep 1; echo after"],
         ),
     ));
     s.push(note("process/output", "survivor"));
+    s.extend(req(
+        2,
+        "process/start",
+        start(
+            "live",
+            &[
+                "/bin/sh",
+                "-c",
+                "echo before; sleep 1; echo during; sleep 5; echo after",
+            ],
+        ),
+    ));
+    s.push(note("process/output", "live"));
     s.push(Step::CloseStdin);
-    // The job ends while no connection is attached: what it did is read
-    // after the resume, nothing is pushed.
+    // `survivor` ends and `live` writes `during` while no connection is
+    // attached: what they did is read after the resume (nothing of it is
+    // pushed); `live` writes `after` once resumed, pushed with the next
+    // seq. The reference kills both with the connection and refuses the
+    // resume.
     s.push(Step::Sleep(2500));
     s.push(Step::Reconnect);
     s.push(send(json!({"id": 1, "method": "initialize", "params": {"clientName": "diff", "resumeSessionId": "{sid}"}})));
@@ -459,18 +487,46 @@ fn scenarios() -> Vec<Scenario> {
     s.push(Step::ExpectDiffering {
         m: Match::Response(json!(2)),
         why: "executor's process ran on while detached: its whole output and exit are read",
-        check: ExecutorCheck::new(|v| {
-            let text = v.to_string();
-            if text.contains("before")
-                && text.contains("after")
-                && v.pointer("/result/exited") == Some(&json!(true))
-            {
-                Ok(())
-            } else {
-                Err(format!("expected before, after and the exit, got {v}"))
-            }
-        }),
+        check: exactly(json!({"id": 2, "result": {
+            "chunks": [
+                {"chunk@text": "before\n", "seq": "<seq>", "stream": "stdout"},
+                {"chunk@text": "after\n", "seq": "<seq>", "stream": "stdout"},
+            ],
+            "closed": true, "exitCode": 0, "exited": true, "failure": null,
+            "nextSeq": 5, "sandboxDenied": false,
+        }})),
     });
+    s.push(send(
+        json!({"id": 3, "method": "process/read", "params": {"processId": "live", "afterSeq": 1}}),
+    ));
+    s.push(Step::ExpectDiffering {
+        m: Match::Response(json!(3)),
+        why: "executor's process ran on while detached: what it wrote then is read",
+        check: exactly(json!({"id": 3, "result": {
+            "chunks": [{"chunk@text": "during\n", "seq": "<seq>", "stream": "stdout"}],
+            "closed": false, "exitCode": null, "exited": false, "failure": null,
+            "nextSeq": 3, "sandboxDenied": false,
+        }})),
+    });
+    // What `live` does once resumed is pushed, its seqs going on from
+    // what the reads returned (`before` 1, `during` 2), nothing twice.
+    for (method, want) in [
+        (
+            "process/output",
+            json!({"chunk@text": "after\n", "processId": "live", "seq": 3, "stream": "stdout"}),
+        ),
+        (
+            "process/exited",
+            json!({"exitCode": 0, "processId": "live", "sandboxDenied": false, "seq": 4}),
+        ),
+        ("process/closed", json!({"processId": "live", "seq": 5})),
+    ] {
+        s.push(Step::ExecutorOnly {
+            m: Match::NotificationFor(method, "live"),
+            why: "the resumed session's running process goes on being pushed",
+            want: json!({"method": method, "params": want}),
+        });
+    }
     all.push(Scenario {
         name: "resume_after_stdin_closes",
         steps: s,
@@ -859,6 +915,12 @@ async fn reference_matches_golden(name: &str) {
         let Some(t) = run(&scenario, Server::Reference { via_ssh: false }).await else {
             return;
         };
+        assert!(
+            t.reference_sent_executor_only.is_empty(),
+            "{name} (run {}): {}",
+            round + 1,
+            t.reference_sent_executor_only.join("\n")
+        );
         if recording() && round == 0 {
             std::fs::create_dir_all(golden_dir()).expect("mkdir the golden dir");
             std::fs::write(golden_path(name), t.text()).expect("write the golden");
@@ -895,7 +957,6 @@ async fn reference_matches_golden(name: &str) {
 
 /// Executor's transcript matches the reference's golden but for the
 /// declared differences.
-#[cfg(feature = "codex-dialect")]
 async fn executor_matches_golden(name: &str) {
     let scenario = scenarios()
         .into_iter()
@@ -928,7 +989,6 @@ macro_rules! diff_tests {
                 }
             )*
         }
-        #[cfg(feature = "codex-dialect")]
         mod executor {
             $(
                 #[tokio::test]
@@ -984,16 +1044,14 @@ fn the_comparison_reports_each_kind_of_difference() {
         executor_masks: &["/result/capabilities"],
     };
     let golden = "> {\"id\":1}\n< {\"id\":1,\"result\":{\"capabilities\":{\"a\":true},\"x\":1}}\n< {\"id\":2,\"result\":{}}\n";
-    let line = |t: &str| Line {
-        text: t.to_string(),
-        differing: None,
-    };
+    let line = |t: &str| Line::plain(t);
     let same = Transcript {
         lines: vec![
             line("> {\"id\":1}"),
             line("< {\"id\":1,\"result\":{\"capabilities\":{\"b\":false},\"x\":1}}"),
             line("< {\"id\":2,\"result\":{}}"),
         ],
+        reference_sent_executor_only: Vec::new(),
     };
     assert_eq!(compare(&scenario, golden, &same), Vec::<String>::new());
     let mut changed = same.clone();
@@ -1020,4 +1078,38 @@ fn the_comparison_reports_each_kind_of_difference() {
     );
     declared.lines[2].text = "< {\"id\":2,\"result\":{\"ok\":1}}".into();
     assert_eq!(compare(&scenario, golden, &declared), Vec::<String>::new());
+
+    // An executor-only line: stepped over when it is exactly the declared
+    // one (the golden's next line is compared with executor's next).
+    let added = |text: &str| Line {
+        text: text.to_string(),
+        differing: None,
+        executor_only: Some(("better", "{\"method\":\"m\",\"params\":{\"seq\":3}}".into())),
+    };
+    let mut extra = same.clone();
+    extra
+        .lines
+        .insert(2, added("+ {\"method\":\"m\",\"params\":{\"seq\":3}}"));
+    assert_eq!(compare(&scenario, golden, &extra), Vec::<String>::new());
+    // Another value, or not sent at all, is reported.
+    extra.lines[2] = added("+ {\"method\":\"m\",\"params\":{\"seq\":4}}");
+    let diffs = compare(&scenario, golden, &extra);
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert!(
+        diffs[0].starts_with("line 3: executor-only (better)"),
+        "{diffs:?}"
+    );
+    extra.lines[2] = added("! no message Notification(\"m\")");
+    assert_eq!(compare(&scenario, golden, &extra).len(), 1);
+    // A line executor sends that is not declared is a difference.
+    let mut undeclared = same.clone();
+    undeclared
+        .lines
+        .insert(2, line("<? {\"method\":\"m\",\"params\":{\"seq\":3}}"));
+    let diffs = compare(&scenario, golden, &undeclared);
+    assert_eq!(diffs.len(), 2, "{diffs:?}");
+    assert!(
+        diffs[0].starts_with("line 3:") && diffs[1].starts_with("line 4: reference <missing>"),
+        "{diffs:?}"
+    );
 }

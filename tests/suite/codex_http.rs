@@ -2,7 +2,8 @@
 //! loopback HTTP server (buffered, streamed deltas, redirects, duplicate
 //! stream ids, `valueEnvVar` headers read on the executor host and never
 //! logged, timeouts, the destination policy), and `--listen ws://`: the
-//! URL line, requests over websocket frames, `Origin` refused, `/readyz`.
+//! URL line, requests over websocket frames, `Origin` refused, `/readyz`,
+//! with the listener as root and as an unprivileged user (uid 65534).
 
 use base64::Engine;
 use executor_tests::executor_bin;
@@ -489,8 +490,21 @@ impl Drop for WsServer {
     }
 }
 
-fn ws_server() -> WsServer {
-    let mut child = Command::new(executor_bin())
+/// `executor` as uid 65534 (through `setpriv`) when `unprivileged` and
+/// this process is root, else as this process's user.
+fn executor_as(unprivileged: bool) -> Command {
+    if unprivileged && executor_tests::current_uid() == 0 {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(executor_tests::executor_bin_for_any_user());
+        c
+    } else {
+        Command::new(executor_bin())
+    }
+}
+
+fn ws_server(unprivileged: bool) -> WsServer {
+    let mut child = executor_as(unprivileged)
         .args([
             "codex-exec-server",
             "--listen",
@@ -515,6 +529,19 @@ fn ws_server() -> WsServer {
         .unwrap_or_else(|| panic!("the URL has a secret path: {line:?}"));
     let port: u16 = port.parse().expect("a port");
     assert_ne!(port, 0, "the bound port, not the asked 0");
+    // The listener runs as the user asked for.
+    let want_uid = if unprivileged && executor_tests::current_uid() == 0 {
+        65534
+    } else {
+        executor_tests::current_uid()
+    };
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|u| u.parse::<u32>().ok());
+    assert_eq!(uid, Some(want_uid), "the listener's uid");
     assert_eq!(path.len(), 32, "a 128-bit secret: {line:?}");
     WsServer {
         child,
@@ -641,9 +668,27 @@ impl Ws {
     }
 }
 
-#[test]
-fn ws_url_line_readyz_and_origin_refused() {
-    let server = ws_server();
+/// `$name::as_root` and `$name::as_unprivileged_user`: the body run with
+/// the listener as this process's user, and as uid 65534 when root.
+macro_rules! as_root_and_unprivileged {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[test]
+            fn as_root() {
+                super::$body(false);
+            }
+            #[test]
+            fn as_unprivileged_user() {
+                super::$body(true);
+            }
+        }
+    };
+}
+
+as_root_and_unprivileged!(ws_url_line_readyz_and_origin_refused, ws_listener_checks);
+
+fn ws_listener_checks(unprivileged: bool) {
+    let server = ws_server(unprivileged);
     let addr = server.addr.as_str();
     assert_eq!(http_get(addr, "/readyz", "").0, 200);
     assert_eq!(
@@ -675,7 +720,7 @@ fn ws_url_line_readyz_and_origin_refused() {
         ("ws://0.0.0.0:0", None),
         ("ws://127.0.0.1:0", Some("executor codex-exec-server")),
     ] {
-        let mut c = Command::new(executor_bin());
+        let mut c = executor_as(unprivileged);
         c.args(["codex-exec-server", "--listen", listen]);
         if let Some(f) = forced {
             c.env("SSH_ORIGINAL_COMMAND", f);
@@ -691,10 +736,11 @@ fn ws_url_line_readyz_and_origin_refused() {
     }
 }
 
-#[test]
-fn ws_connections_serve_the_dialect() {
+as_root_and_unprivileged!(ws_connections_serve_the_dialect, ws_serves_the_dialect);
+
+fn ws_serves_the_dialect(unprivileged: bool) {
     let (_rt, web) = web();
-    let server = ws_server();
+    let server = ws_server(unprivileged);
     let mut a = Ws::connect(&server);
     let r = a.request(1, "initialize", json!({"clientName": "ws"}));
     let sid = r["result"]["sessionId"]

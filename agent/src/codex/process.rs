@@ -4,6 +4,12 @@
 //! the next two seqs, `process/read` by `afterSeq`, `process/write` with
 //! its `writeId`, `process/terminate` answering whether the job ran.
 //!
+//! A job's first notifications may come before its start's answer (the
+//! native agent pumps output and waits for the exit as soon as the job
+//! runs): they are not pushed then, only noted (an exit kept), and once
+//! the answer names the job its output is read back and pushed, then its
+//! exit, as after a lag.
+//!
 //! After a native `process/lagged`, or a gap in the seqs, the missing
 //! chunks are read back (`process/read`, 4 MiB at a time, waiting for the
 //! client) and pushed in order before anything later of that job; live
@@ -41,6 +47,30 @@ pub struct Registry {
 struct Inner {
     by_codex: HashMap<String, Entry>,
     by_native: HashMap<String, String>,
+    /// Native jobs heard of before their start's answer (at most
+    /// [`MAX_EARLY`]), with their exit when it came too.
+    early: HashMap<String, Option<ProcessExited>>,
+}
+
+/// How many jobs may be heard of before their start's answer (as many as
+/// starts can be under way at once, and more).
+const MAX_EARLY: usize = 1024;
+
+impl Inner {
+    /// Note a notification about a native job not known (yet).
+    fn note_early(&mut self, native: &str, exit: Option<ProcessExited>) {
+        if !self.early.contains_key(native) && self.early.len() >= MAX_EARLY {
+            tracing::debug!(
+                process_id = native,
+                "notification for an unknown job dropped"
+            );
+            return;
+        }
+        let slot = self.early.entry(native.to_owned()).or_default();
+        if exit.is_some() {
+            *slot = exit;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -103,6 +133,7 @@ impl Registry {
                 };
                 let mut g = self.inner.lock().expect("registry lock");
                 let Some(codex) = g.by_native.get(&l.process_id).cloned() else {
+                    g.note_early(&l.process_id, None);
                     return vec![];
                 };
                 if let Some(e) = g.by_codex.get_mut(&codex) {
@@ -128,6 +159,7 @@ impl Registry {
     ) -> Vec<Vec<u8>> {
         let mut g = self.inner.lock().expect("registry lock");
         let Some(codex) = g.by_native.get(native).cloned() else {
+            g.note_early(native, None);
             return vec![];
         };
         let Some(e) = g.by_codex.get_mut(&codex) else {
@@ -161,6 +193,8 @@ impl Registry {
     fn on_exit(self: &Arc<Self>, conn: &Conn, x: ProcessExited) -> Vec<Vec<u8>> {
         let mut g = self.inner.lock().expect("registry lock");
         let Some(codex) = g.by_native.get(&x.process_id).cloned() else {
+            let native = x.process_id.clone();
+            g.note_early(&native, Some(x));
             return vec![];
         };
         let Some(e) = g.by_codex.get_mut(&codex) else {
@@ -261,6 +295,8 @@ impl Registry {
         let mut g = self.inner.lock().expect("registry lock");
         g.by_codex.clear();
         g.by_native.clear();
+        // A resumed job pushes from its first chunk after this.
+        g.early.clear();
         for p in list.processes {
             if let Some(tag) = p.tag {
                 g.by_native.insert(p.process_id.clone(), tag.clone());
@@ -539,12 +575,21 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     // The job's id is learnt on the reader before its first output is
     // looked at.
     let (registry, codex) = (conn.procs.clone(), p.process_id.clone());
+    let heard_early = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let heard = heard_early.clone();
+    // What came before the answer is read back once the start is answered
+    // (live chunks are dropped and the exit held until then).
     let hook: super::native::Hook = Box::new(move |v| {
         if let Ok(r) = rmpv::ext::from_value::<ProcessStartResult>(v.clone()) {
             let mut g = registry.inner.lock().expect("registry lock");
             g.by_native.insert(r.process_id.clone(), codex.clone());
+            let early = g.early.remove(&r.process_id);
             if let Some(e) = g.by_codex.get_mut(&codex) {
                 e.native = r.process_id;
+                if let Some(exit) = early {
+                    e.held = Some(exit.into_iter().map(Held::Exited).collect());
+                    heard.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
     });
@@ -553,10 +598,15 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         .call_value(m::PROCESS_START, &native_params, Some(hook))
         .await
     {
-        Ok(_) => Ok(json!({
-            "processId": p.process_id,
-            "sandboxType": if sandboxed { "linuxSeccomp" } else { "none" },
-        })),
+        Ok(_) => {
+            if heard_early.load(std::sync::atomic::Ordering::Relaxed) {
+                conn.procs.catch_up(conn, p.process_id.clone());
+            }
+            Ok(json!({
+                "processId": p.process_id,
+                "sandboxType": if sandboxed { "linuxSeccomp" } else { "none" },
+            }))
+        }
         Err(e) => {
             conn.procs
                 .inner
