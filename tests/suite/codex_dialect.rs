@@ -499,3 +499,57 @@ fn a_write_that_waits_for_room_stalls_nothing_else() {
     }
     s.close_stdin_and_wait();
 }
+
+/// A profile that runs every job under its own intent: a Codex job that
+/// asks for no sandbox is confined all the same (the profile's write root
+/// only: elsewhere EROFS, the job's read-only mount) and reported as such
+/// (`sandboxType: linuxSeccomp`, not `none`). Control: without the
+/// profile the same request reports `none` and writes where it likes.
+#[test]
+fn a_profile_sandbox_confines_and_is_reported() {
+    let dir = executor_tests::unique_tempdir("codex-profile-sbx");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[profiles.jail.sandbox]\nnetwork = \"deny\"\n[profiles.jail.sandbox.filesystem]\nwrite = [{:?}]\n",
+            dir.display().to_string()
+        ),
+    )
+    .unwrap();
+    let outside = format!("/var/tmp/codex-profile-sbx-{}", std::process::id());
+    let script = format!("echo x > {}/inside; echo x > {outside}", dir.display());
+    let start = |s: &mut Server| {
+        s.send(json!({"id": 2, "method": "process/start", "params": {
+            "processId": "p", "argv": ["/bin/sh", "-c", script], "cwd": format!("file://{}", dir.display()),
+            "env": {"PATH": "/usr/bin:/bin"}, "tty": false}}));
+        let (r, mut seen) = s.answer(json!(2));
+        while !seen.iter().any(|v| v["method"] == json!("process/closed")) {
+            seen.push(s.next());
+        }
+        r
+    };
+    let mut s = Server::start_with(&[
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--profile".as_ref(),
+        "jail".as_ref(),
+    ]);
+    s.handshake(None);
+    let r = start(&mut s);
+    assert_eq!(r["result"]["sandboxType"], json!("linuxSeccomp"), "{r}");
+    assert!(
+        dir.join("inside").exists(),
+        "the profile's root is writable"
+    );
+    assert!(!Path::new(&outside).exists(), "confined by the profile");
+    s.close_stdin_and_wait();
+    let mut s = Server::start();
+    s.handshake(None);
+    let r = start(&mut s);
+    assert_eq!(r["result"]["sandboxType"], json!("none"), "{r}");
+    assert!(Path::new(&outside).exists(), "control: unconfined");
+    std::fs::remove_file(&outside).unwrap();
+    s.close_stdin_and_wait();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -66,6 +66,9 @@ pub struct Conn {
     pub http: Arc<http::Streams>,
     /// One write lane a job.
     pub lanes: Lanes,
+    /// The profile runs every job under its own intent (a request may only
+    /// narrow it): every job is sandboxed, whatever a request asks.
+    pub profile_sandbox: bool,
     phase: Arc<Mutex<Phase>>,
 }
 
@@ -503,6 +506,7 @@ async fn initialize(
         conn: conn_slot.clone(),
         out: out.clone(),
     };
+    let profile_sandbox = config.profile.sandbox.is_some();
     let native = Native::start(config, launch, notes);
     let session = executor_protocol::types::session::SessionParams {
         resume: resume.as_ref().map(|(id, token)| {
@@ -548,6 +552,7 @@ async fn initialize(
         files: fs::Handles::default(),
         http: Arc::new(http::Streams::default()),
         lanes: Lanes::default(),
+        profile_sandbox,
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));

@@ -556,7 +556,7 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             },
         );
     }
-    let sandboxed = intent.is_some();
+    let sandboxed = intent.is_some() || conn.profile_sandbox;
     let native_params = NativeStart {
         argv: &argv,
         cwd: super::uri::wire_path(&cwd),
