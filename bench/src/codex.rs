@@ -36,6 +36,8 @@ struct Server {
     /// The decoded data field of the last line read (see [`DATA_KEYS`]).
     data: Vec<u8>,
     next_id: i64,
+    /// Which server this is, in errors.
+    name: &'static str,
     /// Notifications read while waiting for an answer, in order.
     pending: std::collections::VecDeque<Value>,
 }
@@ -67,6 +69,11 @@ impl Server {
             out,
             line: Vec::new(),
             data: Vec::new(),
+            name: if reference {
+                "codex exec-server"
+            } else {
+                "executor"
+            },
             next_id: 1,
             pending: Default::default(),
         };
@@ -95,8 +102,12 @@ impl Server {
     async fn read(&mut self) -> anyhow::Result<Value> {
         self.line.clear();
         self.data.clear();
-        if self.out.read_until(b'\n', &mut self.line).await? == 0 {
-            bail!("the server ended");
+        let read = self.out.read_until(b'\n', &mut self.line);
+        let Ok(n) = tokio::time::timeout(Duration::from_secs(30), read).await else {
+            bail!("{}: no line for 30 s", self.name);
+        };
+        if n? == 0 {
+            bail!("{}: the server ended", self.name);
         }
         let line = &self.line[..];
         let head = &line[..line.len().min(DATA_KEY_WITHIN)];
@@ -233,8 +244,17 @@ pub async fn start_latency(n: usize, sandboxed: bool) -> anyhow::Result<Row> {
     }
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for i in 0..n {
-        a.push(ours.true_once(i, &sandbox).await?);
-        b.push(theirs.true_once(i, &sandbox).await?);
+        a.push(
+            ours.true_once(i, &sandbox)
+                .await
+                .with_context(|| format!("start {i} of {n}"))?,
+        );
+        b.push(
+            theirs
+                .true_once(i, &sandbox)
+                .await
+                .with_context(|| format!("start {i} of {n}"))?,
+        );
     }
     ours.end().await;
     theirs.end().await;
