@@ -11,6 +11,14 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// The data fields of bulk lines (`fs/readBlock`'s `chunk`, a body
+/// delta's `deltaBase64`): taken out of the line and decoded as bytes,
+/// not parsed into a JSON string.
+const DATA_KEYS: [&[u8]; 2] = [b"\"chunk\":\"", b"\"deltaBase64\":\""];
+/// A data field is looked for in this many first bytes of a line (both
+/// servers put it right after the envelope's first keys).
+const DATA_KEY_WITHIN: usize = 256;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 fn codex_bin() -> PathBuf {
@@ -23,8 +31,13 @@ fn codex_bin() -> PathBuf {
 struct Server {
     child: Child,
     stdin: ChildStdin,
-    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    out: BufReader<ChildStdout>,
+    line: Vec<u8>,
+    /// The decoded data field of the last line read (see [`DATA_KEYS`]).
+    data: Vec<u8>,
     next_id: i64,
+    /// Which server this is, in errors.
+    name: &'static str,
     /// Notifications read while waiting for an answer, in order.
     pending: std::collections::VecDeque<Value>,
 }
@@ -49,12 +62,18 @@ impl Server {
             .kill_on_drop(true);
         let mut child = cmd.spawn().context("starting an exec-server")?;
         let stdin = child.stdin.take().context("stdin")?;
-        let lines =
-            BufReader::with_capacity(4 << 20, child.stdout.take().context("stdout")?).lines();
+        let out = BufReader::with_capacity(4 << 20, child.stdout.take().context("stdout")?);
         let mut s = Server {
             child,
             stdin,
-            lines,
+            out,
+            line: Vec::new(),
+            data: Vec::new(),
+            name: if reference {
+                "codex exec-server"
+            } else {
+                "executor"
+            },
             next_id: 1,
             pending: Default::default(),
         };
@@ -78,9 +97,35 @@ impl Server {
         self.read().await
     }
 
+    /// The next line as JSON; a data field (see [`DATA_KEYS`]) is decoded
+    /// into `self.data` and left as `""` in the value.
     async fn read(&mut self) -> anyhow::Result<Value> {
-        let line = self.lines.next_line().await?.context("the server ended")?;
-        Ok(serde_json::from_str(&line)?)
+        self.line.clear();
+        self.data.clear();
+        let read = self.out.read_until(b'\n', &mut self.line);
+        let Ok(n) = tokio::time::timeout(Duration::from_secs(30), read).await else {
+            bail!("{}: no line for 30 s", self.name);
+        };
+        if n? == 0 {
+            bail!("{}: the server ended", self.name);
+        }
+        let line = &self.line[..];
+        let head = &line[..line.len().min(DATA_KEY_WITHIN)];
+        let found = DATA_KEYS.iter().find_map(|k| {
+            head.windows(k.len())
+                .position(|w| w == *k)
+                .map(|at| at + k.len())
+        });
+        let Some(start) = found else {
+            return Ok(serde_json::from_slice(line)?);
+        };
+        let len = memchr::memchr(b'"', &line[start..]).context("an unterminated data field")?;
+        base64::engine::general_purpose::STANDARD
+            .decode_vec(&line[start..start + len], &mut self.data)?;
+        let mut rest = Vec::with_capacity(line.len() - len);
+        rest.extend_from_slice(&line[..start]);
+        rest.extend_from_slice(&line[start + len..]);
+        Ok(serde_json::from_slice(&rest)?)
     }
 
     async fn call(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
@@ -97,6 +142,9 @@ impl Server {
                     bail!("{method}: {e}");
                 }
                 return Ok(v["result"].clone());
+            }
+            if v.get("id").is_none() && !self.data.is_empty() {
+                bail!("{method}: a notification with data came before its answer");
             }
             if v.get("id").is_none() {
                 self.pending.push_back(v);
@@ -140,11 +188,11 @@ impl Server {
                     json!({"handleId": h, "offset": offset, "len": 1 << 20}),
                 )
                 .await?;
-            let chunk = base64::engine::general_purpose::STANDARD
-                .decode(r["chunk"].as_str().unwrap_or_default())?;
-            offset += chunk.len() as u64;
-            total += chunk.len() as u64;
-            if r["eof"] == json!(true) || chunk.is_empty() {
+            anyhow::ensure!(r["chunk"] == json!(""), "fs/readBlock: no chunk");
+            let n = self.data.len() as u64;
+            offset += n;
+            total += n;
+            if r["eof"] == json!(true) || n == 0 {
                 break;
             }
         }
@@ -196,8 +244,17 @@ pub async fn start_latency(n: usize, sandboxed: bool) -> anyhow::Result<Row> {
     }
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for i in 0..n {
-        a.push(ours.true_once(i, &sandbox).await?);
-        b.push(theirs.true_once(i, &sandbox).await?);
+        a.push(
+            ours.true_once(i, &sandbox)
+                .await
+                .with_context(|| format!("start {i} of {n}"))?,
+        );
+        b.push(
+            theirs
+                .true_once(i, &sandbox)
+                .await
+                .with_context(|| format!("start {i} of {n}"))?,
+        );
     }
     ours.end().await;
     theirs.end().await;
@@ -218,13 +275,15 @@ pub async fn start_latency(n: usize, sandboxed: bool) -> anyhow::Result<Row> {
 }
 
 /// Codex's read-only permission profile as 0.171.0 sends it (the cwd and
-/// roots adapted to /tmp).
+/// roots adapted to /tmp; the reference requires `windowsSandboxLevel`
+/// and `useLegacyLandlock`).
 fn read_only_sandbox() -> Value {
     json!({
         "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
             {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"}
         ]}, "network": "restricted"},
-        "cwd": "file:///tmp"
+        "cwd": "file:///tmp", "workspaceRoots": ["file:///tmp"],
+        "windowsSandboxLevel": "disabled", "useLegacyLandlock": false
     })
 }
 
@@ -266,5 +325,118 @@ pub async fn read_throughput(bytes: u64) -> anyhow::Result<Row> {
         goal: "≥ 3× faster".into(),
         met: Some(ratio >= 3.0),
         note: "JSON + base64 on both sides; the same client decodes every block".into(),
+    })
+}
+
+/// A loopback HTTP/1.1 server answering every request with `bytes` bytes
+/// (written 1 MiB at a time); its port.
+fn body_server(bytes: u64) -> anyhow::Result<u16> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {bytes}\r\nConnection: close\r\n\r\n"
+                );
+                if conn.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+                let block = vec![0x5au8; 1 << 20];
+                let mut left = bytes;
+                while left > 0 {
+                    let n = left.min(block.len() as u64) as usize;
+                    if conn.write_all(&block[..n]).is_err() {
+                        return;
+                    }
+                    left -= n as u64;
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+impl Server {
+    /// One streamed `http/request` of `url`: the body's bytes counted from
+    /// its deltas until the last (the answer may come before or after
+    /// them).
+    async fn stream_once(&mut self, n: usize, url: &str) -> anyhow::Result<(Duration, u64)> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let rid = format!("r{n}");
+        let t = Instant::now();
+        self.send(json!({"id": id, "method": "http/request", "params": {
+            "method": "GET", "url": url, "requestId": rid, "streamResponse": true}}))
+            .await?;
+        let (mut total, mut answered, mut done) = (0u64, false, false);
+        while !(answered && done) {
+            let v = self.read().await?;
+            if v["id"] == json!(id) {
+                if let Some(e) = v.get("error") {
+                    bail!("http/request: {e}");
+                }
+                anyhow::ensure!(
+                    v["result"]["status"] == json!(200),
+                    "http/request: {}",
+                    v["result"]
+                );
+                answered = true;
+            } else if v["method"] == json!("http/request/bodyDelta")
+                && v["params"]["requestId"] == json!(rid)
+            {
+                total += self.data.len() as u64;
+                if let Some(e) = v["params"]["error"].as_str() {
+                    bail!("http/request body: {e}");
+                }
+                done = v["params"]["done"] == json!(true);
+            }
+        }
+        Ok((t.elapsed(), total))
+    }
+}
+
+/// A `bytes` body streamed from a loopback server through `http/request`
+/// (`streamResponse: true`), best of 3 each, alternating.
+pub async fn http_stream_throughput(bytes: u64) -> anyhow::Result<Row> {
+    let home = home()?;
+    let url = format!("http://127.0.0.1:{}/body", body_server(bytes)?);
+    let mut ours = Server::start(false, &home).await?;
+    let mut theirs = Server::start(true, &home).await?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..3 {
+        let (t, n) = ours.stream_once(i, &url).await?;
+        anyhow::ensure!(n == bytes, "executor streamed {n} of {bytes} bytes");
+        a.push(t);
+        let (t, n) = theirs.stream_once(i, &url).await?;
+        anyhow::ensure!(n == bytes, "codex streamed {n} of {bytes} bytes");
+        b.push(t);
+    }
+    ours.end().await;
+    theirs.end().await;
+    let (a, b) = (best(a), best(b));
+    let mbs = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e6;
+    let ratio = mbs(a) / mbs(b);
+    Ok(Row {
+        what: format!(
+            "Codex dialect: a {} MiB body streamed from a loopback server through http/request (streamResponse, best of 3, alternating)",
+            bytes >> 20
+        ),
+        ours: format!("{:.0} MB/s", mbs(a)),
+        baseline: format!("{:.0} MB/s (`codex exec-server` 0.171.0)", mbs(b)),
+        ratio,
+        goal: "none set (issue 30 names the row)".into(),
+        met: None,
+        note: "JSON + base64 deltas on both sides; the same client decodes every delta".into(),
     })
 }

@@ -34,7 +34,7 @@ struct Args {
     /// Run only these comparisons (output, spawn, sandbox, read, walk,
     /// ssh-exec, ssh-get, cold-start, idle-rss, stream-rss, wire, egress,
     /// the scale rows: walk-1m, streams-64, idle-jobs, reads-32, and the
-    /// Codex dialect's: codex-start, codex-sandbox, codex-read).
+    /// Codex dialect's: codex-start, codex-sandbox, codex-read, codex-http).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -582,6 +582,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("codex-read") {
         rows.push(codex::read_throughput(256 << 20).await?);
+    }
+    if want("codex-http") {
+        rows.push(codex::http_stream_throughput(64 << 20).await?);
     }
     if want("reads-32") {
         rows.push(scale::concurrent_reads().await?);

@@ -551,6 +551,18 @@ pub fn read_stream_data_head(payload: &[u8], frame_len: usize) -> DataHead {
     }
 }
 
+/// Recognise, without decoding it, a whole frame (`payload`, after its
+/// length prefix) that is a successful `fs/readBlock` response in exactly
+/// the layout [`encode_read_block_head`] writes (any width of the id and
+/// of the bin length, the data ending the frame): `(id, eof, start)`, the
+/// data being `payload[start..]`. `None` for anything else (decode the
+/// frame instead).
+pub fn read_block_response(payload: &[u8]) -> Option<(u64, bool, usize)> {
+    let mut c = HeadCursor { b: payload, at: 0 };
+    let (id, eof, data_len) = c.block_head().ok()?;
+    (c.at.checked_add(data_len) == Some(payload.len())).then_some((id, eof, c.at))
+}
+
 /// Reads [`read_stream_data_head`]'s layout; `Err` is `Short` or `Other`.
 struct HeadCursor<'a> {
     b: &'a [u8],
@@ -569,13 +581,34 @@ impl HeadCursor<'_> {
         self.fixstr("offset")?;
         let offset = self.uint()?;
         self.fixstr("data")?;
-        let data_len = match self.byte()? {
-            0xc4 => self.be(1)?,
-            0xc5 => self.be(2)?,
-            0xc6 => self.be(4)?,
+        let data_len = self.bin_len()?;
+        Ok((stream_id, offset, data_len as usize))
+    }
+
+    fn block_head(&mut self) -> Result<(u64, bool, usize), DataHead> {
+        self.lit(&[0x82])?;
+        self.fixstr("id")?;
+        let id = self.uint()?;
+        self.fixstr("result")?;
+        self.lit(&[0x82])?;
+        self.fixstr("eof")?;
+        let eof = match self.byte()? {
+            0xc2 => false,
+            0xc3 => true,
             _ => return Err(DataHead::Other),
         };
-        Ok((stream_id, offset, data_len as usize))
+        self.fixstr("data")?;
+        let data_len = self.bin_len()?;
+        Ok((id, eof, data_len as usize))
+    }
+
+    fn bin_len(&mut self) -> Result<u64, DataHead> {
+        match self.byte()? {
+            0xc4 => self.be(1),
+            0xc5 => self.be(2),
+            0xc6 => self.be(4),
+            _ => Err(DataHead::Other),
+        }
     }
 
     /// `want` next: `Short` while what is there is a prefix of it.
@@ -977,8 +1010,32 @@ mod tests {
                     }
                     other => panic!("{other:?}"),
                 }
+                // And it is recognised without decoding, exactly.
+                let (id, got_eof, start) = read_block_response(frame).unwrap();
+                assert_eq!((id, got_eof, &frame[start..]), (1234567, eof, &data[..]));
+                assert_eq!(read_block_response(&frame[..frame.len() - 1]), None);
+                let mut longer = frame.to_vec();
+                longer.push(0);
+                assert_eq!(read_block_response(&longer), None);
+                for at in 0..start {
+                    let mut bad = frame.to_vec();
+                    bad[at] ^= 0x01;
+                    assert_ne!(
+                        read_block_response(&bad),
+                        Some((1234567, eof, start)),
+                        "byte {at} changed"
+                    );
+                }
             }
         }
+        // Another answer (a map of other keys) is not taken for one.
+        let mut other = Vec::new();
+        #[derive(serde::Serialize)]
+        struct Handle {
+            handle: u64,
+        }
+        encode_response(&mut other, Some(5), &Handle { handle: 1 }, 1 << 24).unwrap();
+        assert_eq!(read_block_response(&other[4..]), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! errors modules, [`super::native`] and the protocol crate.
 
 use super::errors::from_wire;
-use super::wire::{code, RpcError};
+use super::wire::{self, code, Id, RpcError};
 use super::{b64, decode, Conn};
 use base64::Engine;
 use executor_protocol::error::{ErrorCode, WireError};
@@ -1117,7 +1117,22 @@ struct ReadBlockArgs {
     len: u64,
 }
 
-pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
+/// `fs/readBlock`'s answer line to request `id`: the base64 of the data is
+/// written straight from the agent's frames into the line (no JSON value
+/// holds it).
+pub async fn read_block(conn: &Conn, id: &Id, params: Value) -> Vec<u8> {
+    match read_block_data(conn, params).await {
+        Ok((pieces, eof)) => wire::chunk_response(id, &pieces, eof),
+        Err(e) => wire::response(id, Err(e)),
+    }
+}
+
+/// The data `fs/readBlock` answers with, as the agent's frames hold it,
+/// and whether it ends the file.
+async fn read_block_data(
+    conn: &Conn,
+    params: Value,
+) -> Result<(Vec<bytes::Bytes>, bool), RpcError> {
     let p: ReadBlockArgs = decode(params)?;
     conn.ready("filesystem")?;
     if p.len == 0 || p.len > MAX_READ_BLOCK_BYTES {
@@ -1138,26 +1153,26 @@ pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             format!("unknown file handle `{}`", p.handle_id),
         ));
     };
-    let mut data = Vec::new();
+    let mut pieces = Vec::new();
+    let mut got = 0u64;
     let mut block = p.len;
-    while (data.len() as u64) < p.len {
-        let want = block.min(p.len - data.len() as u64);
-        let r: Result<ReadBlockResult, _> = call(
-            conn,
-            m::FS_READ_BLOCK,
-            &ReadBlockParams {
+    while got < p.len {
+        let want = block.min(p.len - got);
+        let r = conn
+            .native
+            .read_block(&ReadBlockParams {
                 handle,
-                offset: p.offset.saturating_add(data.len() as u64),
+                offset: p.offset.saturating_add(got),
                 length: want,
                 sandbox: None,
                 cwd: None,
-            },
-        )
-        .await;
+            })
+            .await;
         match r {
-            Ok(r) => {
-                let short = (r.data.len() as u64) < want;
-                data.extend_from_slice(&r.data);
+            Ok((_, data)) => {
+                let short = (data.len() as u64) < want;
+                got += data.len() as u64;
+                pieces.push(data);
                 if short {
                     break;
                 }
@@ -1169,8 +1184,7 @@ pub async fn read_block(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         }
     }
     // End of file: the read came back short.
-    let eof = (data.len() as u64) < p.len;
-    Ok(json!({"chunk": b64(&data), "eof": eof}))
+    Ok((pieces, got < p.len))
 }
 
 #[derive(Deserialize)]

@@ -386,8 +386,13 @@ where
             });
             continue;
         }
-        let answer = dispatch(&c, &method, params).await;
-        if out.send(wire::response(&id, answer)).await.is_err() {
+        let line = if method == "fs/readBlock" {
+            // Answered as a line written from the agent's frames.
+            fs::read_block(&c, &id, params).await
+        } else {
+            wire::response(&id, dispatch(&c, &method, params).await)
+        };
+        if out.send(line).await.is_err() {
             break;
         }
     }
@@ -646,7 +651,6 @@ async fn dispatch(conn: &Arc<Conn>, method: &str, params: Value) -> Result<Value
         "fs/readDirectory" => fs::read_directory(conn, params).await,
         "fs/walk" => fs::walk(conn, params).await,
         "fs/open" => fs::open(conn, params).await,
-        "fs/readBlock" => fs::read_block(conn, params).await,
         "fs/close" => fs::close(conn, params).await,
         "fs/copy" => fs::copy(conn, params).await,
         other => Err(not_implemented(other)),

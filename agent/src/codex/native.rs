@@ -8,7 +8,7 @@
 //!
 //! Uses the protocol crate, [`crate::host`] and [`crate::config`].
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use executor_protocol::codec::FrameDecoder;
 use executor_protocol::error::{ErrorCode, WireError};
 use executor_protocol::message::{self, Incoming};
@@ -28,8 +28,27 @@ const MAX_FRAME: usize = 80 << 20;
 /// frames are handled.
 pub type Hook = Box<dyn FnOnce(&rmpv::Value) + Send>;
 
+/// An answer of the agent: a decoded value, or an `fs/readBlock` result
+/// recognised in its frame and kept there (its data not copied).
+enum Answer {
+    Value(rmpv::Value),
+    Block { eof: bool, data: Bytes },
+}
+
+impl Answer {
+    fn into_value(self) -> rmpv::Value {
+        match self {
+            Answer::Value(v) => v,
+            Answer::Block { eof, data } => rmpv::Value::Map(vec![
+                ("eof".into(), eof.into()),
+                ("data".into(), rmpv::Value::Binary(data.to_vec())),
+            ]),
+        }
+    }
+}
+
 struct Pending {
-    tx: oneshot::Sender<Result<rmpv::Value, WireError>>,
+    tx: oneshot::Sender<Result<Answer, WireError>>,
     hook: Option<Hook>,
 }
 
@@ -117,11 +136,16 @@ impl Native {
                 .decode(&mut buf)
                 .map_err(|e| std::io::Error::other(e.to_string()))?
             {
+                if let Some((id, eof, start)) = message::read_block_response(&frame) {
+                    let data = frame.freeze().slice(start..);
+                    self.answer(id, Ok(Answer::Block { eof, data }));
+                    continue;
+                }
                 match Incoming::decode(&frame) {
                     Ok(Incoming::Response {
                         id: Some(id),
                         result,
-                    }) => self.answer(id, result),
+                    }) => self.answer(id, result.map(Answer::Value)),
                     Ok(Incoming::Response { id: None, result }) => {
                         tracing::warn!(?result, "native answer without an id");
                     }
@@ -144,7 +168,7 @@ impl Native {
         }
     }
 
-    fn answer(&self, id: u64, result: Result<rmpv::Value, WireError>) {
+    fn answer(&self, id: u64, result: Result<Answer, WireError>) {
         let p = self
             .pending
             .lock()
@@ -152,9 +176,14 @@ impl Native {
             .as_mut()
             .and_then(|m| m.remove(&id));
         if let Some(p) = p {
-            if let (Some(hook), Ok(v)) = (p.hook, &result) {
-                hook(v);
-            }
+            let result = match (p.hook, result) {
+                (Some(hook), Ok(a)) => {
+                    let v = a.into_value();
+                    hook(&v);
+                    Ok(Answer::Value(v))
+                }
+                (_, r) => r,
+            };
             let _ = p.tx.send(result);
         }
     }
@@ -191,6 +220,41 @@ impl Native {
         params: &P,
         hook: Option<Hook>,
     ) -> Result<rmpv::Value, WireError> {
+        self.ask(method, params, hook).await.map(Answer::into_value)
+    }
+
+    /// `fs/readBlock`: whether the read reached the end of the file, and
+    /// the data as it came in the agent's frame (not copied).
+    pub async fn read_block(
+        &self,
+        params: &executor_protocol::types::fs::ReadBlockParams,
+    ) -> Result<(bool, Bytes), WireError> {
+        match self
+            .ask(executor_protocol::methods::FS_READ_BLOCK, params, None)
+            .await?
+        {
+            Answer::Block { eof, data } => Ok((eof, data)),
+            Answer::Value(v) => {
+                let r: executor_protocol::types::fs::ReadBlockResult =
+                    rmpv::ext::from_value(v).map_err(|e| {
+                        WireError::new(
+                            ErrorCode::Internal,
+                            format!(
+                                "internal error (a bug): the agent's answer to fs/readBlock did not decode: {e}"
+                            ),
+                        )
+                    })?;
+                Ok((r.eof, Bytes::from(r.data.into_vec())))
+            }
+        }
+    }
+
+    async fn ask<P: Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+        hook: Option<Hook>,
+    ) -> Result<Answer, WireError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut frame = Vec::new();
         message::encode_request(&mut frame, id, method, params, MAX_FRAME).map_err(|e| {

@@ -4,7 +4,7 @@
 //! Incoming lines are bounded (64 MiB, CRLF tolerated, blank lines
 //! skipped); a line is parsed into a JSON value that rejects duplicate
 //! object keys and holds at most [`MAX_VALUES`] values, as the reference
-//! server does. Uses only `serde_json` and `tokio`.
+//! server does. Uses `serde_json`, `base64`, `bytes` and `tokio`.
 
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -231,6 +231,40 @@ pub fn response(id: &Id, result: Result<Value, RpcError>) -> Vec<u8> {
     line(&Value::Object(o))
 }
 
+/// The line `response(id, Ok({"chunk": base64(data), "eof": eof}))` is,
+/// byte for byte (keys in order, base64 needs no escape), with the base64
+/// written straight from `pieces` (the data, in order) into the line.
+pub fn chunk_response(id: &Id, pieces: &[bytes::Bytes], eof: bool) -> Vec<u8> {
+    use base64::Engine;
+    let joined;
+    let data: &[u8] = match pieces {
+        [] => &[],
+        [one] => one,
+        many => {
+            joined = many.concat();
+            &joined
+        }
+    };
+    let engine = &base64::engine::general_purpose::STANDARD;
+    let b64_len = base64::encoded_len(data.len(), true).expect("a block's base64 fits");
+    let mut out = Vec::with_capacity(b64_len + 64);
+    out.extend_from_slice(b"{\"id\":");
+    serde_json::to_writer(&mut out, &id.to_json()).expect("an id serializes");
+    out.extend_from_slice(b",\"result\":{\"chunk\":\"");
+    let at = out.len();
+    out.resize(at + b64_len, 0);
+    let written = engine
+        .encode_slice(data, &mut out[at..])
+        .expect("room for the base64 was made");
+    out.truncate(at + written);
+    out.extend_from_slice(if eof {
+        b"\",\"eof\":true}}\n"
+    } else {
+        b"\",\"eof\":false}}\n"
+    });
+    out
+}
+
 /// A notification line (with its newline).
 pub fn notification(method: &str, params: Value) -> Vec<u8> {
     let mut o = Map::new();
@@ -393,6 +427,45 @@ mod tests {
             .contains("more than"));
         let fine = format!("[{}0]", "0,".repeat(1000));
         assert!(strict_value(fine.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_chunk_line_is_the_value_line() {
+        use base64::Engine;
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        for id in [Id::Int(7), Id::Int(-3), Id::Str("a\"b\\c\u{1}é".into())] {
+            for eof in [false, true] {
+                for cut in [0usize, 1, 2, 3, 4, 99_999, 100_000] {
+                    let (a, b) = data.split_at(cut);
+                    let pieces = [
+                        bytes::Bytes::copy_from_slice(a),
+                        bytes::Bytes::copy_from_slice(b),
+                    ];
+                    let want = response(
+                        &id,
+                        Ok(serde_json::json!({
+                            "chunk": base64::engine::general_purpose::STANDARD.encode(&data),
+                            "eof": eof,
+                        })),
+                    );
+                    assert_eq!(chunk_response(&id, &pieces, eof), want, "cut {cut}");
+                    assert_eq!(
+                        chunk_response(&id, &pieces[..1], eof),
+                        response(
+                            &id,
+                            Ok(serde_json::json!({
+                                "chunk": base64::engine::general_purpose::STANDARD.encode(a),
+                                "eof": eof,
+                            })),
+                        )
+                    );
+                }
+            }
+            assert_eq!(
+                chunk_response(&id, &[], true),
+                response(&id, Ok(serde_json::json!({"chunk": "", "eof": true})))
+            );
+        }
     }
 
     #[tokio::test]
