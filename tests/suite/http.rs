@@ -1091,6 +1091,26 @@ async fn env_headers_read_the_agents_environment_under_the_configured_rule() {
     .await;
     assert_eq!(e.code, ErrorCode::InvalidParams, "{e}");
     assert!(!e.message.contains(secret), "{e}");
+    // A header from the environment is a credential: a redirect to
+    // another origin drops it (whatever its name), one to the same origin
+    // keeps it (positive control).
+    let other = TestServer::start().await;
+    for (to, kept) in [
+        (other.url("/headers"), false),
+        (server.url("/headers"), true),
+    ] {
+        let r = c
+            .http_request(
+                HttpRequest::get(server.url(&format!("/redirect?code=302&to={to}")))
+                    .header_from_env("X-Api-Key", "EXEC_T_TOKEN", "")
+                    .follow_redirects(1),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.url, to);
+        let seen = body(r).await;
+        assert_eq!(seen.contains(secret), kept, "to {to}: {seen}");
+    }
     c.close().await.unwrap();
 
     let c = agent(Some("bare")).await.unwrap();

@@ -52,6 +52,9 @@ struct Prepared {
     max_body: Option<u64>,
     follow: u32,
     sandbox: Option<SandboxIntent>,
+    /// The names of the headers valued from the agent's environment: taken
+    /// off at any change of origin, as credentials are.
+    env_names: Vec<header::HeaderName>,
 }
 
 fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
@@ -66,7 +69,7 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
     }
     let url = check_url(&p.url)?;
     let mut headers = request_headers(&url, &p.headers)?;
-    env_headers(s, &p.env_headers, &mut headers)?;
+    let env_names = env_headers(s, &p.env_headers, &mut headers)?;
     if p.timeout_ms == 0 || p.timeout_ms > MAX_TIMEOUT_MS {
         return Err(WireError::invalid_params(
             "timeout_ms",
@@ -110,6 +113,7 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
         max_body,
         follow: p.follow_redirects,
         sandbox: p.sandbox,
+        env_names,
     })
 }
 
@@ -185,7 +189,8 @@ fn env_headers(
     s: &Session,
     given: &[EnvHeader],
     headers: &mut http::HeaderMap,
-) -> Result<(), WireError> {
+) -> Result<Vec<header::HeaderName>, WireError> {
+    let mut names = Vec::new();
     for (i, h) in given.iter().enumerate() {
         let field = format!("env_headers.{i}");
         let n = header::HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| {
@@ -228,9 +233,10 @@ fn env_headers(
                 ),
             )
         })?;
+        names.push(n.clone());
         headers.append(n, v);
     }
-    Ok(())
+    Ok(names)
 }
 
 /// A `Host` header (any case of the name) must name the URL's authority:
@@ -425,6 +431,9 @@ async fn follow(
             }
         }
         if url.origin() != next.origin() {
+            for h in &req.env_names {
+                headers.remove(h);
+            }
             for h in [
                 header::AUTHORIZATION,
                 header::COOKIE,
