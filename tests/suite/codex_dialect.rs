@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// A running `executor codex-exec-server`, its lines read on a thread.
 pub(crate) struct Server {
-    child: Child,
+    pub(crate) child: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<Value>,
 }
@@ -552,4 +552,58 @@ fn a_profile_sandbox_confines_and_is_reported() {
     std::fs::remove_file(&outside).unwrap();
     s.close_stdin_and_wait();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Writes are checked before they wait: one with an unknown key (which
+/// could carry anything) is refused at once, one to a job nobody started
+/// answers `unknownProcess` at once and leaves nothing behind (no lane, no
+/// memory: 20,000 of them with 1 KiB ids), all while another job's write
+/// waits for room.
+#[test]
+fn writes_are_checked_before_they_wait_and_unknown_jobs_leave_nothing() {
+    use base64::Engine;
+    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
+    let mut s = Server::start();
+    let pid = s.child.id();
+    s.handshake(None);
+    let r = s.request(
+        2,
+        "process/start",
+        json!({"processId": "deaf", "argv": ["sleep", "300"], "cwd": "file:///tmp",
+               "env": {}, "tty": false, "pipeStdin": true}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    s.send(json!({"id": 3, "method": "process/write",
+                  "params": {"processId": "deaf", "chunk": b64(&vec![b'x'; 4 << 20]), "writeId": "w1"}}));
+    let pad = "p".repeat(8 << 20);
+    let r = s.request(
+        4,
+        "process/write",
+        json!({"processId": "deaf", "chunk": "", "writeId": "w2", "pad": pad}),
+    );
+    assert_eq!(r["error"]["code"], json!(-32602), "{r}");
+    let r = s.request(
+        5,
+        "process/write",
+        json!({"processId": "deaf", "chunk": "!!", "writeId": "w3"}),
+    );
+    assert_eq!(r["error"]["code"], json!(-32602), "{r}");
+    let before = executor_tests::status_kib(pid, "VmRSS");
+    let long = "q".repeat(1024);
+    for i in 0..20_000 {
+        s.send(json!({"id": 10 + i, "method": "process/write",
+                      "params": {"processId": format!("{long}{i}"), "chunk": "", "writeId": "w"}}));
+    }
+    for i in 0..20_000 {
+        let (r, _) = s.answer(json!(10 + i));
+        assert_eq!(r["result"]["status"], json!("unknownProcess"), "{r}");
+    }
+    let grown = executor_tests::status_kib(pid, "VmRSS").saturating_sub(before);
+    assert!(
+        grown < 48 * 1024,
+        "20,000 writes to no job left {grown} KiB"
+    );
+    let r = s.request(6, "process/terminate", json!({"processId": "deaf"}));
+    assert_eq!(r["result"], json!({"running": true}), "{r}");
+    s.close_stdin_and_wait();
 }

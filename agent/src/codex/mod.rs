@@ -72,38 +72,45 @@ pub struct Conn {
     phase: Arc<Mutex<Phase>>,
 }
 
-/// The `process/write` lanes of one connection: one task a job, taking
-/// its writes in the order they came, at most [`MAX_QUEUED_WRITE_BYTES`]
-/// queued in all.
+/// The `process/write` lanes of one connection: one task a job with a
+/// write pending (a lane ends once it has nothing queued), taking its
+/// writes in the order they came; at most [`MAX_QUEUED_WRITE_BYTES`]
+/// queued in all, counted with what each write holds
+/// ([`process::PreparedWrite::size`]).
 #[derive(Default, Debug)]
 pub struct Lanes {
-    /// (closed, the lanes by client `processId`).
-    senders: Mutex<(
-        bool,
-        std::collections::HashMap<String, mpsc::UnboundedSender<LaneJob>>,
-    )>,
-    queued: Arc<std::sync::atomic::AtomicUsize>,
+    inner: Mutex<LaneMap>,
+    queued: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Default, Debug)]
+struct LaneMap {
+    closed: bool,
+    /// The lane a generation: a lane that ended removes only itself.
+    next: u64,
+    /// By native job: (generation, sender).
+    lanes: std::collections::HashMap<String, (u64, mpsc::UnboundedSender<LaneJob>)>,
 }
 
 #[derive(Debug)]
 struct LaneJob {
     id: wire::Id,
-    params: Value,
+    write: process::PreparedWrite,
     size: usize,
     done: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Lanes {
-    /// Queue a write of job `pid`; the receiver fires once it is answered.
+    /// Queue `write` in its job's lane; the receiver fires once it is
+    /// answered.
     fn enqueue(
         conn: &Arc<Conn>,
-        pid: String,
         id: wire::Id,
-        params: Value,
-        size: usize,
+        write: process::PreparedWrite,
     ) -> Result<tokio::sync::oneshot::Receiver<()>, (wire::Id, RpcError)> {
         use std::sync::atomic::Ordering;
         let lanes = &conn.lanes;
+        let size = write.size();
         let before = lanes.queued.fetch_add(size, Ordering::AcqRel);
         if before + size > MAX_QUEUED_WRITE_BYTES {
             lanes.queued.fetch_sub(size, Ordering::AcqRel);
@@ -116,30 +123,25 @@ impl Lanes {
             ));
         }
         let (done, fired) = tokio::sync::oneshot::channel();
+        let key = write.native.clone();
         let job = LaneJob {
             id,
-            params,
+            write,
             size,
             done,
         };
-        let mut g = lanes.senders.lock().expect("lanes lock");
-        let (closed, map) = &mut *g;
-        if *closed {
+        let mut g = lanes.inner.lock().expect("lanes lock");
+        if g.closed {
             lanes.queued.fetch_sub(size, Ordering::AcqRel);
             return Err((job.id, RpcError::internal("the connection is closing")));
         }
-        let tx = map.entry(pid).or_insert_with(|| {
-            let (tx, mut rx) = mpsc::unbounded_channel::<LaneJob>();
-            let conn = conn.clone();
-            tokio::spawn(async move {
-                while let Some(j) = rx.recv().await {
-                    let answer = dispatch(&conn, "process/write", j.params).await;
-                    conn.lanes.queued.fetch_sub(j.size, Ordering::AcqRel);
-                    let _ = conn.out.send(wire::response(&j.id, answer)).await;
-                    let _ = j.done.send(());
-                }
-            });
-            tx
+        let generation = g.next;
+        let map = &mut *g;
+        let (_, tx) = map.lanes.entry(key.clone()).or_insert_with(|| {
+            map.next += 1;
+            let (tx, rx) = mpsc::unbounded_channel::<LaneJob>();
+            tokio::spawn(Lanes::run(conn.clone(), key, generation, rx));
+            (generation, tx)
         });
         if let Err(e) = tx.send(job) {
             lanes.queued.fetch_sub(size, Ordering::AcqRel);
@@ -148,12 +150,51 @@ impl Lanes {
         Ok(fired)
     }
 
+    /// One lane: its writes in order, until none is queued (checked under
+    /// the map's lock, under which writes are queued, so none is left).
+    async fn run(
+        conn: Arc<Conn>,
+        key: String,
+        generation: u64,
+        mut rx: mpsc::UnboundedReceiver<LaneJob>,
+    ) {
+        use std::sync::atomic::Ordering;
+        use tokio::sync::mpsc::error::TryRecvError;
+        loop {
+            let j = match rx.try_recv() {
+                Ok(j) => j,
+                Err(TryRecvError::Disconnected) => return,
+                Err(TryRecvError::Empty) => {
+                    let mut g = conn.lanes.inner.lock().expect("lanes lock");
+                    match rx.try_recv() {
+                        Ok(j) => j,
+                        Err(_) => {
+                            if g.lanes.get(&key).is_some_and(|(n, _)| *n == generation) {
+                                g.lanes.remove(&key);
+                            }
+                            return;
+                        }
+                    }
+                }
+            };
+            let answer = process::perform_write(&conn, j.write).await;
+            conn.lanes.queued.fetch_sub(j.size, Ordering::AcqRel);
+            let _ = conn.out.send(wire::response(&j.id, answer)).await;
+            let _ = j.done.send(());
+        }
+    }
+
     /// End every lane (each after the write it is doing): the connection
     /// is over.
     fn close(&self) {
-        let mut g = self.senders.lock().expect("lanes lock");
-        g.0 = true;
-        g.1.clear();
+        let mut g = self.inner.lock().expect("lanes lock");
+        g.closed = true;
+        g.lanes.clear();
+    }
+
+    /// How many lanes are open (each has a write queued or under way).
+    pub fn open(&self) -> usize {
+        self.inner.lock().expect("lanes lock").lanes.len()
     }
 }
 
@@ -359,24 +400,28 @@ where
             continue;
         }
         if method == "process/write" {
-            if let Some(pid) = params.get("processId").and_then(Value::as_str) {
-                let size = params
-                    .get("chunk")
-                    .and_then(Value::as_str)
-                    .map_or(0, str::len);
-                match Lanes::enqueue(&c, pid.to_owned(), id, params, size) {
-                    Ok(done) => {
-                        let wait = std::time::Duration::from_millis(WRITE_IN_ORDER_MS);
-                        let _ = tokio::time::timeout(wait, done).await;
+            let queued = match process::prepare_write(&c, params) {
+                Err(e) => Err((id, e)),
+                Ok(Err(answer)) => {
+                    if out.send(wire::response(&id, Ok(answer))).await.is_err() {
+                        break;
                     }
-                    Err((id, e)) => {
-                        if out.send(wire::response(&id, Err(e))).await.is_err() {
-                            break;
-                        }
+                    continue;
+                }
+                Ok(Ok(write)) => Lanes::enqueue(&c, id, write),
+            };
+            match queued {
+                Ok(done) => {
+                    let wait = std::time::Duration::from_millis(WRITE_IN_ORDER_MS);
+                    let _ = tokio::time::timeout(wait, done).await;
+                }
+                Err((id, e)) => {
+                    if out.send(wire::response(&id, Err(e))).await.is_err() {
+                        break;
                     }
                 }
-                continue;
             }
+            continue;
         }
         if runs_beside(&method, &params) {
             let out = out.clone();
@@ -632,7 +677,10 @@ async fn dispatch(conn: &Arc<Conn>, method: &str, params: Value) -> Result<Value
         }
         "process/start" => process::start(conn, params).await,
         "process/read" => process::read(conn, params).await,
-        "process/write" => process::write(conn, params).await,
+        "process/write" => match process::prepare_write(conn, params)? {
+            Ok(w) => process::perform_write(conn, w).await,
+            Err(answer) => Ok(answer),
+        },
         "process/signal" => process::signal(conn, params).await,
         "process/terminate" => process::terminate(conn, params).await,
         "fs/watchMissing" => {

@@ -752,7 +752,28 @@ struct NativeWrite<'a> {
     write_id: &'a str,
 }
 
-pub async fn write(conn: &Conn, params: Value) -> Result<Value, RpcError> {
+/// A `process/write` checked and decoded, ready for its job's lane.
+#[derive(Debug)]
+pub struct PreparedWrite {
+    /// The native job (a lane a job: a client id reused after its job
+    /// ended names another lane).
+    pub native: String,
+    data: Vec<u8>,
+    write_id: String,
+}
+
+impl PreparedWrite {
+    /// What it holds while it waits, counted against the connection's
+    /// bound (with room for the lane and the request around it).
+    pub fn size(&self) -> usize {
+        self.data.len() + self.write_id.len() + self.native.len() + 4096
+    }
+}
+
+/// `process/write` as far as it goes without the job: its params decoded
+/// and checked (unknown keys, base64, an empty `writeId`), its job found.
+/// `Ok(Err(answer))` is answered at once (an unknown job, stdin closed).
+pub fn prepare_write(conn: &Conn, params: Value) -> Result<Result<PreparedWrite, Value>, RpcError> {
     let p: WriteParams = decode(params)?;
     conn.ready("exec")?;
     if p.write_id.is_empty() {
@@ -762,22 +783,31 @@ pub async fn write(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         .decode(p.chunk.as_bytes())
         .map_err(|e| RpcError::invalid_params(e.to_string()))?;
     let Some((native, piped, exit, _)) = native_of(conn, &p.process_id) else {
-        return Ok(json!({"status": "unknownProcess"}));
+        return Ok(Err(json!({"status": "unknownProcess"})));
     };
     if !piped {
-        return Ok(json!({"status": "stdinClosed"}));
+        return Ok(Err(json!({"status": "stdinClosed"})));
     }
     if exit.is_some() {
         return Err(RpcError::internal("failed to write to process stdin"));
     }
+    Ok(Ok(PreparedWrite {
+        native,
+        data,
+        write_id: p.write_id,
+    }))
+}
+
+/// The write itself, once its lane takes it.
+pub async fn perform_write(conn: &Conn, w: PreparedWrite) -> Result<Value, RpcError> {
     let r: Result<rmpv::Value, _> = conn
         .native
         .call_value(
             m::PROCESS_WRITE,
             &NativeWrite {
-                process_id: &native,
-                data: &data,
-                write_id: &p.write_id,
+                process_id: &w.native,
+                data: &w.data,
+                write_id: &w.write_id,
             },
             None,
         )
