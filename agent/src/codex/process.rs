@@ -14,7 +14,10 @@
 //! chunks are read back (`process/read`, 4 MiB at a time, waiting for the
 //! client) and pushed in order before anything later of that job; live
 //! chunks are dropped meanwhile (read back too), so a job outrunning its
-//! client costs no memory here. What the agent's own retained buffer (1
+//! client costs no memory here. A catch-up ends only past every chunk
+//! heard of (dropped, heard early, named by a lag notice or an exit's
+//! final seq): an empty read-back answer can be older than a chunk whose
+//! notification came before it. What the agent's own retained buffer (1
 //! MiB per job by default, as the reference's) no longer holds is a gap in
 //! the seqs the client sees.
 //!
@@ -48,17 +51,54 @@ struct Inner {
     by_codex: HashMap<String, Entry>,
     by_native: HashMap<String, String>,
     /// Native jobs heard of before their start's answer (at most
-    /// [`MAX_EARLY`]), with their exit when it came too.
-    early: HashMap<String, Option<ProcessExited>>,
+    /// [`MAX_EARLY`]).
+    early: HashMap<String, Early>,
+}
+
+/// What was heard of a job before its start's answer.
+#[derive(Default)]
+struct Early {
+    /// The native seq of the last chunk heard of.
+    heard: Option<u64>,
+    exit: Option<ProcessExited>,
 }
 
 /// How many jobs may be heard of before their start's answer (as many as
 /// starts can be under way at once, and more).
 const MAX_EARLY: usize = 1024;
 
+/// What a native event asks of the caller: lines to push now (in order),
+/// and a job whose missing chunks are to be read back.
+#[derive(Default)]
+struct Step {
+    lines: Vec<Vec<u8>>,
+    catch_up: Option<String>,
+}
+
+impl Step {
+    fn lines(lines: Vec<Vec<u8>>) -> Self {
+        Step {
+            lines,
+            catch_up: None,
+        }
+    }
+    fn catch_up(codex: String) -> Self {
+        Step {
+            lines: Vec::new(),
+            catch_up: Some(codex),
+        }
+    }
+}
+
+/// The later of two native seqs heard of.
+fn later(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    a.max(b)
+}
+
 impl Inner {
-    /// Note a notification about a native job not known (yet).
-    fn note_early(&mut self, native: &str, exit: Option<ProcessExited>) {
+    /// Note a notification about a native job not known (yet): the seq of
+    /// a chunk it names, its exit.
+    fn note_early(&mut self, native: &str, heard: Option<u64>, exit: Option<ProcessExited>) {
         if !self.early.contains_key(native) && self.early.len() >= MAX_EARLY {
             tracing::debug!(
                 process_id = native,
@@ -67,9 +107,153 @@ impl Inner {
             return;
         }
         let slot = self.early.entry(native.to_owned()).or_default();
+        slot.heard = later(slot.heard, heard);
         if exit.is_some() {
-            *slot = exit;
+            slot.exit = exit;
         }
+    }
+
+    /// The start of `codex` was answered: its native id is `native`.
+    /// Whether the job was heard of before (then what it said is to be
+    /// read back: live chunks are dropped and its exit held until then).
+    fn started(&mut self, codex: &str, native: String) -> bool {
+        self.by_native.insert(native.clone(), codex.to_owned());
+        let early = self.early.remove(&native);
+        let Some(e) = self.by_codex.get_mut(codex) else {
+            return false;
+        };
+        e.native = native;
+        let Some(early) = early else {
+            return false;
+        };
+        e.held = Some(early.exit.into_iter().map(Held::Exited).collect());
+        e.heard = early.heard;
+        true
+    }
+
+    fn chunk(&mut self, native: &str, seq: u64, stream: &str, data: &[u8]) -> Step {
+        let Some(codex) = self.by_native.get(native).cloned() else {
+            self.note_early(native, Some(seq), None);
+            return Step::default();
+        };
+        let Some(e) = self.by_codex.get_mut(&codex) else {
+            return Step::default();
+        };
+        if e.held.is_some() {
+            // Being read back: this chunk comes with the catch-up (nothing
+            // of it is held here, so a job outrunning its client costs no
+            // memory), which ends only past it.
+            e.heard = later(e.heard, Some(seq));
+            return Step::default();
+        }
+        if e.resumed && e.last_pushed.is_none() {
+            e.last_pushed = seq.checked_sub(1);
+        }
+        let expected = e.last_pushed.map_or(0, |s| s + 1);
+        if seq < expected {
+            return Step::default();
+        }
+        if seq > expected {
+            // A gap: read back what is missing, this chunk with it.
+            e.held = Some(Vec::new());
+            e.heard = later(e.heard, Some(seq));
+            return Step::catch_up(codex);
+        }
+        e.last_pushed = Some(seq);
+        Step::lines(vec![output_line(&codex, seq, stream, data)])
+    }
+
+    fn exited(&mut self, x: ProcessExited) -> Step {
+        let Some(codex) = self.by_native.get(&x.process_id).cloned() else {
+            let native = x.process_id.clone();
+            self.note_early(&native, None, Some(x));
+            return Step::default();
+        };
+        let Some(e) = self.by_codex.get_mut(&codex) else {
+            return Step::default();
+        };
+        if let Some(held) = e.held.as_mut() {
+            held.push(Held::Exited(x));
+            return Step::default();
+        }
+        if e.resumed && e.last_pushed.is_none() {
+            e.last_pushed = x.final_seq;
+        }
+        if x.final_seq.is_some() && x.final_seq != e.last_pushed {
+            e.held = Some(vec![Held::Exited(x)]);
+            return Step::catch_up(codex);
+        }
+        Step::lines(exit_lines(&codex, e, &x))
+    }
+
+    fn lagged(&mut self, l: &ProcessLagged) -> Step {
+        // The lag notice names the first chunk not pushed.
+        let Some(codex) = self.by_native.get(&l.process_id).cloned() else {
+            self.note_early(&l.process_id, Some(l.next_seq), None);
+            return Step::default();
+        };
+        let Some(e) = self.by_codex.get_mut(&codex) else {
+            return Step::default();
+        };
+        e.heard = later(e.heard, Some(l.next_seq));
+        if e.held.is_some() {
+            return Step::default();
+        }
+        e.held = Some(Vec::new());
+        Step::catch_up(codex)
+    }
+
+    /// Where the next read-back of `codex` starts: its native id and the
+    /// native seq of the last chunk pushed (`None` once the job is gone).
+    fn read_from(&self, codex: &str) -> Option<(String, Option<u64>)> {
+        let e = self.by_codex.get(codex)?;
+        Some((e.native.clone(), e.last_pushed))
+    }
+
+    /// A read-back's answer (`None`: it failed, nothing more can be read):
+    /// the lines to push, and whether the catch-up is over (then what was
+    /// held is among the lines, and live chunks are pushed again). `None`
+    /// once the job is gone.
+    fn read_back(
+        &mut self,
+        codex: &str,
+        read: Option<ProcessReadResult>,
+    ) -> Option<(Vec<Vec<u8>>, bool)> {
+        let e = self.by_codex.get_mut(codex)?;
+        let mut lines = Vec::new();
+        if let Some(r) = &read {
+            for c in &r.chunks {
+                if e.last_pushed.is_none_or(|l| c.seq > l) {
+                    e.last_pushed = Some(c.seq);
+                    lines.push(output_line(codex, c.seq, c.stream.as_str(), &c.data));
+                }
+            }
+            if !r.chunks.is_empty() {
+                return Some((lines, false));
+            }
+            // Nothing past the last chunk pushed when the agent answered.
+            // A chunk heard of that was not pushed is read again: its
+            // notification can overtake an answer made before the chunk
+            // was buffered (the agent buffers a chunk, then notifies it).
+            // One below the answer's `nextSeq` that it did not return is
+            // gone from the job's buffer: a gap the client sees.
+            let exits = e.held.iter().flatten().map(|Held::Exited(x)| x.final_seq);
+            let heard = exits.fold(e.heard, later);
+            let missing =
+                heard.is_some_and(|h| e.last_pushed.is_none_or(|l| h > l) && h >= r.next_seq);
+            if missing {
+                return Some((lines, false));
+            }
+        }
+        // Nothing more to read: release what was held, in order, past
+        // what was pushed.
+        e.heard = None;
+        for h in e.held.take().unwrap_or_default() {
+            match h {
+                Held::Exited(x) => lines.extend(exit_lines(codex, e, &x)),
+            }
+        }
+        Some((lines, true))
     }
 }
 
@@ -83,6 +267,11 @@ struct Entry {
     /// `Some` while missing chunks are read back (then live chunks are
     /// dropped and the exit waits).
     held: Option<Vec<Held>>,
+    /// While read back: the native seq of the last chunk heard of and not
+    /// pushed (dropped live, heard before the start's answer, named by a
+    /// lag notice). The catch-up ends past it, or once the job's buffer no
+    /// longer holds it.
+    heard: Option<u64>,
     /// Learnt from a resumed session: what the client read before is not
     /// known, so pushing starts at the first chunk that arrives.
     resumed: bool,
@@ -111,123 +300,47 @@ fn exit_code(e: &ProcessExited) -> i32 {
 
 impl Registry {
     /// A native notification about a job, as Codex lines (pushed in order
-    /// by the caller); a catch-up is started on `native` when chunks are
+    /// by the caller); a catch-up is started on the job when chunks are
     /// missing.
     pub fn note(self: &Arc<Self>, conn: &Conn, method: &str, params: rmpv::Value) -> Vec<Vec<u8>> {
-        match method {
-            m::PROCESS_OUTPUT => {
-                let Ok(o) = rmpv::ext::from_value::<ProcessOutput>(params) else {
-                    return vec![];
-                };
-                self.on_chunk(conn, &o.process_id, o.seq, o.stream.as_str(), &o.data)
+        let step = {
+            let mut g = self.inner.lock().expect("registry lock");
+            match method {
+                m::PROCESS_OUTPUT => match rmpv::ext::from_value::<ProcessOutput>(params) {
+                    Ok(o) => g.chunk(&o.process_id, o.seq, o.stream.as_str(), &o.data),
+                    Err(_) => Step::default(),
+                },
+                m::PROCESS_EXITED => match rmpv::ext::from_value::<ProcessExited>(params) {
+                    Ok(x) => g.exited(x),
+                    Err(_) => Step::default(),
+                },
+                m::PROCESS_LAGGED => match rmpv::ext::from_value::<ProcessLagged>(params) {
+                    Ok(l) => g.lagged(&l),
+                    Err(_) => Step::default(),
+                },
+                _ => Step::default(),
             }
-            m::PROCESS_EXITED => {
-                let Ok(e) = rmpv::ext::from_value::<ProcessExited>(params) else {
-                    return vec![];
-                };
-                self.on_exit(conn, e)
-            }
-            m::PROCESS_LAGGED => {
-                let Ok(l) = rmpv::ext::from_value::<ProcessLagged>(params) else {
-                    return vec![];
-                };
-                let mut g = self.inner.lock().expect("registry lock");
-                let Some(codex) = g.by_native.get(&l.process_id).cloned() else {
-                    g.note_early(&l.process_id, None);
-                    return vec![];
-                };
-                if let Some(e) = g.by_codex.get_mut(&codex) {
-                    if e.held.is_none() {
-                        e.held = Some(Vec::new());
-                        drop(g);
-                        self.catch_up(conn, codex);
-                    }
-                }
-                vec![]
-            }
-            _ => vec![],
-        }
-    }
-
-    fn on_chunk(
-        self: &Arc<Self>,
-        conn: &Conn,
-        native: &str,
-        seq: u64,
-        stream: &str,
-        data: &[u8],
-    ) -> Vec<Vec<u8>> {
-        let mut g = self.inner.lock().expect("registry lock");
-        let Some(codex) = g.by_native.get(native).cloned() else {
-            g.note_early(native, None);
-            return vec![];
         };
-        let Some(e) = g.by_codex.get_mut(&codex) else {
-            return vec![];
-        };
-        if e.held.is_some() {
-            // Being read back: this chunk comes with the catch-up (nothing
-            // of it is held here, so a job outrunning its client costs no
-            // memory).
-            return vec![];
-        }
-        let line = output_line(&codex, seq, stream, data);
-        if e.resumed && e.last_pushed.is_none() {
-            e.last_pushed = seq.checked_sub(1);
-        }
-        let expected = e.last_pushed.map_or(0, |s| s + 1);
-        if seq < expected {
-            return vec![];
-        }
-        if seq > expected {
-            // A gap: read back what is missing, this chunk with it.
-            e.held = Some(Vec::new());
-            drop(g);
+        if let Some(codex) = step.catch_up {
             self.catch_up(conn, codex);
-            return vec![];
         }
-        e.last_pushed = Some(seq);
-        vec![line]
+        step.lines
     }
 
-    fn on_exit(self: &Arc<Self>, conn: &Conn, x: ProcessExited) -> Vec<Vec<u8>> {
-        let mut g = self.inner.lock().expect("registry lock");
-        let Some(codex) = g.by_native.get(&x.process_id).cloned() else {
-            let native = x.process_id.clone();
-            g.note_early(&native, Some(x));
-            return vec![];
-        };
-        let Some(e) = g.by_codex.get_mut(&codex) else {
-            return vec![];
-        };
-        if let Some(held) = e.held.as_mut() {
-            held.push(Held::Exited(x));
-            return vec![];
-        }
-        if e.resumed && e.last_pushed.is_none() {
-            e.last_pushed = x.final_seq;
-        }
-        if x.final_seq.is_some() && x.final_seq != e.last_pushed {
-            e.held = Some(vec![Held::Exited(x)]);
-            drop(g);
-            self.catch_up(conn, codex);
-            return vec![];
-        }
-        exit_lines(&codex, e, &x)
-    }
-
-    /// Read back the chunks of `codex` after the last one pushed, push
-    /// them, then what was held meanwhile.
+    /// Read back the chunks of `codex` after the last one pushed and push
+    /// them (live chunks are dropped meanwhile, so nothing overtakes
+    /// them), until every chunk heard of is pushed; then what was held.
     fn catch_up(self: &Arc<Self>, conn: &Conn, codex: String) {
         let (registry, native, out) = (self.clone(), conn.native.clone(), conn.out.clone());
         tokio::spawn(async move {
             loop {
-                let (native_id, after) = {
-                    let g = registry.inner.lock().expect("registry lock");
-                    let Some(e) = g.by_codex.get(&codex) else {
-                        return;
-                    };
-                    (e.native.clone(), e.last_pushed)
+                let from = registry
+                    .inner
+                    .lock()
+                    .expect("registry lock")
+                    .read_from(&codex);
+                let Some((native_id, after)) = from else {
+                    return;
                 };
                 let read: Result<ProcessReadResult, _> = native
                     .call(
@@ -240,38 +353,16 @@ impl Registry {
                         },
                     )
                     .await;
-                let chunks = match read {
-                    Ok(r) => r.chunks,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "catch-up read failed");
-                        Vec::new()
-                    }
-                };
-                let mut lines = Vec::new();
-                let done = {
-                    let mut g = registry.inner.lock().expect("registry lock");
-                    let Some(e) = g.by_codex.get_mut(&codex) else {
-                        return;
-                    };
-                    for c in &chunks {
-                        if e.last_pushed.is_none_or(|l| c.seq > l) {
-                            e.last_pushed = Some(c.seq);
-                            lines.push(output_line(&codex, c.seq, c.stream.as_str(), &c.data));
-                        }
-                    }
-                    if chunks.is_empty() {
-                        // Nothing more to read: release what was held,
-                        // in order, past what was pushed.
-                        let held = e.held.take().unwrap_or_default();
-                        for h in held {
-                            match h {
-                                Held::Exited(x) => lines.extend(exit_lines(&codex, e, &x)),
-                            }
-                        }
-                        true
-                    } else {
-                        false
-                    }
+                let read = read
+                    .map_err(|e| tracing::debug!(error = %e, "catch-up read failed"))
+                    .ok();
+                let step = registry
+                    .inner
+                    .lock()
+                    .expect("registry lock")
+                    .read_back(&codex, read);
+                let Some((lines, done)) = step else {
+                    return;
                 };
                 for l in lines {
                     if out.send(l).await.is_err() {
@@ -582,14 +673,8 @@ pub async fn start(conn: &Conn, params: Value) -> Result<Value, RpcError> {
     let hook: super::native::Hook = Box::new(move |v| {
         if let Ok(r) = rmpv::ext::from_value::<ProcessStartResult>(v.clone()) {
             let mut g = registry.inner.lock().expect("registry lock");
-            g.by_native.insert(r.process_id.clone(), codex.clone());
-            let early = g.early.remove(&r.process_id);
-            if let Some(e) = g.by_codex.get_mut(&codex) {
-                e.native = r.process_id;
-                if let Some(exit) = early {
-                    e.held = Some(exit.into_iter().map(Held::Exited).collect());
-                    heard.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
+            if g.started(&codex, r.process_id) {
+                heard.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
     });
@@ -939,5 +1024,178 @@ mod tests {
         assert_eq!(env["B"], "2");
         let none = compose_env(None, BTreeMap::new());
         assert!(none.is_empty());
+    }
+
+    use executor_protocol::types::process::{OutputChunk, OutputStream};
+
+    /// A registry with job `j` started as native `proc-1`, after `early`
+    /// (notifications heard before the start's answer).
+    fn started(early: impl FnOnce(&mut Inner)) -> (Inner, bool) {
+        let mut g = Inner::default();
+        g.by_codex.insert("j".into(), Entry::default());
+        early(&mut g);
+        let heard = g.started("j", "proc-1".into());
+        (g, heard)
+    }
+
+    fn chunk(seq: u64) -> OutputChunk {
+        OutputChunk {
+            seq,
+            stream: if seq % 2 == 0 {
+                OutputStream::Stdout
+            } else {
+                OutputStream::Stderr
+            },
+            data: serde_bytes::ByteBuf::from(format!("c{seq}")),
+        }
+    }
+
+    fn answer(chunks: &[u64], next_seq: u64) -> Option<ProcessReadResult> {
+        Some(ProcessReadResult {
+            chunks: chunks.iter().map(|&s| chunk(s)).collect(),
+            next_seq,
+            exited: None,
+            dropped_before: None,
+        })
+    }
+
+    fn exit(final_seq: u64) -> ProcessExited {
+        rmpv::ext::from_value(
+            rmpv::ext::to_value(json!({
+                "process_id": "proc-1", "exit_code": 3, "final_seq": final_seq,
+            }))
+            .unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// The Codex seqs of `lines`, with what each is.
+    fn seqs(lines: &[Vec<u8>]) -> Vec<(String, u64)> {
+        lines
+            .iter()
+            .map(|l| {
+                let v: Value = serde_json::from_slice(l).unwrap();
+                let kind = v["method"].as_str().unwrap().trim_start_matches("process/");
+                (kind.to_owned(), v["params"]["seq"].as_u64().unwrap())
+            })
+            .collect()
+    }
+
+    fn pushed(all: &[Vec<u8>]) -> Vec<u64> {
+        seqs(all).into_iter().map(|s| s.1).collect()
+    }
+
+    /// The read-back's answer made before the job's second chunk was
+    /// buffered reaches the dialect after that chunk's notification (the
+    /// agent buffers, then notifies; the answer was made before): the
+    /// chunk was dropped as being read back, the empty answer must not end
+    /// the catch-up (it did: the exit and close were pushed as 3 and 4,
+    /// chunk 2 never).
+    #[test]
+    fn a_chunk_overtaking_an_empty_read_back_is_read_again() {
+        let (mut g, heard) = started(|g| {
+            assert!(g.chunk("proc-1", 0, "stdout", b"c0").lines.is_empty());
+        });
+        assert!(heard, "heard of before the answer");
+        let mut out = Vec::new();
+        // First read-back: chunk 0.
+        assert_eq!(g.read_from("j"), Some(("proc-1".into(), None)));
+        let (lines, done) = g.read_back("j", answer(&[0], 1)).unwrap();
+        out.extend(lines);
+        assert!(!done);
+        // The second read-back is answered (nothing past 0, next seq 1),
+        // then chunk 1 is buffered and notified, then the job exits; the
+        // dialect hears the notification and the exit first.
+        assert_eq!(g.read_from("j"), Some(("proc-1".into(), Some(0))));
+        let s = g.chunk("proc-1", 1, "stderr", b"c1");
+        assert!(s.lines.is_empty() && s.catch_up.is_none());
+        let s = g.exited(exit(1));
+        assert!(s.lines.is_empty() && s.catch_up.is_none());
+        let (lines, done) = g.read_back("j", answer(&[], 1)).unwrap();
+        out.extend(lines);
+        assert!(!done, "ended before chunk 1: {:?}", seqs(&out));
+        // Read again: chunk 1, then nothing more; the exit and close follow.
+        assert_eq!(g.read_from("j"), Some(("proc-1".into(), Some(0))));
+        let (lines, done) = g.read_back("j", answer(&[1], 2)).unwrap();
+        out.extend(lines);
+        assert!(!done);
+        let (lines, done) = g.read_back("j", answer(&[], 2)).unwrap();
+        out.extend(lines);
+        assert!(done);
+        assert_eq!(pushed(&out), [1, 2, 3, 4], "{:?}", seqs(&out));
+        // Live again: nothing more is pushed for the job.
+        assert!(g.exited(exit(1)).lines.is_empty());
+    }
+
+    /// The same overtaking on a gap's catch-up with no exit yet: the
+    /// catch-up does not end (and push live again) before the dropped
+    /// chunk; later chunks are live.
+    #[test]
+    fn a_gap_catch_up_ends_past_every_chunk_dropped() {
+        let (mut g, heard) = started(|_| {});
+        assert!(!heard);
+        let mut out = g.chunk("proc-1", 0, "stdout", b"c0").lines;
+        let s = g.chunk("proc-1", 2, "stdout", b"c2");
+        assert_eq!(s.catch_up.as_deref(), Some("j"));
+        // Chunk 3 is heard while the read-back (made before it) is on its
+        // way.
+        assert!(g.chunk("proc-1", 3, "stderr", b"c3").lines.is_empty());
+        let (lines, done) = g.read_back("j", answer(&[1, 2], 3)).unwrap();
+        out.extend(lines);
+        assert!(!done);
+        let (lines, done) = g.read_back("j", answer(&[], 3)).unwrap();
+        out.extend(lines);
+        assert!(!done, "ended before chunk 3: {:?}", seqs(&out));
+        let (lines, _) = g.read_back("j", answer(&[3], 4)).unwrap();
+        out.extend(lines);
+        let (lines, done) = g.read_back("j", answer(&[], 4)).unwrap();
+        out.extend(lines);
+        assert!(done);
+        out.extend(g.chunk("proc-1", 4, "stdout", b"c4").lines);
+        out.extend(g.exited(exit(4)).lines);
+        assert_eq!(pushed(&out), [1, 2, 3, 4, 5, 6, 7], "{:?}", seqs(&out));
+    }
+
+    /// A chunk the job's buffer no longer holds (the answer's next seq is
+    /// past it) is a gap, not a reason to read forever; a failed read
+    /// ends the catch-up too, releasing the exit.
+    #[test]
+    fn a_chunk_gone_from_the_buffer_or_a_failed_read_ends_the_catch_up() {
+        let (mut g, _) = started(|g| {
+            g.chunk("proc-1", 0, "stdout", b"c0");
+            g.exited(exit(5));
+        });
+        let (lines, done) = g.read_back("j", answer(&[], 6)).unwrap();
+        assert!(done);
+        assert_eq!(pushed(&lines), [7, 8]);
+
+        let (mut g, _) = started(|g| {
+            g.chunk("proc-1", 0, "stdout", b"c0");
+            g.exited(exit(0));
+        });
+        let (lines, done) = g.read_back("j", None).unwrap();
+        assert!(done);
+        assert_eq!(pushed(&lines), [2, 3]);
+    }
+
+    /// A lag notice names a chunk the catch-up must reach.
+    #[test]
+    fn a_lag_notice_names_a_chunk_the_catch_up_reaches() {
+        let (mut g, _) = started(|_| {});
+        let mut out = g.chunk("proc-1", 0, "stdout", b"c0").lines;
+        let lag = ProcessLagged {
+            process_id: "proc-1".into(),
+            next_seq: 1,
+        };
+        assert_eq!(g.lagged(&lag).catch_up.as_deref(), Some("j"));
+        let (lines, done) = g.read_back("j", answer(&[], 1)).unwrap();
+        out.extend(lines);
+        assert!(!done);
+        let (lines, _) = g.read_back("j", answer(&[1], 2)).unwrap();
+        out.extend(lines);
+        let (lines, done) = g.read_back("j", answer(&[], 2)).unwrap();
+        out.extend(lines);
+        assert!(done);
+        assert_eq!(pushed(&out), [1, 2]);
     }
 }
