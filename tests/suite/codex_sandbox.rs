@@ -546,3 +546,125 @@ executor_tests::root_and_unprivileged!(
         std::fs::remove_dir_all(&base).unwrap();
     }
 );
+
+// A `.git` file names the repository elsewhere (`--separate-git-dir`, a
+// worktree, a submodule): through the dialect, that repository's config
+// and hooks, and a worktree's common directory, stay read-only when the
+// root with the `.git` file is writable, even when the repository lies in
+// another writable root (the carve-out's read-only bind). Found by attack:
+// a job wrote `core.fsmonitor` into the separate git dir, and the host's
+// next `git status` ran it. Positive control: the work tree is writable.
+executor_tests::root_and_unprivileged!(
+    a_git_file_protects_the_repository_it_names,
+    |unprivileged: bool| async move {
+        use serde_json::json;
+        let base = unique_tempdir("codex-gitfile");
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let git = |args: &[&str]| {
+            let st = std::process::Command::new("git")
+                .args(args)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .env("HOME", &base)
+                .output()
+                .expect("git");
+            assert!(st.status.success(), "git {args:?}: {st:?}");
+        };
+        // A separate git dir inside the same writable parent.
+        let solo = base.join("solo");
+        let real = base.join("solo-git");
+        git(&[
+            "init",
+            "-q",
+            "--separate-git-dir",
+            real.to_str().unwrap(),
+            solo.to_str().unwrap(),
+        ]);
+        // A worktree whose main repository is writable too.
+        let main = base.join("main");
+        git(&["init", "-q", main.to_str().unwrap()]);
+        git(&[
+            "-C",
+            main.to_str().unwrap(),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "x",
+        ]);
+        let wt = base.join("wt");
+        git(&[
+            "-C",
+            main.to_str().unwrap(),
+            "worktree",
+            "add",
+            "-q",
+            wt.to_str().unwrap(),
+        ]);
+        let (mut s, uid) = crate::codex_dialect::Server::start_as(unprivileged);
+        if uid != current_uid() {
+            chown_r(&base, uid);
+        }
+        s.handshake(None);
+        let uri = |p: &Path| format!("file://{}", p.display());
+        let sandbox = |ws: &Path| {
+            json!({
+            "permissions": {"type": "managed", "network": "restricted",
+                "file_system": {"type": "restricted", "entries": [
+                    {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+                    {"path": {"type": "special", "value": {"kind": "project_roots"}}, "access": "write"},
+                    {"path": {"type": "path", "path": uri(&base)}, "access": "write"}]}},
+            "cwd": uri(ws), "workspaceRoots": [uri(ws)],
+            "windowsSandboxLevel": "disabled", "useLegacyLandlock": false})
+        };
+        let mut id = 10;
+        let mut run = |ws: &Path, script: &str| {
+            id += 1;
+            s.sh(id, ws, &sandbox(ws), script)
+        };
+        let cfg = |d: &Path| std::fs::read_to_string(d.join("config")).unwrap();
+        let before = (cfg(&real), cfg(&main.join(".git")));
+        for (ws, script) in [
+            (
+                &solo,
+                format!(
+                    "printf '[core]\\n\\tfsmonitor = touch {}/PWNED\\n' >> {}/config",
+                    base.display(),
+                    real.display()
+                ),
+            ),
+            (
+                &solo,
+                format!(
+                    "mkdir -p {0}/hooks && echo 'touch {1}/PWNED' > {0}/hooks/pre-commit",
+                    real.display(),
+                    base.display()
+                ),
+            ),
+            (&wt, format!("echo x >> {}/.git/config", main.display())),
+            (
+                &wt,
+                format!(
+                    "echo /tmp/evil > {}/.git/worktrees/wt/commondir",
+                    main.display()
+                ),
+            ),
+        ] {
+            let (out, code) = run(ws, &script);
+            assert_ne!(code, 0, "{script}: {out}");
+        }
+        assert_eq!((cfg(&real), cfg(&main.join(".git"))), before);
+        assert!(!real.join("hooks/pre-commit").exists());
+        assert!(!base.join("PWNED").exists());
+        // Positive control: the work trees themselves are writable.
+        let (out, code) = run(&solo, "echo x > file && echo ok");
+        assert_eq!((out.as_str(), code), ("ok\n", 0));
+        let (out, code) = run(&wt, "echo x > file && echo ok");
+        assert_eq!((out.as_str(), code), ("ok\n", 0));
+        drop(s);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+);

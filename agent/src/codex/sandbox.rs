@@ -5,9 +5,10 @@
 //! intent then goes through the native gate like any other, so a
 //! read-only Explorer role is read-only on the remote host.
 //!
-//! Pure but for one thing: a `glob_pattern` deny entry is expanded by a
+//! Pure but for two things: a `glob_pattern` deny entry is expanded by a
 //! bounded scan of the filesystem (as the reference snapshots glob matches
-//! before its sandbox starts). Depends on the protocol's intent types and
+//! before its sandbox starts), and a writable root's `.git` file is read
+//! for the repository it names. Depends on the protocol's intent types and
 //! `serde_json`.
 //!
 //! The mapping (never weaker than asked; what cannot be expressed is
@@ -28,7 +29,7 @@
 //! | `path {URI}` | the path |
 //! | access `read` / `write` / `deny` (`none`) | read root / write root / `deny_read` |
 //! | a `read` entry below a `write` one | also `deny_write` of each place (the more specific entry wins, as in Codex; a `write` of the same place wins over it) |
-//! | every `write` place but the root, `tmpdir` and `slash_tmp` | also `deny_write` of its `.git`, `.agents`, `.codex` ([`PROTECTED_METADATA`]), existing or not, unless a `write` entry names that place (as Codex protects them under writable roots; not in the shared temporary directories, where any local user could plant one that refuses every job) |
+//! | every `write` place but the root, `tmpdir` and `slash_tmp` | also `deny_write` of its `.git`, `.agents`, `.codex` ([`PROTECTED_METADATA`]), existing or not, unless a `write` entry names that place (as Codex protects them under writable roots; not in the shared temporary directories, where any local user could plant one that refuses every job); for a `.git` *file*, also the repository it names and that repository's `commondir` ([`git_pointer_dirs`], read when the request is translated) |
 //! | `glob_pattern` deny | `deny_read` of each match when the request is translated (as the reference snapshots them), scanned to `glob_scan_max_depth` or, without it, as deep as the scan budget ([`MAX_GLOB_SCAN`] entries, [`MAX_GLOB_MATCHES`] matches) allows: beyond it, refused |
 //! | `glob_pattern` read / write | refused |
 //! | `missing_path_behavior` | every grant is `?ROOT` (skipped when missing, as the reference runs with a missing path) |
@@ -741,6 +742,17 @@ fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<Filesy
                 fs.deny_write.push(wire(&place));
             }
         }
+        // A `.git` file (a worktree, a submodule, `--separate-git-dir`)
+        // names the repository elsewhere: that is what runs later (its
+        // hooks, its config), so it is protected too, with the common
+        // directory a worktree's names.
+        if !written.contains(&w.join(".git")) {
+            for dir in git_pointer_dirs(w) {
+                if !written.contains(&dir) {
+                    fs.deny_write.push(wire(&dir));
+                }
+            }
+        }
     }
     let any_write_all = fs.write.iter().any(|w| w.as_bytes() == b"/");
     if deny_root && (read_all || any_write_all) {
@@ -760,6 +772,61 @@ fn assemble(items: Vec<(Target, Access, String)>, roots: &[PathBuf]) -> R<Filesy
     dedup(&mut fs.deny_read);
     dedup(&mut fs.deny_write);
     Ok(fs)
+}
+
+/// The repository a `.git` *file* under `root` names (`gitdir: PATH`,
+/// relative to `root` or absolute) and, when that holds a `commondir`
+/// file, the common directory it names (relative to the repository):
+/// read once each, a few KiB at most, never through a symlink. Nothing
+/// for a `.git` directory, link or anything unreadable.
+fn git_pointer_dirs(root: &Path) -> Vec<PathBuf> {
+    fn small_file(p: &Path) -> Option<String> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(p)
+            .ok()?;
+        if !f.metadata().ok()?.is_file() {
+            return None;
+        }
+        let mut text = String::new();
+        f.take(4096).read_to_string(&mut text).ok()?;
+        Some(text)
+    }
+    let mut out = Vec::new();
+    let Some(text) = small_file(&root.join(".git")) else {
+        return out;
+    };
+    let Some(named) = text.lines().next().and_then(|l| l.strip_prefix("gitdir:")) else {
+        return out;
+    };
+    let gitdir = root.join(named.trim());
+    if let Some(common) = small_file(&gitdir.join("commondir")) {
+        let common = common.lines().next().unwrap_or_default().trim();
+        if !common.is_empty() {
+            out.push(gitdir.join(common));
+        }
+    }
+    out.insert(0, gitdir);
+    out.into_iter().map(|p| lexical(&p)).collect()
+}
+
+/// `.` and `..` taken out of an absolute path, lexically (as git writes
+/// these pointers: `../.git/worktrees/wt`).
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
 }
 
 /// The absolute places a target names, lexically (`/` for the root).
