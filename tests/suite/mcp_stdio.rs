@@ -357,3 +357,41 @@ fn a_server_ending_on_its_own_fails_the_bridge() {
         text(&out)
     );
 }
+
+#[test]
+fn a_burst_read_late_arrives_whole_and_in_order() {
+    // 200,000 lines (about 14 MB) written at once while nobody reads the
+    // bridge's stdout for two seconds, locally and over a real sshd: every
+    // line once, in order, each whole.
+    for via in Via::both() {
+        let script = "awk 'BEGIN { for (i = 1; i <= 200000; i++) \
+                      printf \"{\\\"n\\\":%d,\\\"pad\\\":\\\"%s\\\"}\\n\", i, \
+                      \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\" }'";
+        let mut b = Command::new(client_bin())
+            .args(via.flags())
+            .args(["mcp", "stdio", "--", "sh", "-c", script])
+            .env("RUST_BACKTRACE", "0")
+            .env_remove("EXECUTOR_TARGET")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the bridge");
+        std::thread::sleep(Duration::from_secs(2));
+        let stdout = BufReader::new(b.stdout.take().unwrap());
+        let mut n = 0u64;
+        for line in stdout.lines() {
+            let line = line.unwrap();
+            n += 1;
+            let v: serde_json::Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("{}: line {n} is not whole: {e}", via.name()));
+            assert_eq!(v["n"], n, "{}", via.name());
+        }
+        assert_eq!(n, 200_000, "{}", via.name());
+        // stdin held open: the job ended first, which fails the bridge.
+        let stdin = b.stdin.take();
+        let out = finish(b, Duration::from_secs(60));
+        drop(stdin);
+        assert_eq!(out.status.code(), Some(1), "{} {}", via.name(), text(&out));
+    }
+}

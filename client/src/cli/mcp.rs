@@ -108,6 +108,10 @@ async fn stdio(client: &Client, args: StdioArgs, signals: &mut Signals) -> anyho
     };
     input.abort();
     let input = input.await.ok().flatten();
+    tracing::debug!(
+        stdin_closed = closed.load(Ordering::SeqCst),
+        "the MCP server exited"
+    );
     if let Err(e) = relayed {
         let _ = proc.signal(SignalName::Kill).await;
         return Err(e);
@@ -194,7 +198,7 @@ async fn forward_lines(
         let n = match read_line(&mut stdin, &mut line).await {
             Ok(n) => n,
             Err(e) => {
-                tracing::debug!(error = %e, "reading stdin; ending the MCP server");
+                say!("executor-client: reading stdin: {e}; ending the MCP server");
                 0
             }
         };
