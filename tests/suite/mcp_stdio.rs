@@ -395,3 +395,23 @@ fn a_burst_read_late_arrives_whole_and_in_order() {
         assert_eq!(out.status.code(), Some(1), "{} {}", via.name(), text(&out));
     }
 }
+
+#[test]
+fn a_killed_bridge_leaves_no_job_on_the_host() {
+    // SIGKILL gives the bridge no chance to end the job: the agent ends
+    // the session (and its jobs) when the connection goes with it.
+    let mut b = bridge(&[], "echo $$; exec sleep 1000");
+    let mut first = String::new();
+    BufReader::new(b.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let job: u32 = first.trim().parse().expect("the job's pid");
+    assert!(alive(job));
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        rt.block_on(wait_dead(job, WAIT)),
+        "the job {job} outlived the bridge"
+    );
+}
