@@ -415,3 +415,31 @@ fn a_killed_bridge_leaves_no_job_on_the_host() {
         "the job {job} outlived the bridge"
     );
 }
+
+#[test]
+fn pipelined_lines_reach_the_server_whole_and_in_order() {
+    // 10,000 requests written at once (sent in batches of whole lines) to
+    // a server that echoes them: each arrives once, in order.
+    let mut b = bridge(&[], "exec cat");
+    let mut stdin = b.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        for i in 0..10_000 {
+            writeln!(
+                stdin,
+                "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"ping\"}}"
+            )
+            .unwrap();
+        }
+    });
+    let stdout = BufReader::new(b.stdout.take().unwrap());
+    let mut n = 0u64;
+    for line in stdout.lines() {
+        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        assert_eq!(v["id"], n);
+        n += 1;
+    }
+    writer.join().unwrap();
+    assert_eq!(n, 10_000);
+    let out = finish(b, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}

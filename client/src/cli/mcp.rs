@@ -19,11 +19,15 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// The longest line (message) relayed either way; a longer one ends the
 /// bridge with an error naming the bound.
 pub const MAX_LINE: usize = 64 * 1024 * 1024;
+
+/// Whole lines from stdin sent in one `process/write` when they were read
+/// together, up to this many bytes.
+const BATCH: usize = 1024 * 1024;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum McpCmd {
@@ -146,7 +150,7 @@ async fn stdio(client: &Client, args: StdioArgs, signals: &mut Signals) -> anyho
 /// lines only (a trailing unfinished line is dropped and reported),
 /// stderr as it comes to our stderr.
 async fn relay_output(proc: &mut Process) -> anyhow::Result<()> {
-    let mut out = std::io::stdout();
+    let mut out = tokio::io::stdout();
     let mut err = std::io::stderr();
     let mut pending: Vec<u8> = Vec::new();
     while let Some(chunk) = proc.next_output().await? {
@@ -157,8 +161,8 @@ async fn relay_output(proc: &mut Process) -> anyhow::Result<()> {
         }
         pending.extend_from_slice(&chunk.data);
         if let Some(end) = pending.iter().rposition(|&b| b == b'\n') {
-            out.write_all(&pending[..=end])?;
-            out.flush()?;
+            out.write_all(&pending[..=end]).await?;
+            out.flush().await?;
             pending.drain(..=end);
         }
         if pending.len() > MAX_LINE {
@@ -204,6 +208,15 @@ async fn forward_lines(
         };
         if n == 0 {
             break;
+        }
+        // Whole lines already read behind it go in the same write (a
+        // client pipelining requests pays one round trip for them).
+        let buffered = stdin.buffer();
+        if let Some(end) = buffered.iter().rposition(|&b| b == b'\n') {
+            if line.len() + end < BATCH {
+                line.extend_from_slice(&buffered[..=end]);
+                stdin.consume(end + 1);
+            }
         }
         if let Err(e) = job.write(&line, false).await {
             return Some(e.into());
