@@ -97,6 +97,9 @@ Copy ./site into /srv/site on devbox, keeping the files' modes and times and sym
 \fBtar c src | executor\-client \-\-target devbox run \-\- tar x \-C /tmp\fR
 stdin is forwarded (\fB\-n\fR: /dev/null).
 .TP
+\fBexecutor\-client \-\-target devbox mcp stdio \-\-ro / \-\-net deny \-\- python3 server.py\fR
+An MCP stdio server run on devbox, read-only and without network; name this command in an MCP client's configuration (JSON-RPC lines on stdin/stdout).
+.TP
 \fBexecutor\-client \-\-target devbox http \-d '{"a":1}' \-H 'Content\-Type: application/json' http://10.0.0.5/api\fR
 POST from devbox's side of the network.
 "#;
@@ -127,7 +130,17 @@ fn page(mut cmd: clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
     man.render_options_section(out)?;
     out.extend_from_slice(b".SH COMMANDS\n");
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        command(sub, out)?;
+        let nested: Vec<_> = sub
+            .get_subcommands()
+            .filter(|n| !n.is_hide_set() && n.get_name() != "help")
+            .collect();
+        if nested.is_empty() {
+            command(sub, sub.get_name(), out)?;
+        }
+        // A verb family (`mcp`): each of its verbs, named in full.
+        for n in nested {
+            command(n, &format!("{} {}", sub.get_name(), n.get_name()), out)?;
+        }
     }
     for section in [EXIT_STATUS, ENVIRONMENT, FILES, EXAMPLES] {
         out.extend_from_slice(section.as_bytes());
@@ -136,14 +149,14 @@ fn page(mut cmd: clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
 }
 
 /// One command: its usage, what it does, its flags (headings as paragraphs).
-fn command(sub: &clap::Command, out: &mut Vec<u8>) -> std::io::Result<()> {
+fn command(sub: &clap::Command, name: &str, out: &mut Vec<u8>) -> std::io::Result<()> {
     let usage = sub
         .clone()
         .render_usage()
         .to_string()
         .trim_start_matches("Usage: ")
         .replace('-', "\\-");
-    writeln!(out, ".SS \"{}\"\n\\fB{usage}\\fR\n.PP", sub.get_name())?;
+    writeln!(out, ".SS \"{name}\"\n\\fB{usage}\\fR\n.PP")?;
     if let Some(about) = sub.get_long_about().or_else(|| sub.get_about()) {
         writeln!(out, "{}", about.to_string().replace('-', "\\-"))?;
     }

@@ -7,6 +7,7 @@
 //! - `files`: `cat`, `walk`, `stat`, `rm`, `mv`, `mkdir`, `realpath`.
 //! - `transfer`: `get`, `put` (scp habits; no leftovers).
 //! - `web`: `http`.
+//! - `mcp`: `mcp stdio` (an MCP stdio server on the host, bridged).
 //! - `sandbox`: the sandbox flags shared by the verbs.
 //! - `quote`: remote names as a terminal shows them.
 //! - `logging`, `signals`, `man`.
@@ -25,6 +26,7 @@ mod exit;
 mod files;
 mod logging;
 mod man;
+mod mcp;
 mod quote;
 mod run;
 mod sandbox;
@@ -83,6 +85,9 @@ pub enum Cmd {
     /// Make an HTTP request from the agent's host; the body goes to stdout
     /// as it arrives.
     Http(web::HttpArgs),
+    /// Bridge MCP to a server on the agent's host (`mcp stdio -- CMD…`).
+    #[command(subcommand)]
+    Mcp(mcp::McpCmd),
     /// Install the agent on the `--target` host over SSH (no network needed
     /// there): picks `FROM/<os>-<arch>/executor` after probing `uname -sm`,
     /// uploads it, checks its SHA-256 on the host, then renames it into
@@ -162,6 +167,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Run(args) => run::run(&client, args, &mut signals).await,
         Cmd::Shell => run::shell(&client, &mut signals).await,
         Cmd::Attach(args) => run::attach(&client, args, &mut signals).await,
+        Cmd::Mcp(cmd) => mcp::mcp(&client, cmd, &mut signals).await,
         other => interruptible(&client, other, &mut signals).await,
     };
     // The connection ends with this client's clones; the agent ends the
@@ -195,6 +201,7 @@ async fn interruptible(
             Cmd::Run(_)
             | Cmd::Shell
             | Cmd::Attach(_)
+            | Cmd::Mcp(_)
             | Cmd::Bootstrap { .. }
             | Cmd::Generate { .. } => unreachable!("dispatched before"),
         }

@@ -63,6 +63,27 @@ impl RunArgs {
         })
     }
 
+    /// The job's `process/start` params (argv, cwd, environment, sandbox
+    /// intent; no terminal) and its cwd.
+    pub async fn start_params(
+        &self,
+        client: &Client,
+    ) -> anyhow::Result<(ProcessStartParams, String)> {
+        let info = client.environment_info().await?;
+        let (env, env_base) = self.environment(&info)?;
+        let cwd = self.cwd.clone().unwrap_or_else(|| info.cwd.clone());
+        let mut params = ProcessStartParams::new(self.argv.clone(), cwd.as_str(), env);
+        params.env_base = env_base;
+        params.sandbox = self.sandbox.intent(&cwd)?;
+        // The agent runs no login shell for a sandboxed job (its dotfiles
+        // would run unconfined): start from the agent's own environment
+        // instead.
+        if params.sandbox.is_some() && env_base == EnvBase::Login {
+            params.env_base = EnvBase::Agent;
+        }
+        Ok((params, cwd))
+    }
+
     fn environment(
         &self,
         info: &EnvironmentInfo,
@@ -122,17 +143,7 @@ fn local_term() -> String {
 
 /// `run`
 pub async fn run(client: &Client, args: RunArgs, signals: &mut Signals) -> anyhow::Result<i32> {
-    let info = client.environment_info().await?;
-    let (env, env_base) = args.environment(&info)?;
-    let cwd = args.cwd.clone().unwrap_or_else(|| info.cwd.clone());
-    let mut params = ProcessStartParams::new(args.argv.clone(), cwd.as_str(), env);
-    params.env_base = env_base;
-    params.sandbox = args.sandbox.intent(&cwd)?;
-    // The agent runs no login shell for a sandboxed job (its dotfiles would
-    // run unconfined): start from the agent's own environment instead.
-    if params.sandbox.is_some() && env_base == EnvBase::Login {
-        params.env_base = EnvBase::Agent;
-    }
+    let (mut params, cwd) = args.start_params(client).await?;
     params.tty = args.tty;
     if args.tty {
         params.pty_size = terminal_size();
@@ -158,7 +169,7 @@ pub async fn run(client: &Client, args: RunArgs, signals: &mut Signals) -> anyho
 
 /// 127 / 126 for a program that is missing / not executable (the message
 /// names it), the error otherwise.
-fn start_failure(e: Error, cwd: &str) -> anyhow::Result<i32> {
+pub(super) fn start_failure(e: Error, cwd: &str) -> anyhow::Result<i32> {
     let Error::Remote(w) = &e else {
         return Err(e.into());
     };

@@ -1,0 +1,445 @@
+//! `executor-client mcp stdio` (issue 31, the stdio bridge): the Python MCP
+//! SDK's own stdio client, started on the bridge, talks to an SDK server run
+//! on the host as a job (`mcp_stdio/server.py`, `mcp_stdio/client.py`); plus
+//! the bridge's line framing, exit statuses and shutdown ladder with plain
+//! shell servers.
+
+use executor_tests::cli::*;
+use executor_tests::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SERVER: &str = include_str!("mcp_stdio/server.py");
+const CLIENT: &str = include_str!("mcp_stdio/client.py");
+
+/// Bound on one SDK scenario (its Python start-up included).
+const SCENARIO: Duration = Duration::from_secs(120);
+
+/// The Python interpreter (absolute: the job's environment is the host
+/// user's, whose PATH may not hold it) when it imports the MCP SDK; `None`
+/// (and a skip that `EXECUTOR_REQUIRE_ALL=1` fails) otherwise.
+fn python_with_sdk() -> Option<String> {
+    let out = Command::new("python3")
+        .args(["-c", "import sys, mcp; print(sys.executable)"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(String::from_utf8(o.stdout).unwrap().trim().into()),
+        _ => {
+            prerequisite_missing("the Python MCP SDK (python3 -m pip install \"mcp>=1.0\")");
+            None
+        }
+    }
+}
+
+/// A directory holding the SDK server and client scripts.
+fn scripts() -> std::path::PathBuf {
+    let d = unique_tempdir("mcp-stdio");
+    std::fs::write(d.join("server.py"), SERVER).unwrap();
+    std::fs::write(d.join("client.py"), CLIENT).unwrap();
+    d
+}
+
+/// The bridge's arguments for the SDK server, `flags` between `stdio` and `--`.
+fn bridge_args(python: &str, dir: &std::path::Path, flags: &[&str]) -> String {
+    let mut args: Vec<String> = vec![
+        "--target".into(),
+        "local".into(),
+        "mcp".into(),
+        "stdio".into(),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    args.push("--".into());
+    args.push(python.into());
+    args.push(dir.join("server.py").to_string_lossy().into_owned());
+    serde_json::to_string(&args).unwrap()
+}
+
+/// The SDK client running `mode` through the bridge.
+fn sdk_client(
+    python: &str,
+    dir: &std::path::Path,
+    flags: &[&str],
+    mode: &str,
+    extra: &str,
+) -> Child {
+    Command::new(python)
+        .arg(dir.join("client.py"))
+        .arg(client_bin())
+        .arg(bridge_args(python, dir, flags))
+        .arg(mode)
+        .arg(extra)
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("EXECUTOR_TARGET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the SDK client")
+}
+
+/// `child`'s output, killing it (and failing) past `within`.
+fn finish(mut child: Child, within: Duration) -> Output {
+    let deadline = Instant::now() + within;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("still running after {within:?}: {}", text(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The `key: value` lines of the SDK client's output.
+fn results(out: &Output) -> std::collections::BTreeMap<String, String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_sdk_client_lists_calls_and_reads_through_the_bridge() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let out = finish(sdk_client(&python, &dir, &[], "full", "{}"), SCENARIO);
+    assert!(out.status.success(), "{}", text(&out));
+    let r = results(&out);
+    let get = |k: &str| r.get(k).map(String::as_str);
+    assert_eq!(
+        get("tools"),
+        Some("add,big,connect,crash,pid,progress,write_file"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(get("add"), Some("42"));
+    // 1 MiB of tool result, whole and unchanged.
+    assert_eq!(get("big"), Some("1048576 True"));
+    // The progress notifications arrive, in order, before the result.
+    assert_eq!(get("progress"), Some("done 5 1/5 2/5 3/5 4/5 5/5"));
+    assert_eq!(get("resource"), Some("hello from the host"));
+    assert_eq!(get("pipelined"), Some("True"));
+    assert_eq!(get("end"), Some("ok"));
+    // The server's stderr reached the local stderr.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("test-server: started"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_server_crashing_mid_call_gives_the_client_an_error() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let out = finish(sdk_client(&python, &dir, &[], "crash", "{}"), SCENARIO);
+    let r = results(&out);
+    let crash = r.get("crash").map(String::as_str).unwrap_or("");
+    assert!(crash.starts_with("error"), "{}", text(&out));
+    assert_eq!(
+        r.get("end").map(String::as_str),
+        Some("ok"),
+        "{}",
+        text(&out)
+    );
+    // The client waited on nothing: it learned of the crash, not a timeout.
+    let elapsed: f64 = r["elapsed"].parse().unwrap();
+    assert!(elapsed < 25.0, "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ended before its client closed stdin (exit status 3)"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn sandbox_flags_confine_the_server() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || for _ in listener.incoming() {});
+    let target = dir.join("written");
+    let extra = serde_json::json!({"path": target, "port": port}).to_string();
+    // Positive control: unconfined, the same tools write and connect.
+    let out = finish(sdk_client(&python, &dir, &[], "sandbox", &extra), SCENARIO);
+    let r = results(&out);
+    assert_eq!(
+        r.get("write").map(String::as_str),
+        Some("wrote"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        r.get("connect").map(String::as_str),
+        Some("connected"),
+        "{}",
+        text(&out)
+    );
+    assert!(target.exists());
+    std::fs::remove_file(&target).unwrap();
+    let out = finish(
+        sdk_client(
+            &python,
+            &dir,
+            &["--ro", "/", "--net", "deny"],
+            "sandbox",
+            &extra,
+        ),
+        SCENARIO,
+    );
+    let r = results(&out);
+    let write = r.get("write").map(String::as_str).unwrap_or("");
+    let connect = r.get("connect").map(String::as_str).unwrap_or("");
+    assert!(write.starts_with("error:"), "{}", text(&out));
+    assert!(connect.starts_with("error:"), "{}", text(&out));
+    assert!(!target.exists());
+    assert_eq!(
+        r.get("end").map(String::as_str),
+        Some("ok"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// The pids of `parent`'s children.
+fn children(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|st| {
+                    let (_, rest) = st.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_client_leaves_no_job_on_the_host() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let mut client = sdk_client(&python, &dir, &[], "hold", "{}");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let server: u32 = loop {
+        let line = lines
+            .next()
+            .expect("the client ended before the server answered")
+            .unwrap();
+        if let Some(pid) = line.strip_prefix("pid: ") {
+            break pid.parse().unwrap();
+        }
+    };
+    assert!(alive(server));
+    let bridges = children(client.id());
+    assert_eq!(bridges.len(), 1, "the client's children: {bridges:?}");
+    client.kill().unwrap();
+    client.wait().unwrap();
+    // The bridge's stdin closed: the server's too, and both end.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        rt.block_on(wait_dead(server, WAIT)),
+        "the server {server} outlived its client"
+    );
+    assert!(
+        rt.block_on(wait_dead(bridges[0], WAIT)),
+        "the bridge outlived its client"
+    );
+}
+
+/// The bridge on `script` (a `sh -c` server), stdin and stdout piped.
+fn bridge(flags: &[&str], script: &str) -> Child {
+    Command::new(client_bin())
+        .args(["--target", "local", "mcp", "stdio"])
+        .args(flags)
+        .args(["--", "sh", "-c", script])
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("EXECUTOR_TARGET")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the bridge")
+}
+
+#[test]
+fn only_whole_lines_reach_stdout() {
+    // A line written in two pieces a second apart arrives in one piece; an
+    // unfinished last line is not relayed, and said so on stderr.
+    let mut b = bridge(
+        &[],
+        "printf '{\"a\":'; sleep 1; printf '1}\\n{\"b\"'; sleep 0.5; printf ':2}\\ntail'",
+    );
+    let mut stdout = b.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            match stdout.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => tx.send((Instant::now(), buf[..n].to_vec())).unwrap(),
+            }
+        }
+    });
+    let started = Instant::now();
+    let mut got = Vec::new();
+    while let Ok((at, piece)) = rx.recv_timeout(WAIT) {
+        assert_eq!(piece.last(), Some(&b'\n'), "a partial line: {piece:?}");
+        assert!(
+            at - started > Duration::from_millis(800),
+            "early: {piece:?}"
+        );
+        got.extend(piece);
+    }
+    assert_eq!(String::from_utf8(got).unwrap(), "{\"a\":1}\n{\"b\":2}\n");
+    let out = finish(b, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("in the middle of a line (4 bytes not relayed)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn stdin_closing_ends_the_job_with_its_own_status() {
+    let mut b = bridge(&[], "cat; exit 7");
+    let mut stdin = b.stdin.take().unwrap();
+    stdin.write_all(b"{\"id\":1}\n{\"id\":2}").unwrap();
+    drop(stdin);
+    let out = finish(b, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    // The unfinished last line was sent at EOF (and echoed without its end).
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "{\"id\":1}\n");
+}
+
+#[test]
+fn a_server_deaf_to_eof_and_terminate_is_killed_after_the_grace() {
+    let mut b = bridge(
+        &["--grace", "0.5"],
+        "trap '' TERM; while :; do sleep 0.1; done",
+    );
+    drop(b.stdin.take());
+    let started = Instant::now();
+    let out = finish(b, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(128 + 9), "{}", text(&out));
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_server_ending_on_its_own_fails_the_bridge() {
+    let b = bridge(&[], "echo '{}'; exit 0");
+    let out = finish(b, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "{}\n");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ended before its client closed stdin"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_burst_read_late_arrives_whole_and_in_order() {
+    // 200,000 lines (about 14 MB) written at once while nobody reads the
+    // bridge's stdout for two seconds, locally and over a real sshd: every
+    // line once, in order, each whole.
+    for via in Via::both() {
+        let script = "awk 'BEGIN { for (i = 1; i <= 200000; i++) \
+                      printf \"{\\\"n\\\":%d,\\\"pad\\\":\\\"%s\\\"}\\n\", i, \
+                      \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\" }'";
+        let mut b = Command::new(client_bin())
+            .args(via.flags())
+            .args(["mcp", "stdio", "--", "sh", "-c", script])
+            .env("RUST_BACKTRACE", "0")
+            .env_remove("EXECUTOR_TARGET")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the bridge");
+        std::thread::sleep(Duration::from_secs(2));
+        let stdout = BufReader::new(b.stdout.take().unwrap());
+        let mut n = 0u64;
+        for line in stdout.lines() {
+            let line = line.unwrap();
+            n += 1;
+            let v: serde_json::Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("{}: line {n} is not whole: {e}", via.name()));
+            assert_eq!(v["n"], n, "{}", via.name());
+        }
+        assert_eq!(n, 200_000, "{}", via.name());
+        // stdin held open: the job ended first, which fails the bridge.
+        let stdin = b.stdin.take();
+        let out = finish(b, Duration::from_secs(60));
+        drop(stdin);
+        assert_eq!(out.status.code(), Some(1), "{} {}", via.name(), text(&out));
+    }
+}
+
+#[test]
+fn a_killed_bridge_leaves_no_job_on_the_host() {
+    // SIGKILL gives the bridge no chance to end the job: the agent ends
+    // the session (and its jobs) when the connection goes with it.
+    let mut b = bridge(&[], "echo $$; exec sleep 1000");
+    let mut first = String::new();
+    BufReader::new(b.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let job: u32 = first.trim().parse().expect("the job's pid");
+    assert!(alive(job));
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        rt.block_on(wait_dead(job, WAIT)),
+        "the job {job} outlived the bridge"
+    );
+}
+
+#[test]
+fn pipelined_lines_reach_the_server_whole_and_in_order() {
+    // 10,000 requests written at once (sent in batches of whole lines) to
+    // a server that echoes them: each arrives once, in order.
+    let mut b = bridge(&[], "exec cat");
+    let mut stdin = b.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        for i in 0..10_000 {
+            writeln!(
+                stdin,
+                "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"ping\"}}"
+            )
+            .unwrap();
+        }
+    });
+    let stdout = BufReader::new(b.stdout.take().unwrap());
+    let mut n = 0u64;
+    for line in stdout.lines() {
+        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        assert_eq!(v["id"], n);
+        n += 1;
+    }
+    writer.join().unwrap();
+    assert_eq!(n, 10_000);
+    let out = finish(b, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
