@@ -858,6 +858,14 @@ fn a_profile_names_the_variables_a_header_may_read() {
         message.contains("OTHER_HOST_SECRET is not in http.header_env of profile tokens"),
         "{message}"
     );
+    // Whether a variable the profile does not name is set is not told:
+    // an unset one is refused in the same words.
+    let (code, message) = error(&tokens.http(5, header("NOPE_NEVER_SET")));
+    assert_eq!(code, -32600, "{message}");
+    assert!(
+        message.contains("NOPE_NEVER_SET is not in http.header_env of profile tokens"),
+        "{message}"
+    );
     // A prefix rule does not reach the credentials it would match.
     let (code, _) = error(&tokens.http(4, header("OPENAI_API_KEY")));
     assert_eq!(code, -32602);

@@ -187,7 +187,7 @@ pub struct Prepared {
 pub fn prepare(conn: &Conn, params: Value) -> Result<Prepared, RpcError> {
     let p: RequestParams = decode(params)?;
     conn.ready("http")?;
-    let native = native_params(&p)?;
+    let native = native_params(&|v| conn.header_env.refusal(v), &p)?;
     if native.timeout_ms == 0 {
         // A zero budget is spent before the request leaves.
         return Err(RpcError::internal(
@@ -289,7 +289,10 @@ pub async fn run(conn: &Conn, id: &Id, p: Prepared) -> Option<Result<Value, RpcE
 }
 
 /// The native request for `p`, checked as the reference checks it.
-fn native_params(p: &RequestParams) -> Result<HttpRequestParams, RpcError> {
+fn native_params(
+    refusal: &dyn Fn(&str) -> Option<String>,
+    p: &RequestParams,
+) -> Result<HttpRequestParams, RpcError> {
     http::Method::from_bytes(p.method.as_bytes())
         .map_err(|e| RpcError::invalid_params(format!("http/request method is invalid: {e}")))?;
     let url = url::Url::parse(&p.url)
@@ -303,7 +306,7 @@ fn native_params(p: &RequestParams) -> Result<HttpRequestParams, RpcError> {
     let mut headers = Vec::with_capacity(p.headers.len());
     let mut env_headers = Vec::new();
     for h in &p.headers {
-        match header_value(h)? {
+        match header_value(h, refusal)? {
             Some(value) => headers.push((h.name.clone(), value)),
             // Read again by the native agent, under the configuration's
             // `http.header_env` and into its audit line (the name only).
@@ -344,7 +347,10 @@ fn native_params(p: &RequestParams) -> Result<HttpRequestParams, RpcError> {
 /// A header's value (`None` for one with `valueEnvVar`, checked as the
 /// reference checks it: `value` followed by that variable of this
 /// process's environment, which the native agent reads itself).
-fn header_value(h: &Header) -> Result<Option<String>, RpcError> {
+fn header_value(
+    h: &Header,
+    refusal: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<String>, RpcError> {
     let name = &h.name;
     http::HeaderName::from_bytes(name.as_bytes()).map_err(|e| {
         RpcError::invalid_params(format!("http/request header name is invalid: {e}"))
@@ -355,6 +361,13 @@ fn header_value(h: &Header) -> Result<Option<String>, RpcError> {
             if PROTECTED_ENV.iter().any(|p| p.eq_ignore_ascii_case(var)) {
                 return Err(RpcError::invalid_params(format!(
                     "http/request header {name} cannot use executor environment variable {var}"
+                )));
+            }
+            // The configuration's rule before anything is read: whether a
+            // variable the key may not read is set is not told either.
+            if let Some(why) = refusal(var) {
+                return Err(RpcError::invalid_request(format!(
+                    "http/request header {name} from variable {var}: {why}"
                 )));
             }
             // The native agent names a mismatched Host header's value in
@@ -430,9 +443,12 @@ mod tests {
     #[test]
     fn checks_in_the_references_order_and_words() {
         let p = |method: &str, url: &str| {
-            native_params(&params(json!({
-                "method": method, "url": url, "requestId": "r"
-            })))
+            native_params(
+                &|_| None,
+                &params(json!({
+                    "method": method, "url": url, "requestId": "r"
+                })),
+            )
         };
         assert_eq!(
             p("GET BAD", "ftp://x/").unwrap_err().message,
@@ -449,10 +465,13 @@ mod tests {
         let n = p("GET", "http://h/").unwrap();
         assert_eq!(n.timeout_ms, MAX_TIMEOUT_MS);
         assert_eq!(n.follow_redirects, FOLLOW_REDIRECTS);
-        let stop = native_params(&params(json!({
-            "method": "GET", "url": "http://h/", "requestId": "r",
-            "redirectPolicy": "stop", "timeoutMs": 250
-        })))
+        let stop = native_params(
+            &|_| None,
+            &params(json!({
+                "method": "GET", "url": "http://h/", "requestId": "r",
+                "redirectPolicy": "stop", "timeoutMs": 250
+            })),
+        )
         .unwrap();
         assert_eq!((stop.follow_redirects, stop.timeout_ms), (0, 250));
     }
@@ -462,11 +481,14 @@ mod tests {
         std::env::set_var("CODEX_HTTP_UNIT_TOKEN", "tok");
         std::env::set_var("CODEX_HTTP_UNIT_EMPTY", "");
         let h = |name: &str, value: &str, var: &str| {
-            header_value(&Header {
-                name: name.into(),
-                value: value.into(),
-                value_env_var: Some(var.into()),
-            })
+            header_value(
+                &Header {
+                    name: name.into(),
+                    value: value.into(),
+                    value_env_var: Some(var.into()),
+                },
+                &|_| None,
+            )
         };
         // Checked here, read by the native agent.
         assert_eq!(

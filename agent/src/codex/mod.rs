@@ -69,7 +69,25 @@ pub struct Conn {
     /// The profile runs every job under its own intent (a request may only
     /// narrow it): every job is sandboxed, whatever a request asks.
     pub profile_sandbox: bool,
+    /// Which variables a header may take its value from, asked before
+    /// any is read (the native agent asks again).
+    pub header_env: HeaderEnv,
     phase: Arc<Mutex<Phase>>,
+}
+
+/// The configuration's `http.header_env` rule under the connection's
+/// profile.
+#[derive(Debug)]
+pub struct HeaderEnv {
+    http: crate::config::HttpConfig,
+    profile: crate::config::Profile,
+}
+
+impl HeaderEnv {
+    /// Why `var` may not be read, if it may not.
+    pub fn refusal(&self, var: &str) -> Option<String> {
+        self.http.header_env_refusal(&self.profile, var)
+    }
 }
 
 /// The `process/write` lanes of one connection: one task a job with a
@@ -557,6 +575,10 @@ async fn initialize(
         out: out.clone(),
     };
     let profile_sandbox = config.profile.sandbox.is_some();
+    let header_env = HeaderEnv {
+        http: config.http.clone(),
+        profile: config.profile.clone(),
+    };
     let native = Native::start(config, launch, notes);
     let session = executor_protocol::types::session::SessionParams {
         resume: resume.as_ref().map(|(id, token)| {
@@ -603,6 +625,7 @@ async fn initialize(
         http: Arc::new(http::Streams::default()),
         lanes: Lanes::default(),
         profile_sandbox,
+        header_env,
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));
