@@ -20,9 +20,11 @@
 //! extra_ca_file = "/etc/executor/corp-ca.pem"   # PEM, added to the host's roots
 //! proxy = "http://proxy.corp:3128"              # HTTP(S)_PROXY is never read
 //! # The variables a request's env_headers may read (a token that never
-//! # leaves the host). Unset: any but the executor's own credentials
-//! # without --profile, none under a profile (unless its [http] sets it).
-//! header_env = ["GITHUB_TOKEN", "MCP_*"]
+//! # crosses the client's connection), each to any destination or only to
+//! # its `to` entries (as `allow`'s, matched on the URL's host and port).
+//! # Unset: any but the executor's own credentials without --profile, none
+//! # under a profile (unless its [http] sets it).
+//! header_env = ["MCP_*", { env = "GITHUB_TOKEN", to = ["api.github.com:443"] }]
 //!
 //! [audit]                  # one JSON line per request
 //! file = "/var/log/executor/audit.jsonl"
@@ -176,7 +178,7 @@ pub struct HttpConfig {
     /// (`NAME`, or `PREFIX*`); `None` when not configured: any variable
     /// but the executor's own credentials without `--profile`, none with
     /// one ([`HttpConfig::header_env_refusal`]).
-    pub header_env: Option<Vec<String>>,
+    pub header_env: Option<Vec<HeaderEnvRule>>,
 }
 
 /// Variables a header may never take its value from, whatever the
@@ -199,10 +201,43 @@ pub const PROTECTED_HEADER_ENV: &[&str] = &[
     "GOOGLE_APPLICATION_CREDENTIALS",
 ];
 
+/// One entry of `http.header_env`: a variable (`NAME`, or `PREFIX*`) and,
+/// when given, the only destinations (`to`, entries as `http.allow`'s,
+/// matched against the URL's host and port) a header valued from it may
+/// go to.
+#[derive(Debug, Clone)]
+pub struct HeaderEnvRule {
+    pub var: String,
+    pub to: Option<Vec<AllowEntry>>,
+}
+
+impl HeaderEnvRule {
+    fn names(&self, var: &str) -> bool {
+        match self.var.strip_suffix('*') {
+            Some(prefix) => var.starts_with(prefix),
+            None => self.var == var,
+        }
+    }
+
+    fn goes_to(&self, url: &url::Url) -> bool {
+        let port = url.port_or_known_default().unwrap_or(0);
+        match (&self.to, url.host()) {
+            (None, _) => true,
+            (Some(to), Some(host)) => to.iter().any(|a| a.admits_host(&host, port)),
+            (Some(_), None) => false,
+        }
+    }
+}
+
 impl HttpConfig {
     /// Why a header may not take its value from variable `var` under
-    /// `profile`, if it may not.
-    pub fn header_env_refusal(&self, profile: &Profile, var: &str) -> Option<String> {
+    /// `profile` on a request to `url`, if it may not.
+    pub fn header_env_refusal(
+        &self,
+        profile: &Profile,
+        var: &str,
+        url: &url::Url,
+    ) -> Option<String> {
         if PROTECTED_HEADER_ENV
             .iter()
             .any(|p| p.eq_ignore_ascii_case(var))
@@ -211,11 +246,18 @@ impl HttpConfig {
         }
         let who = profile.name.as_deref().unwrap_or("(default)");
         match &self.header_env {
-            Some(list) => (!list.iter().any(|p| match p.strip_suffix('*') {
-                Some(prefix) => var.starts_with(prefix),
-                None => p == var,
-            }))
-            .then(|| format!("{var} is not in http.header_env of profile {who}")),
+            Some(list) => {
+                let named: Vec<&HeaderEnvRule> = list.iter().filter(|r| r.names(var)).collect();
+                if named.is_empty() {
+                    return Some(format!("{var} is not in http.header_env of profile {who}"));
+                }
+                (!named.iter().any(|r| r.goes_to(url))).then(|| {
+                    format!(
+                        "{var} may not go to {} (http.header_env of profile {who} binds it to its `to` destinations)",
+                        crate::destinations::redacted_origin(url)
+                    )
+                })
+            }
             None if profile.name.is_some() => Some(format!(
                 "profile {who} names no variable in http.header_env"
             )),
@@ -320,9 +362,24 @@ struct RawLimits {
 struct RawHttp {
     #[serde(default)]
     allow: Vec<toml::Spanned<String>>,
-    header_env: Option<Vec<toml::Spanned<String>>>,
+    header_env: Option<Vec<toml::Spanned<RawHeaderEnv>>>,
     extra_ca_file: Option<toml::Spanned<PathBuf>>,
     proxy: Option<toml::Spanned<String>>,
+}
+
+/// An `http.header_env` entry: `"NAME"` or `{ env = "NAME", to = [...] }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawHeaderEnv {
+    Name(String),
+    Bound(RawHeaderEnvBound),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeaderEnvBound {
+    env: String,
+    to: Vec<String>,
 }
 
 /// Room in a frame for the envelope around the largest payload.
@@ -734,10 +791,29 @@ fn parse_http(ctx: &Ctx<'_>, prefix: &str, raw: &RawHttp) -> Result<HttpConfig, 
         http.proxy = Some(url);
     }
     if let Some(list) = &raw.header_env {
-        let mut names = Vec::new();
+        let mut rules = Vec::new();
         for (i, v) in list.iter().enumerate() {
-            let name = v.get_ref();
-            let stem = name.strip_suffix('*').unwrap_or(name);
+            let key = format!("{prefix}.header_env[{i}]");
+            let (name, to) = match v.get_ref() {
+                RawHeaderEnv::Name(n) => (n.clone(), None),
+                RawHeaderEnv::Bound(RawHeaderEnvBound { env, to }) => {
+                    if to.is_empty() {
+                        return Err(ctx.invalid(
+                            Some(v.span()),
+                            &format!("{key}.to"),
+                            "empty: name the destinations, or give the variable's name alone for any".into(),
+                        ));
+                    }
+                    let mut entries = Vec::new();
+                    for t in to {
+                        entries.push(AllowEntry::parse(t).map_err(|e: ParseAllowError| {
+                            ctx.invalid(Some(v.span()), &format!("{key}.to"), e.to_string())
+                        })?);
+                    }
+                    (env.clone(), Some(entries))
+                }
+            };
+            let stem = name.strip_suffix('*').unwrap_or(&name);
             let valid = stem.bytes().enumerate().all(|(j, b)| {
                 b == b'_' || b.is_ascii_alphabetic() || (j > 0 && b.is_ascii_digit())
             }) && !name.is_empty()
@@ -745,13 +821,13 @@ fn parse_http(ctx: &Ctx<'_>, prefix: &str, raw: &RawHttp) -> Result<HttpConfig, 
             if !valid {
                 return Err(ctx.invalid(
                     Some(v.span()),
-                    &format!("{prefix}.header_env[{i}]"),
+                    &key,
                     format!("{name:?} is not a variable name (letters, digits, `_`; a trailing `*` for a prefix)"),
                 ));
             }
-            names.push(name.clone());
+            rules.push(HeaderEnvRule { var: name, to });
         }
-        http.header_env = Some(names);
+        http.header_env = Some(rules);
     }
     Ok(http)
 }
@@ -920,28 +996,67 @@ mod tests {
 
     #[test]
     fn header_env_names_variables_or_prefixes() {
+        let u = |s: &str| url::Url::parse(s).unwrap();
+        let any = u("https://example.test/");
         let c = parse("[http]\nheader_env = [\"GITHUB_TOKEN\", \"MCP_*\"]\n").unwrap();
         let anyone = Profile::default();
-        assert_eq!(c.http.header_env_refusal(&anyone, "GITHUB_TOKEN"), None);
-        assert_eq!(c.http.header_env_refusal(&anyone, "MCP_X"), None);
-        assert!(c.http.header_env_refusal(&anyone, "HOME").is_some());
+        assert_eq!(
+            c.http.header_env_refusal(&anyone, "GITHUB_TOKEN", &any),
+            None
+        );
+        assert_eq!(c.http.header_env_refusal(&anyone, "MCP_X", &any), None);
+        assert!(c.http.header_env_refusal(&anyone, "HOME", &any).is_some());
         // The credentials, whatever a prefix says.
         let c = parse("[http]\nheader_env = [\"AWS_*\"]\n").unwrap();
         assert!(c
             .http
-            .header_env_refusal(&anyone, "aws_secret_access_key")
+            .header_env_refusal(&anyone, "aws_secret_access_key", &any)
             .is_some());
         // Unset: any without a profile, none under one.
         let c = parse("[profiles.p]\n").unwrap();
-        assert_eq!(c.http.header_env_refusal(&anyone, "HOME"), None);
+        assert_eq!(c.http.header_env_refusal(&anyone, "HOME", &any), None);
         let c = Config::parse(Path::new("/c.toml"), "[profiles.p]\n", Some("p")).unwrap();
-        assert!(c.http.header_env_refusal(&c.profile, "HOME").is_some());
+        assert!(c
+            .http
+            .header_env_refusal(&c.profile, "HOME", &any)
+            .is_some());
+        // Bound to destinations: only there (host and port, as http.allow).
+        let c = parse(
+            "[http]\nheader_env = [{ env = \"GH\", to = [\"api.github.com:443\", \"*.corp\", \"10.0.0.0/8\"] }]\n",
+        )
+        .unwrap();
+        for ok in [
+            "https://api.github.com/x",
+            "http://a.corp:8080/",
+            "http://10.1.2.3/",
+        ] {
+            assert_eq!(
+                c.http.header_env_refusal(&anyone, "GH", &u(ok)),
+                None,
+                "{ok}"
+            );
+        }
+        for no in [
+            "http://api.github.com/x",
+            "https://evil.test/",
+            "https://corp/",
+            "http://127.0.0.1/",
+        ] {
+            let why = c.http.header_env_refusal(&anyone, "GH", &u(no)).unwrap();
+            assert!(why.contains("may not go to"), "{no}: {why}");
+        }
         for bad in ["1X", "A-B", "*", "", "A*B"] {
             let e = parse(&format!("[http]\nheader_env = [\"ok\", {bad:?}]\n")).unwrap_err();
             assert!(
                 e.to_string().contains(":2: http.header_env[1]: "),
                 "{bad}: {e}"
             );
+        }
+        let e = parse("[http]\nheader_env = [{ env = \"X\", to = [\"no pe\"] }]\n").unwrap_err();
+        assert!(e.to_string().contains("http.header_env[0].to"), "{e}");
+        for bad in ["to = [], ", "to = [\"a.b\"], extra = 1, "] {
+            let e = parse(&format!("[http]\nheader_env = [{{ {bad}env = \"X\" }}]\n")).unwrap_err();
+            assert!(e.to_string().contains("header_env"), "{bad}: {e}");
         }
     }
 

@@ -142,8 +142,30 @@ impl AllowEntry {
             }
     }
 
+    /// Whether it admits a URL's host (a name by name, an address by
+    /// address) at `port`.
+    pub fn admits_host(&self, host: &url::Host<&str>, port: u16) -> bool {
+        match host {
+            url::Host::Domain(d) => {
+                self.admits_name(&d.trim_end_matches('.').to_ascii_lowercase(), port)
+            }
+            url::Host::Ipv4(ip) => self.admits_addr(IpAddr::V4(*ip), port),
+            url::Host::Ipv6(ip) => self.admits_addr(IpAddr::V6(*ip), port),
+        }
+    }
+
     fn admits_addr(&self, ip: IpAddr, port: u16) -> bool {
         self.port_ok(port) && matches!(&self.host, AllowHost::Net(net) if net.contains(&ip))
+    }
+}
+
+/// `scheme://host[:port]` of `url`, for messages (no credentials, path or
+/// query).
+pub fn redacted_origin(url: &url::Url) -> String {
+    match (url.host_str(), url.port()) {
+        (Some(h), Some(p)) => format!("{}://{h}:{p}", url.scheme()),
+        (Some(h), None) => format!("{}://{h}", url.scheme()),
+        _ => url.scheme().to_string(),
     }
 }
 

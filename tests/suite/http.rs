@@ -1045,7 +1045,8 @@ async fn env_headers_read_the_agents_environment_under_the_configured_rule() {
     let config = dir.join("config.toml");
     std::fs::write(
         &config,
-        "[profiles.bare]\n[profiles.tokens.http]\nheader_env = [\"EXEC_T_TOK*\"]\n",
+        "[profiles.bare]\n[profiles.tokens.http]\nheader_env = [\"EXEC_T_TOK*\"]\n\
+         [profiles.bound.http]\nheader_env = [{ env = \"EXEC_T_TOKEN\", to = [\"127.0.0.1\"] }]\n",
     )
     .unwrap();
     let secret = "s3cret-env-header";
@@ -1128,6 +1129,21 @@ async fn env_headers_read_the_agents_environment_under_the_configured_rule() {
     let e = fails(&c, get("EXEC_T_OTHER")).await;
     assert_eq!(e.code, ErrorCode::PolicyDenied, "{e}");
     assert!(!e.message.contains("other-s3cret"), "{e}");
+    c.close().await.unwrap();
+
+    // Bound to its destinations: there (positive control), not to the
+    // same server named otherwise.
+    let c = agent(Some("bound")).await.unwrap();
+    let seen = body(c.http_request(get("EXEC_T_TOKEN")).await.unwrap()).await;
+    assert!(seen.contains(secret), "{seen}");
+    let elsewhere = server.url("/headers").replace("127.0.0.1", "localhost");
+    let e = fails(
+        &c,
+        HttpRequest::get(elsewhere).header_from_env("Authorization", "EXEC_T_TOKEN", "Bearer "),
+    )
+    .await;
+    assert_eq!(e.code, ErrorCode::PolicyDenied, "{e}");
+    assert!(e.message.contains("may not go to"), "{e}");
     c.close().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

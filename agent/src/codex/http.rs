@@ -187,7 +187,7 @@ pub struct Prepared {
 pub fn prepare(conn: &Conn, params: Value) -> Result<Prepared, RpcError> {
     let p: RequestParams = decode(params)?;
     conn.ready("http")?;
-    let native = native_params(&|v| conn.header_env.refusal(v), &p)?;
+    let native = native_params(&|v, u| conn.header_env.refusal(v, u), &p)?;
     if native.timeout_ms == 0 {
         // A zero budget is spent before the request leaves.
         return Err(RpcError::internal(
@@ -290,7 +290,7 @@ pub async fn run(conn: &Conn, id: &Id, p: Prepared) -> Option<Result<Value, RpcE
 
 /// The native request for `p`, checked as the reference checks it.
 fn native_params(
-    refusal: &dyn Fn(&str) -> Option<String>,
+    refusal: &dyn Fn(&str, &url::Url) -> Option<String>,
     p: &RequestParams,
 ) -> Result<HttpRequestParams, RpcError> {
     http::Method::from_bytes(p.method.as_bytes())
@@ -306,7 +306,7 @@ fn native_params(
     let mut headers = Vec::with_capacity(p.headers.len());
     let mut env_headers = Vec::new();
     for h in &p.headers {
-        match header_value(h, refusal)? {
+        match header_value(h, &|v| refusal(v, &url))? {
             Some(value) => headers.push((h.name.clone(), value)),
             // Read again by the native agent, under the configuration's
             // `http.header_env` and into its audit line (the name only).
@@ -444,7 +444,7 @@ mod tests {
     fn checks_in_the_references_order_and_words() {
         let p = |method: &str, url: &str| {
             native_params(
-                &|_| None,
+                &|_, _| None,
                 &params(json!({
                     "method": method, "url": url, "requestId": "r"
                 })),
@@ -466,7 +466,7 @@ mod tests {
         assert_eq!(n.timeout_ms, MAX_TIMEOUT_MS);
         assert_eq!(n.follow_redirects, FOLLOW_REDIRECTS);
         let stop = native_params(
-            &|_| None,
+            &|_, _| None,
             &params(json!({
                 "method": "GET", "url": "http://h/", "requestId": "r",
                 "redirectPolicy": "stop", "timeoutMs": 250

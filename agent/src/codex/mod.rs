@@ -84,9 +84,9 @@ pub struct HeaderEnv {
 }
 
 impl HeaderEnv {
-    /// Why `var` may not be read, if it may not.
-    pub fn refusal(&self, var: &str) -> Option<String> {
-        self.http.header_env_refusal(&self.profile, var)
+    /// Why `var` may not be read for a request to `url`, if it may not.
+    pub fn refusal(&self, var: &str, url: &url::Url) -> Option<String> {
+        self.http.header_env_refusal(&self.profile, var, url)
     }
 }
 

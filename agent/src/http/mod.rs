@@ -69,7 +69,7 @@ fn prepare(s: &Session, p: HttpRequestParams) -> Result<Prepared, WireError> {
     }
     let url = check_url(&p.url)?;
     let mut headers = request_headers(&url, &p.headers)?;
-    let env_names = env_headers(s, &p.env_headers, &mut headers)?;
+    let env_names = env_headers(s, &url, &p.env_headers, &mut headers)?;
     if p.timeout_ms == 0 || p.timeout_ms > MAX_TIMEOUT_MS {
         return Err(WireError::invalid_params(
             "timeout_ms",
@@ -187,6 +187,7 @@ fn request_headers(url: &Url, given: &[(String, String)]) -> Result<http::Header
 /// never echoed nor logged.
 fn env_headers(
     s: &Session,
+    url: &Url,
     given: &[EnvHeader],
     headers: &mut http::HeaderMap,
 ) -> Result<Vec<header::HeaderName>, WireError> {
@@ -202,7 +203,7 @@ fn env_headers(
                 "a Host header cannot take its value from the environment",
             ));
         }
-        if let Some(why) = s.http().config.header_env_refusal(s.profile(), &h.env) {
+        if let Some(why) = s.http().config.header_env_refusal(s.profile(), &h.env, url) {
             return Err(WireError::new(
                 ErrorCode::PolicyDenied,
                 format!("header {:?} from variable {:?}: {why}", h.name, h.env),
