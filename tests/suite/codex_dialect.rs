@@ -426,17 +426,9 @@ fn a_closed_stdin_detaches_the_session_and_a_new_connection_resumes_it() {
 /// blocked ones answer once the job is gone.
 #[test]
 fn a_write_that_waits_for_room_stalls_nothing_else() {
-    use base64::Engine;
-    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
     let mut s = Server::start();
     s.handshake(None);
-    let r = s.request(
-        2,
-        "process/start",
-        json!({"processId": "deaf", "argv": ["sleep", "300"], "cwd": "file:///tmp",
-               "env": {}, "tty": false, "pipeStdin": true}),
-    );
-    assert!(r.get("result").is_some(), "{r}");
+    start_deaf(&mut s);
     // Far more than a pipe holds: the first write cannot finish.
     let big = vec![b'x'; 4 << 20];
     s.send(json!({"id": 3, "method": "process/write",
@@ -561,18 +553,10 @@ fn a_profile_sandbox_confines_and_is_reported() {
 /// waits for room.
 #[test]
 fn writes_are_checked_before_they_wait_and_unknown_jobs_leave_nothing() {
-    use base64::Engine;
-    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
     let mut s = Server::start();
     let pid = s.child.id();
     s.handshake(None);
-    let r = s.request(
-        2,
-        "process/start",
-        json!({"processId": "deaf", "argv": ["sleep", "300"], "cwd": "file:///tmp",
-               "env": {}, "tty": false, "pipeStdin": true}),
-    );
-    assert!(r.get("result").is_some(), "{r}");
+    start_deaf(&mut s);
     s.send(json!({"id": 3, "method": "process/write",
                   "params": {"processId": "deaf", "chunk": b64(&vec![b'x'; 4 << 20]), "writeId": "w1"}}));
     let pad = "p".repeat(8 << 20);
@@ -606,4 +590,20 @@ fn writes_are_checked_before_they_wait_and_unknown_jobs_leave_nothing() {
     let r = s.request(6, "process/terminate", json!({"processId": "deaf"}));
     assert_eq!(r["result"], json!({"running": true}), "{r}");
     s.close_stdin_and_wait();
+}
+
+fn b64(d: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(d)
+}
+
+/// Job `deaf` (request 2): `sleep 300` with its stdin a pipe nobody reads.
+fn start_deaf(s: &mut Server) {
+    let r = s.request(
+        2,
+        "process/start",
+        json!({"processId": "deaf", "argv": ["sleep", "300"], "cwd": "file:///tmp",
+               "env": {}, "tty": false, "pipeStdin": true}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
 }

@@ -132,10 +132,11 @@ both!(setid_modes_never_reach_the_host, |e: Env| async move {
         v.len() > refused.len() + 10,
         "the helper ran every try: {out}"
     );
-    // The shell's tools: each fails or copies without the bits.
+    // The shell's tools: each fails or copies without the bits (stderr
+    // into stdout's pipe: two pipes would interleave mid-line).
     let (w_, s_, t_) = (w.display(), suid.display(), tar.display());
     let script = format!(
-        "touch {w_}/u {w_}/g; mkdir {w_}/gd; \
+        "exec 2>&1; touch {w_}/u {w_}/g; mkdir {w_}/gd; \
          chmod u+s {w_}/u; echo chmod-u+s=$?; chmod g+s {w_}/g; echo chmod-g+s=$?; \
          chmod g+s {w_}/gd; echo chmod-g+s-dir=$?; \
          mkdir -m 2755 {w_}/mkdir-m; echo mkdir-m=$?; \
