@@ -252,25 +252,20 @@ pub async fn run(conn: &Conn, id: &Id, p: Prepared) -> Option<Result<Value, RpcE
         .await;
     let head = match r.map(rmpv::ext::from_value::<HttpRequestResult>) {
         Ok(Ok(HttpRequestResult::Stream(h))) => h,
-        Ok(_) => {
+        failure => {
+            // No stream: the id is free again.
             conn.http
                 .inner
                 .lock()
                 .expect("streams lock")
                 .active
                 .remove(&p.request_id);
-            return Some(Err(RpcError::internal(
-                "internal error (a bug): the agent answered a streamed http/request without a stream",
-            )));
-        }
-        Err(e) => {
-            conn.http
-                .inner
-                .lock()
-                .expect("streams lock")
-                .active
-                .remove(&p.request_id);
-            return Some(Err(failed(&e)));
+            return Some(Err(match failure {
+                Err(e) => failed(&e),
+                Ok(_) => RpcError::internal(
+                    "internal error (a bug): the agent answered a streamed http/request without a stream",
+                ),
+            }));
         }
     };
     // Write the answer unless the stream's first delta already did.
