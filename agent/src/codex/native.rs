@@ -1,6 +1,7 @@
 //! The dialect's side of the native connection: the agent serves the
-//! native protocol ([`crate::host::serve_stdio`], in-process or relayed to
-//! a session host) on an in-memory pipe, and this is its client. Requests
+//! native protocol (a session host's, on its Unix socket, or one served
+//! in-process on an in-memory pipe: [`crate::host::route`] decides), and
+//! this is its client. Requests
 //! are framed with the protocol crate and matched to their answers by id;
 //! notifications go, in order, to the dialect's handler, which runs on the
 //! reader task (so a hook attached to an answer runs before any later
@@ -17,12 +18,16 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 /// The largest frame the dialect reads from the agent (the agent's own
 /// frames are bounded by its `max_frame_bytes`, at most 64 MiB).
 const MAX_FRAME: usize = 80 << 20;
+
+/// The reader's buffer grows by this much (a 1 MiB block's frame and the
+/// next one's head fit).
+const READ_BUF: usize = 2 << 20;
 
 /// A hook run on the reader task with an answer's result before later
 /// frames are handled.
@@ -76,30 +81,19 @@ pub trait Notes: Send + 'static {
 }
 
 impl Native {
-    /// Start the native agent on an in-memory pipe and its client;
-    /// notifications go to `notes`.
+    /// Start the native agent and its client; notifications go to
+    /// `notes`. The first frame sent decides where the agent is: a detach
+    /// or a resume connects this client straight to the session host's
+    /// socket (no relay in between); otherwise the agent is served
+    /// in-process on an in-memory pipe.
     pub fn start(
         config: crate::config::Config,
         launch: crate::host::Launch,
         notes: impl Notes,
     ) -> Arc<Native> {
-        let (agent_in, mut to_agent_w) = tokio::io::duplex(1 << 20);
-        let (from_agent_w, mut from_agent) = tokio::io::duplex(1 << 20);
-        tokio::spawn(async move {
-            match crate::host::serve_stdio(agent_in, from_agent_w, config, launch).await {
-                Ok(ending) => tracing::debug!(?ending, "native side ended"),
-                Err(e) => tracing::debug!(error = %e, "native side ended"),
-            }
-        });
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
-        tokio::spawn(async move {
-            while let Some(frame) = rx.recv().await {
-                if to_agent_w.write_all(&frame).await.is_err() {
-                    break;
-                }
-            }
-            let _ = to_agent_w.shutdown().await;
-        });
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(256);
+        let (link_tx, link_rx) = oneshot::channel::<Link>();
+        tokio::spawn(link(config, launch, rx, link_tx));
         let native = Arc::new(Native {
             to_agent: Mutex::new(Some(tx)),
             reader: Mutex::new(None),
@@ -109,8 +103,16 @@ impl Native {
         let reader = native.clone();
         let task = tokio::spawn(async move {
             let mut notes = notes;
-            if let Err(e) = reader.read_loop(&mut from_agent, &mut notes).await {
-                tracing::debug!(error = %e, "native read ended");
+            match link_rx.await {
+                Ok(Link {
+                    from_agent,
+                    preamble,
+                }) => {
+                    if let Err(e) = reader.read_loop(from_agent, preamble, &mut notes).await {
+                        tracing::debug!(error = %e, "native read ended");
+                    }
+                }
+                Err(_) => tracing::debug!("the native agent was never reached"),
             }
             reader.fail_all();
             notes.ended();
@@ -121,16 +123,19 @@ impl Native {
 
     async fn read_loop(
         &self,
-        from_agent: &mut tokio::io::DuplexStream,
+        mut from_agent: Box<dyn AsyncRead + Send + Unpin>,
+        preamble: bool,
         notes: &mut impl Notes,
     ) -> std::io::Result<()> {
-        let mut preamble = [0u8; executor_protocol::PREAMBLE.len()];
-        from_agent.read_exact(&mut preamble).await?;
-        if &preamble != executor_protocol::PREAMBLE {
-            return Err(std::io::Error::other("the native agent sent no preamble"));
+        if preamble {
+            let mut got = [0u8; executor_protocol::PREAMBLE.len()];
+            from_agent.read_exact(&mut got).await?;
+            if &got != executor_protocol::PREAMBLE {
+                return Err(std::io::Error::other("the native agent sent no preamble"));
+            }
         }
         let mut decoder = FrameDecoder::new(MAX_FRAME);
-        let mut buf = BytesMut::with_capacity(256 * 1024);
+        let mut buf = BytesMut::with_capacity(READ_BUF);
         loop {
             while let Some(frame) = decoder
                 .decode(&mut buf)
@@ -161,6 +166,9 @@ impl Native {
                     }
                     Err(e) => tracing::warn!(error = %e, "undecodable native frame"),
                 }
+            }
+            if buf.capacity() - buf.len() < READ_BUF / 4 {
+                buf.reserve(READ_BUF);
             }
             if from_agent.read_buf(&mut buf).await? == 0 {
                 return Ok(());
@@ -307,6 +315,73 @@ impl Native {
         }
         self.fail_all();
     }
+}
+
+/// Where the reader reads the agent's frames from.
+struct Link {
+    from_agent: Box<dyn AsyncRead + Send + Unpin>,
+    /// Whether the agent's preamble comes first (an in-process agent
+    /// writes it; a session host's socket carries frames only).
+    preamble: bool,
+}
+
+/// Route the connection by its first frame ([`crate::host::route`]), hand
+/// the reader its side, and write the frames of `rx` to the agent until
+/// the client closes (then the agent sees its input end).
+async fn link(
+    config: crate::config::Config,
+    launch: crate::host::Launch,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    reader: oneshot::Sender<Link>,
+) {
+    let Some(first) = rx.recv().await else {
+        return;
+    };
+    let payload = first.get(4..).unwrap_or_default();
+    let mut to_agent: Box<dyn AsyncWrite + Send + Unpin> =
+        match crate::host::route(Some(payload), &config, &launch).await {
+            crate::host::Route::Host(stream) => {
+                let (from_host, to_host) = stream.into_split();
+                let _ = reader.send(Link {
+                    from_agent: Box::new(from_host),
+                    preamble: false,
+                });
+                Box::new(to_host)
+            }
+            crate::host::Route::Here(refusal) => {
+                let session = match crate::session::Session::from_config(
+                    config,
+                    crate::session::Mode::Plain { refusal },
+                ) {
+                    Ok(s) => Arc::new(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the native agent could not start");
+                        return;
+                    }
+                };
+                let (agent_in, to_agent_w) = tokio::io::duplex(1 << 20);
+                let (from_agent_w, from_agent) = tokio::io::duplex(1 << 20);
+                tokio::spawn(async move {
+                    let ending =
+                        crate::conn::serve_on(&session, agent_in, from_agent_w, true).await;
+                    tracing::debug!(?ending, "native side ended");
+                    session.shutdown().await;
+                });
+                let _ = reader.send(Link {
+                    from_agent: Box::new(from_agent),
+                    preamble: true,
+                });
+                Box::new(to_agent_w)
+            }
+        };
+    let mut frame = Some(first);
+    while let Some(f) = frame.take() {
+        if to_agent.write_all(&f).await.is_err() {
+            return;
+        }
+        frame = rx.recv().await;
+    }
+    let _ = to_agent.shutdown().await;
 }
 
 fn gone() -> WireError {

@@ -47,7 +47,7 @@ use tokio::net::{UnixListener, UnixStream};
 pub mod dirs;
 pub mod relay;
 
-pub use relay::{begin_resume, resume_handshake, serve_stdio, Launch};
+pub use relay::{begin_resume, resume_handshake, route, serve_stdio, Launch, Route};
 
 /// First bytes of a relay's handshake (its layout: [`handshake`]).
 const MAGIC: &[u8; 4] = b"EXR2";

@@ -104,7 +104,42 @@ where
         replay.extend_from_slice(f);
     }
     replay.extend_from_slice(&buf);
-    let wants = first.as_deref().map_or(Wants::Plain, wants);
+    let refusal = match route(first.as_deref(), &config, &launch).await {
+        Route::Host(stream) => return relay(stream, replay, input, output).await,
+        Route::Here(refusal) => refusal,
+    };
+    let session = Arc::new(Session::from_config(config, Mode::Plain { refusal })?);
+    let input = std::io::Cursor::new(replay).chain(input);
+    let ending = serve_on(&session, input, output, false).await;
+    session.shutdown().await;
+    Ok(ending)
+}
+
+/// Where a connection is served, as its first frame decides.
+pub enum Route {
+    /// By a session host: its socket, past the handshake (the first frame
+    /// is still to be sent on it).
+    Host(UnixStream),
+    /// In this process, the first request refused with this when it asked
+    /// for a session that could not be had.
+    Here(Option<Refusal>),
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Route::Host(_) => f.write_str("Route::Host"),
+            Route::Here(r) => write!(f, "Route::Here(refused: {})", r.is_some()),
+        }
+    }
+}
+
+/// Route a connection whose first frame (without its length prefix) is
+/// `first`: a detach starts a session host, a resume finds one; either is
+/// connected to and its handshake passed. What fails becomes the refusal
+/// of the request served here.
+pub async fn route(first: Option<&[u8]>, config: &Config, launch: &Launch) -> Route {
+    let wants = first.map_or(Wants::Plain, wants);
     let profile = launch.profile.clone().unwrap_or_default();
     let expired = |why: String| Refusal::new(ErrorCode::SessionExpired, why);
     let env = RuntimeEnv::current();
@@ -114,7 +149,7 @@ where
         {
             Ok((socket, secret)) => {
                 match connect(&socket, Attach::First(&secret), &profile).await {
-                    Ok(stream) => return relay(stream, replay, input, output).await,
+                    Ok(stream) => return Route::Host(stream),
                     Err(e) => Some(expired(format!(
                         "the session host did not take the connection: {}",
                         e.why()
@@ -135,7 +170,7 @@ where
             };
             match env.find_socket(&session_id) {
                 Some(s) => match connect(&s, attach, &profile).await {
-                    Ok(stream) => return relay(stream, replay, input, output).await,
+                    Ok(stream) => return Route::Host(stream),
                     Err(e) => Some(e),
                 },
                 None => {
@@ -153,11 +188,7 @@ where
             }
         }
     };
-    let session = Arc::new(Session::from_config(config, Mode::Plain { refusal })?);
-    let input = std::io::Cursor::new(replay).chain(input);
-    let ending = serve_on(&session, input, output, false).await;
-    session.shutdown().await;
-    Ok(ending)
+    Route::Here(refusal)
 }
 
 /// Why no session host was started.
