@@ -29,6 +29,8 @@ mod codex_diff;
 mod codex_fs;
 #[path = "suite/codex_http.rs"]
 mod codex_http;
+#[path = "suite/codex_mcp.rs"]
+mod codex_mcp;
 #[path = "suite/codex_sandbox.rs"]
 mod codex_sandbox;
 #[path = "suite/degraded.rs"]

@@ -41,6 +41,12 @@ pub fn codex_bin() -> Option<PathBuf> {
 /// a command that prints it proves it ran under the configured server.
 pub const SERVER_MARK: &str = "served-by-the-configured-exec-server";
 
+/// A bearer token only the exec-server's environment holds (as
+/// [`MCP_TOKEN_VAR`]): an MCP server needing it is reached with it only
+/// when the exec-server resolves `valueEnvVar` itself.
+pub const MCP_TOKEN: &str = "mcp-token-only-the-exec-server-has";
+pub const MCP_TOKEN_VAR: &str = "EXECUTOR_MCP_TEST_TOKEN";
+
 /// Which exec-server Codex's remote environment launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Server {
@@ -61,12 +67,14 @@ impl Server {
         }
     }
 
-    /// The server's command line, with `EXECUTOR_CODEX_MARK` (and for the
-    /// reference `CODEX_HOME`) in its environment.
+    /// The server's command line, with `EXECUTOR_CODEX_MARK` and
+    /// [`MCP_TOKEN_VAR`] (and for the reference `CODEX_HOME`) in its
+    /// environment.
     fn command(&self, codex: &Path, codex_home: &Path) -> Vec<String> {
         let mut argv = vec![
             "env".to_string(),
             format!("EXECUTOR_CODEX_MARK={SERVER_MARK}"),
+            format!("{MCP_TOKEN_VAR}={MCP_TOKEN}"),
         ];
         match self {
             Server::Reference { .. } => {
@@ -446,6 +454,20 @@ pub async fn run(
     turns: Vec<Turn>,
     setup: impl FnOnce(&Path),
 ) -> Option<Outcome> {
+    run_with(tag, server, sandbox, turns, setup, "").await
+}
+
+/// [`run`] with `config` appended to Codex's config.toml (after the
+/// model provider's table: it starts with a table of its own, such as
+/// `[mcp_servers.NAME]`).
+pub async fn run_with(
+    tag: &str,
+    server: Server,
+    sandbox: Sandbox,
+    turns: Vec<Turn>,
+    setup: impl FnOnce(&Path),
+    config: &str,
+) -> Option<Outcome> {
     let codex = codex_bin()?;
     let dir = RunDir::new(&format!("{tag}-{}", server.name()));
     setup(&dir.workspace);
@@ -457,7 +479,7 @@ pub async fn run(
             "model = \"gpt-5.5\"\nmodel_provider = \"scripted\"\napproval_policy = \"never\"\n\
              [model_providers.scripted]\nname = \"scripted\"\n\
              base_url = \"http://127.0.0.1:{}/v1\"\nwire_api = \"responses\"\n\
-             env_key = \"EXECUTOR_CODEX_TEST_KEY\"\n",
+             env_key = \"EXECUTOR_CODEX_TEST_KEY\"\n{config}",
             model.port
         ),
     )

@@ -49,6 +49,9 @@ pub mod relay;
 
 pub use relay::{begin_resume, resume_handshake, route, serve_stdio, Launch, Route};
 
+/// The send buffer asked for on a session host's connections.
+const SOCKET_BUFFER: usize = 2 << 20;
+
 /// First bytes of a relay's handshake (its layout: [`handshake`]).
 const MAGIC: &[u8; 4] = b"EXR2";
 const FIRST_ATTACH: u8 = 0;
@@ -179,6 +182,16 @@ pub async fn run_host(config: Config, args: HostArgs) -> std::io::Result<()> {
                         continue;
                     }
                 };
+                // Room for a whole 1 MiB block's frame in the socket (the
+                // kernel caps it at net.core.wmem_max): one wake-up of
+                // the reader per block rather than one per 200 KiB.
+                if let Err(e) = nix::sys::socket::setsockopt(
+                    &stream,
+                    nix::sys::socket::sockopt::SndBuf,
+                    &SOCKET_BUFFER,
+                ) {
+                    tracing::debug!(error = %e, "SO_SNDBUF not set");
+                }
                 let session = session.clone();
                 let (key, tag) = (key.clone(), secret_tag.as_ref().to_vec());
                 let first = first_attach_done.clone();
