@@ -640,3 +640,72 @@ fn a_server_only_the_host_reaches_is_served_on_local_loopback() {
     let last = server.requests().pop().unwrap();
     assert_eq!((last.0.as_str(), last.1), ("DELETE", 200));
 }
+
+#[test]
+fn bad_flag_values_are_refused_by_name_before_connecting() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["http://127.0.0.1:1/mcp", "--listen", "0.0.0.0:8931"],
+            "0.0.0.0 is not a loopback address",
+        ),
+        (
+            &["http://127.0.0.1:1/mcp", "--listen", "localhost"],
+            "\"localhost\" is not ADDRESS:PORT",
+        ),
+        (
+            &["http://127.0.0.1:1/mcp", "--header-env", "Authorization=9X"],
+            "\"9X\" (in \"Authorization=9X\") is not an environment variable name",
+        ),
+        (
+            &["ftp://host/mcp"],
+            "\"ftp://host/mcp\" is not an http:// or https:// URL",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(client_bin())
+            .args(["--target", "local", "mcp", "http"])
+            .args(args)
+            // An agent that would start is never asked for.
+            .env("EXECUTOR_BIN", "/nonexistent/executor")
+            .env_remove("EXECUTOR_TARGET")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out));
+    }
+}
+
+#[test]
+fn the_bridge_ends_when_its_agent_is_gone() {
+    // The server is a plain one: the agent's death is what is tested.
+    let port = tiny_http_server();
+    let dir = unique_tempdir("mcp-http-agent-gone");
+    let launcher = agent_launcher(&dir, "unused", None);
+    let (mut b, endpoint) = bridge(&launcher, &format!("http://127.0.0.1:{port}/mcp"), &[]);
+    let ok = raw(&endpoint, "POST", &[JSON], "{}");
+    assert_eq!((ok.status, ok.body.as_str()), (200, "ok"));
+    let agents = children(b.0.id());
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agents[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The next request learns it: 502 with the reason, and the bridge
+    // exits 255 instead of serving errors.
+    let failed = raw(&endpoint, "POST", &[JSON], "{}");
+    assert_eq!(failed.status, 502, "{}", failed.body);
+    assert!(
+        failed.body.contains("executor-client mcp http:"),
+        "{}",
+        failed.body
+    );
+    assert!(
+        wait_for(WAIT, || b.0.try_wait().unwrap().is_some()),
+        "the bridge outlived its agent"
+    );
+    assert_eq!(b.0.wait().unwrap().code(), Some(255));
+}
