@@ -290,11 +290,28 @@ impl Answer {
 /// close`, read to its end within [`WAIT`].
 fn raw(endpoint: &str, method: &str, headers: &[(&str, &str)], body: &str) -> Answer {
     let rest = endpoint.strip_prefix("http://").unwrap();
+    let addr = &rest[..rest.find('/').unwrap()];
+    raw_as(endpoint, method, addr, headers, body)
+}
+
+/// A POST to `endpoint` whose `Host` header is `host`.
+fn raw_with_host(endpoint: &str, host: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    raw_as(endpoint, "POST", host, headers, body)
+}
+
+fn raw_as(
+    endpoint: &str,
+    method: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let rest = endpoint.strip_prefix("http://").unwrap();
     let (addr, path) = rest.split_at(rest.find('/').unwrap());
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
     for (k, v) in headers {
@@ -504,6 +521,41 @@ fn statuses_and_mcp_headers_pass_both_ways() {
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#,
     );
     assert_eq!(gone.status, 404, "{}", gone.body);
+    // A web page reaching the endpoint by DNS rebinding is refused; a
+    // loopback origin is not.
+    let rebound = raw_with_host(
+        &endpoint,
+        "evil.example:8931",
+        &[JSON_AND_SSE, JSON],
+        INITIALIZE,
+    );
+    assert_eq!(rebound.status, 403, "{}", rebound.body);
+    assert!(
+        rebound
+            .body
+            .contains("Host \"evil.example:8931\" is not a loopback"),
+        "{}",
+        rebound.body
+    );
+    let cross = raw(
+        &endpoint,
+        "POST",
+        &[JSON_AND_SSE, JSON, ("Origin", "http://evil.example")],
+        INITIALIZE,
+    );
+    assert_eq!(cross.status, 403, "{}", cross.body);
+    assert!(
+        cross.body.contains("Origin \"http://evil.example\""),
+        "{}",
+        cross.body
+    );
+    let local = raw(
+        &endpoint,
+        "POST",
+        &[JSON_AND_SSE, JSON, ("Origin", "http://localhost:3000")],
+        INITIALIZE,
+    );
+    assert_eq!(local.status, 200, "{}", local.body);
     // Another local path is not the endpoint.
     let other = raw(&endpoint.replace("/mcp", "/other"), "GET", &[], "");
     assert_eq!(other.status, 404);

@@ -9,7 +9,9 @@
 //! Headers given with `-H` and `--header-env` replace the local client's of
 //! the same name; a `--header-env` value is read by the agent from its own
 //! environment (`env_headers`), so it never crosses the client's
-//! connection. A local client that goes away mid-response drops the body,
+//! connection. A request whose `Host` or `Origin` names anything but a
+//! loopback host is refused (403: DNS rebinding from a web page). A local
+//! client that goes away mid-response drops the body,
 //! which cancels the host's request (`http/cancel`): the agent closes its
 //! connection to the server. The bound URL is the first line on stdout.
 //! Uses the client library's [`executor_client::http`] and hyper's server.
@@ -250,6 +252,9 @@ impl Bridge {
                 ),
             );
         }
+        if let Some(refused) = foreign(&req) {
+            return plain(StatusCode::FORBIDDEN, refused);
+        }
         let (parts, body) = req.into_parts();
         let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
             Ok(b) => b.to_bytes(),
@@ -347,6 +352,44 @@ impl Bridge {
     }
 }
 
+/// Why a request is refused for naming a host other than a loopback one in
+/// `Host` or `Origin` (a web page reaching the endpoint through DNS
+/// rebinding, as MCP's transport rules require servers to refuse), if it is.
+fn foreign(req: &Request<Incoming>) -> Option<String> {
+    let h = req.headers();
+    if let Some(host) = h.get(hyper::header::HOST) {
+        let text = String::from_utf8_lossy(host.as_bytes());
+        if !loopback_authority(&text) {
+            return Some(format!("Host {text:?} is not a loopback name or address"));
+        }
+    }
+    if let Some(origin) = h.get(hyper::header::ORIGIN) {
+        let text = String::from_utf8_lossy(origin.as_bytes());
+        let authority = text
+            .strip_prefix("http://")
+            .or_else(|| text.strip_prefix("https://"));
+        if !authority.is_some_and(loopback_authority) {
+            return Some(format!("Origin {text:?} is not a loopback origin"));
+        }
+    }
+    None
+}
+
+/// `localhost`, or a loopback address, with an optional port.
+fn loopback_authority(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((h, _)) => h,
+            None => return false,
+        },
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn plain(status: StatusCode, text: String) -> Response<Body> {
     let mut r = Response::new(BodyExt::boxed(
         Full::new(Bytes::from(text + "\n")).map_err(|never| match never {}),
@@ -371,6 +414,28 @@ mod tests {
         assert!(e.contains("0.0.0.0 is not a loopback address"), "{e}");
         let e = parse_listen("localhost").unwrap_err();
         assert!(e.contains("\"localhost\" is not ADDRESS:PORT"), "{e}");
+    }
+
+    #[test]
+    fn only_loopback_authorities_pass() {
+        for ok in [
+            "127.0.0.1:8931",
+            "localhost:1",
+            "LOCALHOST",
+            "[::1]:80",
+            "127.1.2.3",
+        ] {
+            assert!(loopback_authority(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:8931",
+            "10.0.0.1",
+            "[::2]:80",
+            "[::1",
+            "localhost.evil",
+        ] {
+            assert!(!loopback_authority(bad), "{bad}");
+        }
     }
 
     #[test]
