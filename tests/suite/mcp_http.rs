@@ -191,8 +191,20 @@ fn agent_launcher(
 /// The bridge: `mcp http URL FLAGS`, its agent started by `launcher`; the
 /// local endpoint it printed.
 fn bridge(launcher: &std::path::Path, url: &str, flags: &[&str]) -> (Killed, String) {
+    bridge_via(&["--target".into(), "local".into()], launcher, url, flags)
+}
+
+/// [`bridge`] with connection flags `conn` (a local target's agent is
+/// `launcher`).
+fn bridge_via(
+    conn: &[String],
+    launcher: &std::path::Path,
+    url: &str,
+    flags: &[&str],
+) -> (Killed, String) {
     let mut child = Command::new(client_bin())
-        .args(["--target", "local", "mcp", "http", url])
+        .args(conn)
+        .args(["mcp", "http", url])
         .args(flags)
         .env("EXECUTOR_BIN", launcher)
         .env("RUST_BACKTRACE", "0")
@@ -760,4 +772,49 @@ fn the_bridge_ends_when_its_agent_is_gone() {
         "the bridge outlived its agent"
     );
     assert_eq!(b.0.wait().unwrap().code(), Some(255));
+}
+
+#[test]
+fn over_a_real_sshd_the_token_stays_on_the_host() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let secret = fresh_secret();
+    let server = Server::start(&python, &secret, None);
+    let launcher = agent_launcher(&server.dir, &secret, None);
+    // sshd runs the launcher as the remote command: the token is in the
+    // environment of the agent it starts, on the host's side of ssh.
+    let sshd = executor_tests::sshd::Sshd::start("", "");
+    let (bridged, endpoint) = bridge_via(
+        &ssh_flags(&sshd, &launcher.to_string_lossy()),
+        &launcher,
+        &server.url(),
+        &["--header-env", "Authorization=MCP_TOKEN"],
+    );
+    let out = finish(
+        sdk_client(&python, &server.dir, &endpoint, "full"),
+        SCENARIO,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let r = results(&out);
+    assert_eq!(
+        r.get("add").map(String::as_str),
+        Some("42"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        r.get("progress").map(String::as_str),
+        Some("done 5 1/5 2/5 3/5 4/5 5/5")
+    );
+    assert_eq!(r.get("end").map(String::as_str), Some("ok"));
+    let seen = server.requests();
+    assert!(seen.iter().all(|(_, _, _, auth)| auth == "ok"), "{seen:?}");
+    // Neither the bridge nor its ssh holds the secret.
+    let pid = bridged.0.id();
+    assert!(!process_holds(pid, &secret));
+    let ssh = children(pid);
+    assert_eq!(ssh.len(), 1, "{ssh:?}");
+    assert_eq!(comm(ssh[0]), "ssh");
+    assert!(!process_holds(ssh[0], &secret));
 }
