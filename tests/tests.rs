@@ -55,6 +55,8 @@ mod http;
 mod idempotency;
 #[path = "suite/jobs_tmp.rs"]
 mod jobs_tmp;
+#[path = "suite/mcp_http.rs"]
+mod mcp_http;
 #[path = "suite/mcp_stdio.rs"]
 mod mcp_stdio;
 #[path = "suite/policy_table.rs"]

@@ -183,6 +183,8 @@ enum BodyInner {
         sub: Subscription,
         next_seq: u64,
         done: bool,
+        /// `http/cancel` was sent (by [`HttpBody::cancel`]).
+        cancel_sent: bool,
     },
 }
 
@@ -255,7 +257,8 @@ impl HttpBody {
     }
 
     /// Close a stream early (`http/cancel`); the body then ends with a
-    /// `cancelled` error. A buffered body just ends.
+    /// `cancelled` error. A buffered body just ends. Dropping a stream
+    /// before its end cancels it too (without waiting for the answer).
     pub async fn cancel(&mut self) -> Result<(), Error> {
         match &mut self.inner {
             BodyInner::Buffered(b) => {
@@ -266,11 +269,13 @@ impl HttpBody {
                 client,
                 stream_id,
                 done,
+                cancel_sent,
                 ..
             } => {
                 if *done {
                     return Ok(());
                 }
+                *cancel_sent = true;
                 let params = HttpCancelParams {
                     stream_id: *stream_id,
                 };
@@ -287,6 +292,40 @@ impl HttpBody {
         futures_util::stream::unfold(self, |mut body| async move {
             body.next_chunk().await.map(|c| (c, body))
         })
+    }
+}
+
+impl Drop for HttpBody {
+    /// A stream let go of before its end is cancelled (`http/cancel`, from
+    /// a task: the agent then closes the upstream connection and frees the
+    /// stream's slot), when a runtime is there to send it.
+    fn drop(&mut self) {
+        let BodyInner::Streamed {
+            client,
+            stream_id,
+            done: false,
+            cancel_sent: false,
+            ..
+        } = &self.inner
+        else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, params) = (
+            client.clone(),
+            HttpCancelParams {
+                stream_id: *stream_id,
+            },
+        );
+        rt.spawn(async move {
+            // `unknown_stream` when it ended meanwhile: nothing to do.
+            let r = client
+                .request::<_, executor_protocol::types::Empty>(methods::HTTP_CANCEL, &params)
+                .await;
+            tracing::debug!(stream_id = params.stream_id, result = ?r.err(), "dropped stream cancelled");
+        });
     }
 }
 
@@ -320,6 +359,7 @@ impl Client {
                     sub,
                     next_seq: 0,
                     done: false,
+                    cancel_sent: false,
                 },
             },
         })

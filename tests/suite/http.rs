@@ -1147,3 +1147,80 @@ async fn env_headers_read_the_agents_environment_under_the_configured_rule() {
     c.close().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A server on loopback that answers each connection with a chunked body
+/// streamed forever (a chunk every 50 ms) and reports, for each, when the
+/// peer closed the connection (its read side saw EOF or an error).
+fn endless_stream_server() -> (String, std::sync::mpsc::Receiver<Instant>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/forever", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut reader = conn.try_clone().unwrap();
+                let mut writer = conn;
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match reader.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                std::thread::spawn(move || {
+                    let _ = writer.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                          transfer-encoding: chunked\r\n\r\n",
+                    );
+                    while writer.write_all(b"8\r\ndata: x\n\r\n").is_ok() {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                });
+                // The agent sends nothing more: a read returns at its close.
+                loop {
+                    match reader.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+                let _ = tx.send(Instant::now());
+            });
+        }
+    });
+    (url, rx)
+}
+
+#[tokio::test]
+async fn a_streamed_body_dropped_before_its_end_closes_the_upstream_connection() {
+    let (url, closed) = endless_stream_server();
+    let c = client_with_config("[limits]\nmax_http_streams = 1\n").await;
+    let mut r = c
+        .http_request(HttpRequest::get(&url).stream(true))
+        .await
+        .unwrap();
+    let first = r.body.next_chunk().await.unwrap().unwrap();
+    assert_eq!(&first[..], b"data: x\n");
+    // Held, the stream stays open (the control: nothing closes it by itself).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(closed.try_recv().is_err(), "the upstream closed early");
+    let e = fails(&c, HttpRequest::get(&url).stream(true)).await;
+    assert_eq!(data_str(&e, "limit"), Some("max_http_streams"), "{e:?}");
+    let dropped = Instant::now();
+    drop(r);
+    let at = tokio::task::spawn_blocking(move || closed.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("the upstream connection outlived the dropped body by 10 s");
+    assert!(at - dropped < Duration::from_secs(10));
+    // The stream's slot is free again.
+    let mut again = c
+        .http_request(HttpRequest::get(&url).stream(true))
+        .await
+        .expect("a stream after the dropped one");
+    assert!(again.body.next_chunk().await.unwrap().is_ok());
+    drop(again);
+    c.close().await.unwrap();
+}

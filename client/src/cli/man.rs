@@ -100,6 +100,9 @@ stdin is forwarded (\fB\-n\fR: /dev/null).
 \fBexecutor\-client \-\-target devbox mcp stdio \-\-ro / \-\-net deny \-\- python3 server.py\fR
 An MCP stdio server run on devbox, read-only and without network; name this command in an MCP client's configuration (JSON-RPC lines on stdin/stdout).
 .TP
+\fBexecutor\-client \-\-target devbox mcp http https://internal/mcp \-\-listen 127.0.0.1:8931 \-\-header\-env Authorization=MCP_TOKEN\fR
+An MCP server only devbox reaches, served at http://127.0.0.1:8931/mcp (name that URL in an MCP client's configuration); Authorization is $MCP_TOKEN of the agent's environment on devbox, whose value never crosses the connection.
+.TP
 \fBexecutor\-client \-\-target devbox http \-d '{"a":1}' \-H 'Content\-Type: application/json' http://10.0.0.5/api\fR
 POST from devbox's side of the network.
 "#;

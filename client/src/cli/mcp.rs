@@ -1,3 +1,5 @@
+//! `mcp`: `mcp stdio` here; `mcp http` in [`super::mcp_http`].
+//!
 //! `mcp stdio`: an MCP stdio server run on the host as a job (pipes, no
 //! terminal), its newline-delimited JSON-RPC relayed message by message
 //! between this process's stdin/stdout and the job's. Local stdout carries
@@ -36,6 +38,11 @@ pub enum McpCmd {
     /// MCP client's configuration). Closing stdin ends the server: its
     /// stdin is closed, then after `--grace` it is terminated, then killed.
     Stdio(StdioArgs),
+    /// Serve a local MCP Streamable HTTP endpoint (loopback only, its URL
+    /// the first line on stdout) that forwards every request to the MCP
+    /// server at URL from the agent's host, responses streamed back as they
+    /// come (name the printed URL in an MCP client's configuration).
+    Http(super::mcp_http::HttpArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -65,6 +72,7 @@ pub struct StdioArgs {
 pub async fn mcp(client: &Client, cmd: McpCmd, signals: &mut Signals) -> anyhow::Result<i32> {
     match cmd {
         McpCmd::Stdio(args) => stdio(client, args, signals).await,
+        McpCmd::Http(args) => super::mcp_http::http(client, args, signals).await,
     }
 }
 

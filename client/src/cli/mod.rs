@@ -7,7 +7,9 @@
 //! - `files`: `cat`, `walk`, `stat`, `rm`, `mv`, `mkdir`, `realpath`.
 //! - `transfer`: `get`, `put` (scp habits; no leftovers).
 //! - `web`: `http`.
-//! - `mcp`: `mcp stdio` (an MCP stdio server on the host, bridged).
+//! - `mcp`: `mcp stdio` (an MCP stdio server on the host, bridged);
+//!   `mcp_http`: `mcp http` (an MCP HTTP server the host reaches, served
+//!   on local loopback).
 //! - `sandbox`: the sandbox flags shared by the verbs.
 //! - `quote`: remote names as a terminal shows them.
 //! - `logging`, `signals`, `man`.
@@ -27,6 +29,7 @@ mod files;
 mod logging;
 mod man;
 mod mcp;
+mod mcp_http;
 mod quote;
 mod run;
 mod sandbox;
@@ -85,7 +88,8 @@ pub enum Cmd {
     /// Make an HTTP request from the agent's host; the body goes to stdout
     /// as it arrives.
     Http(web::HttpArgs),
-    /// Bridge MCP to a server on the agent's host (`mcp stdio -- CMD…`).
+    /// Bridge MCP to a server on the agent's host (`mcp stdio -- CMD…`) or
+    /// one it reaches (`mcp http URL`).
     #[command(subcommand)]
     Mcp(mcp::McpCmd),
     /// Install the agent on the `--target` host over SSH (no network needed
