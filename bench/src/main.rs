@@ -8,6 +8,7 @@
 mod agent_cost;
 mod codex;
 mod egress;
+mod mcp_stdio;
 mod scale;
 mod ssh_read;
 
@@ -34,7 +35,8 @@ struct Args {
     /// Run only these comparisons (output, spawn, sandbox, read, walk,
     /// ssh-exec, ssh-get, cold-start, idle-rss, stream-rss, wire, egress,
     /// the scale rows: walk-1m, streams-64, idle-jobs, reads-32, and the
-    /// Codex dialect's: codex-start, codex-sandbox, codex-read, codex-http).
+    /// Codex dialect's: codex-start, codex-sandbox, codex-read, codex-http;
+    /// mcp-stdio: `executor-client mcp stdio` locally and over sshd).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -588,6 +590,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("reads-32") {
         rows.push(scale::concurrent_reads().await?);
+    }
+    if want("mcp-stdio") {
+        rows.extend(mcp_stdio::rows().await?);
     }
     let mut md = String::new();
     writeln!(md, "# Benchmark results\n")?;

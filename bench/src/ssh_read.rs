@@ -27,7 +27,7 @@ const TRIALS: usize = 3;
 
 /// The test sshd as a `Host bench` entry of an ssh config file, so that
 /// every client (ours, ssh, sftp) is given exactly the same options.
-fn write_ssh_config(sshd: &Sshd) -> anyhow::Result<PathBuf> {
+pub(crate) fn write_ssh_config(sshd: &Sshd) -> anyhow::Result<PathBuf> {
     let cfg = sshd.dir.join("bench_ssh_config");
     let mut text = format!(
         "Host bench\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  Ciphers {CIPHER}\n",

@@ -63,10 +63,22 @@ fn sdk_client(
     mode: &str,
     extra: &str,
 ) -> Child {
+    sdk_client_with(python, dir, &bridge_args(python, dir, flags), mode, extra)
+}
+
+/// The SDK client running `mode` through the bridge started with `args`
+/// (a JSON list).
+fn sdk_client_with(
+    python: &str,
+    dir: &std::path::Path,
+    args: &str,
+    mode: &str,
+    extra: &str,
+) -> Child {
     Command::new(python)
         .arg(dir.join("client.py"))
         .arg(client_bin())
-        .arg(bridge_args(python, dir, flags))
+        .arg(args)
         .arg(mode)
         .arg(extra)
         .env("RUST_BACKTRACE", "0")
@@ -113,7 +125,7 @@ fn the_sdk_client_lists_calls_and_reads_through_the_bridge() {
     let get = |k: &str| r.get(k).map(String::as_str);
     assert_eq!(
         get("tools"),
-        Some("add,big,connect,crash,pid,progress,write_file"),
+        Some("add,big,connect,crash,numbered,pid,progress,tick,ticks,write_file"),
         "{}",
         text(&out)
     );
@@ -442,4 +454,210 @@ fn pipelined_lines_reach_the_server_whole_and_in_order() {
     assert_eq!(n, 10_000);
     let out = finish(b, Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn a_10_mib_tool_result_arrives_whole() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let n = 10 * 1024 * 1024;
+    let extra = serde_json::json!({ "n": n }).to_string();
+    let out = finish(sdk_client(&python, &dir, &[], "big", &extra), SCENARIO);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        results(&out).get("big").map(String::as_str),
+        Some(format!("{n} True").as_str()),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_thousand_concurrent_calls_are_each_answered_once_by_id() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let out = finish(
+        sdk_client(&python, &dir, &[], "pipelined", r#"{"n": 1000}"#),
+        SCENARIO,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    // 1,000 answers, each the sum asked for by the request of its id.
+    assert_eq!(
+        results(&out).get("pipelined").map(String::as_str),
+        Some("1000 1000"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn net_deny_stops_the_server_connecting_out() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for _ in listener.incoming() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let extra = serde_json::json!({
+        "calls": [["connect", {"host": "127.0.0.1", "port": port}]]
+    })
+    .to_string();
+    let connect = |flags: &[&str]| {
+        let out = finish(sdk_client(&python, &dir, flags, "calls", &extra), SCENARIO);
+        assert!(out.status.success(), "{flags:?}: {}", text(&out));
+        let r = results(&out);
+        let v: serde_json::Value = serde_json::from_str(
+            r.get("call0")
+                .unwrap_or_else(|| panic!("{flags:?}: {}", text(&out))),
+        )
+        .unwrap();
+        v["text"].as_str().unwrap().to_string()
+    };
+    // Positive control: without the flag the same tool connects.
+    assert_eq!(connect(&[]), "connected");
+    let before = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(before >= 1);
+    let denied = connect(&["--net", "deny"]);
+    assert!(denied.starts_with("error:"), "{denied}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), before);
+}
+
+/// `@modelcontextprotocol/server-filesystem`'s entry point, installed with
+/// `npm install --prefix /opt/mcp-fs @modelcontextprotocol/server-filesystem`
+/// ($EXECUTOR_MCP_FS overrides the prefix), and node; `None` (and a skip
+/// that `EXECUTOR_REQUIRE_ALL=1` fails) when either is missing.
+fn server_filesystem() -> Option<(String, String)> {
+    let prefix = std::env::var("EXECUTOR_MCP_FS").unwrap_or_else(|_| "/opt/mcp-fs".into());
+    let entry = std::path::Path::new(&prefix)
+        .join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    let node = Command::new("sh")
+        .args(["-c", "command -v node"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match node {
+        Some(node) if entry.is_file() => Some((
+            std::fs::canonicalize(node)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+            entry.to_string_lossy().into_owned(),
+        )),
+        _ => {
+            prerequisite_missing(&format!(
+                "node and @modelcontextprotocol/server-filesystem in {prefix} \
+                 (npm install --prefix {prefix} @modelcontextprotocol/server-filesystem)"
+            ));
+            None
+        }
+    }
+}
+
+#[test]
+fn server_filesystem_is_held_to_its_root_by_itself_and_by_the_sandbox() {
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let Some((node, entry)) = server_filesystem() else {
+        return;
+    };
+    let dir = scripts();
+    // d/root/inside.txt, d/outside.txt, d/root/link -> d/outside.txt.
+    let d = std::fs::canonicalize(unique_tempdir("mcp-fs")).unwrap();
+    let root = d.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("inside.txt"), "inside").unwrap();
+    std::fs::write(d.join("outside.txt"), "outside").unwrap();
+    std::os::unix::fs::symlink(d.join("outside.txt"), root.join("link")).unwrap();
+    let p = |f: &std::path::Path| f.to_string_lossy().into_owned();
+    let read = |path: std::path::PathBuf| serde_json::json!(["read_text_file", {"path": path}]);
+    let extra = serde_json::json!({ "calls": [
+        read(root.join("inside.txt")),
+        read(d.join("outside.txt")),
+        read(root.join("link")),
+    ]})
+    .to_string();
+    // What node and the server read, and `root`: nothing else of `d`.
+    let prefix = std::path::Path::new(&entry).ancestors().nth(5).unwrap();
+    let mut sandbox: Vec<String> = vec![];
+    for r in ["/usr", "/lib", "/lib64", "/etc", "/bin"] {
+        if std::path::Path::new(r).exists() {
+            sandbox.extend(["--ro".into(), r.into()]);
+        }
+    }
+    sandbox.extend(["--ro".into(), p(prefix), "--ro".into(), node.clone()]);
+    sandbox.extend(["--rw".into(), p(&root), "--net".into(), "deny".into()]);
+    // The server allowed `allowed`, in the sandbox `sandboxed` or not.
+    let run = |allowed: &std::path::Path, sandboxed: bool| {
+        let mut args: Vec<String> = vec![
+            "--target".into(),
+            "local".into(),
+            "mcp".into(),
+            "stdio".into(),
+        ];
+        if sandboxed {
+            args.extend(sandbox.iter().cloned());
+            args.extend(["--cwd".into(), p(&root)]);
+        }
+        args.extend(["--".into(), node.clone(), entry.clone(), p(allowed)]);
+        let args = serde_json::to_string(&args).unwrap();
+        let out = finish(
+            sdk_client_with(&python, &dir, &args, "calls", &extra),
+            SCENARIO,
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let r = results(&out);
+        (0..3)
+            .map(|i| {
+                let v: serde_json::Value = serde_json::from_str(
+                    r.get(&format!("call{i}"))
+                        .unwrap_or_else(|| panic!("call{i}: {}", text(&out))),
+                )
+                .unwrap();
+                (
+                    v["error"].as_bool().unwrap(),
+                    v["text"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    // Its own check, unconfined: allowed `root`, the server itself refuses
+    // the file outside and the link out (it resolves the link).
+    let own = run(&root, false);
+    assert_eq!(own[0], (false, "inside".to_string()), "{own:?}");
+    assert!(own[1].0 && own[1].1.contains("Access denied"), "{own:?}");
+    assert!(
+        own[2].0 && own[2].1.contains("Access denied - symlink target outside"),
+        "{own:?}"
+    );
+    // The same under the sandbox granting `root`: inside still reads.
+    let both = run(&root, true);
+    assert_eq!(both[0], (false, "inside".to_string()), "{both:?}");
+    assert!(both[1].0 && both[2].0, "{both:?}");
+    // Allowed the whole of `d` and unconfined (the positive control), the
+    // server follows the link and reads the file outside `root`.
+    let wide = run(&d, false);
+    assert_eq!(wide[1], (false, "outside".to_string()), "{wide:?}");
+    assert_eq!(wide[2], (false, "outside".to_string()), "{wide:?}");
+    // Allowed `d` but sandboxed to `root`: the server's check passes and
+    // only the sandbox stops the reads outside, the link included.
+    let confined = run(&d, true);
+    assert_eq!(confined[0], (false, "inside".to_string()), "{confined:?}");
+    for c in &confined[1..] {
+        assert!(c.0, "{confined:?}");
+        assert!(!c.1.contains("Access denied"), "{confined:?}");
+    }
 }

@@ -40,6 +40,42 @@ async def scenario(s, mode, extra):
     elif mode == "sandbox":
         out("write", text(await s.call_tool("write_file", {"path": extra["path"]})))
         out("connect", text(await s.call_tool("connect", {"host": "127.0.0.1", "port": extra["port"]})))
+    elif mode == "big":
+        n = extra["n"]
+        b = text(await s.call_tool("big", {"n": n}))
+        want = "".join(chr(ord("a") + i % 26) for i in range(n))
+        out("big", f"{len(b)} {b == want}")
+    elif mode == "pipelined":
+        # All issued at once; each answer matched to its request by id.
+        n = extra["n"]
+        rs = await asyncio.gather(*(s.call_tool("add", {"a": i, "b": 1}) for i in range(n)))
+        out("pipelined", f"{len(rs)} {sum(text(r) == str(i + 1) for i, r in enumerate(rs))}")
+    elif mode == "calls":
+        # extra["calls"]: [[tool, arguments], ...]; each result as JSON.
+        for i, (tool, args) in enumerate(extra["calls"]):
+            r = await s.call_tool(tool, args)
+            out(f"call{i}", json.dumps({"error": bool(getattr(r, "is_error", None) or getattr(r, "isError", False)), "text": text(r)}))
+    elif mode == "numbered":
+        # Numbered progress notifications while ticks go the other way; the
+        # first notification is announced (the test drops the transport
+        # then). Each number and each tick must come exactly once.
+        seen = []
+        async def on_progress(p, total, message):
+            seen.append(int(p))
+            if len(seen) == 1:
+                out("streaming", "1")
+        count = extra["count"]
+        call = asyncio.ensure_future(
+            s.call_tool("numbered", {"count": count, "delay": extra["delay"]},
+                        progress_callback=on_progress))
+        sent = 0
+        while not call.done():
+            await s.call_tool("tick", {})
+            sent += 1
+            await asyncio.sleep(extra["delay"])
+        r = text(await call)
+        out("numbered", f"{r} {len(seen)} {seen == list(range(1, count + 1))}")
+        out("ticks", f"{sent} {text(await s.call_tool('ticks', {}))}")
     elif mode == "hold":
         out("pid", text(await s.call_tool("pid", {})))
         await asyncio.sleep(3600)

@@ -1,5 +1,5 @@
 # A small MCP stdio server (the Python SDK's MCPServer, FastMCP before 2.x).
-import os, socket, sys
+import asyncio, os, socket, sys
 try:
     from mcp.server.mcpserver import MCPServer as Server, Context
 except ImportError:
@@ -50,6 +50,28 @@ def connect(host: str, port: int) -> str:
 @app.tool()
 def pid() -> int:
     return os.getpid()
+
+@app.tool()
+async def numbered(count: int, delay: float, ctx: Context) -> str:
+    """count progress notifications numbered 1..count, delay seconds apart"""
+    for i in range(count):
+        await ctx.report_progress(i + 1, count)
+        await asyncio.sleep(delay)
+    return f"done {count}"
+
+# The JSON-RPC ids of the `tick` requests this server received.
+TICKS = []
+
+@app.tool()
+def tick(ctx: Context) -> int:
+    """records its request's id; returns how many ticks came so far"""
+    TICKS.append(ctx.request_id)
+    return len(TICKS)
+
+@app.tool()
+def ticks() -> str:
+    """`received distinct` of the tick requests"""
+    return f"{len(TICKS)} {len(set(TICKS))}"
 
 @app.resource("test://greeting")
 def greeting() -> str:
