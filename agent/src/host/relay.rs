@@ -145,24 +145,25 @@ pub async fn route(first: Option<&[u8]>, config: &Config, launch: &Launch) -> Ro
     let env = RuntimeEnv::current();
     let refusal = match wants {
         Wants::Plain => None,
-        Wants::Detach => match start_host(&launch, &env, config.limits.max_detached_sessions).await
-        {
-            Ok((socket, secret)) => {
-                match connect(&socket, Attach::First(&secret), &profile).await {
-                    Ok(stream) => return Route::Host(stream),
-                    Err(e) => Some(expired(format!(
-                        "the session host did not take the connection: {}",
-                        e.why()
-                    ))),
+        Wants::Detach => {
+            match start_host(launch, &env, config.limits.max_detached_sessions).await {
+                Ok((socket, secret)) => {
+                    match connect(&socket, Attach::First(&secret), &profile).await {
+                        Ok(stream) => return Route::Host(stream),
+                        Err(e) => Some(expired(format!(
+                            "the session host did not take the connection: {}",
+                            e.why()
+                        ))),
+                    }
                 }
+                Err(StartError::Limit { live, max }) => Some(Refusal::Limit {
+                    name: "max_detached_sessions",
+                    max,
+                    why: format!("{live} session hosts of this user are alive"),
+                }),
+                Err(e) => Some(expired(format!("cannot start a session host: {e}"))),
             }
-            Err(StartError::Limit { live, max }) => Some(Refusal::Limit {
-                name: "max_detached_sessions",
-                max,
-                why: format!("{live} session hosts of this user are alive"),
-            }),
-            Err(e) => Some(expired(format!("cannot start a session host: {e}"))),
-        },
+        }
         Wants::Resume { session_id, token } => {
             let attach = Attach::Resume {
                 session_id: &session_id,
