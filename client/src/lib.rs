@@ -400,6 +400,9 @@ struct Conn {
     out: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
     init: InitializeResult,
     child: Mutex<Option<tokio::process::Child>>,
+    /// The relay of the spawned transport's stderr, drained by
+    /// [`Client::close`] once the transport exited.
+    relay: Mutex<Option<stderr_relay::Relay>>,
     /// What the transport needs kept (a native SSH session).
     #[allow(dead_code)]
     keep: Mutex<Option<Box<dyn std::any::Any + Send>>>,
@@ -584,6 +587,7 @@ impl Client {
                 out: Mutex::new(Some(out_tx)),
                 init,
                 child: Mutex::new(None),
+                relay: Mutex::new(None),
                 keep: Mutex::new(None),
             }),
             intent: None,
@@ -671,6 +675,7 @@ impl Client {
             }
         };
         *client.conn.child.lock().expect("child lock") = Some(child);
+        *client.conn.relay.lock().expect("relay lock") = relay;
         Ok(client)
     }
 
@@ -950,6 +955,13 @@ impl Client {
                     let _ = child.kill().await;
                 }
             }
+        }
+        // What the transport wrote on stderr before it exited reaches ours
+        // before we return (the caller may exit at once); bounded, as an
+        // ssh ControlMaster started by the transport may hold the pipe.
+        let relay = self.conn.relay.lock().expect("relay lock").take();
+        if let Some(relay) = relay {
+            relay.drain(std::time::Duration::from_millis(500)).await;
         }
         Ok(())
     }

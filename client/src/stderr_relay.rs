@@ -55,6 +55,16 @@ impl Relay {
         Relay { tail, task }
     }
 
+    /// Wait, at most `within`, for the relay to reach the end of the
+    /// stderr (the transport has exited, or is about to) and pass on what
+    /// was left.
+    pub(crate) async fn drain(self, within: std::time::Duration) {
+        let mut task = self.task;
+        if tokio::time::timeout(within, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+
     /// When `child` ended (or ends within a moment), the error naming its
     /// exit status and the last of its stderr; else (or when it wrote
     /// nothing on stderr but something on stdout) `err` as it is.

@@ -68,38 +68,59 @@ fn found_tool(request: &Value, server: &str, tool: &str) -> Option<(Option<Strin
         .find_map(|i| walk(&i["tools"], None, server, tool))
 }
 
-/// Two turns: search for MCP tool `tool` of `server`, then call it with
-/// `args` (call id `call_id`).
+/// A `tool_search` call (its call id numbered `n`) for `tool` of `server`.
+fn search(n: usize, server: &str, tool: &str) -> Value {
+    json!({
+        "type": "tool_search_call",
+        "id": format!("ts_search_{n}"),
+        "call_id": format!("search-{n}"),
+        "execution": "client",
+        "arguments": {"query": format!("{server} {tool}"), "limit": 8},
+    })
+}
+
+/// The turns that search for MCP tool `tool` of `server`, then call it
+/// with `args` (call id `call_id`). Codex starts MCP servers while the
+/// turn begins: a search made before a server listed its tools finds
+/// nothing, so the search is repeated (half a second apart, at most
+/// [`SEARCHES`] times) until the tool shows up.
 fn call_mcp(
     call_id: &'static str,
     server: &'static str,
     tool: &'static str,
     args: Value,
 ) -> Vec<Turn> {
-    let search: Turn = Box::new(move |_| {
-        vec![json!({
-            "type": "tool_search_call",
-            "id": "ts_search",
-            "call_id": "search-1",
-            "execution": "client",
-            "arguments": {"query": format!("{server} {tool}"), "limit": 8},
-        })]
-    });
-    let call: Turn = Box::new(move |req| {
-        let (namespace, name) = found_tool(req, server, tool).unwrap_or_else(|| {
-            panic!(
-                "tool_search found no tool {tool} of MCP server {server}; input: {}",
-                req["input"]
-            )
-        });
-        let mut item = function_call(call_id, &name, args.clone());
-        if let Some(ns) = namespace {
-            item["namespace"] = json!(ns);
-        }
-        vec![item]
-    });
-    vec![search, call]
+    let mut turns: Vec<Turn> = vec![Box::new(move |_| vec![search(0, server, tool)])];
+    for n in 1..=SEARCHES {
+        let args = args.clone();
+        turns.push(Box::new(move |req| {
+            if executor_tests::codex::tool_output(req, call_id).is_some() {
+                return vec![executor_tests::codex::message("done")];
+            }
+            match found_tool(req, server, tool) {
+                Some((namespace, name)) => {
+                    let mut item = function_call(call_id, &name, args.clone());
+                    if let Some(ns) = namespace {
+                        item["namespace"] = json!(ns);
+                    }
+                    vec![item]
+                }
+                None if n < SEARCHES => {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    vec![search(n, server, tool)]
+                }
+                None => panic!(
+                    "tool_search found no tool {tool} of MCP server {server} in {SEARCHES} tries; input: {}",
+                    req["input"]
+                ),
+            }
+        }));
+    }
+    turns
 }
+
+/// Searches before giving up on an MCP server's tools.
+const SEARCHES: usize = 40;
 
 /// A stdio MCP server in the remote environment: its tool's answer (with
 /// the exec-server's environment mark) reaches the model.
