@@ -55,6 +55,8 @@ mod http;
 mod idempotency;
 #[path = "suite/jobs_tmp.rs"]
 mod jobs_tmp;
+#[path = "suite/limits.rs"]
+mod limits;
 #[path = "suite/mcp_http.rs"]
 mod mcp_http;
 #[path = "suite/mcp_stdio.rs"]

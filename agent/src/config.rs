@@ -355,6 +355,9 @@ struct RawLimits {
     max_detach_ttl_ms: Option<toml::Spanned<u64>>,
     max_detached_sessions: Option<toml::Spanned<u64>>,
     max_egress_connections: Option<toml::Spanned<u64>>,
+    /// `[limits.job]`: every job's limits (docs/PROTOCOL.md §3.1), the
+    /// defaults a request may only narrow.
+    job: Option<toml::Spanned<executor_protocol::types::process::JobLimits>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -682,6 +685,34 @@ fn apply_limits(
             *slot = *v.get_ref();
             spans.insert(name, (key, v.span()));
         }
+    }
+    if let Some(job) = &l.job {
+        let j = job.get_ref();
+        let key = format!("{prefix}.job");
+        if j.required.is_some() {
+            return Err(ctx.invalid(
+                Some(job.span()),
+                &format!("{key}.required"),
+                "is a request's choice; a profile's limits are always required".into(),
+            ));
+        }
+        for (name, v) in [
+            ("memory_bytes", j.memory_bytes),
+            ("processes", j.processes),
+            ("cpu_millis_per_sec", j.cpu_millis_per_sec),
+        ] {
+            if v == Some(0) {
+                return Err(ctx.invalid(
+                    Some(job.span()),
+                    &format!("{key}.{name}"),
+                    "must be at least 1".into(),
+                ));
+            }
+        }
+        let set = &mut limits.job;
+        set.memory_bytes = j.memory_bytes.or(set.memory_bytes);
+        set.processes = j.processes.or(set.processes);
+        set.cpu_millis_per_sec = j.cpu_millis_per_sec.or(set.cpu_millis_per_sec);
     }
     Ok(())
 }

@@ -90,6 +90,7 @@ pub mod fs;
 pub mod host;
 pub mod http;
 pub mod http_client;
+pub mod limits;
 pub mod login_env;
 pub mod outbound;
 pub mod process;

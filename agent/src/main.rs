@@ -118,6 +118,11 @@ fn main() -> anyhow::Result<()> {
     }
     let config = usable_config(&cli);
     sweep_leftovers();
+    // The jobs' cgroups: found (and dead agents' swept) while the agent is
+    // single-threaded and before the spawner starts (on cgroup v2 the
+    // agent may move into a leaf of its own, and the spawner follows).
+    executor_agent::limits::setup();
+    let _own_cgroups = executor_agent::limits::Teardown;
     // The process that forks every job's supervisor, started from the main
     // thread (its parent-death signal follows the thread that started it,
     // and this one lives as long as the agent). A failure here is retried

@@ -35,6 +35,10 @@ pub struct ExitStatus {
     /// The job ran under a sandbox that denied it something
     /// (`process/exited` `sandbox_denied`).
     pub sandbox_denied: bool,
+    /// What it used, where the host accounts for it.
+    pub usage: Option<executor_protocol::types::process::JobUsage>,
+    /// The limit it ran into (an OOM kill: `memory`).
+    pub limit_hit: Option<executor_protocol::types::process::LimitHit>,
 }
 
 impl ExitStatus {
@@ -68,6 +72,7 @@ pub struct Process {
     id: String,
     pid: u32,
     sandbox_degraded: Vec<String>,
+    limits_degraded: Vec<String>,
     sub: Subscription,
     next_seq: u64,
     ready: VecDeque<Output>,
@@ -90,6 +95,7 @@ impl Client {
             id: r.process_id,
             pid: r.pid,
             sandbox_degraded: r.sandbox_degraded.unwrap_or_default(),
+            limits_degraded: r.limits_degraded.unwrap_or_default(),
             sub,
             next_seq: 0,
             ready: VecDeque::new(),
@@ -125,6 +131,7 @@ impl Client {
             id: process_id.to_string(),
             pid,
             sandbox_degraded: Vec::new(),
+            limits_degraded: Vec::new(),
             sub,
             next_seq: 0,
             ready: VecDeque::new(),
@@ -172,6 +179,12 @@ impl Process {
     /// `required: false`; empty when all of it was, or there was none).
     pub fn sandbox_degraded(&self) -> &[String] {
         &self.sandbox_degraded
+    }
+
+    /// What of its limits is not enforced as asked (`limits.required:
+    /// false`, or the agent's defaults on a host without the means).
+    pub fn limits_degraded(&self) -> &[String] {
+        &self.limits_degraded
     }
 
     /// Write to its stdin.
@@ -287,6 +300,8 @@ impl Process {
                 signal_number: e.signal.as_deref().and_then(signal_number),
                 final_seq: r.next_seq.checked_sub(1),
                 sandbox_denied: None,
+                usage: e.usage,
+                limit_hit: e.limit_hit,
             });
         }
         Ok(all)
@@ -366,6 +381,8 @@ impl Process {
             signal: e.signal.clone(),
             signal_number: e.signal_number,
             sandbox_denied: e.sandbox_denied == Some(true),
+            usage: e.usage,
+            limit_hit: e.limit_hit,
         })
     }
 }

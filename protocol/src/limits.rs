@@ -112,7 +112,16 @@ pub struct Limits {
     pub max_detached_sessions: u64,
     /// Per job with egress by name (docs/PROTOCOL.md §8).
     pub max_egress_connections: u64,
+    /// The limits a job gets where neither its request nor the profile
+    /// sets them (docs/PROTOCOL.md §3.1); the profile's own are reported
+    /// here when it has some.
+    #[serde(default)]
+    pub job: crate::types::process::JobLimits,
 }
+
+/// Processes of one job at once by default: a fork bomb stops there,
+/// far above what a build (`make -j`, a test runner) starts.
+pub const JOB_PROCESSES: u64 = 4096;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -136,6 +145,10 @@ impl Default for Limits {
             max_detach_ttl_ms: MAX_DETACH_TTL_MS,
             max_detached_sessions: MAX_DETACHED_SESSIONS,
             max_egress_connections: MAX_EGRESS_CONNECTIONS,
+            job: crate::types::process::JobLimits {
+                processes: Some(JOB_PROCESSES),
+                ..Default::default()
+            },
         }
     }
 }

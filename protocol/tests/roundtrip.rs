@@ -264,6 +264,41 @@ rt!(
 rt!(cancel, any::<u64>().prop_map(|id| CancelParams { id }));
 rt!(empty, Just(Empty {}));
 rt!(wire_error, werr());
+fn job_limits() -> impl Strategy<Value = JobLimits> {
+    (
+        of(any::<u64>()),
+        of(any::<u64>()),
+        of(any::<u64>()),
+        of(any::<bool>()),
+    )
+        .prop_map(
+            |(memory_bytes, processes, cpu_millis_per_sec, required)| JobLimits {
+                memory_bytes,
+                processes,
+                cpu_millis_per_sec,
+                required,
+            },
+        )
+}
+
+fn job_usage() -> impl Strategy<Value = JobUsage> {
+    vec(of(any::<u64>()), 6..=6).prop_map(|v| JobUsage {
+        cpu_user_us: v[0],
+        cpu_system_us: v[1],
+        peak_memory_bytes: v[2],
+        processes_peak: v[3],
+        memory_bytes: v[4],
+        processes: v[5],
+    })
+}
+
+fn limit_hit() -> impl Strategy<Value = Option<LimitHit>> {
+    of(prop_oneof![
+        Just(LimitHit::Memory),
+        Just(LimitHit::Processes)
+    ])
+}
+
 rt!(
     process_start,
     (
@@ -277,10 +312,10 @@ rt!(
         of(intent()),
         any::<bool>(),
         of(any::<u64>()),
-        (of(s()), of(s()))
+        (of(s()), of(s()), of(job_limits()))
     )
         .prop_map(
-            |(argv, cwd, env, arg0, tty, size, null, sandbox, notify, obb, (tag, key))| {
+            |(argv, cwd, env, arg0, tty, size, null, sandbox, notify, obb, (tag, key, limits))| {
                 ProcessStartParams {
                     argv,
                     cwd,
@@ -299,20 +334,29 @@ rt!(
                     tag,
                     env_base: Default::default(),
                     idempotency_key: key,
+                    limits,
                 }
             }
         )
 );
 rt!(
     process_start_result,
-    (s(), any::<u32>(), of(vec(s(), 0..3)), of(s())).prop_map(
-        |(process_id, pid, sandbox_degraded, proxy)| ProcessStartResult {
-            process_id,
-            pid,
-            sandbox_degraded,
-            egress: proxy.map(|proxy| executor_protocol::types::network::EgressInfo { proxy }),
-        }
+    (
+        s(),
+        any::<u32>(),
+        of(vec(s(), 0..3)),
+        of(s()),
+        of(vec(s(), 0..3))
     )
+        .prop_map(
+            |(process_id, pid, sandbox_degraded, proxy, limits_degraded)| ProcessStartResult {
+                process_id,
+                pid,
+                sandbox_degraded,
+                egress: proxy.map(|proxy| executor_protocol::types::network::EgressInfo { proxy }),
+                limits_degraded,
+            }
+        )
 );
 rt!(
     process_output,
@@ -333,10 +377,17 @@ rt!(
         of(s()),
         of(any::<i32>()),
         of(any::<u64>()),
-        of(any::<bool>())
+        (of(any::<bool>()), of(job_usage()), limit_hit())
     )
         .prop_map(
-            |(process_id, exit_code, signal, signal_number, final_seq, sandbox_denied)| {
+            |(
+                process_id,
+                exit_code,
+                signal,
+                signal_number,
+                final_seq,
+                (sandbox_denied, usage, limit_hit),
+            )| {
                 ProcessExited {
                     process_id,
                     exit_code,
@@ -344,6 +395,8 @@ rt!(
                     signal_number,
                     final_seq,
                     sandbox_denied,
+                    usage,
+                    limit_hit,
                 }
             }
         )
@@ -371,7 +424,7 @@ rt!(
     (
         vec((any::<u64>(), stream(), bytes()), 0..4),
         any::<u64>(),
-        of((of(any::<i32>()), of(s()))),
+        of((of(any::<i32>()), of(s()), of(job_usage()), limit_hit())),
         of(any::<u64>())
     )
         .prop_map(
@@ -381,7 +434,12 @@ rt!(
                     .map(|(seq, stream, data)| OutputChunk { seq, stream, data })
                     .collect(),
                 next_seq,
-                exited: exited.map(|(exit_code, signal)| ExitInfo { exit_code, signal }),
+                exited: exited.map(|(exit_code, signal, usage, limit_hit)| ExitInfo {
+                    exit_code,
+                    signal,
+                    usage,
+                    limit_hit
+                }),
                 dropped_before
             }
         )
@@ -415,18 +473,26 @@ rt!(
 rt!(
     process_list,
     vec(
-        (s(), any::<u32>(), vec(s(), 0..3), of(s()), any::<bool>()),
+        (
+            s(),
+            any::<u32>(),
+            vec(s(), 0..3),
+            of(s()),
+            any::<bool>(),
+            of(job_usage())
+        ),
         0..4
     )
     .prop_map(|p| ProcessListResult {
         processes: p
             .into_iter()
-            .map(|(process_id, pid, argv, tag, running)| ProcessInfo {
+            .map(|(process_id, pid, argv, tag, running, usage)| ProcessInfo {
                 process_id,
                 pid,
                 argv,
                 tag,
-                running
+                running,
+                usage
             })
             .collect()
     })
@@ -443,7 +509,7 @@ rt!(
         of(intent()),
         of(intent()),
         any::<bool>(),
-        of(s())
+        (of(s()), of(job_limits()))
     )
         .prop_map(
             |(
@@ -456,7 +522,7 @@ rt!(
                 sandbox_permissions,
                 additional_permissions,
                 pre,
-                justification,
+                (justification, limits),
             )| ExecCommandParams {
                 command,
                 cwd,
@@ -470,6 +536,7 @@ rt!(
                 justification,
                 exec_approval_requirement: None,
                 env_base: Default::default(),
+                limits,
             }
         )
 );
@@ -494,7 +561,12 @@ rt!(
         of(s()),
         any::<u64>(),
         of(any::<bool>()),
-        of(vec(s(), 0..2))
+        (
+            of(vec(s(), 0..2)),
+            of(vec(s(), 0..2)),
+            of(job_usage()),
+            limit_hit()
+        )
     )
         .prop_map(
             |(
@@ -505,7 +577,7 @@ rt!(
                 process_id,
                 wall_time_ms,
                 sandbox_denied,
-                sandbox_degraded,
+                (sandbox_degraded, limits_degraded, usage, limit_hit),
             )| ExecResult {
                 output,
                 original_token_count,
@@ -516,6 +588,9 @@ rt!(
                 sandbox_denied,
                 sandbox_degraded,
                 egress: None,
+                limits_degraded,
+                usage,
+                limit_hit,
             }
         )
 );

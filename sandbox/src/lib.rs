@@ -36,6 +36,8 @@
 //! `// SAFETY:` comment.
 
 #[cfg(target_os = "linux")]
+pub mod cgroup;
+#[cfg(target_os = "linux")]
 pub mod holds;
 #[cfg(target_os = "linux")]
 pub mod linux;

@@ -75,6 +75,8 @@ pub enum Step {
     Fork = 18,
     Egress = 19,
     Supervisor = 20,
+    Cgroup = 21,
+    Rlimits = 22,
 }
 
 impl Step {
@@ -101,6 +103,8 @@ impl Step {
             18 => "forking the job",
             19 => "opening the egress proxy port in the job's network namespace",
             20 => "tying the job's init to its supervisor (parent-death signal)",
+            21 => "joining the job's cgroup",
+            22 => "setting the job's rlimits",
             _ => "an unknown sandbox step",
         }
     }

@@ -55,6 +55,11 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 /// `egress`, the egress socket (so at most `FORK_FDS + 1`).
 pub const FORK_FDS: usize = 6;
 
+/// The most `cgroup.procs` descriptors a fork request carries after the
+/// others (one per hierarchy of the job's cgroup: v2, and v1's memory,
+/// pids, cpu and cpuacct).
+pub const MAX_CGROUP_FDS: usize = 5;
+
 /// Bytes of every message, both ways: a tag, a big-endian `u64`, a
 /// big-endian `i32`.
 pub const MSG_LEN: usize = 13;
@@ -66,7 +71,14 @@ pub enum Request {
     /// (one more with `egress`); `id` comes back in the reply. `netns`: the
     /// job gets a network namespace of its own (the supervisor takes a
     /// set of the namespace pool, [`crate::nspool`], if one is ready).
-    Fork { id: u64, egress: bool, netns: bool },
+    /// `cgroups`: that many `cgroup.procs` descriptors follow the others
+    /// (at most [`MAX_CGROUP_FDS`]), for the supervisor to join.
+    Fork {
+        id: u64,
+        egress: bool,
+        netns: bool,
+        cgroups: u8,
+    },
     /// SIGKILL this supervisor if it is still an unreaped child.
     Kill { pid: i32 },
 }
@@ -99,9 +111,16 @@ fn fields(m: &[u8; MSG_LEN]) -> (u8, u64, i32) {
 impl Request {
     pub fn encode(self) -> [u8; MSG_LEN] {
         match self {
-            Request::Fork { id, egress, netns } => {
-                encode(b'F', id, i32::from(egress) | (i32::from(netns) << 1))
-            }
+            Request::Fork {
+                id,
+                egress,
+                netns,
+                cgroups,
+            } => encode(
+                b'F',
+                id,
+                i32::from(egress) | (i32::from(netns) << 1) | (i32::from(cgroups) << 2),
+            ),
             Request::Kill { pid } => encode(b'K', pid as u32 as u64, 0),
         }
     }
@@ -109,10 +128,11 @@ impl Request {
     /// `None` for bytes the agent never sends.
     pub fn decode(m: &[u8; MSG_LEN]) -> Option<Request> {
         match fields(m) {
-            (b'F', id, e @ 0..=3) => Some(Request::Fork {
+            (b'F', id, e @ 0..=31) if (e >> 2) as usize <= MAX_CGROUP_FDS => Some(Request::Fork {
                 id,
                 egress: e & 1 == 1,
                 netns: e & 2 == 2,
+                cgroups: (e >> 2) as u8,
             }),
             (b'K', pid, 0) => i32::try_from(pid)
                 .ok()
@@ -289,7 +309,11 @@ fn answer(
     standby: &mut Option<Standby>,
 ) -> io::Result<bool> {
     let mut buf = [0u8; MSG_LEN];
-    let msg = match sys::recv_fds::<{ FORK_FDS + 1 }>(sock.as_fd(), &mut buf, MsgFlags::empty()) {
+    let msg = match sys::recv_fds::<{ FORK_FDS + 1 + MAX_CGROUP_FDS }>(
+        sock.as_fd(),
+        &mut buf,
+        MsgFlags::empty(),
+    ) {
         Ok(m) => m,
         Err(e)
             if matches!(
@@ -313,15 +337,20 @@ fn answer(
         .then(|| Request::decode(&buf))
         .flatten();
     match request {
-        Some(Request::Fork { id, egress, netns }) => {
-            if fds.len() != FORK_FDS + usize::from(egress) {
+        Some(Request::Fork {
+            id,
+            egress,
+            netns,
+            cgroups,
+        }) => {
+            if fds.len() != FORK_FDS + usize::from(egress) + usize::from(cgroups) {
                 let result = Err(libc::EINVAL);
                 return reply(sock, Reply::Forked { id, result }).map(|()| true);
             }
             let set = if netns { pool.take() } else { None };
             let handed = standby
                 .take()
-                .and_then(|s| s.hand_over(&fds, egress, set.as_ref()));
+                .and_then(|s| s.hand_over(&fds, egress, cgroups, set.as_ref()));
             let result = match handed {
                 Some(pid) => Ok(pid),
                 // SAFETY: the spawner is single-threaded (`serve`'s
@@ -329,7 +358,7 @@ fn answer(
                 None => match unsafe { sys::fork_single_threaded() } {
                     Ok(ForkResult::Child) => {
                         close_spawner_fds(sock, sigfd, pool);
-                        supervisor(fds, set)
+                        supervisor(fds, egress, set)
                     }
                     Ok(ForkResult::Parent { child }) => Ok(child.as_raw()),
                     Err(e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
@@ -418,7 +447,13 @@ impl Standby {
     /// reported: the agent never asked for it), so its pid may be another
     /// process's now; one that is alive and could not be sent to ends at
     /// the EOF of its socket, closed here.
-    fn hand_over(self, fds: &[OwnedFd], egress: bool, set: Option<&NsSet>) -> Option<i32> {
+    fn hand_over(
+        self,
+        fds: &[OwnedFd],
+        egress: bool,
+        cgroups: u8,
+        set: Option<&NsSet>,
+    ) -> Option<i32> {
         let mut all: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
         if let Some(set) = set {
             all.extend([set.user.as_fd(), set.net.as_fd(), set.ipc.as_fd()]);
@@ -427,6 +462,7 @@ impl Standby {
             id: 0,
             egress,
             netns: set.is_some(),
+            cgroups,
         }
         .encode();
         match sys::send_fds(self.sock.as_fd(), &msg, &all, MsgFlags::MSG_NOSIGNAL) {
@@ -458,7 +494,11 @@ fn wait_for_job(mine: OwnedFd) -> ! {
     sys::set_process_name(c"executor-ready");
     let mut buf = [0u8; MSG_LEN];
     let msg = loop {
-        match sys::recv_fds::<{ FORK_FDS + 4 }>(mine.as_fd(), &mut buf, MsgFlags::empty()) {
+        match sys::recv_fds::<{ FORK_FDS + 4 + MAX_CGROUP_FDS }>(
+            mine.as_fd(),
+            &mut buf,
+            MsgFlags::empty(),
+        ) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             other => break other,
         }
@@ -473,12 +513,15 @@ fn wait_for_job(mine: OwnedFd) -> ! {
         std::process::exit(0)
     };
     let Some(Request::Fork {
-        egress, netns: set, ..
+        egress,
+        netns: set,
+        cgroups,
+        ..
     }) = Request::decode(&buf)
     else {
         std::process::exit(126)
     };
-    if fds.len() != FORK_FDS + usize::from(egress) + 3 * usize::from(set) {
+    if fds.len() != FORK_FDS + usize::from(egress) + usize::from(cgroups) + 3 * usize::from(set) {
         std::process::exit(126);
     }
     let set = set.then(|| {
@@ -486,14 +529,14 @@ fn wait_for_job(mine: OwnedFd) -> ! {
         let (ipc, net, user) = (take(), take(), take());
         NsSet { user, net, ipc }
     });
-    supervisor(fds, set)
+    supervisor(fds, egress, set)
 }
 
 /// In a child of the spawner that holds nothing of it any more: become
-/// the job's supervisor. `fds` holds [`FORK_FDS`] descriptors, or one more
-/// (the egress socket); `set`, the namespaces of the pool this job alone
-/// enters.
-fn supervisor(fds: Vec<OwnedFd>, set: Option<NsSet>) -> ! {
+/// the job's supervisor. `fds` holds [`FORK_FDS`] descriptors, then the
+/// egress socket (with `egress`), then the job's `cgroup.procs`
+/// descriptors; `set`, the namespaces of the pool this job alone enters.
+fn supervisor(fds: Vec<OwnedFd>, egress: bool, set: Option<NsSet>) -> ! {
     // `executor` as every helper of the agent (the spawner alone is
     // `executor-spawn`); argv stays the spawner's (`executor sandbox-exec
     // --spawner`).
@@ -509,7 +552,9 @@ fn supervisor(fds: Vec<OwnedFd>, set: Option<NsSet>) -> ! {
     ) else {
         std::process::exit(126)
     };
-    let egress = fds.next();
+    let egress = if egress { fds.next() } else { None };
+    // The rest: the job's `cgroup.procs` descriptors.
+    let cgroups: Vec<_> = fds.map(IntoRawFd::into_raw_fd).collect();
     let stdio = nix::unistd::dup2_stdin(&stdin)
         .and_then(|()| nix::unistd::dup2_stdout(&stdout))
         .and_then(|()| nix::unistd::dup2_stderr(&stderr));
@@ -522,6 +567,7 @@ fn supervisor(fds: Vec<OwnedFd>, set: Option<NsSet>) -> ! {
         status: Some(status.into_raw_fd()),
         spec: spec.into_raw_fd(),
         egress: egress.map(IntoRawFd::into_raw_fd),
+        cgroups,
         namespaces: set.map(|s| {
             [
                 s.user.into_raw_fd(),
@@ -544,26 +590,32 @@ mod tests {
                 id: u64::MAX,
                 egress: false,
                 netns: false,
+                cgroups: 0,
             },
             Request::Fork {
                 id: 1,
                 egress: true,
                 netns: false,
+                cgroups: 5,
             },
             Request::Fork {
                 id: 2,
                 egress: true,
                 netns: true,
+                cgroups: 2,
             },
             Request::Fork {
                 id: 3,
                 egress: false,
                 netns: true,
+                cgroups: 1,
             },
             Request::Kill { pid: 4_194_303 },
         ] {
             assert_eq!(Request::decode(&r.encode()), Some(r));
         }
+        // More cgroup descriptors than a job has hierarchies: not a request.
+        assert_eq!(Request::decode(&encode(b'F', 1, 6 << 2)), None);
         for r in [
             Reply::Forked {
                 id: 7,
@@ -583,7 +635,7 @@ mod tests {
         assert_eq!(Request::decode(&encode(b'K', 0, 0)), None, "pid 0");
         assert_eq!(Request::decode(&encode(b'K', 1 << 40, 0)), None);
         assert_eq!(Request::decode(&encode(b'Z', 1, 0)), None);
-        for bad in [4, 7, -1, i32::MIN] {
+        for bad in [6 << 2, 32, 63, -1, i32::MIN] {
             assert_eq!(Request::decode(&encode(b'F', 1, bad)), None, "flags {bad}");
         }
         assert_eq!(

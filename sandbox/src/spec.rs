@@ -38,6 +38,21 @@ pub struct JobSpec {
     /// be made (docs/PROTOCOL.md §8): never unconfined network.
     #[serde(default)]
     pub deny_network: bool,
+    /// Where the job has no cgroup for them: per-process rlimits (the
+    /// fallback of `limits`, docs/PROTOCOL.md §4).
+    #[serde(default)]
+    pub rlimits: Rlimits,
+}
+
+/// The rlimits fallback of a job's limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimits {
+    /// `RLIMIT_AS` of every process of the job (set by its supervisor,
+    /// inherited).
+    pub address_space: Option<u64>,
+    /// `RLIMIT_NPROC` inside a sandboxed job's own user namespace (set by
+    /// its init, so that it counts the job's processes alone).
+    pub processes: Option<u64>,
 }
 
 impl JobSpec {
@@ -94,6 +109,10 @@ mod tests {
             tty: false,
             sandbox: None,
             deny_network: true,
+            rlimits: Rlimits {
+                address_space: Some(64 << 20),
+                processes: None,
+            },
         };
         let fd = spec.to_memfd().unwrap();
         let copy = fd.try_clone().unwrap();

@@ -126,6 +126,9 @@ pub struct Spec {
     /// the spawner's pool ([`crate::nspool`]), for this job alone (only a
     /// fork of the spawner has them).
     pub namespaces: Option<[RawFd; 3]>,
+    /// `cgroup.procs` of each of the job's cgroups, open for writing: the
+    /// supervisor joins them first thing ([`crate::cgroup`]).
+    pub cgroups: Vec<RawFd>,
 }
 
 /// Errors of the trampoline's setup, each naming its step.
@@ -155,7 +158,8 @@ pub enum Error {
 }
 
 impl Spec {
-    /// Parse `[--lifeline FD] [--status FD] [--egress FD] --spec FD`.
+    /// Parse `[--lifeline FD] [--status FD] [--egress FD] [--cgroup FD]...
+    /// --spec FD`.
     pub fn parse(args: &[OsString]) -> Result<Spec, Error> {
         let mut spec = Spec {
             lifeline: None,
@@ -163,6 +167,7 @@ impl Spec {
             spec: -1,
             egress: None,
             namespaces: None,
+            cgroups: Vec::new(),
         };
         let mut it = args.iter();
         let fd = |v: Option<&OsString>, name: &str| -> Result<RawFd, Error> {
@@ -179,6 +184,7 @@ impl Spec {
                 Some("--status") => spec.status = Some(fd(it.next(), "--status")?),
                 Some("--spec") => spec.spec = fd(it.next(), "--spec")?,
                 Some("--egress") => spec.egress = Some(fd(it.next(), "--egress")?),
+                Some("--cgroup") => spec.cgroups.push(fd(it.next(), "--cgroup")?),
                 _ => return Err(Error::Usage(format!("unexpected argument {a:?}"))),
             }
         }
@@ -318,6 +324,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         .chain(spec.status.iter())
         .chain(spec.egress.iter())
         .chain(spec.namespaces.iter().flatten())
+        .chain(spec.cgroups.iter())
         .chain(std::iter::once(&spec.spec))
         .copied()
         .collect();
@@ -355,9 +362,42 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         );
     }
 
-    // 2. What to run, and under which plan: a bad spec fails before any
+    // 2. Join the job's cgroups, before anything of the job exists:
+    //    everything it forks is in them (its limits, its account, and its
+    //    end: the agent kills whatever is left there).
+    for fd in &spec.cgroups {
+        // SAFETY: as above.
+        let procs = std::fs::File::from(unsafe { sys::own_inherited_fd(*fd) });
+        // `0`: the writing process.
+        if let Err(e) = (&procs).write_all(b"0") {
+            send(
+                &mut status,
+                Status::SandboxFailed {
+                    step: STEP_CGROUP,
+                    errno: errno_of(&e),
+                },
+            );
+            return Ok(127);
+        }
+    }
+
+    // 3. What to run, and under which plan: a bad spec fails before any
     //    fork (never run unconfined what was asked to be confined).
     let job = JobSpec::read_from(job_fd).map_err(Error::BadSpec)?;
+    if let Some(bytes) = job.rlimits.address_space {
+        let set =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, bytes, bytes);
+        if let Err(e) = set {
+            send(
+                &mut status,
+                Status::SandboxFailed {
+                    step: STEP_RLIMITS,
+                    errno: e as i32,
+                },
+            );
+            return Ok(127);
+        }
+    }
     #[cfg(not(target_os = "linux"))]
     if job.sandbox.is_some() {
         return Err(Error::PolicyUnsupported);
@@ -412,6 +452,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
             exec: &exec,
             egress,
             set,
+            processes: job.rlimits.processes,
         };
         return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
     }
@@ -468,6 +509,14 @@ fn network_denial() -> Result<Vec<Vec<u8>>, Error> {
 
 #[cfg(target_os = "linux")]
 const SECCOMP_STEP: u8 = crate::linux::Step::Seccomp as u8;
+#[cfg(target_os = "linux")]
+const STEP_CGROUP: u8 = crate::linux::Step::Cgroup as u8;
+#[cfg(not(target_os = "linux"))]
+const STEP_CGROUP: u8 = 0;
+#[cfg(target_os = "linux")]
+const STEP_RLIMITS: u8 = crate::linux::Step::Rlimits as u8;
+#[cfg(not(target_os = "linux"))]
+const STEP_RLIMITS: u8 = 0;
 #[cfg(not(target_os = "linux"))]
 const SECCOMP_STEP: u8 = 0;
 
@@ -570,6 +619,8 @@ struct Job<'a> {
     egress: Option<OwnedFd>,
     /// The pool's namespaces for this job, if the spawner had a set.
     set: Option<crate::nspool::NsSet>,
+    /// `RLIMIT_NPROC` in the job's user namespace (the rlimits fallback).
+    processes: Option<u64>,
 }
 
 /// The sandboxed path: an init in new namespaces confines itself and forks
@@ -715,6 +766,7 @@ fn job_init(
         exec,
         egress,
         set: _,
+        processes,
     } = job;
     if let Some(ns) = pooled {
         if let Err(e) = ns.enter() {
@@ -756,6 +808,16 @@ fn job_init(
     }
     if let Err((step, e)) = crate::linux::confine(plan, prep) {
         return fail(&mut w, step, &e);
+    }
+    // The rlimits fallback of `processes`: counted in the job's own user
+    // namespace, so the job's processes alone (the init is one of them).
+    if let Some(n) = processes {
+        let n = n.saturating_add(1);
+        if let Err(e) =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, n, n)
+        {
+            return fail(&mut w, crate::linux::Step::Rlimits, &e.into());
+        }
     }
     // The program: pid 2 of the namespace. It tells the supervisor its pid
     // (credentials on `ctl`) and execs; `ctl` and the exec pipe are

@@ -296,6 +296,7 @@ async fn env_base_is_taken_once_per_session_and_reported() {
             justification: None,
             exec_approval_requirement: None,
             env_base: EnvBase::Login,
+            limits: None,
         })
         .await
         .unwrap();

@@ -54,6 +54,7 @@ async fn sh(c: &Client, ws: &Path, i: Option<SandboxIntent>, script: &str) -> (S
         justification: None,
         exec_approval_requirement: None,
         env_base: Default::default(),
+        limits: None,
     };
     let r = c.exec_command(&p).await.expect("exec_command");
     (r.output, r.exit_code.expect("finished"))
@@ -422,6 +423,7 @@ executor_tests::root_and_unprivileged!(
                     justification: None,
                     exec_approval_requirement: None,
                     env_base: Default::default(),
+                    limits: None,
                 };
                 let r = c.exec_command(&p).await.expect("exec_command");
                 (r.output, r.exit_code.expect("finished"))

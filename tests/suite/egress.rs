@@ -177,6 +177,7 @@ impl Agent {
             justification: None,
             exec_approval_requirement: None,
             env_base: Default::default(),
+            limits: None,
         };
         self.c.exec_command(&p).await.expect("exec_command")
     }

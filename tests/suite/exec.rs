@@ -18,6 +18,7 @@ fn cmd(argv: &[&str], yield_ms: u64, tokens: u64) -> ExecCommandParams {
         justification: None,
         exec_approval_requirement: None,
         env_base: Default::default(),
+        limits: None,
     }
 }
 

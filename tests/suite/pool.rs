@@ -75,6 +75,7 @@ impl Env {
             justification: None,
             exec_approval_requirement: None,
             env_base: Default::default(),
+            limits: None,
         };
         let r = self.c.exec_command(&p).await.expect("exec_command");
         (r.output, r.exit_code.unwrap_or(-1))

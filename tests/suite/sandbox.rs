@@ -126,6 +126,7 @@ fn exec_params(
         justification: None,
         exec_approval_requirement: None,
         env_base: Default::default(),
+        limits: None,
     }
 }
 
@@ -2963,6 +2964,7 @@ fn c55_the_init_makes_nothing_on_the_host() {
             tty: false,
             sandbox: Some(plan.clone()),
             deny_network: false,
+            rlimits: Default::default(),
         };
         let memfd = spec.to_memfd().unwrap();
         let (life_r, life_w) = nix::unistd::pipe().unwrap();

@@ -40,7 +40,12 @@ async fn preamble_then_initialize_reports_every_field() {
     let limits: Limits = rmpv::ext::from_value(get(res, "limits").unwrap().clone()).unwrap();
     assert_eq!(limits, Limits::default());
     let limit_keys = get(res, "limits").unwrap().as_map().unwrap().len();
-    assert_eq!(limit_keys, 19);
+    // 19 bounds of the protocol and `job`, the jobs' default limits.
+    assert_eq!(limit_keys, 20);
+    assert_eq!(
+        path(res, "limits.job.processes").and_then(|v| v.as_u64()),
+        Some(executor_protocol::limits::JOB_PROCESSES)
+    );
     assert_eq!(
         path(res, "platform.os").and_then(|v| v.as_str()),
         Some(std::env::consts::OS)

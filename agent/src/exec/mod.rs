@@ -165,6 +165,9 @@ async fn collect(
                 sandbox_denied: proc.sandbox_denied(),
                 sandbox_degraded: None,
                 egress: None,
+                limits_degraded: None,
+                usage: e.usage,
+                limit_hit: e.limit_hit,
             }
         }
         None => ExecResult {
@@ -177,6 +180,9 @@ async fn collect(
             sandbox_denied: None,
             sandbox_degraded: None,
             egress: None,
+            limits_degraded: None,
+            usage: None,
+            limit_hit: None,
         },
     }
 }
@@ -212,6 +218,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
             intent_param: "sandbox_permissions",
             argv_param: "command",
             env_base: p.env_base,
+            limits: p.limits.as_ref(),
         },
     )
     .await?;
@@ -225,6 +232,7 @@ pub async fn exec_command(s: &Arc<Session>, p: ExecCommandParams) -> Result<Exec
     .await;
     r.sandbox_degraded = started.sandbox_degraded;
     r.egress = started.egress;
+    r.limits_degraded = started.limits_degraded;
     Ok(r)
 }
 

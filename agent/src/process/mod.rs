@@ -58,6 +58,8 @@ pub struct StartOptions<'a> {
     pub argv_param: &'a str,
     /// What `env` is applied on top of ([`crate::login_env`]).
     pub env_base: executor_protocol::types::process::EnvBase,
+    /// The request's resource limits ([`crate::limits`]).
+    pub limits: Option<&'a executor_protocol::types::process::JobLimits>,
 }
 
 /// A started job, and what of its sandbox intent was not enforced (only
@@ -68,6 +70,8 @@ pub struct Started {
     pub sandbox_degraded: Option<Vec<String>>,
     /// With egress by name: where the job's proxy listens.
     pub egress: Option<executor_protocol::types::network::EgressInfo>,
+    /// What of the job's limits is not enforced as asked.
+    pub limits_degraded: Option<Vec<String>>,
 }
 
 /// Start a job and its tasks; register it in the session. The request is
@@ -75,6 +79,12 @@ pub struct Started {
 /// is planned, so a refused start leaves nothing on the host.
 pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, WireError> {
     let cap = check_options(s, &o)?;
+    let resolved = crate::limits::resolve(
+        o.limits,
+        &s.limits().job,
+        s.profile().name.as_deref(),
+        "limits",
+    )?;
     let table = s.processes();
     let slot = table.reserve_slot(s.limits().max_processes)?;
     // A login shell runs the user's dotfiles unconfined (and a sandboxed
@@ -92,6 +102,9 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let egress_rules = decision.take_egress();
     let deny_network = decision.denies_network_unconfined();
     let (sandbox, files, sandbox_degraded) = decision.into_parts();
+    // The job's cgroup (or its rlimits) before anything runs: a limit that
+    // cannot be enforced refuses the start here.
+    let limits = crate::limits::prepare(&resolved, sandbox.is_some(), "limits")?;
     // The audit line says what is enforced: a plan, or nothing.
     crate::audit::note_sandboxed(sandbox.is_some());
     if let Some(d) = &sandbox_degraded {
@@ -126,6 +139,9 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         notify: o.notify,
         cap,
         slot,
+        cgroup: limits.cgroup,
+        cgroup_procs: limits.procs,
+        rlimits: limits.rlimits,
     };
     let notes = crate::audit::Notes::current();
     let session = s.clone();
@@ -148,6 +164,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         egress: egress_port.map(|port| executor_protocol::types::network::EgressInfo {
             proxy: crate::egress::proxy_url(port),
         }),
+        limits_degraded: limits.degraded,
     })
 }
 
@@ -218,6 +235,9 @@ struct Unborn {
     notify: bool,
     cap: u64,
     slot: Slot,
+    cgroup: Option<Arc<executor_sandbox::cgroup::JobCgroup>>,
+    cgroup_procs: Vec<OwnedFd>,
+    rlimits: executor_sandbox::spec::Rlimits,
 }
 
 /// Start `job` and register it in the session's table (with its tasks):
@@ -232,9 +252,14 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         stdin_null: job.stdin_null,
         sandbox: job.sandbox.as_ref(),
         deny_network: job.deny_network,
+        cgroup_procs: &job.cgroup_procs,
+        rlimits: job.rlimits,
     };
-    // On an error the job's files are dropped here, and removed.
-    let mut spawned = spawn::spawn(&req).await?;
+    // On an error the job's files are dropped here, and removed (and its
+    // cgroup: killed and removed).
+    let spawned = spawn::spawn(&req).await;
+    drop(job.cgroup_procs);
+    let mut spawned = spawned?;
     let table = s.processes();
     let id = table.next_id();
     let egress = match (job.egress_rules, spawned.egress_listener.take()) {
@@ -252,6 +277,7 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         sandboxed: job.sandbox.is_some(),
         notify: job.notify,
         live: Live::new(job.cap as usize, streams, stdin, pty),
+        cgroup: job.cgroup.clone(),
     });
     table.insert(proc.clone());
     crate::audit::note_spawned(spawned.pid, &proc.id);
@@ -274,6 +300,7 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         JobHeld {
             files: job.files,
             egress,
+            cgroup: job.cgroup,
         },
     ));
     Ok(proc)
@@ -386,7 +413,12 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
     match reported {
         Some(raw) => {
             let (code, signal) = decode_wait_status(raw);
-            Exit { code, signal }
+            Exit {
+                code,
+                signal,
+                usage: None,
+                limit_hit: None,
+            }
         }
         None => {
             use std::os::unix::process::ExitStatusExt;
@@ -394,6 +426,8 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
             Exit {
                 code: st.and_then(|s| s.code()),
                 signal: st.and_then(|s| s.signal()),
+                usage: None,
+                limit_hit: None,
             }
         }
     }
@@ -404,6 +438,7 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
 struct JobHeld {
     files: executor_sandbox::plan::JobFiles,
     egress: Option<crate::egress::Server>,
+    cgroup: Option<Arc<executor_sandbox::cgroup::JobCgroup>>,
 }
 
 /// Set when what a job left on the host could not all be removed (each
@@ -442,8 +477,24 @@ async fn wait_job(
     slot: Slot,
     held: JobHeld,
 ) {
-    let JobHeld { files, egress } = held;
-    let exit = job_exit(&mut spawned).await;
+    let JobHeld {
+        files,
+        egress,
+        cgroup,
+    } = held;
+    let mut exit = job_exit(&mut spawned).await;
+    // The job ends whole: whatever of it is left in its cgroup (detached,
+    // re-parented, outliving a supervisor killed from outside) is killed
+    // now; then its account is read and the cgroup removed.
+    if let Some(cg) = cgroup {
+        let id = proc.id.clone();
+        if let Ok((usage, hit)) =
+            tokio::task::spawn_blocking(move || crate::limits::end(&id, &cg)).await
+        {
+            exit.usage = Some(usage);
+            exit.limit_hit = hit;
+        }
+    }
     // The job is gone: its proxy stops, and its namespace with it.
     drop(egress);
     drop(slot);
@@ -471,6 +522,8 @@ async fn wait_job(
         signal_number: exit.signal,
         final_seq,
         sandbox_denied: proc.sandbox_denied(),
+        usage: exit.usage,
+        limit_hit: exit.limit_hit,
     };
     if outbound.notify(m::PROCESS_EXITED, &note).await.is_ok() {
         if let Some(table) = table.upgrade() {
@@ -550,6 +603,7 @@ async fn start_now(
             intent_param: "sandbox",
             argv_param: "argv",
             env_base: p.env_base,
+            limits: p.limits.as_ref(),
         },
     )
     .await?;
@@ -558,6 +612,7 @@ async fn start_now(
         pid: started.proc.pid,
         sandbox_degraded: started.sandbox_degraded,
         egress: started.egress,
+        limits_degraded: started.limits_degraded,
     })
 }
 
@@ -672,6 +727,7 @@ pub async fn handle_list(
                 argv: p.argv.clone(),
                 tag: p.tag.clone(),
                 running: p.running(),
+                usage: p.usage(),
             })
             .collect(),
     })
@@ -703,6 +759,7 @@ mod tests {
             intent_param: "sandbox",
             argv_param: "command",
             env_base: Default::default(),
+            limits: None,
         };
         let field = |r: Result<u64, WireError>| {
             let e = r.unwrap_err();
@@ -765,7 +822,9 @@ mod tests {
         assert_eq!(
             Exit {
                 code: None,
-                signal: Some(15)
+                signal: Some(15),
+                usage: None,
+                limit_hit: None,
             }
             .shell_code(),
             143

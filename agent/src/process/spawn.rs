@@ -38,6 +38,11 @@ pub struct SpawnRequest<'a> {
     /// Without a plan: deny the job's network anyway (a degraded
     /// `allow_hosts` intent).
     pub deny_network: bool,
+    /// `cgroup.procs` of the job's cgroups: its supervisor joins them
+    /// before anything of the job runs.
+    pub cgroup_procs: &'a [OwnedFd],
+    /// The rlimits fallback of the job's limits.
+    pub rlimits: executor_sandbox::spec::Rlimits,
 }
 
 /// A started job.
@@ -356,8 +361,9 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             spec_fd.as_fd(),
         ];
         fds.extend(egress.as_ref().map(|(_, theirs)| theirs.as_fd()));
+        fds.extend(req.cgroup_procs.iter().map(|f| f.as_fd()));
         let netns = req.sandbox.is_some_and(|p| p.net.own_namespace());
-        let supervisor = spawner::fork(&fds, netns, turn).await;
+        let supervisor = spawner::fork(&fds, req.cgroup_procs.len(), netns, turn).await;
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
         drop((job_stdio, status_w, spec_fd));
@@ -471,6 +477,7 @@ fn job_spec(req: &SpawnRequest<'_>, program: &Path) -> JobSpec {
         tty: req.tty.is_some(),
         sandbox: req.sandbox.cloned(),
         deny_network: req.deny_network,
+        rlimits: req.rlimits,
     }
 }
 

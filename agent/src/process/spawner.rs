@@ -332,27 +332,33 @@ impl Supervisor {
 
 /// Ask the spawner to fork a supervisor for these descriptors (stdin,
 /// stdout, stderr, lifeline read end, status write end, job spec, and the
-/// egress socket for a job with egress by name); `netns`: the job gets a
+/// egress socket for a job with egress by name, then `cgroups` descriptors
+/// of the job's `cgroup.procs` files); `netns`: the job gets a
 /// network namespace of its own (the spawner hands it a pair of its
 /// namespace pool when it has one). Returns once the request
 /// is sent (the descriptors are in flight: the caller closes its copies);
 /// the spawner's answer is taken by the [`Supervisor`] when needed.
 pub async fn fork(
     fds: &[BorrowedFd<'_>],
+    cgroups: usize,
     netns: bool,
     turn: Turn,
 ) -> Result<Supervisor, WireError> {
     let mut turn = Some(turn);
-    let egress = match fds.len() {
-        FORK_FDS => false,
-        n if n == FORK_FDS + 1 => true,
+    if cgroups > executor_sandbox::spawner::MAX_CGROUP_FDS {
+        return Err(internal("a fork request with too many cgroups", cgroups));
+    }
+    let egress = match fds.len().checked_sub(cgroups) {
+        Some(FORK_FDS) => false,
+        Some(n) if n == FORK_FDS + 1 => true,
         n => {
             return Err(internal(
                 "a fork request with the wrong number of descriptors",
-                n,
+                format!("{n:?}"),
             ))
         }
     };
+    let cgroups = cgroups as u8;
     let mut last = None;
     // A second try only when the first spawner never took the request.
     for _ in 0..2 {
@@ -366,7 +372,13 @@ pub async fn fork(
             }
             st.forks.insert(id, (tx, turn.take().flatten()));
         }
-        let msg = Request::Fork { id, egress, netns }.encode();
+        let msg = Request::Fork {
+            id,
+            egress,
+            netns,
+            cgroups,
+        }
+        .encode();
         let sent = c
             .sock
             .async_io(Interest::WRITABLE, || {

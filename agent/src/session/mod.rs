@@ -370,7 +370,10 @@ impl Session {
 
     /// What `initialize.sandbox` and `environment/info` report.
     pub fn sandbox_capabilities(&self) -> SandboxCapabilities {
-        self.caps.to_wire()
+        let mut caps = self.caps.to_wire();
+        // Every job's limits, sandboxed or not: its cgroups, or rlimits.
+        caps.mechanisms.extend(crate::limits::mechanisms());
+        caps
     }
 
     /// `initialize`

@@ -37,6 +37,9 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 pub struct Exit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// The job's account and the limit it hit (where it had a cgroup).
+    pub usage: Option<executor_protocol::types::process::JobUsage>,
+    pub limit_hit: Option<executor_protocol::types::process::LimitHit>,
 }
 
 impl Exit {
@@ -52,6 +55,8 @@ impl Exit {
         ExitInfo {
             exit_code: self.code,
             signal: self.signal_name(),
+            usage: self.usage,
+            limit_hit: self.limit_hit,
         }
     }
 }
@@ -97,6 +102,8 @@ pub struct Proc {
     pub notify: bool,
     /// What changes while the job lives.
     pub live: Live,
+    /// Its cgroup while it runs (`process/list` reads its account there).
+    pub cgroup: Option<Arc<executor_sandbox::cgroup::JobCgroup>>,
 }
 
 /// A job's changing state: buffered output, exit, stdin, terminal.
@@ -160,6 +167,16 @@ impl Proc {
     /// Whether the job is still running.
     pub fn running(&self) -> bool {
         self.live.state.lock().expect("proc state").exit.is_none()
+    }
+
+    /// Its account: the final one once it ended, else what its cgroup
+    /// says now (`None` without a cgroup).
+    pub fn usage(&self) -> Option<executor_protocol::types::process::JobUsage> {
+        let exit = self.live.state.lock().expect("proc state").exit;
+        match exit {
+            Some(e) => e.usage,
+            None => self.cgroup.as_deref().map(crate::limits::current),
+        }
     }
 
     /// The exit, once the job ended *and* all its output is buffered.
@@ -558,6 +575,7 @@ mod tests {
             sandboxed: false,
             notify,
             live: Live::new(1 << 10, 2, None, None),
+            cgroup: None,
         }
     }
 
@@ -625,6 +643,8 @@ mod tests {
         let exit = Exit {
             code: Some(3),
             signal: None,
+            usage: None,
+            limit_hit: None,
         };
         let p = Arc::new(p);
         p.stream_closed();

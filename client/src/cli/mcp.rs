@@ -63,6 +63,8 @@ pub struct StdioArgs {
     pub grace: f64,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub limits: super::run::LimitArgs,
     /// The server's program and arguments (no shell is added).
     #[arg(required = true, last = true)]
     pub argv: Vec<String>,
@@ -94,6 +96,7 @@ async fn stdio(client: &Client, args: StdioArgs, signals: &mut Signals) -> anyho
         inherit_env: false,
         detach: None,
         sandbox: args.sandbox,
+        limits: args.limits,
         argv: args.argv,
     };
     let (params, cwd) = run.start_params(client).await?;

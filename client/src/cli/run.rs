@@ -49,9 +49,74 @@ pub struct RunArgs {
     pub detach: Option<u64>,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Program and arguments (no shell is added).
     #[arg(required = true, last = true)]
     pub argv: Vec<String>,
+}
+
+/// A job's resource limits (what the host cannot enforce refuses the job).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LimitArgs {
+    /// Memory of all the job's processes together (K, M, G suffixes:
+    /// 1024-based); past it a process of the job is OOM-killed.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// Processes (and threads) of the job at once; a fork past it fails.
+    #[arg(long, value_name = "N")]
+    pub processes: Option<u64>,
+    /// CPU time per second of wall time, in cores (0.5: half a core).
+    #[arg(long, value_name = "CORES", value_parser = parse_cpus)]
+    pub cpus: Option<u64>,
+}
+
+impl LimitArgs {
+    /// `process/start`'s `limits`, if any flag was given.
+    pub fn limits(&self) -> Option<executor_client::protocol::types::process::JobLimits> {
+        let l = executor_client::protocol::types::process::JobLimits {
+            memory_bytes: self.memory,
+            processes: self.processes,
+            cpu_millis_per_sec: self.cpus,
+            required: None,
+        };
+        (l != Default::default()).then_some(l)
+    }
+}
+
+/// `64M`, `1G`, `4096`: bytes (1024-based suffixes K, M, G, T).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{s:?}: a size is a number with K, M, G or T")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: a size is a number with K, M, G or T"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// `0.5` cores: 500 ms of CPU per second.
+fn parse_cpus(s: &str) -> Result<u64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?}: cores are a number (0.5, 2)"))?;
+    if !(v.is_finite() && v > 0.0 && v <= 4096.0) {
+        return Err(format!("{s:?}: cores are above 0 and at most 4096"));
+    }
+    Ok((v * 1000.0).round() as u64)
 }
 
 impl RunArgs {
@@ -75,6 +140,7 @@ impl RunArgs {
         let mut params = ProcessStartParams::new(self.argv.clone(), cwd.as_str(), env);
         params.env_base = env_base;
         params.sandbox = self.sandbox.intent(&cwd)?;
+        params.limits = self.limits.limits();
         // The agent runs no login shell for a sandboxed job (its dotfiles
         // would run unconfined): start from the agent's own environment
         // instead.
@@ -318,6 +384,7 @@ async fn pump(
     let status = proc
         .exit_status()
         .with_context(|| format!("{} ended without an exit status", proc.id()))?;
+    report_usage(proc.id(), &status);
     if status.sandbox_denied {
         say!(
             "executor-client: the sandbox denied {} something (its exit status: {})",
@@ -489,5 +556,54 @@ impl Job {
             cols: size.cols,
         };
         self.call(methods::PROCESS_RESIZE, &params).await
+    }
+}
+
+/// The job's account, at `-v`; and on stderr always, the limit that ended
+/// it (an OOM kill's SIGKILL alone would not say why).
+fn report_usage(id: &str, status: &executor_client::ExitStatus) {
+    use executor_client::protocol::types::process::LimitHit;
+    if let Some(u) = &status.usage {
+        let ms =
+            |us: Option<u64>| us.map_or("-".to_string(), |v| format!("{:.3}s", v as f64 / 1e6));
+        let mib = u.peak_memory_bytes.map_or("-".to_string(), |b| {
+            format!("{:.1} MiB", b as f64 / 1048576.0)
+        });
+        let peak = u.processes_peak.map_or("-".to_string(), |p| p.to_string());
+        tracing::info!(
+            process_id = id,
+            "usage: cpu {} user {} system, peak memory {mib}, peak processes {peak}",
+            ms(u.cpu_user_us),
+            ms(u.cpu_system_us),
+        );
+    }
+    match status.limit_hit {
+        Some(LimitHit::Memory) => say!(
+            "executor-client: {id} ran out of its memory limit (--memory): the kernel killed it (exit status {})",
+            status.shell_code()
+        ),
+        Some(LimitHit::Processes) => say!(
+            "executor-client: {id} reached its processes limit (--processes): a fork of it failed"
+        ),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_cores_parse() {
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("12Q").unwrap_err().contains("12Q"));
+        assert!(parse_size("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
+        assert_eq!(parse_cpus("0.5"), Ok(500));
+        assert!(parse_cpus("-1").is_err());
+        assert!(parse_cpus("nan").is_err());
     }
 }

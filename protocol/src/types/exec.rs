@@ -44,6 +44,9 @@ pub struct ExecCommandParams {
     /// What `env` is applied on top of (as in `process/start`).
     #[serde(default, skip_serializing_if = "super::process::EnvBase::is_none")]
     pub env_base: super::process::EnvBase,
+    /// The job's resource limits (as in `process/start`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<super::process::JobLimits>,
 }
 
 impl std::fmt::Debug for ExecCommandParams {
@@ -89,4 +92,12 @@ pub struct ExecResult {
     /// With egress by name: where the job's proxy listens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::types::network::EgressInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits_degraded: Option<Vec<String>>,
+    /// When the command ended within the call: its account, and the limit
+    /// it ran into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<super::process::JobUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_hit: Option<super::process::LimitHit>,
 }

@@ -82,6 +82,59 @@ pub struct ProcessStartParams {
     /// start's result; 1..=128 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The job's resource limits (docs/PROTOCOL.md §3.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<JobLimits>,
+}
+
+/// A job's resource limits: each optional; the profile's and the agent's
+/// defaults fill in what a request leaves out, and a request may only
+/// narrow the profile's (docs/PROTOCOL.md §3.1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobLimits {
+    /// Memory of all the job's processes together (an OOM kill past it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// Processes (and threads) of the job at once: a fork past it fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
+    /// CPU time per second of wall time, in milliseconds (1000: one core).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis_per_sec: Option<u64>,
+    /// Default `true`: a limit of the request this host cannot enforce
+    /// refuses the start (`sandbox_unavailable`); `false`: the job runs
+    /// and `limits_degraded` says what was not enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<bool>,
+}
+
+/// What a job used (`process/exited`, `process/list`, `process/read`):
+/// each part present where this host accounts for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobUsage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_user_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_system_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes_peak: Option<u64>,
+    /// `process/list` of a running job: its memory and processes now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
+}
+
+crate::wire_enum! {
+    /// The limit a job ran into: `memory` (a process of it was OOM-killed),
+    /// `processes` (a fork of it failed at the limit).
+    pub enum LimitHit {
+        Memory = "memory",
+        Processes = "processes",
+    }
 }
 
 impl std::fmt::Debug for ProcessStartParams {
@@ -97,6 +150,7 @@ impl std::fmt::Debug for ProcessStartParams {
             .field("tag", &self.tag)
             .field("env_base", &self.env_base)
             .field("idempotency_key", &self.idempotency_key)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -118,6 +172,7 @@ impl ProcessStartParams {
             tag: None,
             env_base: EnvBase::None,
             idempotency_key: None,
+            limits: None,
         }
     }
 
@@ -138,6 +193,10 @@ pub struct ProcessStartResult {
     /// With egress by name: where the job's proxy listens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::types::network::EgressInfo>,
+    /// What of the job's limits is not enforced as asked (only with
+    /// `limits.required: false`, or for the agent's own defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits_degraded: Option<Vec<String>>,
 }
 
 crate::wire_enum! {
@@ -171,6 +230,10 @@ pub struct ProcessExited {
     pub final_seq: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_denied: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<JobUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_hit: Option<LimitHit>,
 }
 
 /// `process/lagged` notification.
@@ -204,6 +267,10 @@ pub struct ExitInfo {
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<JobUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_hit: Option<LimitHit>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,6 +334,9 @@ pub struct ProcessInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
     pub running: bool,
+    /// Its account: now while it runs, final once it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<JobUsage>,
 }
 
 /// `process/list` params: none.

@@ -1,0 +1,277 @@
+//! A job's resource limits (docs/PROTOCOL.md §3.1): resolved from the
+//! request, the profile's (defaults a request may only narrow) and the
+//! agent's defaults; enforced by a cgroup per job
+//! ([`executor_sandbox::cgroup`]) where the agent has one, else by rlimits
+//! where they can stand in, else refused (`required`) or reported in
+//! `limits_degraded`. At the job's end its cgroup is killed whole, its
+//! account read, and its directories removed.
+//!
+//! Uses the sandbox crate's cgroup module and the protocol's types; the
+//! process module calls it around a start and at a job's end.
+
+use executor_protocol::types::process::{JobLimits, JobUsage, LimitHit};
+use executor_protocol::{ErrorCode, WireError};
+use executor_sandbox::cgroup::{Cgroups, Controller, JobCgroup, Limits};
+use executor_sandbox::spec::Rlimits;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, OnceLock};
+
+static CGROUPS: OnceLock<Cgroups> = OnceLock::new();
+
+/// Find and prepare this agent's cgroups (sweeping what dead agents left).
+/// Call it single-threaded, before the spawner starts (see
+/// [`Cgroups::setup`]).
+pub fn setup() {
+    let cg = CGROUPS.get_or_init(Cgroups::setup);
+    for n in &cg.notes {
+        tracing::info!(note = %n, "a cgroup hierarchy is not used for jobs");
+    }
+}
+
+/// Removes this agent's own cgroup directories when dropped (at the end of
+/// `main`).
+#[derive(Debug)]
+pub struct Teardown;
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if let Some(cg) = CGROUPS.get() {
+            cg.remove_own();
+        }
+    }
+}
+
+fn cgroups() -> &'static Cgroups {
+    CGROUPS.get_or_init(Cgroups::default)
+}
+
+/// `initialize.sandbox.mechanisms` entries: the cgroup hierarchies in use,
+/// and `rlimit` (the fallback, always there).
+pub fn mechanisms() -> Vec<String> {
+    let mut m: Vec<String> = cgroups()
+        .mechanisms()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    m.push("rlimit".into());
+    m
+}
+
+/// Smallest values a request may give: below them nothing runs at all
+/// (a process needs a few MiB; the CPU quota's granularity is 1 ms per
+/// 100 ms period).
+const MIN_MEMORY_BYTES: u64 = 4 << 20;
+const MIN_CPU_MILLIS: u64 = 10;
+
+/// A job's limits once resolved, and whether each came from the request
+/// or profile (enforced or refused) or from the agent's defaults (enforced
+/// where possible, else reported).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resolved {
+    pub limits: Limits,
+    /// Per field (memory, processes, cpu): asked for by the request or the
+    /// profile.
+    asked: [bool; 3],
+    required: bool,
+}
+
+/// Resolve a request's `limits` (field `param`) against the profile's and
+/// the agent's defaults. A request value above the profile's is refused
+/// (`policy_denied` naming the field); a bad value is `invalid_params`.
+pub fn resolve(
+    request: Option<&JobLimits>,
+    profile: &JobLimits,
+    profile_name: Option<&str>,
+    param: &str,
+) -> Result<Resolved, WireError> {
+    let defaults = executor_protocol::limits::Limits::default().job;
+    let req = request.copied().unwrap_or_default();
+    let who = profile_name.unwrap_or("(default)");
+    // The configuration's value where it differs from the built-in
+    // default: a cap that is required; the built-in default is a cap too,
+    // but one a host without the means to enforce it reports instead.
+    let configured = |v: Option<u64>, d: Option<u64>| v.filter(|_| v != d);
+    let field = |name: &str,
+                 asked: Option<u64>,
+                 cap: Option<u64>,
+                 default: Option<u64>,
+                 min: u64|
+     -> Result<(Option<u64>, bool), WireError> {
+        if let Some(v) = asked {
+            if v < min {
+                return Err(WireError::invalid_params(
+                    &format!("{param}.{name}"),
+                    format!("{param}.{name} is {v}; the least this agent runs a job with is {min}"),
+                ));
+            }
+            if let Some(c) = cap.filter(|c| v > *c) {
+                return Err(WireError::new(
+                    ErrorCode::PolicyDenied,
+                    format!("{param}.{name} is {v}, above profile {who}'s limits.{name} of {c}; a request may only narrow it"),
+                )
+                .with("field", format!("{param}.{name}")));
+            }
+            return Ok((Some(v), true));
+        }
+        Ok(match configured(cap, default) {
+            Some(c) => (Some(c), true),
+            None => (cap.or(default), false),
+        })
+    };
+    let (memory_bytes, m) = field(
+        "memory_bytes",
+        req.memory_bytes,
+        profile.memory_bytes,
+        defaults.memory_bytes,
+        MIN_MEMORY_BYTES,
+    )?;
+    let (processes, p) = field(
+        "processes",
+        req.processes,
+        profile.processes,
+        defaults.processes,
+        1,
+    )?;
+    let (cpu_millis_per_sec, c) = field(
+        "cpu_millis_per_sec",
+        req.cpu_millis_per_sec,
+        profile.cpu_millis_per_sec,
+        defaults.cpu_millis_per_sec,
+        MIN_CPU_MILLIS,
+    )?;
+    Ok(Resolved {
+        limits: Limits {
+            memory_bytes,
+            processes,
+            cpu_millis_per_sec,
+        },
+        asked: [m, p, c],
+        required: req.required.unwrap_or(true),
+    })
+}
+
+/// What a start needs of its limits: the job's cgroup (its `cgroup.procs`
+/// for the supervisor to join), the rlimits standing in where there is no
+/// cgroup, and what is not enforced.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    pub cgroup: Option<Arc<JobCgroup>>,
+    pub procs: Vec<OwnedFd>,
+    pub rlimits: Rlimits,
+    pub degraded: Option<Vec<String>>,
+}
+
+/// Job cgroups made by this agent (their directories' names).
+static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Make a job's cgroup (or its fallback) for `r`. `sandboxed`: the job
+/// has its own user namespace (where `RLIMIT_NPROC` counts it alone) and
+/// an init (one more process of its own).
+pub fn prepare(r: &Resolved, sandboxed: bool, param: &str) -> Result<Prepared, WireError> {
+    let cg = cgroups();
+    let mut out = Prepared::default();
+    if cg.usable() {
+        let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("job-{n}");
+        let overhead = 1 + u64::from(sandboxed);
+        let job = cg.create_job(&id, &r.limits, overhead).map_err(|e| {
+            WireError::new(
+                ErrorCode::Io,
+                format!("cannot make the job's cgroup: {e}; nothing was run"),
+            )
+        })?;
+        out.procs = job.procs().map_err(|e| {
+            WireError::new(
+                ErrorCode::Io,
+                format!("cannot open the job's cgroup.procs: {e}; nothing was run"),
+            )
+        })?;
+        out.cgroup = Some(Arc::new(job));
+    }
+    let mut degraded = Vec::new();
+    let mut refused = None;
+    let mut short = |i: usize, name: &str, why: String| {
+        let asked = r.asked[i];
+        if asked && r.required && refused.is_none() {
+            refused = Some(format!("{param}.{name}: {why}"));
+        }
+        let origin = if asked { "" } else { " (the agent's default)" };
+        degraded.push(format!("{param}.{name}{origin}: {why}"));
+    };
+    if let Some(m) = r.limits.memory_bytes {
+        if !cg.has(Controller::Memory) {
+            out.rlimits.address_space = Some(m);
+            short(
+                0,
+                "memory_bytes",
+                "no memory cgroup here: each process's address space is bounded (RLIMIT_AS), not the job's total".into(),
+            );
+        }
+    }
+    if let Some(n) = r.limits.processes {
+        if !cg.has(Controller::Pids) {
+            if sandboxed {
+                // Counted in the job's own user namespace: the job alone.
+                out.rlimits.processes = Some(n);
+            } else {
+                short(
+                    1,
+                    "processes",
+                    "no pids cgroup here, and an unsandboxed job shares its user's process count"
+                        .into(),
+                );
+            }
+        }
+    }
+    if r.limits.cpu_millis_per_sec.is_some() && !cg.has(Controller::Cpu) {
+        short(2, "cpu_millis_per_sec", "no cpu cgroup here".into());
+    }
+    if let Some(why) = refused {
+        return Err(WireError::new(
+            ErrorCode::SandboxUnavailable,
+            format!("{why}; nothing was run (limits.required: false runs it with what this host enforces)"),
+        ));
+    }
+    out.degraded = (!degraded.is_empty()).then_some(degraded);
+    Ok(out)
+}
+
+/// The protocol's view of an account.
+pub fn usage_of(u: &executor_sandbox::cgroup::Usage) -> JobUsage {
+    JobUsage {
+        cpu_user_us: u.cpu_user_us,
+        cpu_system_us: u.cpu_system_us,
+        peak_memory_bytes: u.peak_memory_bytes,
+        processes_peak: u.processes_peak,
+        memory_bytes: None,
+        processes: None,
+    }
+}
+
+/// A running job's account for `process/list`.
+pub fn current(cg: &JobCgroup) -> JobUsage {
+    let u = cg.usage();
+    JobUsage {
+        memory_bytes: u.memory_bytes,
+        processes: u.processes,
+        ..usage_of(&u)
+    }
+}
+
+/// End a job's cgroup (blocking: on a blocking thread): kill what is left,
+/// read the account, remove it. The limit it hit: memory for an OOM kill,
+/// processes for a fork refused at the limit.
+pub fn end(id: &str, cg: &JobCgroup) -> (JobUsage, Option<LimitHit>) {
+    let (u, result) = cg.end();
+    if let Err(e) = result {
+        tracing::warn!(process_id = id, error = %e, "cannot end the job's cgroup whole; the next agent start sweeps it");
+    }
+    let hit = if u.oom_killed {
+        Some(LimitHit::Memory)
+    } else if u.processes_limited {
+        Some(LimitHit::Processes)
+    } else {
+        None
+    };
+    (usage_of(&u), hit)
+}

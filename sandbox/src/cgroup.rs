@@ -1,0 +1,947 @@
+//! A cgroup per job: its limits (memory, processes, CPU), its account
+//! (CPU time, peak memory, peak processes, which limit it hit) and its end
+//! (every process in it killed, whoever its parent).
+//!
+//! The agent finds its own cgroup in each hierarchy ([`locate`], from
+//! `/proc/self/mountinfo` and `/proc/self/cgroup`): the unified (v2)
+//! hierarchy, and the v1 hierarchies of the `memory`, `pids`, `cpu` and
+//! `cpuacct` controllers where a hybrid host still mounts them. Where its
+//! cgroup is writable (root, or a subtree delegated to its user) it makes
+//! a directory of its own there, `executor-PID-START` (its pid and start
+//! time, so that [`Cgroups::setup`] at the next start can tell a dead
+//! agent's directory from a live one's and sweep it), and one directory per
+//! job below it. A controller found in neither hierarchy is not enforced
+//! here (the agent falls back to rlimits and says so). The agent never
+//! writes its own cgroup's limits, only its children's; on v2 it may move
+//! itself into a leaf of its own cgroup so that controllers can be enabled
+//! for its children (the "no internal processes" rule), as rootless
+//! container runtimes do.
+//!
+//! The job's supervisor joins the job's cgroups before anything of the job
+//! runs, by writing `0` into the `cgroup.procs` descriptors the agent
+//! opened ([`JobCgroup::procs`]); everything the job forks inherits them.
+//! At the job's end the agent kills what is left ([`JobCgroup::kill`]:
+//! `cgroup.kill` on v2, else the processes listed, their `pids.max` set to
+//! 0 first so that none is added meanwhile), reads the account and removes
+//! the directories.
+//!
+//! Plain file operations on cgroupfs: no `unsafe`. Depends on `libc`/`nix`
+//! only.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The controllers a job's limits and account use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Controller {
+    Memory,
+    Pids,
+    Cpu,
+    /// v1 only: the CPU account (on v2 `cpu.stat` is always there).
+    Cpuacct,
+}
+
+impl Controller {
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+            Controller::Cpuacct => "cpuacct",
+        }
+    }
+
+    const ALL: [Controller; 4] = [
+        Controller::Memory,
+        Controller::Pids,
+        Controller::Cpu,
+        Controller::Cpuacct,
+    ];
+}
+
+/// One line of `/proc/self/mountinfo` that mounts a cgroup hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupMount {
+    /// The hierarchy's directory shown at the mount point.
+    pub root: String,
+    pub mount_point: PathBuf,
+    /// `None`: the unified (v2) hierarchy; else the v1 hierarchy's
+    /// controllers (and `name=` entries).
+    pub v1: Option<Vec<String>>,
+}
+
+/// The controllers a v1 mount's options can name (the rest of its
+/// options, as `clone_children` or `release_agent=`, are not controllers).
+const V1_CONTROLLERS: [&str; 14] = [
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "devices",
+    "freezer",
+    "net_cls",
+    "net_prio",
+    "blkio",
+    "perf_event",
+    "hugetlb",
+    "pids",
+    "rdma",
+    "misc",
+];
+
+/// Unescape mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let digits = std::str::from_utf8(&b[i + 1..i + 4]).ok();
+            if let Some(v) = digits.and_then(|d| u8::from_str_radix(d, 8).ok()) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The cgroup mounts of a `/proc/self/mountinfo` text.
+pub fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let pre: Vec<&str> = pre.split(' ').collect();
+        let post: Vec<&str> = post.split(' ').collect();
+        if pre.len() < 5 || post.len() < 3 {
+            continue;
+        }
+        let (root, mount_point) = (unescape(pre[3]), PathBuf::from(unescape(pre[4])));
+        match post[0] {
+            "cgroup2" => out.push(CgroupMount {
+                root,
+                mount_point,
+                v1: None,
+            }),
+            "cgroup" => {
+                let ctl = post[2]
+                    .split(',')
+                    .filter(|o| V1_CONTROLLERS.contains(o) || o.starts_with("name="))
+                    .map(str::to_owned)
+                    .collect();
+                out.push(CgroupMount {
+                    root,
+                    mount_point,
+                    v1: Some(ctl),
+                })
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One line of `/proc/self/cgroup`: the controllers (empty for v2) and the
+/// process's path in that hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub controllers: Vec<String>,
+    pub path: String,
+    pub unified: bool,
+}
+
+/// The lines of a `/proc/self/cgroup` text.
+pub fn parse_proc_cgroup(text: &str) -> Vec<Membership> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (id, ctl, path) = (it.next()?, it.next()?, it.next()?);
+            Some(Membership {
+                controllers: ctl
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                path: path.to_owned(),
+                unified: id == "0" && ctl.is_empty(),
+            })
+        })
+        .collect()
+}
+
+/// Where this process's cgroup directories are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Located {
+    /// Its directory in the unified hierarchy.
+    pub v2: Option<PathBuf>,
+    /// Its directory in the v1 hierarchy of each controller (two
+    /// controllers may share one, as `cpu,cpuacct`).
+    pub v1: BTreeMap<Controller, PathBuf>,
+}
+
+/// The directory of `path` (a process's path in a hierarchy) under a mount
+/// of that hierarchy whose root is `root`; `None` when the mount does not
+/// show it (a container's mount of another subtree).
+fn under_mount(m: &CgroupMount, path: &str) -> Option<PathBuf> {
+    let rel = if m.root == "/" {
+        path.strip_prefix('/')?
+    } else {
+        let rest = path.strip_prefix(m.root.as_str())?;
+        if !(rest.is_empty() || rest.starts_with('/')) {
+            return None;
+        }
+        rest.trim_start_matches('/')
+    };
+    if rel.split('/').any(|c| c == "..") {
+        return None;
+    }
+    Some(if rel.is_empty() {
+        m.mount_point.clone()
+    } else {
+        m.mount_point.join(rel)
+    })
+}
+
+/// Pair the mounts with the process's memberships.
+pub fn locate(mounts: &[CgroupMount], member: &[Membership]) -> Located {
+    let mut out = Located::default();
+    for m in mounts {
+        match &m.v1 {
+            None => {
+                if out.v2.is_some() {
+                    continue;
+                }
+                if let Some(me) = member.iter().find(|x| x.unified) {
+                    out.v2 = under_mount(m, &me.path);
+                }
+            }
+            Some(ctl) => {
+                let mut mine: Vec<&String> = ctl.iter().collect();
+                mine.sort();
+                let Some(me) = member.iter().find(|x| {
+                    let mut c: Vec<&String> = x.controllers.iter().collect();
+                    c.sort();
+                    !x.unified && c == mine
+                }) else {
+                    continue;
+                };
+                let Some(dir) = under_mount(m, &me.path) else {
+                    continue;
+                };
+                for c in Controller::ALL {
+                    if ctl.iter().any(|x| x == c.name()) {
+                        out.v1.entry(c).or_insert_with(|| dir.clone());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What the agent's probe found: the directories its jobs' cgroups go in.
+#[derive(Debug, Clone, Default)]
+pub struct Cgroups {
+    /// The agent's own directory in the unified hierarchy, and the
+    /// controllers enabled for its children there.
+    v2: Option<(PathBuf, Vec<Controller>)>,
+    /// The agent's own directory in each v1 hierarchy it uses (only for
+    /// controllers v2 does not give).
+    v1: BTreeMap<Controller, PathBuf>,
+    /// Why a hierarchy is not used (for the agent's log).
+    pub notes: Vec<String>,
+}
+
+/// A process's start time in clock ticks since boot (field 22 of
+/// `/proc/PID/stat`), `None` if it is gone or a zombie (dead, not yet
+/// reaped by its parent).
+fn start_time(pid: i32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command (field 2) may hold spaces and parentheses: after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// The name of this agent's own directory in each hierarchy.
+fn agent_dir_name() -> String {
+    let pid = std::process::id() as i32;
+    format!("executor-{pid}-{}", start_time(pid).unwrap_or(0))
+}
+
+/// Whether an `executor-PID-START` directory belongs to a live agent.
+fn owner_alive(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("executor-") else {
+        return true;
+    };
+    let Some((pid, start)) = rest.split_once('-') else {
+        return true;
+    };
+    let (Ok(pid), Ok(start)) = (pid.parse::<i32>(), start.parse::<u64>()) else {
+        return true;
+    };
+    start_time(pid) == Some(start)
+}
+
+fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(value.as_bytes())
+}
+
+/// Kill everything in the cgroup directories `dirs` (all of one job) and
+/// remove them, deepest first. Bounded: gives up after `within`.
+fn kill_and_remove(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()> {
+    kill_all(v2, v1, within)?;
+    let deadline = Instant::now() + within;
+    for d in v2.into_iter().chain(v1.iter().copied()) {
+        remove_dir_retrying(d, deadline)?;
+    }
+    Ok(())
+}
+
+/// `rmdir` retried while the last processes are being reaped (`EBUSY`).
+fn remove_dir_retrying(d: &Path, deadline: Instant) -> io::Result<()> {
+    loop {
+        match fs::remove_dir(d) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", d.display()))),
+        }
+    }
+}
+
+/// The pids listed in a `cgroup.procs`.
+fn procs(dir: &Path) -> io::Result<Vec<i32>> {
+    Ok(fs::read_to_string(dir.join("cgroup.procs"))?
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect())
+}
+
+/// Kill every process of a job's cgroup: `cgroup.kill` where v2 has it;
+/// else, with `pids.max` at 0 (nothing new can fork), SIGKILL whatever is
+/// listed until nothing is.
+fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()> {
+    if let Some(d) = v2 {
+        match write_file(&d.join("cgroup.kill"), "1") {
+            Ok(()) => return wait_empty(d, within),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let Some(listed) = v2.or_else(|| v1.first().copied()) else {
+        return Ok(());
+    };
+    for d in v1 {
+        // Only the pids hierarchy has it; elsewhere the write fails.
+        let _ = write_file(&d.join("pids.max"), "0");
+    }
+    let deadline = Instant::now() + within;
+    loop {
+        let pids = procs(listed)?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for p in pids {
+            // A pid read here may have exited and been reused by the time
+            // it is signalled; with pids.max at 0 nothing in the job can
+            // fork, and the agent's own processes are never in the job's
+            // cgroup: the risk is a process of another cgroup that reused
+            // the number in those microseconds. Checked again just before.
+            if procs(listed)?.contains(&p) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{}: processes left after SIGKILL", listed.display()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Wait until a v2 cgroup has no process left.
+fn wait_empty(d: &Path, within: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + within;
+    while !procs(d)?.is_empty() {
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{}: processes left after cgroup.kill", d.display()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// Remove what dead agents left in `own` (a directory of this user's, in
+/// one hierarchy): their `executor-PID-START` directories and the jobs in
+/// them, killing what still runs there. Returns what was removed.
+fn sweep(own: &Path, unified: bool) -> Vec<PathBuf> {
+    let mut gone = Vec::new();
+    let Ok(entries) = fs::read_dir(own) else {
+        return gone;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("executor-") || owner_alive(&name) {
+            continue;
+        }
+        let dir = e.path();
+        let jobs: Vec<PathBuf> = fs::read_dir(&dir)
+            .map(|r| {
+                r.flatten()
+                    .filter(|j| j.path().is_dir())
+                    .map(|j| j.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for j in jobs {
+            let r = if unified {
+                kill_and_remove(Some(&j), &[], Duration::from_secs(2))
+            } else {
+                kill_and_remove(None, &[&j], Duration::from_secs(2))
+            };
+            if r.is_ok() {
+                gone.push(j);
+            }
+        }
+        if remove_dir_retrying(&dir, Instant::now() + Duration::from_secs(1)).is_ok() {
+            gone.push(dir);
+        }
+    }
+    gone
+}
+
+impl Cgroups {
+    /// Find this agent's cgroups, sweep what dead agents left there, and
+    /// make its own directory in each usable hierarchy. Call it while the
+    /// process is single-threaded and before the spawner starts (on v2 it
+    /// may move this process into a leaf, and the spawner must follow).
+    pub fn setup() -> Cgroups {
+        let read = |p| fs::read_to_string(p).unwrap_or_default();
+        let located = locate(
+            &parse_mountinfo(&read("/proc/self/mountinfo")),
+            &parse_proc_cgroup(&read("/proc/self/cgroup")),
+        );
+        Cgroups::setup_in(located)
+    }
+
+    fn setup_in(located: Located) -> Cgroups {
+        let mut cg = Cgroups::default();
+        let name = agent_dir_name();
+        if let Some(own) = located.v2 {
+            match setup_v2(&own, &name) {
+                Ok(enabled) => {
+                    sweep(&own, true);
+                    cg.v2 = Some((own.join(&name), enabled));
+                }
+                Err(e) => cg.notes.push(format!("cgroup v2 {}: {e}", own.display())),
+            }
+        }
+        let on_v2: Vec<Controller> = cg.v2.as_ref().map(|v| v.1.clone()).unwrap_or_default();
+        let mut made: BTreeMap<PathBuf, bool> = BTreeMap::new();
+        for (c, own) in located.v1 {
+            // On v2 `cpu.stat` gives the CPU account: no cpuacct needed.
+            let covered = on_v2.contains(&c) || (c == Controller::Cpuacct && cg.v2.is_some());
+            if covered {
+                continue;
+            }
+            let ok = *made.entry(own.clone()).or_insert_with(|| {
+                sweep(&own, false);
+                match fs::create_dir(own.join(&name)) {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => true,
+                    Err(e) => {
+                        cg.notes.push(format!("cgroup v1 {}: {e}", own.display()));
+                        false
+                    }
+                }
+            });
+            if ok {
+                cg.v1.insert(c, own.join(&name));
+            }
+        }
+        cg
+    }
+
+    /// What `initialize.sandbox.mechanisms` names: `cgroup_v2` (a job's
+    /// kill and account, and the controllers enabled there), `cgroup_v1`
+    /// (controllers of a hybrid host).
+    pub fn mechanisms(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if self.v2.is_some() {
+            m.push("cgroup_v2");
+        }
+        if !self.v1.is_empty() {
+            m.push("cgroup_v1");
+        }
+        m
+    }
+
+    /// Remove this agent's own directories (at its exit; what jobs left
+    /// there keeps them, and the next agent's sweep removes them).
+    pub fn remove_own(&self) {
+        let dirs = self.v2.iter().map(|v| &v.0).chain(self.v1.values());
+        for d in dirs {
+            let _ = fs::remove_dir(d);
+        }
+    }
+
+    /// Whether a controller is enforced by some hierarchy.
+    pub fn has(&self, c: Controller) -> bool {
+        self.v2.as_ref().is_some_and(|v| v.1.contains(&c)) || self.v1.contains_key(&c)
+    }
+
+    /// Whether any hierarchy is usable (the job then ends whole).
+    pub fn usable(&self) -> bool {
+        self.v2.is_some() || !self.v1.is_empty()
+    }
+
+    /// Make job `id`'s cgroup with these limits. `processes` counts the
+    /// job's own processes: `overhead` (its supervisor, its init) is added.
+    pub fn create_job(&self, id: &str, limits: &Limits, overhead: u64) -> io::Result<JobCgroup> {
+        let mut job = JobCgroup {
+            v2: None,
+            v1: Vec::new(),
+            ended: Default::default(),
+            overhead,
+        };
+        let result = (|| {
+            if let Some((base, enabled)) = &self.v2 {
+                let d = base.join(id);
+                fs::create_dir(&d)?;
+                job.v2 = Some(d.clone());
+                for c in enabled {
+                    apply(&d, *c, true, limits, overhead)?;
+                }
+            }
+            for (c, base) in &self.v1 {
+                // The cpu controller only for a quota (v2's cpu.stat or
+                // cpuacct gives the account).
+                if *c == Controller::Cpu && limits.cpu_millis_per_sec.is_none() {
+                    continue;
+                }
+                let d = base.join(id);
+                if !job.v1.iter().any(|(_, p)| *p == d) {
+                    fs::create_dir(&d)?;
+                }
+                job.v1.push((*c, d.clone()));
+                apply(&d, *c, false, limits, overhead)?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(job),
+            Err(e) => {
+                let _ = job.end();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Enable the controllers a job needs for the children of `own` (its own
+/// v2 directory) and of this agent's directory `name` under it; if `own`
+/// has processes (the no-internal-processes rule refuses), and they are
+/// this agent's alone, move this process into `name/agent` first. Returns
+/// the controllers enabled (may be none: the v2 cgroup still gives the
+/// kill and the CPU account).
+fn setup_v2(own: &Path, name: &str) -> io::Result<Vec<Controller>> {
+    let mine = own.join(name);
+    match fs::create_dir(&mine) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let available = fs::read_to_string(own.join("cgroup.controllers")).unwrap_or_default();
+    let wanted: Vec<Controller> = [Controller::Memory, Controller::Pids, Controller::Cpu]
+        .into_iter()
+        .filter(|c| available.split_whitespace().any(|a| a == c.name()))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(wanted);
+    }
+    let plus: String = wanted.iter().map(|c| format!("+{} ", c.name())).collect();
+    let enable = |d: &Path| write_file(&d.join("cgroup.subtree_control"), plus.trim_end());
+    if let Err(e) = enable(own) {
+        let me = std::process::id() as i32;
+        let alone = procs(own).map(|p| p == [me]).unwrap_or(false);
+        if e.raw_os_error() != Some(libc::EBUSY) || !alone {
+            tracing::debug!(dir = %own.display(), error = %e, "cannot enable controllers for the jobs' cgroups");
+            return Ok(Vec::new());
+        }
+        let leaf = mine.join("agent");
+        let _ = fs::create_dir(&leaf);
+        write_file(&leaf.join("cgroup.procs"), "0")?;
+        if enable(own).is_err() {
+            return Ok(Vec::new());
+        }
+    }
+    if enable(&mine).is_err() {
+        return Ok(Vec::new());
+    }
+    Ok(wanted)
+}
+
+/// A job's limits, as the agent resolved them (request, profile, defaults).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    pub processes: Option<u64>,
+    pub cpu_millis_per_sec: Option<u64>,
+}
+
+/// The CFS period the CPU quota is expressed in: 100 ms.
+const CPU_PERIOD_US: u64 = 100_000;
+
+fn apply(d: &Path, c: Controller, v2: bool, l: &Limits, overhead: u64) -> io::Result<()> {
+    let w = |file: &str, v: String| {
+        write_file(&d.join(file), &v)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", d.join(file).display())))
+    };
+    match c {
+        Controller::Memory => {
+            if let Some(m) = l.memory_bytes {
+                if v2 {
+                    w("memory.max", m.to_string())?;
+                    // No swap past the limit either.
+                    let _ = w("memory.swap.max", "0".into());
+                } else {
+                    w("memory.limit_in_bytes", m.to_string())?;
+                    // Swap accounting may be off (the file is absent).
+                    let _ = w("memory.memsw.limit_in_bytes", m.to_string());
+                }
+            }
+        }
+        Controller::Pids => {
+            if let Some(p) = l.processes {
+                w("pids.max", p.saturating_add(overhead).to_string())?;
+            }
+        }
+        Controller::Cpu => {
+            if let Some(ms) = l.cpu_millis_per_sec {
+                let quota = ms.saturating_mul(CPU_PERIOD_US) / 1000;
+                if v2 {
+                    w("cpu.max", format!("{quota} {CPU_PERIOD_US}"))?;
+                } else {
+                    w("cpu.cfs_period_us", CPU_PERIOD_US.to_string())?;
+                    w("cpu.cfs_quota_us", quota.to_string())?;
+                }
+            }
+        }
+        Controller::Cpuacct => {}
+    }
+    Ok(())
+}
+
+/// One job's cgroup: a directory in the unified hierarchy and/or in v1
+/// hierarchies. Removed by [`JobCgroup::end`] (or on drop, best effort).
+#[derive(Debug, Default)]
+pub struct JobCgroup {
+    v2: Option<PathBuf>,
+    v1: Vec<(Controller, PathBuf)>,
+    /// [`JobCgroup::end`] ran (or a failed create cleaned up).
+    ended: std::sync::atomic::AtomicBool,
+    /// Processes of the agent's in it (the supervisor, an init): not
+    /// counted in the account.
+    overhead: u64,
+}
+
+/// What a job used (`process/exited.usage`); each part `None` where no
+/// hierarchy accounts for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub cpu_user_us: Option<u64>,
+    pub cpu_system_us: Option<u64>,
+    pub peak_memory_bytes: Option<u64>,
+    pub processes_peak: Option<u64>,
+    /// Processes now (for `process/list`).
+    pub processes: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    /// The memory limit killed a process (OOM kill).
+    pub oom_killed: bool,
+    /// A fork failed at the processes limit.
+    pub processes_limited: bool,
+}
+
+/// `key value` lines (cpu.stat, memory.events, pids.events).
+pub fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+impl JobCgroup {
+    /// `cgroup.procs` of each directory, open for writing: the supervisor
+    /// writes `0` in each to join.
+    pub fn procs(&self) -> io::Result<Vec<OwnedFd>> {
+        let mut dirs: Vec<&PathBuf> = self.v2.iter().collect();
+        for (_, d) in &self.v1 {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        dirs.into_iter()
+            .map(|d| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+                    .map(OwnedFd::from)
+            })
+            .collect()
+    }
+
+    fn v1_dir(&self, c: Controller) -> Option<&Path> {
+        self.v1
+            .iter()
+            .find(|(x, _)| *x == c)
+            .map(|(_, d)| d.as_path())
+    }
+
+    /// The account so far.
+    pub fn usage(&self) -> Usage {
+        let mut u = Usage::default();
+        let v2 = self.v2.as_deref();
+        if let Some(d) = v2 {
+            if let Ok(stat) = fs::read_to_string(d.join("cpu.stat")) {
+                u.cpu_user_us = keyed(&stat, "user_usec");
+                u.cpu_system_us = keyed(&stat, "system_usec");
+            }
+            u.peak_memory_bytes = read_u64(&d.join("memory.peak"));
+            u.memory_bytes = read_u64(&d.join("memory.current"));
+            u.processes_peak = read_u64(&d.join("pids.peak"));
+            u.processes = read_u64(&d.join("pids.current"));
+            if let Ok(ev) = fs::read_to_string(d.join("memory.events")) {
+                u.oom_killed |= keyed(&ev, "oom_kill").unwrap_or(0) > 0;
+            }
+            if let Ok(ev) = fs::read_to_string(d.join("pids.events")) {
+                u.processes_limited |= keyed(&ev, "max").unwrap_or(0) > 0;
+            }
+        }
+        if let Some(d) = self
+            .v1_dir(Controller::Cpuacct)
+            .filter(|_| u.cpu_user_us.is_none())
+        {
+            u.cpu_user_us = read_u64(&d.join("cpuacct.usage_user")).map(|ns| ns / 1000);
+            u.cpu_system_us = read_u64(&d.join("cpuacct.usage_sys")).map(|ns| ns / 1000);
+        }
+        if let Some(d) = self.v1_dir(Controller::Memory) {
+            u.peak_memory_bytes = read_u64(&d.join("memory.max_usage_in_bytes"));
+            u.memory_bytes = read_u64(&d.join("memory.usage_in_bytes"));
+            if let Ok(oc) = fs::read_to_string(d.join("memory.oom_control")) {
+                u.oom_killed |= keyed(&oc, "oom_kill").unwrap_or(0) > 0;
+            }
+        }
+        if let Some(d) = self.v1_dir(Controller::Pids) {
+            u.processes_peak = read_u64(&d.join("pids.peak")).or(u.processes_peak);
+            u.processes = read_u64(&d.join("pids.current"));
+            if let Ok(ev) = fs::read_to_string(d.join("pids.events")) {
+                u.processes_limited |= keyed(&ev, "max").unwrap_or(0) > 0;
+            }
+        }
+        // The job's own: the supervisor (and an init) are the agent's.
+        u.processes_peak = u.processes_peak.map(|p| p.saturating_sub(self.overhead));
+        u.processes = u.processes.map(|p| p.saturating_sub(self.overhead));
+        u
+    }
+
+    /// Kill whatever of the job is left (every process in its cgroup,
+    /// re-parented or not).
+    pub fn kill(&self) -> io::Result<()> {
+        let v1: Vec<&Path> = self.v1.iter().map(|(_, d)| d.as_path()).collect();
+        kill_all(self.v2.as_deref(), &v1, Duration::from_secs(5))
+    }
+
+    /// Kill what is left, read the account, remove the directories (once:
+    /// a second call finds nothing and accounts nothing).
+    pub fn end(&self) -> (Usage, io::Result<()>) {
+        if self.ended.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return (Usage::default(), Ok(()));
+        }
+        let killed = self.kill();
+        let usage = self.usage();
+        let removed = self.remove();
+        (usage, killed.and(removed))
+    }
+
+    fn remove(&self) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut first = Ok(());
+        let mut dirs: Vec<&PathBuf> = self.v2.iter().collect();
+        for (_, d) in &self.v1 {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        for d in dirs {
+            if let Err(e) = remove_dir_retrying(d, deadline) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Drop for JobCgroup {
+    fn drop(&mut self) {
+        let _ = self.end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Recorded on a hybrid host (this project's CI machine: v1 controllers,
+    // an empty unified hierarchy, the memory cgroup a container's subtree).
+    const HYBRID_MOUNTINFO: &str = "\
+1390 1389 0:77 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - tmpfs tmpfs rw,mode=755
+1391 1390 0:78 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+1392 1390 0:79 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+1393 1390 0:80 /process_api /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+1394 1390 0:81 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+1395 1390 0:82 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+1396 1390 0:83 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+    const HYBRID_CGROUP: &str = "\
+9:name=systemd:/
+8:pids:/
+4:memory:/process_api/171c
+2:cpuacct:/
+1:cpu:/
+0::/
+";
+    // A systemd host with the unified hierarchy only, the agent in a
+    // user's session scope.
+    const UNIFIED_MOUNTINFO: &str = "\
+35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+";
+    const UNIFIED_CGROUP: &str = "0::/user.slice/user-1000.slice/session-3.scope\n";
+    // A CentOS 7 style host: cpu and cpuacct mounted together.
+    const CO_MOUNTED: &str = "\
+25 18 0:22 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpuacct,cpu
+26 18 0:23 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+";
+    const CO_MOUNTED_CGROUP: &str = "3:cpuacct,cpu:/user.slice\n2:pids:/user.slice\n";
+
+    #[test]
+    fn a_hybrid_host_is_located_controller_by_controller() {
+        let l = locate(
+            &parse_mountinfo(HYBRID_MOUNTINFO),
+            &parse_proc_cgroup(HYBRID_CGROUP),
+        );
+        assert_eq!(l.v2, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            l.v1.get(&Controller::Memory),
+            Some(&PathBuf::from("/sys/fs/cgroup/memory/171c"))
+        );
+        assert_eq!(
+            l.v1.get(&Controller::Pids),
+            Some(&PathBuf::from("/sys/fs/cgroup/pids"))
+        );
+        assert_eq!(
+            l.v1.get(&Controller::Cpuacct),
+            Some(&PathBuf::from("/sys/fs/cgroup/cpuacct"))
+        );
+    }
+
+    #[test]
+    fn a_unified_host_and_a_co_mounted_one() {
+        let l = locate(
+            &parse_mountinfo(UNIFIED_MOUNTINFO),
+            &parse_proc_cgroup(UNIFIED_CGROUP),
+        );
+        assert_eq!(
+            l.v2,
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope"
+            ))
+        );
+        assert!(l.v1.is_empty());
+        let l = locate(
+            &parse_mountinfo(CO_MOUNTED),
+            &parse_proc_cgroup(CO_MOUNTED_CGROUP),
+        );
+        let cpu = PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/user.slice");
+        assert_eq!(l.v1.get(&Controller::Cpu), Some(&cpu));
+        assert_eq!(l.v1.get(&Controller::Cpuacct), Some(&cpu));
+        assert_eq!(l.v2, None);
+    }
+
+    #[test]
+    fn a_path_the_mount_does_not_show_is_not_used() {
+        let m =
+            parse_mountinfo("1 0 0:1 /other /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n");
+        let l = locate(&m, &parse_proc_cgroup("4:memory:/process_api/x\n"));
+        assert!(l.v1.is_empty());
+        let l = locate(&m, &parse_proc_cgroup("4:memory:/otherwise\n"));
+        assert!(
+            l.v1.is_empty(),
+            "a sibling with the root as prefix is not under it"
+        );
+        let l = locate(&m, &parse_proc_cgroup("4:memory:/other/../../etc\n"));
+        assert!(l.v1.is_empty());
+    }
+
+    #[test]
+    fn escaped_mount_points_are_unescaped() {
+        let m = parse_mountinfo("1 0 0:1 / /sys/fs/cgroup/my\\040dir rw - cgroup2 cgroup2 rw\n");
+        assert_eq!(m[0].mount_point, PathBuf::from("/sys/fs/cgroup/my dir"));
+    }
+
+    #[test]
+    fn keyed_files_parse() {
+        // Recorded cpu.stat (v2), memory.events, pids.events, oom_control.
+        let cpu = "usage_usec 1520\nuser_usec 1000\nsystem_usec 520\nnr_periods 0\n";
+        assert_eq!(keyed(cpu, "user_usec"), Some(1000));
+        assert_eq!(keyed(cpu, "system_usec"), Some(520));
+        let ev = "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(keyed(ev, "oom_kill"), Some(1));
+        assert_eq!(keyed("max 3\n", "max"), Some(3));
+        let oc = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+        assert_eq!(keyed(oc, "oom_kill"), Some(2));
+        assert_eq!(keyed(oc, "absent"), None);
+    }
+
+    #[test]
+    fn the_agent_directory_names_a_live_agent() {
+        let mine = agent_dir_name();
+        assert!(owner_alive(&mine), "{mine}");
+        assert!(!owner_alive("executor-999999999-1"));
+        let me = std::process::id();
+        assert!(
+            !owner_alive(&format!("executor-{me}-1")),
+            "a reused pid is not the owner"
+        );
+        assert!(owner_alive("not-ours"));
+    }
+}
