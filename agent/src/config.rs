@@ -700,6 +700,7 @@ fn apply_limits(
             ("memory_bytes", j.memory_bytes),
             ("processes", j.processes),
             ("cpu_millis_per_sec", j.cpu_millis_per_sec),
+            ("tmp_bytes", j.tmp_bytes),
         ] {
             if v == Some(0) {
                 return Err(ctx.invalid(
@@ -713,6 +714,7 @@ fn apply_limits(
         set.memory_bytes = j.memory_bytes.or(set.memory_bytes);
         set.processes = j.processes.or(set.processes);
         set.cpu_millis_per_sec = j.cpu_millis_per_sec.or(set.cpu_millis_per_sec);
+        set.tmp_bytes = j.tmp_bytes.or(set.tmp_bytes);
     }
     Ok(())
 }

@@ -62,6 +62,7 @@ pub fn mechanisms() -> Vec<String> {
 /// 100 ms period).
 const MIN_MEMORY_BYTES: u64 = 4 << 20;
 const MIN_CPU_MILLIS: u64 = 10;
+const MIN_TMP_BYTES: u64 = 1 << 20;
 
 /// A job's limits once resolved, and whether each came from the request
 /// or profile (enforced or refused) or from the agent's defaults (enforced
@@ -69,6 +70,9 @@ const MIN_CPU_MILLIS: u64 = 10;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Resolved {
     pub limits: Limits,
+    /// A sandboxed job's `:tmp` size (a tmpfs: enforced wherever `:tmp`
+    /// is, with or without a cgroup).
+    pub tmp_bytes: Option<u64>,
     /// Per field (memory, processes, cpu): asked for by the request or the
     /// profile.
     asked: [bool; 3],
@@ -139,12 +143,20 @@ pub fn resolve(
         defaults.cpu_millis_per_sec,
         MIN_CPU_MILLIS,
     )?;
+    let (tmp_bytes, _) = field(
+        "tmp_bytes",
+        req.tmp_bytes,
+        profile.tmp_bytes,
+        defaults.tmp_bytes,
+        MIN_TMP_BYTES,
+    )?;
     Ok(Resolved {
         limits: Limits {
             memory_bytes,
             processes,
             cpu_millis_per_sec,
         },
+        tmp_bytes,
         asked: [m, p, c],
         required: req.required.unwrap_or(true),
     })

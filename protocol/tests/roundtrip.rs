@@ -269,13 +269,15 @@ fn job_limits() -> impl Strategy<Value = JobLimits> {
         of(any::<u64>()),
         of(any::<u64>()),
         of(any::<u64>()),
+        of(any::<u64>()),
         of(any::<bool>()),
     )
         .prop_map(
-            |(memory_bytes, processes, cpu_millis_per_sec, required)| JobLimits {
+            |(memory_bytes, processes, cpu_millis_per_sec, tmp_bytes, required)| JobLimits {
                 memory_bytes,
                 processes,
                 cpu_millis_per_sec,
+                tmp_bytes,
                 required,
             },
         )

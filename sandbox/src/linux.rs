@@ -118,7 +118,14 @@ fn at<E: Into<io::Error>>(step: Step) -> impl FnOnce(E) -> (Step, io::Error) {
 
 /// The namespaces the job's init is created in (`clone` flags).
 pub fn namespace_flags(p: &WirePlan) -> libc::c_int {
-    let mut f = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC;
+    // The cgroup namespace: the job sees its own cgroup (which the
+    // supervisor joined before this clone) as the root of every
+    // hierarchy, nothing of the host's layout above it.
+    let mut f = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWCGROUP;
     if p.net.own_namespace() {
         f |= libc::CLONE_NEWNET;
     }
@@ -126,11 +133,12 @@ pub fn namespace_flags(p: &WirePlan) -> libc::c_int {
 }
 
 /// The mechanisms a plan puts in force (for `initialize.sandbox`).
-pub const NAMESPACES: [&str; 5] = [
+pub const NAMESPACES: [&str; 6] = [
     "user_namespace",
     "mount_namespace",
     "pid_namespace",
     "ipc_namespace",
+    "cgroup_namespace",
     "network_namespace",
 ];
 
@@ -425,7 +433,12 @@ pub fn build_root(
 
     // Every clone is made before the staging mount below exists (a
     // recursive clone of the host's /tmp would otherwise contain it).
-    clone_trees(&mut mounts)?;
+    let mut grants = grants;
+    if let Some(tmp_root) = clone_trees(&mut mounts, p.tmp_bytes)? {
+        // A size-bounded tmpfs stands for :tmp: Landlock grants its root
+        // (the host's job directory is not what the job sees).
+        grants.write.push(tmp_root);
+    }
     let root = match &p.read {
         _ if root_writable => {
             let root = stage_host_root(RW)?;
@@ -617,8 +630,10 @@ fn mount_error(step: Step, rel: &Path, e: io::Error) -> (Step, io::Error) {
 }
 
 /// The detached clone of every mount that is bound (not covered), with
-/// its kind's attributes.
-fn clone_trees(mounts: &mut [Mount]) -> StepResult<()> {
+/// its kind's attributes; with `tmp_bytes`, `:tmp` is instead a new tmpfs
+/// of that size (its root returned, for Landlock).
+fn clone_trees(mounts: &mut [Mount], tmp_bytes: Option<u64>) -> StepResult<Option<OwnedFd>> {
+    let mut tmp_root = None;
     let read_only: Vec<PathBuf> = mounts
         .iter()
         .filter(|m| m.kind == Kind::DenyWrite)
@@ -630,12 +645,24 @@ fn clone_trees(mounts: &mut [Mount]) -> StepResult<()> {
             if read_only.iter().any(|r| m.rel.starts_with(r)) {
                 set |= sys::MOUNT_ATTR_RDONLY;
             }
-            let tree =
-                clone_with(m.fd.as_fd(), set).map_err(|e| mount_error(m.kind.step(), &m.rel, e))?;
+            let tree = match (m.kind, tmp_bytes) {
+                (Kind::Tmp, Some(bytes)) => {
+                    let size =
+                        std::ffi::CString::new(bytes.to_string()).expect("digits have no NUL");
+                    let tree =
+                        sys::new_mount(c"tmpfs", &[(c"mode", c"1777"), (c"size", &size)], set);
+                    tree.and_then(|t| {
+                        tmp_root = Some(t.try_clone()?);
+                        Ok(t)
+                    })
+                }
+                _ => clone_with(m.fd.as_fd(), set),
+            }
+            .map_err(|e| mount_error(m.kind.step(), &m.rel, e))?;
             m.tree = Some(tree);
         }
     }
-    Ok(())
+    Ok(tmp_root)
 }
 
 /// Step 3's fresh root: a tmpfs, attached at /tmp of this (private) mount

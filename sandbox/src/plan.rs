@@ -99,6 +99,11 @@ pub struct WirePlan {
     pub write: Vec<Node>,
     /// The job's private directory, seen by the job at `/tmp`.
     pub tmp: Option<Node>,
+    /// With `tmp`: the job's `/tmp` is a tmpfs of its own of at most this
+    /// many bytes (the job's `limits.tmp_bytes`) instead of `tmp` bound
+    /// from the host, so the job cannot fill the host's /tmp.
+    #[serde(default)]
+    pub tmp_bytes: Option<u64>,
     /// Bound read-only over themselves.
     pub deny_write: Vec<Node>,
     /// Covered: a directory by an empty inaccessible tmpfs, a file by an
@@ -970,6 +975,7 @@ pub fn plan(
             read,
             write,
             tmp,
+            tmp_bytes: None,
             deny_write: carve.deny_write,
             deny_read: carve.deny_read,
             pin,

@@ -655,7 +655,7 @@ fn sandboxed(
     let mut init_ns = None;
     let entered = match job.set.take() {
         Some(set) if flags & libc::CLONE_NEWNET != 0 => set.enter().map(|ns| {
-            flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+            flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP;
             ids = None;
             init_ns = Some(ns);
         }),

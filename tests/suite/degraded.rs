@@ -54,7 +54,7 @@ async fn degrades_honestly(what: &str, expect: &[&str]) {
     assert!(
         sb.mechanisms
             .iter()
-            .all(|m| m.starts_with("cgroup_") || m == "rlimit"),
+            .all(|m| m.starts_with("cgroup_v") || m == "rlimit"),
         "{sb:?}"
     );
     let reason = sb.reason.as_deref().unwrap_or_default();

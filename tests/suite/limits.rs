@@ -265,11 +265,11 @@ async fn fork_bomb_stops_at_the_limit(mode: Mode) {
     let mech = mechanisms(&a.c).await;
     if mode != Mode::NoCgroup {
         assert!(
-            mech.iter().any(|m| m.starts_with("cgroup_")),
+            mech.iter().any(|m| m.starts_with("cgroup_v")),
             "{mode:?}: no cgroup mechanism in {mech:?}"
         );
     } else {
-        assert!(!mech.iter().any(|m| m.starts_with("cgroup_")), "{mech:?}");
+        assert!(!mech.iter().any(|m| m.starts_with("cgroup_v")), "{mech:?}");
     }
     let m = marker();
     let argv = fork_bomb(&m);
@@ -649,3 +649,119 @@ async fn a_killed_agents_cgroups_are_swept_at_the_next_start() {
         assert!(!d.exists(), "{} swept", d.display());
     }
 }
+
+/// A sandboxed job sees its own cgroup as the root (its cgroup namespace)
+/// and cannot move itself out of it nor raise its limit: cgroupfs is not
+/// among its write roots (the read-only bind of the host's tree: EROFS).
+/// Positive control: the same writes from an unsandboxed root job succeed
+/// (root is root: limits bind such a job only as long as it cooperates).
+#[tokio::test]
+async fn a_sandboxed_job_cannot_leave_or_widen_its_cgroup() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let pids = own_cgroup_dirs()
+        .into_iter()
+        .find(|d| d.join("pids.max").exists() || d.ends_with("pids"))
+        .expect("a pids hierarchy");
+    let script = format!(
+        "grep -c ':/$' /proc/self/cgroup; \
+         (echo $$ > {root}/cgroup.procs) 2>&1 | grep -c 'Read-only file system'; \
+         n=0; t=0; for f in {root}/executor-*/job-*/pids.max; do t=$((t+1)); \
+         (echo 100000 > $f) 2>/dev/null && n=$((n+1)); done; echo widened=$n of $t",
+        root = pids.display()
+    );
+    let limits = JobLimits {
+        processes: Some(16),
+        ..Default::default()
+    };
+    let (st, out, _) = run(
+        &a.c,
+        &params(&["sh", "-c", &script], limits, Some(sandboxed())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(st.code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    // Every hierarchy's line ends in "/": its own cgroup is its root.
+    let hierarchies = std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(lines[0], hierarchies.to_string(), "{out}");
+    assert_eq!(lines[1], "1", "moving out: EROFS ({out})");
+    // Its own job's pids.max is among the targets (seen through the
+    // read-only tree), and none could be written.
+    let (widened, of) = lines[2]
+        .strip_prefix("widened=")
+        .and_then(|r| r.split_once(" of "))
+        .expect("widened= line");
+    assert_eq!(widened, "0", "{out}");
+    assert!(of.parse::<u32>().unwrap() >= 1, "{out}");
+    // The control: unsandboxed root leaves its cgroup.
+    let control = format!(
+        "echo $$ > {root}/cgroup.procs; echo move=$?; grep ':pids:' /proc/self/cgroup",
+        root = pids.display()
+    );
+    let (_, out, _) = run(&a.c, &params(&["sh", "-c", &control], limits, None))
+        .await
+        .unwrap();
+    assert!(out.contains("move=0"), "{out}");
+}
+
+/// A sandboxed job's `:tmp` is a tmpfs of `tmp_bytes`: a write past it
+/// gets ENOSPC and the host's /tmp holds nothing of it; with room the same
+/// write succeeds. Enforced without a cgroup too (the tmpfs's own size).
+async fn tmp_is_bounded(mode: Mode) {
+    let Some(a) = agent(mode, None).await else {
+        return;
+    };
+    let intent = SandboxIntent {
+        filesystem: FilesystemIntent {
+            read: ReadRoots::All,
+            write: vec![":tmp".into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let write = "head -c 12582912 /dev/zero > /tmp/big; echo rc=$?; \
+                 df -k /tmp | tail -n 1 | tr -s ' ' | cut -d' ' -f2";
+    let small = JobLimits {
+        tmp_bytes: Some(8 << 20),
+        ..Default::default()
+    };
+    let (st, out, _) = run(
+        &a.c,
+        &params(&["sh", "-c", write], small, Some(intent.clone())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(st.code, Some(0), "{out}");
+    assert!(out.contains("No space left on device"), "{mode:?}: {out}");
+    assert!(out.contains("rc=1"), "{mode:?}: {out}");
+    assert!(out.trim_end().ends_with("8192"), "an 8 MiB tmpfs: {out}");
+    // Positive control: 16 MiB holds the 12 MiB file; the default is 1 GiB.
+    let room = JobLimits {
+        tmp_bytes: Some(16 << 20),
+        ..Default::default()
+    };
+    let (_, out, _) = run(
+        &a.c,
+        &params(&["sh", "-c", write], room, Some(intent.clone())),
+    )
+    .await
+    .unwrap();
+    assert!(out.contains("rc=0"), "{mode:?}: {out}");
+    let (_, out, _) = run(
+        &a.c,
+        &params(&["sh", "-c", write], JobLimits::default(), Some(intent)),
+    )
+    .await
+    .unwrap();
+    assert!(
+        out.trim_end().ends_with(&(1024 * 1024).to_string()),
+        "the 1 GiB default: {out}"
+    );
+}
+
+three_ways!(tmp_is_bounded);

@@ -2947,6 +2947,7 @@ fn c55_the_init_makes_nothing_on_the_host() {
         read: None,
         write: vec![Node::at(&ws).unwrap()],
         tmp: None,
+        tmp_bytes: None,
         deny_write: vec![Node::at(&file).unwrap()],
         deny_read: vec![],
         pin: vec![Node::at(&dir).unwrap()],

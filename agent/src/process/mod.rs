@@ -101,7 +101,10 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     )?;
     let egress_rules = decision.take_egress();
     let deny_network = decision.denies_network_unconfined();
-    let (sandbox, files, sandbox_degraded) = decision.into_parts();
+    let (mut sandbox, files, sandbox_degraded) = decision.into_parts();
+    if let Some(plan) = sandbox.as_mut().filter(|p| p.tmp.is_some()) {
+        plan.tmp_bytes = resolved.tmp_bytes;
+    }
     // The job's cgroup (or its rlimits) before anything runs: a limit that
     // cannot be enforced refuses the start here.
     let limits = crate::limits::prepare(&resolved, sandbox.is_some(), "limits")?;

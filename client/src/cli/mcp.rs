@@ -31,6 +31,8 @@ pub const MAX_LINE: usize = 64 * 1024 * 1024;
 /// together, up to this many bytes.
 const BATCH: usize = 1024 * 1024;
 
+// Parsed once per run: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, clap::Subcommand)]
 pub enum McpCmd {
     /// Run an MCP stdio server on the host and relay its JSON-RPC lines

@@ -69,6 +69,9 @@ pub struct LimitArgs {
     /// CPU time per second of wall time, in cores (0.5: half a core).
     #[arg(long, value_name = "CORES", value_parser = parse_cpus)]
     pub cpus: Option<u64>,
+    /// Size of a sandboxed job's --tmp (its own tmpfs; default 1G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub tmp_size: Option<u64>,
 }
 
 impl LimitArgs {
@@ -78,6 +81,7 @@ impl LimitArgs {
             memory_bytes: self.memory,
             processes: self.processes,
             cpu_millis_per_sec: self.cpus,
+            tmp_bytes: self.tmp_size,
             required: None,
         };
         (l != Default::default()).then_some(l)

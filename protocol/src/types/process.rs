@@ -102,6 +102,10 @@ pub struct JobLimits {
     /// CPU time per second of wall time, in milliseconds (1000: one core).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_millis_per_sec: Option<u64>,
+    /// A sandboxed job's `:tmp`: a tmpfs of its own of at most this many
+    /// bytes (a write past it gets `ENOSPC`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tmp_bytes: Option<u64>,
     /// Default `true`: a limit of the request this host cannot enforce
     /// refuses the start (`sandbox_unavailable`); `false`: the job runs
     /// and `limits_degraded` says what was not enforced.
