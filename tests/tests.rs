@@ -57,6 +57,8 @@ mod idempotency;
 mod jobs_tmp;
 #[path = "suite/mcp_http.rs"]
 mod mcp_http;
+#[path = "suite/mcp_rmcp.rs"]
+mod mcp_rmcp;
 #[path = "suite/mcp_stdio.rs"]
 mod mcp_stdio;
 #[path = "suite/policy_table.rs"]
