@@ -4,8 +4,9 @@
 //! Every request is streamed (`stream: true`): a JSON answer is read up to
 //! rmcp's size limit, an SSE answer is parsed as its deltas arrive, and a
 //! body dropped early ends its stream on the agent. Status handling follows
-//! rmcp's own clients (401/403 with `WWW-Authenticate`, 202/204 accepted, 404
-//! on a session = expired, a JSON-RPC error in an error body kept).
+//! rmcp's own clients (401/403 with `WWW-Authenticate`, 429 and 5xx as its
+//! `HttpStatusError`, 202/204 accepted, 404 on a session = expired, a
+//! JSON-RPC error in an error body kept).
 
 use crate::http::{HttpBody, HttpRequest, HttpResponse};
 use crate::{Client, Error};
@@ -16,8 +17,7 @@ use futures_util::{Stream, StreamExt};
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ErrorData, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{
-    EVENT_STREAM_MIME_TYPE, HEADER_LAST_EVENT_ID, HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID,
-    JSON_MIME_TYPE,
+    EVENT_STREAM_MIME_TYPE, HEADER_LAST_EVENT_ID, HEADER_SESSION_ID, JSON_MIME_TYPE,
 };
 use rmcp::transport::streamable_http_client::{
     AuthRequiredError, HttpStatusError, InsufficientScopeError, SseError, StreamableHttpClient,
@@ -39,7 +39,8 @@ const DEFAULT_MAX_SSE_EVENT_SIZE: usize = 16 * 1024 * 1024;
 /// stream or a long tool call is not cut.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// Header names the transport sets itself; a custom header may not.
+/// Header names the transport sets itself; a custom header may not (as
+/// rmcp's own clients: `MCP-Protocol-Version` passes, rmcp sets it so).
 const RESERVED: [&str; 3] = ["accept", HEADER_SESSION_ID, HEADER_LAST_EVENT_ID];
 
 type StreamResult<T> = Result<T, StreamableHttpError<Error>>;
@@ -127,9 +128,7 @@ impl HostHttp {
         }
         for (name, value) in custom {
             let n = name.as_str();
-            if RESERVED.iter().any(|r| n.eq_ignore_ascii_case(r))
-                && !n.eq_ignore_ascii_case(HEADER_MCP_PROTOCOL_VERSION)
-            {
+            if RESERVED.iter().any(|r| n.eq_ignore_ascii_case(r)) {
                 return Err(StreamableHttpError::ReservedHeaderConflict(
                     name.to_string(),
                 ));
