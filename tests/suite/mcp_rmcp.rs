@@ -3,7 +3,8 @@
 //! server run on the host as a job (`mcp_stdio/server.py`), and through
 //! [`HostHttp`] to the SDK's Streamable HTTP server on the host's loopback
 //! (`mcp_http/server.py`, behind a bearer token the agent's environment
-//! holds); plus the line bound and the shutdown ladder with shell servers.
+//! holds); the job transport over a real sshd; plus the line bound and the
+//! shutdown ladder with shell servers.
 
 use crate::mcp_http::{agent_launcher, established_to, fresh_secret, Server};
 use executor_client::mcp::rmcp::model::{
@@ -468,4 +469,67 @@ async fn a_dropped_rmcp_client_leaves_no_stream_to_the_http_server() {
     )
     .await;
     assert!(tool_names(&again).await.contains("ticker"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_token_from_the_host_the_handshake_fails_naming_the_status() {
+    let Some(python) = crate::mcp_http::python_with_sdk() else {
+        return;
+    };
+    let secret = fresh_secret();
+    let server = Server::start(&python, &secret, None);
+    let client = client_with_token(&server, &secret).await;
+    // The same agent, no `header_from_env`: the server answers 401.
+    let handshake = timeout(
+        SCENARIO,
+        ().serve(HostHttp::new(client).transport(server.url())),
+    )
+    .await
+    .expect("the handshake fails rather than waits");
+    let e = handshake.expect_err("a handshake without the token");
+    assert!(format!("{e:?}").contains("401"), "{e:?}");
+    let requests = server.requests();
+    assert!(
+        !requests.is_empty() && requests.iter().all(|r| r.1 == 401 && r.3 == "none"),
+        "{requests:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_real_sshd_the_job_transport_serves_and_ends_its_job() {
+    let Some(python) = crate::mcp_stdio::python_with_sdk() else {
+        return;
+    };
+    let sshd = executor_tests::sshd::Sshd::start("", "");
+    let client = Client::connect_ssh(
+        "127.0.0.1",
+        &sshd.options(&executor_bin()),
+        ClientOptions::default(),
+    )
+    .await
+    .expect("connect over sshd");
+    let transport = stdio_server(&client, &python).await;
+    let pid = transport.pid();
+    let mut exit = transport.exit();
+    let (service, mut progress) = serve(transport).await;
+    assert!(tool_names(&service).await.contains("numbered"));
+    // 20 progress notifications and a result through ssh's channel.
+    let r = service
+        .call_tool(call_with_progress(
+            "numbered",
+            serde_json::json!({"count": 20, "delay": 0.0}),
+            "n",
+        ))
+        .await
+        .expect("numbered");
+    assert_eq!(text_of(&r), "done 20");
+    assert_eq!(progress_of(&mut progress, 20).await.len(), 20);
+    timeout(SCENARIO, service.cancel())
+        .await
+        .expect("close within the bound")
+        .expect("close");
+    let status = timeout(WAIT, exit.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code, Some(0), "{status:?}");
+    assert!(!alive(pid), "the server {pid} outlived its transport");
+    client.close().await.unwrap();
 }
