@@ -59,6 +59,8 @@ mod jobs_tmp;
 mod limits;
 #[path = "suite/mcp_http.rs"]
 mod mcp_http;
+#[path = "suite/mcp_rmcp.rs"]
+mod mcp_rmcp;
 #[path = "suite/mcp_stdio.rs"]
 mod mcp_stdio;
 #[path = "suite/policy_table.rs"]

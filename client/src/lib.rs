@@ -88,6 +88,8 @@ pub mod bootstrap;
 pub mod egress;
 pub mod fs;
 pub mod http;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 #[cfg(feature = "native-ssh")]
 pub mod native_ssh;
 mod process;
@@ -98,7 +100,7 @@ pub mod target;
 
 pub use executor_protocol as protocol;
 pub use executor_protocol::{ErrorCode, WireError};
-pub use process::{ExitStatus, Output, Process};
+pub use process::{ExitStatus, Output, Process, ProcessControl};
 pub use target::{SshOptions, Target};
 
 use bytes::{Bytes, BytesMut};

@@ -83,6 +83,65 @@ pub struct Process {
     attached: bool,
 }
 
+/// A job's stdin and signals ([`Process::control`]): cheap to clone, used
+/// while the [`Process`] itself reads the output elsewhere.
+#[derive(Debug, Clone)]
+pub struct ProcessControl {
+    client: Client,
+    id: String,
+}
+
+impl ProcessControl {
+    /// The agent's id of the job.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Write to its stdin.
+    pub async fn write(&self, data: &[u8]) -> Result<(), Error> {
+        self.write_params(data, false, None).await
+    }
+
+    /// Close its stdin (EOF).
+    pub async fn close_stdin(&self) -> Result<(), Error> {
+        self.write_params(&[], true, None).await
+    }
+
+    async fn write_params(
+        &self,
+        data: &[u8],
+        close_stdin: bool,
+        write_id: Option<&str>,
+    ) -> Result<(), Error> {
+        self.client
+            .request::<_, Empty>(
+                m::PROCESS_WRITE,
+                &ProcessWriteParams {
+                    process_id: self.id.clone(),
+                    data: serde_bytes::ByteBuf::from(data.to_vec()),
+                    close_stdin,
+                    write_id: write_id.map(str::to_owned),
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Signal its process group.
+    pub async fn signal(&self, signal: SignalName) -> Result<(), Error> {
+        self.client
+            .request::<_, Empty>(
+                m::PROCESS_SIGNAL,
+                &ProcessSignalParams {
+                    process_id: self.id.clone(),
+                    signal,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+}
+
 impl Client {
     /// `process/start`, returning a handle on the job.
     pub async fn start(&self, params: &ProcessStartParams) -> Result<Process, Error> {
@@ -187,60 +246,42 @@ impl Process {
         &self.limits_degraded
     }
 
+    /// Its stdin and signals, as a handle apart from the output: another
+    /// task can write and signal while this one reads.
+    pub fn control(&self) -> ProcessControl {
+        ProcessControl {
+            client: self.client.clone(),
+            id: self.id.clone(),
+        }
+    }
+
     /// Write to its stdin.
     pub async fn write(&self, data: &[u8]) -> Result<(), Error> {
-        self.write_params(data, false, None).await
+        self.control().write_params(data, false, None).await
     }
 
     /// Write to its stdin once: retried with the same `write_id` (on this
     /// connection or, for a detached session, after a resume), the agent
     /// answers as the first write did and writes nothing again.
     pub async fn write_once(&self, data: &[u8], write_id: &str) -> Result<(), Error> {
-        self.write_params(data, false, Some(write_id)).await
+        self.control()
+            .write_params(data, false, Some(write_id))
+            .await
     }
 
     /// Close its stdin (EOF).
     pub async fn close_stdin(&self) -> Result<(), Error> {
-        self.write_params(&[], true, None).await
+        self.control().close_stdin().await
     }
 
     /// Close its stdin (EOF), once per `write_id` as [`Process::write_once`].
     pub async fn close_stdin_once(&self, write_id: &str) -> Result<(), Error> {
-        self.write_params(&[], true, Some(write_id)).await
-    }
-
-    async fn write_params(
-        &self,
-        data: &[u8],
-        close_stdin: bool,
-        write_id: Option<&str>,
-    ) -> Result<(), Error> {
-        self.client
-            .request::<_, Empty>(
-                m::PROCESS_WRITE,
-                &ProcessWriteParams {
-                    process_id: self.id.clone(),
-                    data: serde_bytes::ByteBuf::from(data.to_vec()),
-                    close_stdin,
-                    write_id: write_id.map(str::to_owned),
-                },
-            )
-            .await
-            .map(|_| ())
+        self.control().write_params(&[], true, Some(write_id)).await
     }
 
     /// Signal its process group.
     pub async fn signal(&self, signal: SignalName) -> Result<(), Error> {
-        self.client
-            .request::<_, Empty>(
-                m::PROCESS_SIGNAL,
-                &ProcessSignalParams {
-                    process_id: self.id.clone(),
-                    signal,
-                },
-            )
-            .await
-            .map(|_| ())
+        self.control().signal(signal).await
     }
 
     /// Resize its terminal.

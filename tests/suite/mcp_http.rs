@@ -20,7 +20,7 @@ const SCENARIO: Duration = Duration::from_secs(120);
 
 /// The Python interpreter when it imports the MCP SDK and uvicorn; `None`
 /// (and a skip that `EXECUTOR_REQUIRE_ALL=1` fails) otherwise.
-fn python_with_sdk() -> Option<String> {
+pub(crate) fn python_with_sdk() -> Option<String> {
     let out = Command::new("python3")
         .args(["-c", "import sys, mcp, uvicorn; print(sys.executable)"])
         .output();
@@ -44,7 +44,7 @@ impl Drop for Killed {
 }
 
 /// A fresh network namespace with `lo` up, deleted on drop.
-struct Netns(String);
+pub(crate) struct Netns(String);
 
 impl Netns {
     /// `None` when namespaces cannot be made here (not root).
@@ -79,16 +79,16 @@ impl Drop for Netns {
 }
 
 /// The SDK server and what the test needs of it.
-struct Server {
-    port: u16,
+pub(crate) struct Server {
+    pub(crate) port: u16,
     log: std::path::PathBuf,
-    dir: std::path::PathBuf,
+    pub(crate) dir: std::path::PathBuf,
     _child: Killed,
 }
 
 impl Server {
     /// The server (inside `netns` when given), requiring `Bearer secret`.
-    fn start(python: &str, secret: &str, netns: Option<&Netns>) -> Server {
+    pub(crate) fn start(python: &str, secret: &str, netns: Option<&Netns>) -> Server {
         let dir = unique_tempdir("mcp-http");
         std::fs::write(dir.join("server.py"), SERVER).unwrap();
         std::fs::write(dir.join("client.py"), CLIENT).unwrap();
@@ -125,12 +125,12 @@ impl Server {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
     /// The request log: `(method, status, session, auth)` per request.
-    fn requests(&self) -> Vec<(String, u16, String, String)> {
+    pub(crate) fn requests(&self) -> Vec<(String, u16, String, String)> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
@@ -165,7 +165,7 @@ fn first_line(r: impl Read + Send + 'static, what: &str) -> String {
 /// An `executor` launcher for the bridge's agent: the test secret put in
 /// its environment as `MCP_TOKEN=Bearer <secret>` (read from a file, so
 /// the bridge never holds it), run inside `netns` when given.
-fn agent_launcher(
+pub(crate) fn agent_launcher(
     dir: &std::path::Path,
     secret: &str,
     netns: Option<&Netns>,
@@ -265,7 +265,7 @@ fn results(out: &Output) -> std::collections::BTreeMap<String, String> {
 }
 
 /// A secret no other process holds.
-fn fresh_secret() -> String {
+pub(crate) fn fresh_secret() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -580,7 +580,7 @@ fn statuses_and_mcp_headers_pass_both_ways() {
 
 /// Established TCP connections whose local port is `port` (the server's
 /// side of each connection to it), in this network namespace.
-fn established_to(port: u16) -> usize {
+pub(crate) fn established_to(port: u16) -> usize {
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .flat_map(|f| {

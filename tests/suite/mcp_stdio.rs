@@ -19,7 +19,7 @@ const SCENARIO: Duration = Duration::from_secs(120);
 /// The Python interpreter (absolute: the job's environment is the host
 /// user's, whose PATH may not hold it) when it imports the MCP SDK; `None`
 /// (and a skip that `EXECUTOR_REQUIRE_ALL=1` fails) otherwise.
-fn python_with_sdk() -> Option<String> {
+pub(crate) fn python_with_sdk() -> Option<String> {
     let out = Command::new("python3")
         .args(["-c", "import sys, mcp; print(sys.executable)"])
         .output();
@@ -33,7 +33,7 @@ fn python_with_sdk() -> Option<String> {
 }
 
 /// A directory holding the SDK server and client scripts.
-fn scripts() -> std::path::PathBuf {
+pub(crate) fn scripts() -> std::path::PathBuf {
     let d = unique_tempdir("mcp-stdio");
     std::fs::write(d.join("server.py"), SERVER).unwrap();
     std::fs::write(d.join("client.py"), CLIENT).unwrap();

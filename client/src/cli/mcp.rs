@@ -16,7 +16,7 @@ use super::run::RunArgs;
 use super::sandbox::{report_degraded, SandboxArgs};
 use super::signals::Signals;
 use executor_client::protocol::types::process::{OutputStream, SignalName};
-use executor_client::{Client, Process};
+use executor_client::{Client, Process, ProcessControl};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -108,12 +108,7 @@ async fn stdio(client: &Client, args: StdioArgs, signals: &mut Signals) -> anyho
     };
     report_degraded("mcp stdio", proc.sandbox_degraded());
     let closed = Arc::new(AtomicBool::new(false));
-    let input = tokio::spawn(forward_lines(
-        proc.client().clone(),
-        proc.id().to_string(),
-        closed.clone(),
-        grace,
-    ));
+    let input = tokio::spawn(forward_lines(proc.control(), closed.clone(), grace));
     let relayed = tokio::select! {
         r = relay_output(&mut proc) => r,
         sig = signals.recv() => {
@@ -202,12 +197,10 @@ async fn relay_output(proc: &mut Process) -> anyhow::Result<()> {
 /// after `grace` and killed after another. Returns the write error that
 /// stopped it, if one did.
 async fn forward_lines(
-    client: Client,
-    id: String,
+    job: ProcessControl,
     closed: Arc<AtomicBool>,
     grace: Duration,
 ) -> Option<anyhow::Error> {
-    let job = Job { client, id };
     let mut stdin = tokio::io::BufReader::with_capacity(64 * 1024, tokio::io::stdin());
     let mut line = Vec::new();
     loop {
@@ -231,19 +224,19 @@ async fn forward_lines(
                 stdin.consume(end + 1);
             }
         }
-        if let Err(e) = job.write(&line, false).await {
+        if let Err(e) = job.write(&line).await {
             return Some(e.into());
         }
     }
     closed.store(true, Ordering::SeqCst);
-    if let Err(e) = job.write(&[], true).await {
+    if let Err(e) = job.close_stdin().await {
         tracing::debug!(error = %e, "closing the MCP server's stdin");
     }
     tokio::time::sleep(grace).await;
-    tracing::info!(process_id = %job.id, "the MCP server outlived its stdin: terminating it");
+    tracing::info!(process_id = %job.id(), "the MCP server outlived its stdin: terminating it");
     let _ = job.signal(SignalName::Terminate).await;
     tokio::time::sleep(grace).await;
-    tracing::info!(process_id = %job.id, "killing the MCP server");
+    tracing::info!(process_id = %job.id(), "killing the MCP server");
     let _ = job.signal(SignalName::Kill).await;
     None
 }
@@ -274,41 +267,5 @@ async fn read_line(
         if done {
             return Ok(line.len());
         }
-    }
-}
-
-/// The job's stdin and signals, apart from its output.
-struct Job {
-    client: Client,
-    id: String,
-}
-
-impl Job {
-    async fn write(&self, data: &[u8], close: bool) -> Result<(), executor_client::Error> {
-        use executor_client::protocol::methods;
-        use executor_client::protocol::types::process::ProcessWriteParams;
-        let params = ProcessWriteParams {
-            process_id: self.id.clone(),
-            data: serde_bytes::ByteBuf::from(data.to_vec()),
-            close_stdin: close,
-            write_id: None,
-        };
-        self.client
-            .request::<_, executor_client::protocol::types::Empty>(methods::PROCESS_WRITE, &params)
-            .await
-            .map(|_| ())
-    }
-
-    async fn signal(&self, signal: SignalName) -> Result<(), executor_client::Error> {
-        use executor_client::protocol::methods;
-        use executor_client::protocol::types::process::ProcessSignalParams;
-        let params = ProcessSignalParams {
-            process_id: self.id.clone(),
-            signal,
-        };
-        self.client
-            .request::<_, executor_client::protocol::types::Empty>(methods::PROCESS_SIGNAL, &params)
-            .await
-            .map(|_| ())
     }
 }
