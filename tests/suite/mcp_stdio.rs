@@ -801,7 +801,7 @@ fn over_sshd_a_dropped_connection_is_resumed_with_each_message_once() {
         seen.iter().filter_map(|l| l.split_once(": ")).collect();
     assert!(out.status.success(), "{all}");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("resuming the session"),
+        String::from_utf8_lossy(&out.stderr).contains("resuming session"),
         "no drop seen: {all}"
     );
     assert_eq!(r.get("numbered"), Some(&"done 150 150 True"), "{all}");
@@ -844,6 +844,12 @@ fn over_sshd_a_drop_longer_than_reconnect_ends_the_bridge_and_the_job() {
         .unwrap();
     let job: u32 = first.trim().parse().expect("the job's pid");
     assert!(alive(job));
+    let host = agent_of_job(job);
+    let cmdline = std::fs::read(format!("/proc/{host}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("session-host"),
+        "not the session host: {cmdline:?}"
+    );
     std::fs::write(sshd.dir.join("authorized_keys"), "").unwrap();
     sigkill(bridge_ssh(b.id()));
     let dropped = Instant::now();
@@ -855,16 +861,19 @@ fn over_sshd_a_drop_longer_than_reconnect_ends_the_bridge_and_the_job() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(255), "{}", text(&out));
     assert!(
-        err.contains("resuming the session")
-            && err.contains("could not resume the session")
-            && err.contains("within --reconnect 2 s"),
+        err.contains("could not resume session") && err.contains("within --reconnect 2 s"),
         "{err}"
     );
     assert!(waited >= Duration::from_secs(2), "{waited:?}");
-    // The session's TTL (2 s) and the kill after SIGTERM (2 s) end the job.
+    // The session's TTL (2 s) and the kill after SIGTERM (2 s) end the job,
+    // and the session host with it.
     let rt = tokio::runtime::Runtime::new().unwrap();
     assert!(
         rt.block_on(wait_dead(job, WAIT)),
         "the job {job} outlived the session's TTL"
+    );
+    assert!(
+        rt.block_on(wait_dead(host, WAIT)),
+        "the session host {host} outlived its TTL"
     );
 }

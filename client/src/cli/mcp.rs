@@ -175,8 +175,9 @@ impl Resume<'_> {
     ) -> anyhow::Result<()> {
         let target = &self.conn.target;
         let id = proc.id().to_string();
+        let session = current.borrow().initialize_result().session_id.clone();
         say!(
-            "executor-client: the connection to {target} ended ({why}); resuming the session of the MCP server {id}"
+            "executor-client: the connection to {target} ended ({why}); resuming session {session} of the MCP server {id}"
         );
         let backoff = Backoff {
             attempts: u32::MAX,
@@ -206,7 +207,7 @@ impl Resume<'_> {
             }
             Ok(Err(e)) => Err(e.context(format!("the MCP server {id}"))),
             Err(_) => Err(exit::Outside(format!(
-                "could not resume the session of the MCP server {id} on {target} within \
+                "could not resume session {session} of the MCP server {id} on {target} within \
                  --reconnect {} s; the host ends it (and the server) once that long detached",
                 self.within.as_secs()
             ))
