@@ -734,7 +734,9 @@ impl Client {
     /// `|o| Client::connect_ssh(host, &ssh, o)`), retrying failures of the
     /// transport (and `session_busy`) with exponential backoff. Any other
     /// answer of the agent (`session_expired`: unknown, expired, wrong
-    /// token, other profile) is final and returned at once. Requests in
+    /// token, other profile) is final and returned at once. A job's
+    /// [`Process`] goes on on the new client with [`Process::resume_on`]
+    /// (its output from the first chunk not yet received). Requests in
     /// flight when the transport died are not sent again: a start or a
     /// write the caller retries happens once if it carries a key
     /// ([`ProcessStartParams::with_idempotency_key`],

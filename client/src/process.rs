@@ -78,9 +78,13 @@ pub struct Process {
     ready: VecDeque<Output>,
     exited: Option<ProcessExited>,
     done: bool,
-    /// Taken up again after it started ([`Client::attach_process`]): an
-    /// exit seen by `process/read` ends the stream.
+    /// Taken up again after it started ([`Client::attach_process`],
+    /// [`Process::resume_on`]): an exit seen by `process/read` ends the
+    /// stream.
     attached: bool,
+    /// `next_seq` of the last `process/read` answer: the seq the agent
+    /// will give the next chunk it keeps.
+    read_next: u64,
 }
 
 /// A job's stdin and signals ([`Process::control`]): cheap to clone, used
@@ -161,6 +165,7 @@ impl Client {
             exited: None,
             done: false,
             attached: false,
+            read_next: 0,
         })
     }
 
@@ -197,6 +202,7 @@ impl Client {
             exited: None,
             done: false,
             attached: true,
+            read_next: 0,
         };
         p.catch_up().await?;
         Ok(p)
@@ -332,6 +338,7 @@ impl Process {
                 });
             }
         }
+        self.read_next = r.next_seq;
         let all = r.exited.is_some() && self.next_seq >= r.next_seq;
         if let (true, true, None, Some(e)) = (all, self.attached, &self.exited, &r.exited) {
             self.exited = Some(ProcessExited {
@@ -346,6 +353,25 @@ impl Process {
             });
         }
         Ok(all)
+    }
+
+    /// Take this job up again on `client`, a new connection that resumed
+    /// its (detached) session ([`Client::reconnect`]): the output goes on
+    /// from the first chunk this handle has not yet received, none
+    /// repeated and none skipped (what the agent kept while detached is
+    /// read with `process/read`; a chunk it had to drop, past the job's
+    /// output buffer, is an [`Error::Protocol`]), and an exit missed
+    /// while detached still ends the stream.
+    pub async fn resume_on(&mut self, client: &Client) -> Result<(), Error> {
+        self.sub = client.subscribe_process(
+            &[m::PROCESS_OUTPUT, m::PROCESS_EXITED, m::PROCESS_LAGGED],
+            &self.id,
+        );
+        self.client = client.clone();
+        self.attached = true;
+        // Everything the agent holds now, however many reads it takes.
+        while !self.catch_up().await? && self.next_seq < self.read_next {}
+        Ok(())
     }
 
     /// The next chunk of output, in seq order; `None` once the job exited

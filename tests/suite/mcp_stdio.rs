@@ -661,3 +661,219 @@ fn server_filesystem_is_held_to_its_root_by_itself_and_by_the_sandbox() {
         assert!(!c.1.contains("Access denied"), "{confined:?}");
     }
 }
+
+/// The pid of the one `ssh` the bridge under `parent` (the SDK client, or
+/// the bridge itself when `parent` is one) runs now.
+fn bridge_ssh(bridge: u32) -> u32 {
+    let ssh: Vec<u32> = children(bridge)
+        .into_iter()
+        .filter(|&p| comm(p) == "ssh")
+        .collect();
+    assert_eq!(ssh.len(), 1, "the bridge's ssh: {ssh:?}");
+    ssh[0]
+}
+
+fn sigkill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
+/// A TCP relay on 127.0.0.1 to a port (the test sshd): the link between
+/// the bridge's ssh and sshd, which the test can make fail as a network
+/// does: [`Link::hold`] stops passing the server's bytes back (they are
+/// read and lost), [`Link::cut`] then closes every connection open so far.
+struct Link {
+    port: u16,
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Link {
+    fn to(upstream: u16) -> Link {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let link = Link {
+            port,
+            held: Default::default(),
+            open: Default::default(),
+        };
+        let (held, open) = (link.held.clone(), link.open.clone());
+        std::thread::spawn(move || {
+            for down in listener.incoming() {
+                let Ok(down) = down else { return };
+                let up = std::net::TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+                open.lock()
+                    .unwrap()
+                    .extend([down.try_clone().unwrap(), up.try_clone().unwrap()]);
+                let (mut up_r, mut down_w) = (up.try_clone().unwrap(), down.try_clone().unwrap());
+                let (mut down_r, mut up_w) = (down, up);
+                std::thread::spawn(move || std::io::copy(&mut down_r, &mut up_w));
+                let held = held.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match up_r.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if held.load(Ordering::SeqCst) => {}
+                            Ok(n) => {
+                                if down_w.write_all(&buf[..n]).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        link
+    }
+
+    fn hold(&self) {
+        self.held.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Close the connections open so far; later ones pass freely.
+    fn cut(&self) {
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.held.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn over_sshd_a_dropped_connection_is_resumed_with_each_message_once() {
+    // The SDK client streams 150 numbered progress notifications from the
+    // server while it sends batches of calls the other way, through a link
+    // to sshd that fails mid-stream: first it loses everything coming
+    // back for half a second (requests reach the server, their answers
+    // and notifications are lost on the way), then it closes. The bridge
+    // connects again and resumes the session: every number arrives once
+    // and in order, every call reaches the server once (the write cut off
+    // is not done twice) and gets its own answer, and the server ends with
+    // the client.
+    let Some(python) = python_with_sdk() else {
+        return;
+    };
+    let dir = scripts();
+    let sshd = executor_tests::sshd::Sshd::start("", "");
+    let link = Link::to(sshd.port);
+    let mut args = ssh_flags(&sshd, &executor_bin().to_string_lossy());
+    let p = args.iter().position(|a| a == "-p").unwrap();
+    args[p + 1] = link.port.to_string();
+    args.extend(["mcp", "stdio", "--"].map(String::from));
+    args.push(python.clone());
+    args.push(dir.join("server.py").to_string_lossy().into_owned());
+    let args = serde_json::to_string(&args).unwrap();
+    let extra = r#"{"count": 150, "delay": 0.02}"#;
+    let mut client = sdk_client_with(&python, &dir, &args, "numbered", extra);
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    loop {
+        let line = lines
+            .next()
+            .expect("the client ended before the stream began")
+            .unwrap();
+        seen.push(line.clone());
+        if line == "streaming: 1" {
+            break;
+        }
+    }
+    let server: u32 = seen
+        .iter()
+        .find_map(|l| l.strip_prefix("pid: "))
+        .expect("the server's pid")
+        .parse()
+        .unwrap();
+    link.hold();
+    std::thread::sleep(Duration::from_millis(500));
+    link.cut();
+    // Read on in a thread: `finish` bounds the whole run.
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let out = finish(client, SCENARIO);
+    seen.extend(rest.join().unwrap());
+    let all = format!("{}\n{}", seen.join("\n"), text(&out));
+    let r: std::collections::BTreeMap<_, _> =
+        seen.iter().filter_map(|l| l.split_once(": ")).collect();
+    assert!(out.status.success(), "{all}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("resuming session"),
+        "no drop seen: {all}"
+    );
+    assert_eq!(r.get("numbered"), Some(&"done 150 150 True"), "{all}");
+    // Sent, received by the server, distinct ids received: all equal.
+    let ticks: Vec<u64> = r["ticks"].split(' ').map(|n| n.parse().unwrap()).collect();
+    assert!(
+        ticks[0] > 0 && ticks.iter().all(|&t| t == ticks[0]),
+        "{all}"
+    );
+    assert_eq!(r.get("answers"), Some(&"True True"), "{all}");
+    assert_eq!(r.get("end"), Some(&"ok"), "{all}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        rt.block_on(wait_dead(server, WAIT)),
+        "the server {server} outlived its client"
+    );
+}
+
+#[test]
+fn over_sshd_a_drop_longer_than_reconnect_ends_the_bridge_and_the_job() {
+    // The key is withdrawn from sshd, then the bridge's ssh killed: no
+    // resume gets in within `--reconnect 2`, so the bridge exits 255
+    // saying so, and the host ends the session (and the server) once it
+    // was detached that long.
+    let sshd = executor_tests::sshd::Sshd::start("", "");
+    let mut b = Command::new(client_bin())
+        .args(ssh_flags(&sshd, &executor_bin().to_string_lossy()))
+        .args(["mcp", "stdio", "--reconnect", "2", "--"])
+        .args(["sh", "-c", "echo $$; exec cat"])
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("EXECUTOR_TARGET")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the bridge");
+    let mut first = String::new();
+    BufReader::new(b.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let job: u32 = first.trim().parse().expect("the job's pid");
+    assert!(alive(job));
+    let host = agent_of_job(job);
+    let cmdline = std::fs::read(format!("/proc/{host}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("session-host"),
+        "not the session host: {cmdline:?}"
+    );
+    std::fs::write(sshd.dir.join("authorized_keys"), "").unwrap();
+    sigkill(bridge_ssh(b.id()));
+    let dropped = Instant::now();
+    // stdin held open: only the drop ends the bridge.
+    let stdin = b.stdin.take();
+    let out = finish(b, Duration::from_secs(30));
+    drop(stdin);
+    let waited = dropped.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out));
+    assert!(
+        err.contains("could not resume session") && err.contains("within --reconnect 2 s"),
+        "{err}"
+    );
+    assert!(waited >= Duration::from_secs(2), "{waited:?}");
+    // The session's TTL (2 s) and the kill after SIGTERM (2 s) end the job,
+    // and the session host with it.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        rt.block_on(wait_dead(job, WAIT)),
+        "the job {job} outlived the session's TTL"
+    );
+    assert!(
+        rt.block_on(wait_dead(host, WAIT)),
+        "the session host {host} outlived its TTL"
+    );
+}

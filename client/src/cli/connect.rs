@@ -6,7 +6,7 @@ use super::exit::Outside;
 use super::logging::LogArgs;
 use anyhow::Context;
 use executor_client::protocol::types::session::SessionParams;
-use executor_client::{Client, ClientOptions, Error, SshOptions, Target};
+use executor_client::{Backoff, Client, ClientOptions, Error, SshOptions, Target};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -73,6 +73,11 @@ impl ConnectArgs {
         Target::parse(&self.target).map_err(|e| Outside(e).into())
     }
 
+    /// Whether the target is `local` (a transport that does not drop).
+    pub fn is_local(&self) -> bool {
+        matches!(self.target(), Ok(Target::Local))
+    }
+
     /// The ssh options for the target's `user` and `port`.
     fn ssh(&self, user: Option<String>, port: Option<u16>, log: &LogArgs) -> SshOptions {
         let mut options = self.options.clone();
@@ -109,17 +114,53 @@ pub async fn connect(
     session: Option<SessionParams>,
 ) -> anyhow::Result<Client> {
     let options = args.client_options(session)?;
-    let what = || format!("connecting to {}", args.target);
-    match args.target()? {
+    let target = args.target()?;
+    connect_with(args, log, &target, options)
+        .await
+        .with_context(|| format!("connecting to {}", args.target))
+}
+
+/// Resume `client`'s (detached) session on a new connection to the same
+/// target with the same options ([`Client::reconnect`]: transport failures
+/// retried with `backoff`, a refusal of the agent returned at once).
+pub async fn reconnect(
+    args: &ConnectArgs,
+    log: &LogArgs,
+    client: &Client,
+    backoff: Backoff,
+) -> anyhow::Result<Client> {
+    let base = args.client_options(None)?;
+    let target = &args.target()?;
+    let connect = |resume: ClientOptions| {
+        let options = ClientOptions {
+            session: resume.session,
+            ..base.clone()
+        };
+        connect_with(args, log, target, options)
+    };
+    client
+        .reconnect(connect, backoff)
+        .await
+        .with_context(|| format!("resuming the session on {}", args.target))
+}
+
+/// Connect to `target` with `options`.
+async fn connect_with(
+    args: &ConnectArgs,
+    log: &LogArgs,
+    target: &Target,
+    options: ClientOptions,
+) -> Result<Client, Error> {
+    match target {
         Target::Local => {
-            let mut cmd = Target::Local.command().with_context(what)?;
+            let mut cmd = Target::Local.command()?;
             cmd.envs(log.remote_env());
-            Client::spawn(cmd, options).await.with_context(what)
+            Client::spawn(cmd, options).await
         }
         Target::Ssh { user, host, port } => {
-            let ssh = args.ssh(user, port, log);
-            let cmd = ssh.command(&host).with_context(what)?;
-            spawn_ssh(cmd, options).await.with_context(what)
+            let ssh = args.ssh(user.clone(), *port, log);
+            let cmd = ssh.command(host)?;
+            spawn_ssh(cmd, options).await
         }
     }
 }

@@ -7,21 +7,36 @@
 //! local stderr. The local stdin closing ends the job gracefully (its stdin
 //! closed, then `terminate`, then `kill`, `--grace` apart); a job that ends
 //! on its own ends the bridge with a non-zero status and the reason on
-//! stderr, so the MCP client sees an error instead of waiting. Uses the
-//! client library's [`Process`] (output complete and in seq order, a lag
-//! caught up with `process/read`) and `run`'s start parameters.
+//! stderr, so the MCP client sees an error instead of waiting. With
+//! `--reconnect` (on by default over ssh) the session outlives its
+//! transport for that long: when the connection ends under the bridge it
+//! connects again, resumes the session and goes on where it stopped, each
+//! message relayed once (output by seq, each stdin write with a `write_id`
+//! the agent does once); past the window it ends with an error and the
+//! host ends the session. Uses the client library's [`Process`] (output
+//! complete and in seq order, a lag caught up with `process/read`, taken
+//! up on a resumed connection with [`Process::resume_on`]),
+//! [`connect::reconnect`] and `run`'s start parameters.
 
+use super::connect::{self, ConnectArgs};
 use super::exit;
+use super::logging::LogArgs;
 use super::run::RunArgs;
 use super::sandbox::{report_degraded, SandboxArgs};
 use super::signals::Signals;
-use executor_client::protocol::types::process::{OutputStream, SignalName};
-use executor_client::{Client, Process, ProcessControl};
+use executor_client::protocol::methods;
+use executor_client::protocol::types::process::{
+    OutputStream, ProcessSignalParams, ProcessWriteParams, SignalName,
+};
+use executor_client::protocol::types::session::SessionParams;
+use executor_client::protocol::types::Empty;
+use executor_client::{Backoff, Client, Process};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 
 /// The longest line (message) relayed either way; a longer one ends the
 /// bridge with an error naming the bound.
@@ -30,6 +45,14 @@ pub const MAX_LINE: usize = 64 * 1024 * 1024;
 /// Whole lines from stdin sent in one `process/write` when they were read
 /// together, up to this many bytes.
 const BATCH: usize = 1024 * 1024;
+
+/// `--reconnect`'s default over ssh, in seconds.
+pub const DEFAULT_RECONNECT_SECS: u64 = 60;
+
+/// The server's output the agent keeps while the session is detached
+/// (with `--reconnect`): a 10 MiB tool result written during a drop is
+/// still there after the resume.
+const DETACHED_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
 
 // Parsed once per run: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
@@ -63,6 +86,13 @@ pub struct StdioArgs {
     /// killing it, once the local stdin closed.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub grace: f64,
+    /// Keep the session SECS after the connection drops (the server runs
+    /// on) and connect again within them, resuming it where it stopped,
+    /// each message relayed once; a longer drop ends the bridge (status
+    /// 255) and, on the host, the server. 0 turns it off. Default: 60 over
+    /// ssh, 0 for the local target.
+    #[arg(long, value_name = "SECS")]
+    pub reconnect: Option<u64>,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
     #[command(flatten)]
@@ -72,15 +102,138 @@ pub struct StdioArgs {
     pub argv: Vec<String>,
 }
 
-/// `mcp …`
-pub async fn mcp(client: &Client, cmd: McpCmd, signals: &mut Signals) -> anyhow::Result<i32> {
+impl McpCmd {
+    /// The session options: `mcp stdio` with `--reconnect` keeps its
+    /// session that long after a drop.
+    pub fn session_params(&self, conn: &ConnectArgs) -> Option<SessionParams> {
+        let McpCmd::Stdio(args) = self else {
+            return None;
+        };
+        let secs = args.reconnect_secs(conn);
+        (secs > 0).then(|| SessionParams {
+            resume: None,
+            detach_ttl_ms: Some(secs.saturating_mul(1000)),
+        })
+    }
+}
+
+impl StdioArgs {
+    fn reconnect_secs(&self, conn: &ConnectArgs) -> u64 {
+        self.reconnect.unwrap_or(if conn.is_local() {
+            0
+        } else {
+            DEFAULT_RECONNECT_SECS
+        })
+    }
+}
+
+/// `mcp …`; `conn` and `log` say how to connect again (`mcp stdio
+/// --reconnect`).
+pub async fn mcp(
+    client: &Client,
+    cmd: McpCmd,
+    conn: &ConnectArgs,
+    log: &LogArgs,
+    signals: &mut Signals,
+) -> anyhow::Result<i32> {
     match cmd {
-        McpCmd::Stdio(args) => stdio(client, args, signals).await,
+        McpCmd::Stdio(args) => {
+            let resume = Resume {
+                within: Duration::from_secs(args.reconnect_secs(conn)),
+                conn,
+                log,
+            };
+            // The connection in use: the first, then each resumed one.
+            let current = watch::Sender::new(client.clone());
+            let code = stdio(&current, args, &resume, signals).await;
+            // The last connection ends as the first would (the caller
+            // closes the first).
+            let last = current.borrow().clone();
+            if let Err(e) = last.close().await {
+                tracing::debug!(error = %e, "closing the connection");
+            }
+            code
+        }
         McpCmd::Http(args) => super::mcp_http::http(client, args, signals).await,
     }
 }
 
-async fn stdio(client: &Client, args: StdioArgs, signals: &mut Signals) -> anyhow::Result<i32> {
+/// `--reconnect`: how to connect again, and for how long to try.
+struct Resume<'a> {
+    /// Zero: no resume (the session ends with its connection).
+    within: Duration,
+    conn: &'a ConnectArgs,
+    log: &'a LogArgs,
+}
+
+impl Resume<'_> {
+    /// After the connection under `proc` ended: connect again, resume the
+    /// session and take `proc` up on the new connection (then published in
+    /// `current`), trying for at most `within` (the session's detach TTL:
+    /// past it the host ends the session and the server with it).
+    async fn resume(
+        &self,
+        proc: &mut Process,
+        current: &watch::Sender<Client>,
+        why: &executor_client::Error,
+    ) -> anyhow::Result<()> {
+        let target = &self.conn.target;
+        let id = proc.id().to_string();
+        let session = current.borrow().initialize_result().session_id.clone();
+        say!(
+            "executor-client: the connection to {target} ended ({why}); resuming session {session} of the MCP server {id}"
+        );
+        let backoff = Backoff {
+            attempts: u32::MAX,
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        };
+        let resumed = async {
+            loop {
+                let old = current.borrow().clone();
+                let new = connect::reconnect(self.conn, self.log, &old, backoff).await?;
+                // The dead transport's process is reaped apart.
+                tokio::spawn(old.close());
+                current.send_replace(new.clone());
+                match proc.resume_on(&new).await {
+                    // The new connection ended too: again.
+                    Err(e) if is_transport(&e) => {
+                        tracing::info!(error = %e, "the resumed connection ended");
+                    }
+                    r => return r.map_err(anyhow::Error::from),
+                }
+            }
+        };
+        match tokio::time::timeout(self.within, resumed).await {
+            Ok(Ok(())) => {
+                tracing::info!(process_id = %id, "session resumed");
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e.context(format!("the MCP server {id}"))),
+            Err(_) => Err(exit::Outside(format!(
+                "could not resume session {session} of the MCP server {id} on {target} within \
+                 --reconnect {} s; the host ends it (and the server) once that long detached",
+                self.within.as_secs()
+            ))
+            .into()),
+        }
+    }
+}
+
+/// Whether `e` is the connection ending (not an answer of the agent).
+fn is_transport(e: &executor_client::Error) -> bool {
+    matches!(
+        e,
+        executor_client::Error::Closed(_) | executor_client::Error::Io(_)
+    )
+}
+
+async fn stdio(
+    current: &watch::Sender<Client>,
+    args: StdioArgs,
+    resume: &Resume<'_>,
+    signals: &mut Signals,
+) -> anyhow::Result<i32> {
     if !(args.grace.is_finite() && (0.0..=3600.0).contains(&args.grace)) {
         return Err(exit::Outside(format!(
             "--grace {}: not a number of seconds between 0 and 3600",
@@ -101,16 +254,26 @@ async fn stdio(client: &Client, args: StdioArgs, signals: &mut Signals) -> anyho
         limits: args.limits,
         argv: args.argv,
     };
-    let (params, cwd) = run.start_params(client).await?;
+    let client = current.borrow().clone();
+    let (mut params, cwd) = run.start_params(&client).await?;
+    if !resume.within.is_zero() {
+        params.output_buffer_bytes = Some(DETACHED_OUTPUT_BYTES);
+    }
     let mut proc = match client.start(&params).await {
         Ok(p) => p,
         Err(e) => return super::run::start_failure(e, &cwd),
     };
     report_degraded("mcp stdio", proc.sandbox_degraded());
     let closed = Arc::new(AtomicBool::new(false));
-    let input = tokio::spawn(forward_lines(proc.control(), closed.clone(), grace));
+    let job = Job {
+        current: current.subscribe(),
+        resumable: !resume.within.is_zero(),
+        id: proc.id().to_string(),
+        writes: 0,
+    };
+    let input = tokio::spawn(forward_lines(job, closed.clone(), grace));
     let relayed = tokio::select! {
-        r = relay_output(&mut proc) => r,
+        r = relay_output(&mut proc, current, resume) => r,
         sig = signals.recv() => {
             tracing::debug!(signal = sig.name(), "ending the MCP server");
             let _ = proc.signal(SignalName::Terminate).await;
@@ -156,12 +319,27 @@ async fn stdio(client: &Client, args: StdioArgs, signals: &mut Signals) -> anyho
 
 /// The job's output until it exited: stdout lines to our stdout, whole
 /// lines only (a trailing unfinished line is dropped and reported),
-/// stderr as it comes to our stderr.
-async fn relay_output(proc: &mut Process) -> anyhow::Result<()> {
+/// stderr as it comes to our stderr. The connection ending under it is
+/// resumed (with `--reconnect`) and the relay goes on from the next chunk
+/// by seq: a line cut by the drop is completed, not sent twice.
+async fn relay_output(
+    proc: &mut Process,
+    current: &watch::Sender<Client>,
+    resume: &Resume<'_>,
+) -> anyhow::Result<()> {
     let mut out = tokio::io::stdout();
     let mut err = std::io::stderr();
     let mut pending: Vec<u8> = Vec::new();
-    while let Some(chunk) = proc.next_output().await? {
+    loop {
+        let chunk = match proc.next_output().await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) if is_transport(&e) && !resume.within.is_zero() => {
+                resume.resume(proc, current, &e).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if chunk.stream == OutputStream::Stderr {
             err.write_all(&chunk.data)?;
             err.flush()?;
@@ -197,7 +375,7 @@ async fn relay_output(proc: &mut Process) -> anyhow::Result<()> {
 /// after `grace` and killed after another. Returns the write error that
 /// stopped it, if one did.
 async fn forward_lines(
-    job: ProcessControl,
+    mut job: Job,
     closed: Arc<AtomicBool>,
     grace: Duration,
 ) -> Option<anyhow::Error> {
@@ -224,19 +402,19 @@ async fn forward_lines(
                 stdin.consume(end + 1);
             }
         }
-        if let Err(e) = job.write(&line).await {
+        if let Err(e) = job.write(&line, false).await {
             return Some(e.into());
         }
     }
     closed.store(true, Ordering::SeqCst);
-    if let Err(e) = job.close_stdin().await {
+    if let Err(e) = job.write(&[], true).await {
         tracing::debug!(error = %e, "closing the MCP server's stdin");
     }
     tokio::time::sleep(grace).await;
-    tracing::info!(process_id = %job.id(), "the MCP server outlived its stdin: terminating it");
+    tracing::info!(process_id = %job.id, "the MCP server outlived its stdin: terminating it");
     let _ = job.signal(SignalName::Terminate).await;
     tokio::time::sleep(grace).await;
-    tracing::info!(process_id = %job.id(), "killing the MCP server");
+    tracing::info!(process_id = %job.id, "killing the MCP server");
     let _ = job.signal(SignalName::Kill).await;
     None
 }
@@ -266,6 +444,64 @@ async fn read_line(
         r.consume(take);
         if done {
             return Ok(line.len());
+        }
+    }
+}
+
+/// The job's stdin and signals, apart from its output, on the connection
+/// in use.
+struct Job {
+    current: watch::Receiver<Client>,
+    /// A request the connection's end cut off is sent again once the
+    /// output side resumed the session (`--reconnect`).
+    resumable: bool,
+    id: String,
+    /// Writes made so far (the next `write_id`).
+    writes: u64,
+}
+
+impl Job {
+    /// Write `data` (then close stdin with `close`), once: every write
+    /// carries a `write_id`, so one the agent got before the connection
+    /// ended is not done again when sent again after the resume.
+    async fn write(&mut self, data: &[u8], close: bool) -> Result<(), executor_client::Error> {
+        self.writes += 1;
+        let params = ProcessWriteParams {
+            process_id: self.id.clone(),
+            data: serde_bytes::ByteBuf::from(data.to_vec()),
+            close_stdin: close,
+            write_id: Some(format!("mcp-{}", self.writes)),
+        };
+        self.request(methods::PROCESS_WRITE, &params).await
+    }
+
+    async fn signal(&mut self, signal: SignalName) -> Result<(), executor_client::Error> {
+        let params = ProcessSignalParams {
+            process_id: self.id.clone(),
+            signal,
+        };
+        self.request(methods::PROCESS_SIGNAL, &params).await
+    }
+
+    /// `method` on the connection in use; cut off by its end, sent again on
+    /// the resumed one (when there is a resume: else the error).
+    async fn request<P: serde::Serialize>(
+        &mut self,
+        method: &str,
+        params: &P,
+    ) -> Result<(), executor_client::Error> {
+        loop {
+            let client = self.current.borrow_and_update().clone();
+            match client.request::<_, Empty>(method, params).await {
+                Err(e) if self.resumable && is_transport(&e) => {
+                    tracing::debug!(error = %e, method, "cut off: sent again once resumed");
+                    // A bridge that cannot resume ends (and this task).
+                    if self.current.changed().await.is_err() {
+                        return Err(e);
+                    }
+                }
+                r => return r.map(|_| ()),
+            }
         }
     }
 }

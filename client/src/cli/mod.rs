@@ -161,6 +161,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let session = match &cli.command {
         Cmd::Run(r) => r.session_params(),
         Cmd::Attach(a) => Some(a.session_params()?),
+        Cmd::Mcp(m) => m.session_params(&cli.conn),
         _ => None,
     };
     let client = tokio::select! {
@@ -171,7 +172,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Run(args) => run::run(&client, args, &mut signals).await,
         Cmd::Shell => run::shell(&client, &mut signals).await,
         Cmd::Attach(args) => run::attach(&client, args, &mut signals).await,
-        Cmd::Mcp(cmd) => mcp::mcp(&client, cmd, &mut signals).await,
+        Cmd::Mcp(cmd) => mcp::mcp(&client, cmd, &cli.conn, &cli.log, &mut signals).await,
         other => interruptible(&client, other, &mut signals).await,
     };
     // The connection ends with this client's clones; the agent ends the

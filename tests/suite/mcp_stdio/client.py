@@ -56,9 +56,11 @@ async def scenario(s, mode, extra):
             r = await s.call_tool(tool, args)
             out(f"call{i}", json.dumps({"error": bool(getattr(r, "is_error", None) or getattr(r, "isError", False)), "text": text(r)}))
     elif mode == "numbered":
-        # Numbered progress notifications while ticks go the other way; the
-        # first notification is announced (the test drops the transport
-        # then). Each number and each tick must come exactly once.
+        # Numbered progress notifications while batches of calls go the
+        # other way (a tick and four adds at once); the first notification
+        # is announced (the test drops the transport then). Each number and
+        # each call must come exactly once, each answer the right one.
+        out("pid", text(await s.call_tool("pid", {})))
         seen = []
         async def on_progress(p, total, message):
             seen.append(int(p))
@@ -68,14 +70,20 @@ async def scenario(s, mode, extra):
         call = asyncio.ensure_future(
             s.call_tool("numbered", {"count": count, "delay": extra["delay"]},
                         progress_callback=on_progress))
-        sent = 0
+        sent, counts, adds_right = 0, [], True
         while not call.done():
-            await s.call_tool("tick", {})
+            adds = [s.call_tool("add", {"a": sent * 10 + i, "b": 1}) for i in range(4)]
+            rs = await asyncio.gather(s.call_tool("tick", {}), *adds)
+            counts.append(int(text(rs[0])))
+            adds_right &= all(text(r) == str(sent * 10 + i + 1) for i, r in enumerate(rs[1:]))
             sent += 1
             await asyncio.sleep(extra["delay"])
         r = text(await call)
         out("numbered", f"{r} {len(seen)} {seen == list(range(1, count + 1))}")
+        # Sent, received by the server, distinct ids received.
         out("ticks", f"{sent} {text(await s.call_tool('ticks', {}))}")
+        # Tick k answered k (the server counted each once), every add right.
+        out("answers", f"{counts == list(range(1, sent + 1))} {adds_right}")
     elif mode == "hold":
         out("pid", text(await s.call_tool("pid", {})))
         await asyncio.sleep(3600)
