@@ -8,6 +8,7 @@
 mod agent_cost;
 mod codex;
 mod egress;
+mod limits;
 mod mcp_stdio;
 mod scale;
 mod ssh_read;
@@ -590,6 +591,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("reads-32") {
         rows.push(scale::concurrent_reads().await?);
+    }
+    if want("limits") {
+        rows.push(limits::start_cost(args.iterations.min(200)).await?);
     }
     if want("mcp-stdio") {
         rows.extend(mcp_stdio::rows().await?);
