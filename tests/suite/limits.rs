@@ -642,7 +642,8 @@ async fn a_killed_agents_cgroups_are_swept_at_the_next_start() {
     // The supervisor kills the job when the agent dies; its directories
     // stay until an agent starts.
     assert!(none_left(&m).await.is_empty());
-    assert!(dirs.iter().any(|d| d.exists()), "left by the killed agent");
+    // Its directories stay until an agent of this user starts (another
+    // test's agent, running in parallel, may be the one that sweeps them).
     let b = agent(Mode::Root, None).await.unwrap();
     b.c.environment_info().await.unwrap();
     for d in &dirs {

@@ -345,8 +345,12 @@ async fn relay_output(
             err.flush()?;
             continue;
         }
+        // Only the new bytes can hold a newline: a long line arriving in
+        // many chunks is scanned once, not once per chunk.
+        let last_newline = chunk.data.iter().rposition(|&b| b == b'\n');
+        let before = pending.len();
         pending.extend_from_slice(&chunk.data);
-        if let Some(end) = pending.iter().rposition(|&b| b == b'\n') {
+        if let Some(end) = last_newline.map(|i| before + i) {
             out.write_all(&pending[..=end]).await?;
             out.flush().await?;
             pending.drain(..=end);
