@@ -38,7 +38,7 @@ mod transfer;
 mod tty_question;
 mod web;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use executor_client::Client;
 
 /// Drive an executor agent, locally or over ssh: run commands (optionally
@@ -117,13 +117,16 @@ pub enum Cmd {
 
 /// Parse, run, and return the exit status.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() { exit::USAGE } else { 0 };
         }
     };
+    cli.conn
+        .merge_options(connect::options_before_verb(&Cli::command(), &argv));
     logging::init(&cli.log);
     if let Cmd::Generate { kind } = &cli.command {
         return exit::report(man::generate(kind).map(|()| 0));
