@@ -95,7 +95,8 @@ fn logging_ssh(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
 // Issue 33, item 4: ssh's flags after the verb, as `--target` is taken
 // there (`run --target box -F cfg`), and `-o "Key Value"` as ssh takes it;
 // every `-o` of both sides reaches ssh. Variants: every flag after the
-// verb, `-o` on both sides, a malformed `-o` (bad usage, 2, naming it).
+// verb (-F with a Host alias; -i -p -l), `-o` on both sides, `get -p`
+// still get's own, a malformed `-o` (bad usage, 2, naming it).
 #[test]
 fn issue33_connection_flags_are_taken_after_the_verb() {
     let sshd = Sshd::start("", "");
@@ -145,6 +146,51 @@ fn issue33_connection_flags_are_taken_after_the_verb() {
         "{argv}"
     );
     assert!(argv.contains("|-o|BatchMode=yes|"), "{argv}");
+    // -i -p -l after the verb (`run` has no such letter of its own).
+    let mut args: Vec<String> = vec!["--target".into(), "127.0.0.1".into(), "run".into()];
+    args.extend(["-i".into(), s(&sshd.client_key).into()]);
+    args.extend([
+        "-p".into(),
+        sshd.port.to_string(),
+        "-l".into(),
+        sshd.user.clone(),
+    ]);
+    args.extend(["--remote-command".into(), exe.clone()]);
+    for o in sshd.ssh_o_options() {
+        args.extend(["-o".into(), o]);
+    }
+    args.extend(["--", "sh", "-c", "echo via-$SSH_CONNECTION"].map(String::from));
+    let out = Command::new(client_bin())
+        .args(&args)
+        .env_remove("EXECUTOR_TARGET")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("via-127.0.0.1"),
+        "{}",
+        text(&out)
+    );
+    // After `get`, -p is get's (modes and times), the port before it.
+    let file = dir.join("stamped");
+    std::fs::write(&file, "x").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_234_567_890))
+        .unwrap();
+    let got = dir.join("got");
+    let out = Command::new(client_bin())
+        .args(ssh_flags(&sshd, &exe))
+        .args(["get", "-p", s(&file), s(&got)])
+        .env_remove("EXECUTOR_TARGET")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::metadata(&got).unwrap().mtime(), 1_234_567_890);
     // Both sides: the -o before the verb and the one after both reach ssh.
     std::fs::write(&log, "").unwrap();
     let (first, rest) = spaced.split_first().unwrap();

@@ -1,5 +1,6 @@
 //! The target and the ssh options (OpenSSH's flags where they mean the same
-//! thing; all but `-i` and `-p` also after the verb, as `--target` is), and
+//! thing; also after the verb, as `--target` is, but `-i` after `http` and
+//! `-p` after `get`, `put` and `mkdir`, which are theirs), and
 //! connecting: bounded by `--connect-timeout`, with the terminal handed to
 //! ssh while it may prompt; `-v` logs the ssh command line run.
 
@@ -19,9 +20,9 @@ pub struct ConnectArgs {
     /// host (a Host alias of ~/.ssh/config).
     #[arg(long, global = true, env = "EXECUTOR_TARGET", default_value = "local")]
     pub target: String,
-    /// ssh: the identity (private key) file (before the verb only: `-i` is
-    /// `http`'s own).
-    #[arg(short = 'i', value_name = "IDENTITY_FILE")]
+    /// ssh: the identity (private key) file (for `http`, before the verb:
+    /// `-i` after it is `http`'s own).
+    #[arg(short = 'i', value_name = "IDENTITY_FILE", global = true)]
     pub identity: Option<PathBuf>,
     /// ssh: an option in ssh_config form (repeatable), `-o KEY=VALUE` or
     /// `-o "KEY VALUE"`, e.g. `-o StrictHostKeyChecking=accept-new`.
@@ -33,9 +34,9 @@ pub struct ConnectArgs {
     /// ssh: jump through these hosts (ProxyJump), `[user@]host[:port][,...]`.
     #[arg(short = 'J', value_name = "DESTINATION", global = true)]
     pub jump: Option<String>,
-    /// ssh: the port (instead of the target's, or ssh's default; before the
-    /// verb only: `-p` is `get`'s, `put`'s and `mkdir`'s own).
-    #[arg(short = 'p', value_name = "PORT")]
+    /// ssh: the port (instead of the target's, or ssh's default; for `get`,
+    /// `put` and `mkdir`, before the verb: `-p` after it is theirs).
+    #[arg(short = 'p', value_name = "PORT", global = true)]
     pub port: Option<u16>,
     /// ssh: the remote user (instead of the target's, or ssh's default).
     #[arg(short = 'l', value_name = "LOGIN", global = true)]
@@ -124,6 +125,47 @@ impl ConnectArgs {
                 .unwrap_or_else(|| "ssh".into()),
         })
     }
+}
+
+/// `cmd` (the CLI) with its global ssh flags kept out of the verbs that
+/// have a flag of the same letter (`get -p`, `http -i`): such a verb gets a
+/// hidden, long-only placeholder under the ssh flag's id, and clap does not
+/// propagate a global to a command that has an argument of its id.
+pub fn keep_verbs_letters(cmd: clap::Command) -> clap::Command {
+    fn shadow(mut sub: clap::Command) -> clap::Command {
+        let placeholders: [(char, fn() -> clap::Arg); 2] = [
+            ('p', || {
+                clap::Arg::new("port")
+                    .long("ssh-port")
+                    .value_parser(clap::value_parser!(u16))
+            }),
+            ('i', || {
+                clap::Arg::new("identity")
+                    .long("ssh-identity")
+                    .value_parser(clap::value_parser!(PathBuf))
+            }),
+        ];
+        for (letter, placeholder) in placeholders {
+            if sub.get_arguments().any(|a| a.get_short() == Some(letter)) {
+                sub = sub.arg(placeholder().hide(true));
+            }
+        }
+        let nested: Vec<String> = sub
+            .get_subcommands()
+            .map(|s| s.get_name().to_string())
+            .collect();
+        for name in nested {
+            sub = sub.mut_subcommand(name, shadow);
+        }
+        sub
+    }
+    let verbs: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    verbs
+        .into_iter()
+        .fold(cmd, |cmd, name| cmd.mut_subcommand(name, shadow))
 }
 
 /// The `-o` values given before the verb in `argv`. `-o` is a global flag,

@@ -4,8 +4,6 @@
 //! completions, for packaging. The page names no other page of this
 //! project: only this one is shipped per binary.
 
-use super::Cli;
-use clap::CommandFactory;
 use std::io::Write;
 
 const EXIT_STATUS: &str = r#".SH "EXIT STATUS"
@@ -86,7 +84,7 @@ Run on this machine (the local agent), in the user's login environment.
 Run on devbox (a Host of ~/.ssh/config), reading /usr, writing only /tmp/work, without network.
 .TP
 \fBexecutor\-client \-i ~/.ssh/ci \-p 2222 \-o StrictHostKeyChecking=accept\-new \-\-target ci@build1 run \-t \-\- htop\fR
-ssh flags as ssh takes them (all but \fB\-i\fR and \fB\-p\fR also after the verb, as \fB\-\-target\fR; \fB\-o "Key Value"\fR too); \fB\-t\fR gives the command a terminal; \fB\-v\fR shows the ssh command line run.
+ssh flags as ssh takes them (also after the verb, as \fB\-\-target\fR, but for \fBhttp \-i\fR and \fBget\fR/\fBput\fR/\fBmkdir \-p\fR, which are theirs; \fB\-o "Key Value"\fR too); \fB\-t\fR gives the command a terminal; \fB\-v\fR shows the ssh command line run.
 .TP
 \fBexecutor\-client \-\-target devbox get \-r \-p logs .\fR
 Copy ~/logs from devbox into ./logs, keeping modes (without \fB\-p\fR too, less the umask) and mtimes; a symlink inside stays a link with the same target (never followed).
@@ -109,7 +107,7 @@ POST from devbox's side of the network.
 
 /// Print the man page or a completion script.
 pub fn generate(kind: &str) -> anyhow::Result<()> {
-    let (mut cmd, mut text) = (Cli::command(), Vec::new());
+    let (mut cmd, mut text) = (super::command(), Vec::new());
     match kind {
         "man" => page(cmd, &mut text)?,
         shell => {
