@@ -373,6 +373,10 @@ fn issue33_errors_are_said_once_with_the_documented_status() {
         ),
         (vec!["run", "--env", "NOEQUALS", "--", "true"], "NOEQUALS"),
         (vec!["run", "--env", "=x", "--", "true"], "\"=x\""),
+        (
+            vec!["--connect-timeout", "nan", "info"],
+            "--connect-timeout NaN",
+        ),
     ] {
         let out = Via::Local.output(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));

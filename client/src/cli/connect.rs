@@ -69,7 +69,7 @@ impl ConnectArgs {
     fn client_options(&self, session: Option<SessionParams>) -> anyhow::Result<ClientOptions> {
         let secs = self.connect_timeout;
         if !(secs.is_finite() && secs >= 0.0) {
-            return Err(Outside(format!(
+            return Err(Usage(format!(
                 "--connect-timeout {secs} is not a number of seconds"
             ))
             .into());
