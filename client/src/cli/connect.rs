@@ -394,3 +394,56 @@ mod terminal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn o_takes_both_of_ssh_forms_and_names_a_bad_one() {
+        for given in [
+            "BatchMode=yes",
+            "BatchMode yes",
+            "BatchMode = yes",
+            " BatchMode\t=yes",
+        ] {
+            assert_eq!(ssh_option(given).unwrap(), "BatchMode=yes", "{given:?}");
+        }
+        assert_eq!(
+            ssh_option("SetEnv A=1 B=2").unwrap(),
+            "SetEnv=A=1 B=2",
+            "the value keeps its own = and blanks"
+        );
+        for bad in [
+            "",
+            "=yes",
+            "Batch-Mode=yes",
+            "-oProxyCommand=x",
+            "NoValue",
+            "User=x\nHost=y",
+        ] {
+            let e = ssh_option(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_o_options_before_the_verb_are_found_whatever_their_form() {
+        let argv = |words: &[&str]| -> Vec<std::ffi::OsString> {
+            std::iter::once("executor-client")
+                .chain(words.iter().copied())
+                .map(Into::into)
+                .collect()
+        };
+        let cmd = super::super::command();
+        assert_eq!(
+            options_before_verb(
+                &cmd,
+                &argv(&["-oA=1", "-vo", "B 2", "--target", "run", "-o", "C=3", "run", "-o", "D=4"])
+            ),
+            vec!["A=1", "B 2", "C=3"],
+            "--target's value `run` is not the verb"
+        );
+        assert!(options_before_verb(&cmd, &argv(&["info", "-o", "A=1"])).is_empty());
+    }
+}
