@@ -93,14 +93,15 @@ impl ConnectArgs {
         self.options.iter().map(|o| ssh_option(o)).collect()
     }
 
-    /// The ssh options for the target's `user` and `port`.
-    fn ssh(
-        &self,
-        user: Option<String>,
-        port: Option<u16>,
-        log: &LogArgs,
-    ) -> Result<SshOptions, Usage> {
-        let mut options = self.ssh_options()?;
+    /// The ssh options for the target's `user` and `port`; the `-o`
+    /// options as `KEY=VALUE` (checked before: [`ConnectArgs::ssh_options`];
+    /// one that is not an option is left for the library to refuse).
+    fn ssh(&self, user: Option<String>, port: Option<u16>, log: &LogArgs) -> SshOptions {
+        let mut options: Vec<String> = self
+            .options
+            .iter()
+            .map(|o| ssh_option(o).unwrap_or_else(|_| o.clone()))
+            .collect();
         // Honoured where sshd accepts them (`AcceptEnv RUST_LOG EXECUTOR_LOG_JSON`).
         // One SetEnv with every variable: ssh takes an option's first value.
         let env: Vec<String> = log
@@ -111,7 +112,7 @@ impl ConnectArgs {
         if !env.is_empty() {
             options.push(format!("SetEnv={}", env.join(" ")));
         }
-        Ok(SshOptions {
+        SshOptions {
             user: self.login.clone().or(user),
             port: self.port.or(port),
             identity: self.identity.clone(),
@@ -123,7 +124,7 @@ impl ConnectArgs {
             ssh_program: std::env::var_os("EXECUTOR_SSH")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| "ssh".into()),
-        })
+        }
     }
 }
 
@@ -276,7 +277,7 @@ pub async fn connect(
             Client::spawn(cmd, options).await.with_context(what)
         }
         Target::Ssh { user, host, port } => {
-            let ssh = args.ssh(user, port, log)?;
+            let ssh = args.ssh(user, port, log);
             let cmd = ssh.command(&host).with_context(what)?;
             // ssh's argv holds no secret of ours (the session's token
             // travels inside the connection): shown at -v.
@@ -323,7 +324,8 @@ pub async fn bootstrap(
         )
         .into());
     };
-    let ssh = args.ssh(user, port, &LogArgs::default())?;
+    args.ssh_options()?;
+    let ssh = args.ssh(user, port, &LogArgs::default());
     let Some(from) = from else {
         let found = executor_client::bootstrap::check(&host, &ssh, Some(remote_dir))
             .await
