@@ -15,6 +15,8 @@ mod cli_jobs;
 mod cli_quoting;
 #[path = "suite/cli_terminal.rs"]
 mod cli_terminal;
+#[path = "suite/cli_ux.rs"]
+mod cli_ux;
 #[path = "suite/client.rs"]
 mod client;
 #[path = "suite/codex_catchup.rs"]

@@ -78,11 +78,23 @@ impl Client {
         path: impl Into<WirePath>,
         recursive: bool,
     ) -> Result<(), Error> {
+        self.create_directory_with_mode(path, recursive, None).await
+    }
+
+    /// `fs/createDirectory` giving the new directory `mode` (exactly; an
+    /// existing one keeps its own).
+    pub async fn create_directory_with_mode(
+        &self,
+        path: impl Into<WirePath>,
+        recursive: bool,
+        mode: Option<u32>,
+    ) -> Result<(), Error> {
         self.empty_request(
             m::FS_CREATE_DIRECTORY,
             &CreateDirectoryParams {
                 path: path.into(),
                 recursive,
+                mode,
                 sandbox: self.intent(),
                 cwd: None,
             },

@@ -4,6 +4,8 @@
 //! - the launcher's `executor-launch: …` line (`executor_protocol::launch`)
 //!   is taken out and logged (info, target `executor_client`): which agent
 //!   binary the host runs;
+//! - a line's `\r\n` (OpenSSH ends its own messages so) is passed on as
+//!   `\n`;
 //! - the last [`TAIL_BYTES`] are kept, so a transport that ends before the
 //!   agent answered can be reported with the agent's own words
 //!   ([`crate::Error::Exited`]).
@@ -36,6 +38,9 @@ impl Relay {
                 match lines.read_until(b'\n', &mut line).await {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
+                }
+                if line.ends_with(b"\r\n") {
+                    line.remove(line.len() - 2);
                 }
                 let text = String::from_utf8_lossy(&line);
                 if let Some(which) = text.strip_prefix(executor_protocol::launch::MARKER) {

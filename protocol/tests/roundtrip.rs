@@ -675,12 +675,15 @@ rt!(
 );
 rt!(
     fs_create_directory,
-    (wpath(), any::<bool>()).prop_map(|(path, recursive)| CreateDirectoryParams {
-        path,
-        recursive,
-        sandbox: None,
-        cwd: None
-    })
+    (wpath(), any::<bool>(), proptest::option::of(0u32..0o10000)).prop_map(
+        |(path, recursive, mode)| CreateDirectoryParams {
+            path,
+            recursive,
+            mode,
+            sandbox: None,
+            cwd: None
+        }
+    )
 );
 rt!(
     fs_remove,

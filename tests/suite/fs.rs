@@ -223,6 +223,7 @@ pub async fn errors_name_the_path_on(c: &Client) {
         c.call(&CreateDirectoryParams {
             path: p(&d),
             recursive: false,
+            mode: None,
             sandbox: None,
             cwd: None,
         })

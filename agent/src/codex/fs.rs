@@ -529,6 +529,7 @@ pub async fn create_directory(conn: &Conn, params: Value) -> Result<Value, RpcEr
         &CreateDirectoryParams {
             path: wire(&path),
             recursive,
+            mode: None,
             sandbox: scope.sandbox.clone(),
             cwd: scope.cwd.clone(),
         },

@@ -69,7 +69,8 @@ pub fn io_error(e: &io::Error, path: &Path, what: &str) -> WireError {
     let errno = e.raw_os_error().unwrap_or(0);
     let code = match errno {
         libc::ENOENT => ErrorCode::NotFound,
-        libc::EACCES | libc::EPERM => ErrorCode::PermissionDenied,
+        // A read-only filesystem refuses the write as a permission does.
+        libc::EACCES | libc::EPERM | libc::EROFS => ErrorCode::PermissionDenied,
         libc::EEXIST | libc::ENOTEMPTY => ErrorCode::AlreadyExists,
         libc::ENOTDIR => ErrorCode::NotADirectory,
         libc::EISDIR => ErrorCode::IsADirectory,
@@ -88,6 +89,43 @@ pub fn io_error(e: &io::Error, path: &Path, what: &str) -> WireError {
     WireError::new(code, format!("{what} {}: {e}", path.display()))
         .with("path", wire_path_value(path))
         .with("errno", errno)
+}
+
+/// An error making a new entry (`what` it was, for `path`) in the opened
+/// directory `dir`. ENOENT there, while the directory is still linked, is
+/// not a missing path: the filesystem takes no new names (procfs, sysfs
+/// answer so): `permission_denied` saying which filesystem; anything else
+/// as [`io_error`].
+pub fn create_error(e: nix::errno::Errno, dir: &OwnedFd, path: &Path, what: &str) -> WireError {
+    let still_linked = nix::sys::stat::fstat(dir).is_ok_and(|st| st.st_nlink > 0);
+    if e != nix::errno::Errno::ENOENT || !still_linked {
+        return io_error(&e.into(), path, what);
+    }
+    let fs = nix::sys::statfs::fstatfs(dir)
+        .map(|s| fs_name(s.filesystem_type()))
+        .unwrap_or("its");
+    let dir_shown = path.parent().unwrap_or(path).display();
+    WireError::new(
+        ErrorCode::PermissionDenied,
+        format!(
+            "{what} {}: {dir_shown} takes no new files ({fs} filesystem; ENOENT); nothing was written",
+            path.display()
+        ),
+    )
+    .with("path", wire_path_value(path))
+    .with("errno", libc::ENOENT)
+}
+
+/// A filesystem's name by its `statfs` magic, for messages.
+fn fs_name(kind: nix::sys::statfs::FsType) -> &'static str {
+    use nix::sys::statfs::*;
+    match kind {
+        PROC_SUPER_MAGIC => "the proc",
+        SYSFS_MAGIC => "the sysfs",
+        CGROUP2_SUPER_MAGIC => "the cgroup2",
+        DEBUGFS_MAGIC => "the debugfs",
+        _ => "its",
+    }
 }
 
 /// A path as a wire value: str when UTF-8, bin otherwise.
@@ -377,7 +415,14 @@ pub fn create_temp(target: confine::Resolved) -> Result<TempFile, WireError> {
             | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::from_bits_truncate(0o666),
     )
-    .map_err(|e| io_error(&e.into(), &target.path, "cannot create a temp file beside"))?;
+    .map_err(|e| {
+        create_error(
+            e,
+            &target.parent,
+            &target.path,
+            "cannot create a temp file beside",
+        )
+    })?;
     Ok(TempFile {
         file: std::fs::File::from(fd),
         dir: target.parent,
@@ -508,7 +553,14 @@ pub async fn write_file(s: &Arc<Session>, p: WriteFileParams) -> Result<Empty, W
                 Err(nix::errno::Errno::ELOOP) if path.link_out.is_some() => {
                     return Err(path.link_out.clone().expect("checked"))
                 }
-                Err(e) => return Err(io_error(&e.into(), &path.path, "cannot open for writing")),
+                Err(e) => {
+                    return Err(create_error(
+                        e,
+                        &path.parent,
+                        &path.path,
+                        "cannot open for writing",
+                    ))
+                }
             };
             if path.confined {
                 let st = nix::sys::stat::fstat(&fd)
@@ -561,20 +613,46 @@ pub async fn create_directory(
     s: &Arc<Session>,
     p: CreateDirectoryParams,
 ) -> Result<Empty, WireError> {
+    check_mode(p.mode)?;
     let path = target(s, &p, Open::write(p.recursive))?;
+    check_confined_mode(p.mode, &path)?;
     blocking(move || {
         match nix::sys::stat::mkdirat(
             &path.parent,
             path.name()?,
             nix::sys::stat::Mode::from_bits_truncate(0o777),
         ) {
+            // The mode asked for, exactly (fchmod is not subject to the
+            // umask), on the directory just made, opened without following
+            // a link put in its place.
+            Ok(()) if p.mode.is_some() => {
+                use nix::fcntl::OFlag;
+                let mode = p.mode.unwrap_or(0o777);
+                nix::fcntl::openat(
+                    &path.parent,
+                    path.name()?,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .and_then(|fd| {
+                    nix::sys::stat::fchmod(&fd, nix::sys::stat::Mode::from_bits_truncate(mode))
+                })
+                .map_err(|e| io_error(&e.into(), &path.path, "cannot set the mode of"))?;
+            }
             Ok(()) => {}
             // `recursive` is `mkdir -p`: an existing directory is fine.
             Err(nix::errno::Errno::EEXIST)
                 if p.recursive
                     && stat_at(&path.parent, path.name()?)
                         .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) => {}
-            Err(e) => return Err(io_error(&e.into(), &path.path, "cannot create directory")),
+            Err(e) => {
+                return Err(create_error(
+                    e,
+                    &path.parent,
+                    &path.path,
+                    "cannot create directory",
+                ))
+            }
         }
         Ok(Empty {})
     })

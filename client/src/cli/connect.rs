@@ -1,8 +1,10 @@
 //! The target and the ssh options (OpenSSH's flags where they mean the same
-//! thing), and connecting: bounded by `--connect-timeout`, with the terminal
-//! handed to ssh while it may prompt.
+//! thing; also after the verb, as `--target` is, but `-i` after `http` and
+//! `-p` after `get`, `put` and `mkdir`, which are theirs), and
+//! connecting: bounded by `--connect-timeout`, with the terminal handed to
+//! ssh while it may prompt; `-v` logs the ssh command line run.
 
-use super::exit::Outside;
+use super::exit::{Outside, Usage};
 use super::logging::LogArgs;
 use anyhow::Context;
 use executor_client::protocol::types::session::SessionParams;
@@ -18,44 +20,56 @@ pub struct ConnectArgs {
     /// host (a Host alias of ~/.ssh/config).
     #[arg(long, global = true, env = "EXECUTOR_TARGET", default_value = "local")]
     pub target: String,
-    /// ssh: the identity (private key) file.
-    #[arg(short = 'i', value_name = "IDENTITY_FILE")]
+    /// ssh: the identity (private key) file (for `http`, before the verb:
+    /// `-i` after it is `http`'s own).
+    #[arg(short = 'i', value_name = "IDENTITY_FILE", global = true)]
     pub identity: Option<PathBuf>,
-    /// ssh: an option in ssh_config form (repeatable), e.g. `-o
-    /// StrictHostKeyChecking=accept-new`.
-    #[arg(short = 'o', value_name = "KEY=VALUE")]
+    /// ssh: an option in ssh_config form (repeatable), `-o KEY=VALUE` or
+    /// `-o "KEY VALUE"`, e.g. `-o StrictHostKeyChecking=accept-new`.
+    #[arg(short = 'o', value_name = "KEY=VALUE", global = true)]
     pub options: Vec<String>,
     /// ssh: the configuration file (instead of ~/.ssh/config).
-    #[arg(short = 'F', value_name = "CONFIG")]
+    #[arg(short = 'F', value_name = "CONFIG", global = true)]
     pub config: Option<PathBuf>,
     /// ssh: jump through these hosts (ProxyJump), `[user@]host[:port][,...]`.
-    #[arg(short = 'J', value_name = "DESTINATION")]
+    #[arg(short = 'J', value_name = "DESTINATION", global = true)]
     pub jump: Option<String>,
-    /// ssh: the port (instead of the target's, or ssh's default).
-    #[arg(short = 'p', value_name = "PORT")]
+    /// ssh: the port (instead of the target's, or ssh's default; for `get`,
+    /// `put` and `mkdir`, before the verb: `-p` after it is theirs).
+    #[arg(short = 'p', value_name = "PORT", global = true)]
     pub port: Option<u16>,
     /// ssh: the remote user (instead of the target's, or ssh's default).
-    #[arg(short = 'l', value_name = "LOGIN")]
+    #[arg(short = 'l', value_name = "LOGIN", global = true)]
     pub login: Option<String>,
     /// ssh: ask for the `executor` subsystem (`ssh -s`) instead of running
     /// a command.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub subsystem: bool,
     /// ssh: the agent's path on the host (a plain path; default
     /// `executor`), or the subsystem's name with --subsystem.
-    #[arg(long, value_name = "PATH", default_value = "executor")]
+    #[arg(long, value_name = "PATH", default_value = "executor", global = true)]
     pub remote_command: String,
     /// How long to wait for the agent's preamble, and then for its
     /// `initialize` answer, in seconds (0: for ever).
-    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, global = true)]
     pub connect_timeout: f64,
 }
 
 impl ConnectArgs {
+    /// Every `-o` of the command line: `before` (those given before the
+    /// verb, [`options_before_verb`]) and then the verb's own, when clap
+    /// kept those instead.
+    pub fn merge_options(&mut self, before: Vec<String>) {
+        if !before.is_empty() && self.options != before {
+            let after = std::mem::take(&mut self.options);
+            self.options = before.into_iter().chain(after).collect();
+        }
+    }
+
     fn client_options(&self, session: Option<SessionParams>) -> anyhow::Result<ClientOptions> {
         let secs = self.connect_timeout;
         if !(secs.is_finite() && secs >= 0.0) {
-            return Err(Outside(format!(
+            return Err(Usage(format!(
                 "--connect-timeout {secs} is not a number of seconds"
             ))
             .into());
@@ -78,9 +92,21 @@ impl ConnectArgs {
         matches!(self.target(), Ok(Target::Local))
     }
 
-    /// The ssh options for the target's `user` and `port`.
+    /// The `-o` options as ssh_config's `KEY=VALUE`, each checked: bad
+    /// usage names the first that is not an option.
+    fn ssh_options(&self) -> Result<Vec<String>, Usage> {
+        self.options.iter().map(|o| ssh_option(o)).collect()
+    }
+
+    /// The ssh options for the target's `user` and `port`; the `-o`
+    /// options as `KEY=VALUE` (checked before: [`ConnectArgs::ssh_options`];
+    /// one that is not an option is left for the library to refuse).
     fn ssh(&self, user: Option<String>, port: Option<u16>, log: &LogArgs) -> SshOptions {
-        let mut options = self.options.clone();
+        let mut options: Vec<String> = self
+            .options
+            .iter()
+            .map(|o| ssh_option(o).unwrap_or_else(|_| o.clone()))
+            .collect();
         // Honoured where sshd accepts them (`AcceptEnv RUST_LOG EXECUTOR_LOG_JSON`).
         // One SetEnv with every variable: ssh takes an option's first value.
         let env: Vec<String> = log
@@ -107,6 +133,138 @@ impl ConnectArgs {
     }
 }
 
+/// `cmd` (the CLI) with its global ssh flags kept out of the verbs that
+/// have a flag of the same letter (`get -p`, `http -i`): such a verb gets a
+/// hidden, long-only placeholder under the ssh flag's id, and clap does not
+/// propagate a global to a command that has an argument of its id.
+pub fn keep_verbs_letters(cmd: clap::Command) -> clap::Command {
+    fn shadow(mut sub: clap::Command) -> clap::Command {
+        let placeholders: [(char, fn() -> clap::Arg); 2] = [
+            ('p', || {
+                clap::Arg::new("port")
+                    .long("ssh-port")
+                    .value_parser(clap::value_parser!(u16))
+            }),
+            ('i', || {
+                clap::Arg::new("identity")
+                    .long("ssh-identity")
+                    .value_parser(clap::value_parser!(PathBuf))
+            }),
+        ];
+        for (letter, placeholder) in placeholders {
+            if sub.get_arguments().any(|a| a.get_short() == Some(letter)) {
+                sub = sub.arg(placeholder().hide(true));
+            }
+        }
+        let nested: Vec<String> = sub
+            .get_subcommands()
+            .map(|s| s.get_name().to_string())
+            .collect();
+        for name in nested {
+            sub = sub.mut_subcommand(name, shadow);
+        }
+        sub
+    }
+    let verbs: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    verbs
+        .into_iter()
+        .fold(cmd, |cmd, name| cmd.mut_subcommand(name, shadow))
+}
+
+/// The `-o` values given before the verb in `argv`. `-o` is a global flag,
+/// and clap keeps only the verb's values of a global given on both sides;
+/// ssh takes every `-o` (the first value of an option wins), so the ones
+/// before the verb are put back in front ([`ConnectArgs::merge_options`]).
+/// The top-level flags that take a value are read from `cmd`, so a value
+/// is never taken for a flag or the verb.
+pub fn options_before_verb(cmd: &clap::Command, argv: &[std::ffi::OsString]) -> Vec<String> {
+    let verbs: Vec<&str> = cmd
+        .get_subcommands()
+        .flat_map(|s| std::iter::once(s.get_name()).chain(s.get_all_aliases()))
+        .collect();
+    let takes_value = |a: &&clap::Arg| a.get_action().takes_values();
+    let long_value = |name: &str| {
+        cmd.get_arguments()
+            .filter(takes_value)
+            .any(|a| a.get_long() == Some(name))
+    };
+    let short_value = |c: char| {
+        cmd.get_arguments()
+            .filter(takes_value)
+            .any(|a| a.get_short() == Some(c))
+    };
+    let mut out = Vec::new();
+    let mut words = argv.iter().skip(1).map(|w| w.to_string_lossy());
+    while let Some(w) = words.next() {
+        if w == "--" || verbs.contains(&w.as_ref()) {
+            break;
+        }
+        if let Some(long) = w.strip_prefix("--") {
+            if !long.contains('=') && long_value(long) {
+                words.next();
+            }
+        } else if let Some(shorts) = w.strip_prefix('-') {
+            for (i, c) in shorts.char_indices() {
+                if !short_value(c) {
+                    continue;
+                }
+                let rest = &shorts[i + c.len_utf8()..];
+                let value = match rest {
+                    "" => words.next().map(|v| v.into_owned()),
+                    rest => Some(rest.to_string()),
+                };
+                if let (Some(v), 'o') = (value, c) {
+                    out.push(v);
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// One `-o` as ssh reads it (`KEY=VALUE`, `KEY VALUE`, `KEY = VALUE`:
+/// the keyword, then blanks and at most one `=`), as `KEY=VALUE`. The
+/// keyword is letters and digits; the value is not empty and holds no
+/// control character (a newline would start another option).
+fn ssh_option(raw: &str) -> Result<String, Usage> {
+    let bad = |why: &str| Usage(format!("-o {raw:?}: {why}"));
+    let s = raw.trim_start_matches([' ', '\t']);
+    let key_end = s.find(['=', ' ', '\t']).unwrap_or(s.len());
+    let (key, rest) = s.split_at(key_end);
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(bad(
+            "not an ssh option (KEY=VALUE or \"KEY VALUE\", KEY an ssh_config keyword)",
+        ));
+    }
+    let rest = rest.trim_start_matches([' ', '\t']);
+    let value = rest
+        .strip_prefix('=')
+        .unwrap_or(rest)
+        .trim_start_matches([' ', '\t']);
+    if value.is_empty() {
+        return Err(bad("no value"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(bad("a control character in the value"));
+    }
+    Ok(format!("{key}={value}"))
+}
+
+/// A command line as a shell would take it back (each word quoted where
+/// needed), for a log line.
+fn shown_command(cmd: &tokio::process::Command) -> String {
+    let std = cmd.as_std();
+    std::iter::once(std.get_program())
+        .chain(std.get_args())
+        .map(|w| super::quote::shell_escape(w.as_encoded_bytes()).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Connect to the target, as typed in the error messages.
 pub async fn connect(
     args: &ConnectArgs,
@@ -114,6 +272,8 @@ pub async fn connect(
     session: Option<SessionParams>,
 ) -> anyhow::Result<Client> {
     let options = args.client_options(session)?;
+    // Bad usage whatever the target (a local one passes no -o to ssh).
+    args.ssh_options()?;
     let target = args.target()?;
     connect_with(args, log, &target, options)
         .await
@@ -160,6 +320,9 @@ async fn connect_with(
         Target::Ssh { user, host, port } => {
             let ssh = args.ssh(user.clone(), *port, log);
             let cmd = ssh.command(host)?;
+            // ssh's argv holds no secret of ours (the session's token
+            // travels inside the connection): shown at -v.
+            tracing::info!(command = %shown_command(&cmd), "running ssh");
             spawn_ssh(cmd, options).await
         }
     }
@@ -202,6 +365,7 @@ pub async fn bootstrap(
         )
         .into());
     };
+    args.ssh_options()?;
     let ssh = args.ssh(user, port, &LogArgs::default());
     let Some(from) = from else {
         let found = executor_client::bootstrap::check(&host, &ssh, Some(remote_dir))
@@ -271,5 +435,58 @@ mod terminal {
                 let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn o_takes_both_of_ssh_forms_and_names_a_bad_one() {
+        for given in [
+            "BatchMode=yes",
+            "BatchMode yes",
+            "BatchMode = yes",
+            " BatchMode\t=yes",
+        ] {
+            assert_eq!(ssh_option(given).unwrap(), "BatchMode=yes", "{given:?}");
+        }
+        assert_eq!(
+            ssh_option("SetEnv A=1 B=2").unwrap(),
+            "SetEnv=A=1 B=2",
+            "the value keeps its own = and blanks"
+        );
+        for bad in [
+            "",
+            "=yes",
+            "Batch-Mode=yes",
+            "-oProxyCommand=x",
+            "NoValue",
+            "User=x\nHost=y",
+        ] {
+            let e = ssh_option(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_o_options_before_the_verb_are_found_whatever_their_form() {
+        let argv = |words: &[&str]| -> Vec<std::ffi::OsString> {
+            std::iter::once("executor-client")
+                .chain(words.iter().copied())
+                .map(Into::into)
+                .collect()
+        };
+        let cmd = super::super::command();
+        assert_eq!(
+            options_before_verb(
+                &cmd,
+                &argv(&["-oA=1", "-vo", "B 2", "--target", "run", "-o", "C=3", "run", "-o", "D=4"])
+            ),
+            vec!["A=1", "B 2", "C=3"],
+            "--target's value `run` is not the verb"
+        );
+        assert!(options_before_verb(&cmd, &argv(&["info", "-o", "A=1"])).is_empty());
     }
 }

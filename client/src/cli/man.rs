@@ -4,8 +4,6 @@
 //! completions, for packaging. The page names no other page of this
 //! project: only this one is shipped per binary.
 
-use super::Cli;
-use clap::CommandFactory;
 use std::io::Write;
 
 const EXIT_STATUS: &str = r#".SH "EXIT STATUS"
@@ -20,7 +18,7 @@ Success (for \fBrun\fR, \fBshell\fR and \fBattach\fR: the command exited 0).
 A request failed (a missing remote file, a local file that cannot be written); \fBwalk\fR: an entry could not be read.
 .TP
 \fB2\fR
-Bad usage.
+Bad usage (an unknown flag, a malformed \fB\-o\fR, \fB\-\-env\fR without \fB=\fR, a \fB\-\-sandbox\fR file that is not an intent); the message names the value.
 .TP
 \fB7\fR, \fB28\fR
 \fBhttp\fR: the agent could not reach the server (DNS, connect, TLS) / timed out.
@@ -29,16 +27,16 @@ Bad usage.
 \fBhttp\fR: the server answered with a status of 400 or more (\fBHTTP\fR \fINNN\fR on stderr).
 .TP
 \fB125\fR
-The sandbox could not be enforced on the host (sandbox_unavailable) or denied the command or request something (sandbox_denied).
+The sandbox could not be set up on the host (sandbox_unavailable: nothing ran) or refused the request before anything ran (sandbox_denied of \fBcat\fR, \fBget\fR, \fBput\fR, \fBhttp\fR...). A job that ran exits with its own status even when the agent guesses the sandbox denied it something (a note on stderr says so).
 .TP
 \fB126\fR, \fB127\fR
 \fBrun\fR: the program is not executable / was not found.
 .TP
 \fB130\fR, \fB143\fR, \fB129\fR
-Interrupted by SIGINT, SIGTERM or SIGHUP (a transfer leaves no temp file behind).
+Interrupted by SIGINT, SIGTERM or SIGHUP (a transfer leaves no temp file behind); \fBrun\fR: a second Ctrl-C (the first one interrupts the job) disconnects with 130.
 .TP
 \fB255\fR
-Connecting, the handshake or the connection failed (ssh's own failures included), or the client failed outside the command.
+Connecting, the handshake or the connection failed (ssh's own failures included: its message is printed once, above the client's), or the client failed outside the command.
 "#;
 
 const ENVIRONMENT: &str = r#".SH ENVIRONMENT
@@ -86,10 +84,10 @@ Run on this machine (the local agent), in the user's login environment.
 Run on devbox (a Host of ~/.ssh/config), reading /usr, writing only /tmp/work, without network.
 .TP
 \fBexecutor\-client \-i ~/.ssh/ci \-p 2222 \-o StrictHostKeyChecking=accept\-new \-\-target ci@build1 run \-t \-\- htop\fR
-ssh flags as ssh takes them; \fB\-t\fR gives the command a terminal.
+ssh flags as ssh takes them (also after the verb, as \fB\-\-target\fR, but for \fBhttp \-i\fR and \fBget\fR/\fBput\fR/\fBmkdir \-p\fR, which are theirs; \fB\-o "Key Value"\fR too); \fB\-t\fR gives the command a terminal; \fB\-v\fR shows the ssh command line run.
 .TP
 \fBexecutor\-client \-\-target devbox get \-r \-p logs .\fR
-Copy ~/logs from devbox into ./logs, keeping modes and mtimes; a symlink inside stays a link with the same target (never followed).
+Copy ~/logs from devbox into ./logs, keeping modes (without \fB\-p\fR too, less the umask) and mtimes; a symlink inside stays a link with the same target (never followed).
 .TP
 \fBexecutor\-client \-\-target devbox put \-r \-p \-\-rw /srv/site site /srv/site/\fR
 Copy ./site into /srv/site on devbox, keeping the files' modes and times and symlinks as links, writing nowhere outside /srv/site (exit 125 if asked to).
@@ -109,7 +107,7 @@ POST from devbox's side of the network.
 
 /// Print the man page or a completion script.
 pub fn generate(kind: &str) -> anyhow::Result<()> {
-    let (mut cmd, mut text) = (Cli::command(), Vec::new());
+    let (mut cmd, mut text) = (super::command(), Vec::new());
     match kind {
         "man" => page(cmd, &mut text)?,
         shell => {

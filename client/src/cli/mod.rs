@@ -38,7 +38,7 @@ mod transfer;
 mod tty_question;
 mod web;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use executor_client::Client;
 
 /// Drive an executor agent, locally or over ssh: run commands (optionally
@@ -115,15 +115,27 @@ pub enum Cmd {
     Generate { kind: String },
 }
 
+/// The command line's grammar: [`Cli`]'s, the ssh flags kept out of the
+/// verbs with a flag of the same letter.
+pub fn command() -> clap::Command {
+    connect::keep_verbs_letters(Cli::command())
+}
+
 /// Parse, run, and return the exit status.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let parsed = command()
+        .try_get_matches_from(&argv)
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let mut cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() { exit::USAGE } else { 0 };
         }
     };
+    cli.conn
+        .merge_options(connect::options_before_verb(&command(), &argv));
     logging::init(&cli.log);
     if let Cmd::Generate { kind } = &cli.command {
         return exit::report(man::generate(kind).map(|()| 0));

@@ -1,9 +1,10 @@
 //! `run`, `shell` and `attach`: a job on the host, its output streamed,
 //! stdin forwarded (`-n`: /dev/null), the terminal's size followed with
 //! `-t`; the first Ctrl-C interrupts the job (`process/signal`), a second
-//! one disconnects.
+//! one disconnects (status 130). The status is the job's own, always; the
+//! agent's `sandbox_denied` (a heuristic on its output) is only a note.
 
-use super::exit::{self, Outside};
+use super::exit::{self, Outside, Usage};
 use super::sandbox::{report_degraded, SandboxArgs};
 use super::signals::{Caught, Signals};
 use anyhow::Context;
@@ -175,7 +176,8 @@ impl RunArgs {
         for kv in &self.env {
             let (k, v) = kv
                 .split_once('=')
-                .with_context(|| format!("--env {kv:?} is not K=V"))?;
+                .filter(|(k, _)| !k.is_empty())
+                .ok_or_else(|| Usage(format!("--env {kv:?} is not K=V")))?;
             vars.insert(k.into(), v.into());
         }
         Ok((vars, base))
@@ -389,13 +391,14 @@ async fn pump(
         .exit_status()
         .with_context(|| format!("{} ended without an exit status", proc.id()))?;
     report_usage(proc.id(), &status);
+    // The agent's guess from the job's last output (a permission-style
+    // error); the job ran, so its status is what it says.
     if status.sandbox_denied {
         say!(
-            "executor-client: the sandbox denied {} something (its exit status: {})",
+            "executor-client: note: {} exited {} after a permission error; the sandbox may have denied it something",
             proc.id(),
             status.shell_code()
         );
-        return Ok(exit::SANDBOX);
     }
     Ok(status.shell_code())
 }
@@ -427,7 +430,8 @@ async fn output_until_exit(
                     job.signal(SignalName::Interrupt).await?;
                 }
                 Caught::Interrupt => {
-                    return Err(Outside("interrupted twice: disconnected".into()).into());
+                    say!("executor-client: interrupted twice: disconnected");
+                    return Ok(Some(Caught::Interrupt.exit_code()));
                 }
                 other => {
                     let _ = job.signal(SignalName::Terminate).await;

@@ -72,8 +72,9 @@ impl SandboxArgs {
             Some(file) => {
                 let text = std::fs::read(file)
                     .with_context(|| format!("reading --sandbox {}", file.display()))?;
-                let whole: SandboxIntent = serde_json::from_slice(&text)
-                    .with_context(|| format!("--sandbox {}: not an intent", file.display()))?;
+                let whole: SandboxIntent = serde_json::from_slice(&text).map_err(|e| {
+                    super::exit::Usage(format!("--sandbox {}: not an intent: {e}", file.display()))
+                })?;
                 Intent::from_intent(whole)
             }
             None => Intent::new(),

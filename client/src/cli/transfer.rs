@@ -1,7 +1,9 @@
 //! `get` and `put`, with scp's habits: a directory (or `.`) destination
 //! takes the source's name, `-` is stdout / stdin, relative remote paths
-//! are taken against the remote home, `-p` keeps modes and mtimes (a
-//! `put` also the atime), `-r` copies trees (walk-driven, one atomic file at
+//! are taken against the remote home, modes are kept (a new local file or
+//! directory less the umask; a directory also gets the owner's rwx, as
+//! scp gives it), `-p` keeps exact modes and mtimes too (a `put` also the
+//! atime), `-r` copies trees (walk-driven, one atomic file at
 //! a time, symlinks kept as links and made after everything else; locally
 //! every entry is made by `*at` calls beneath the opened destination, each
 //! component `O_NOFOLLOW`, so no link there is ever written through, one a
@@ -24,8 +26,10 @@ use std::path::{Path, PathBuf};
 /// The flags `get` and `put` share.
 #[derive(Debug, clap::Args)]
 pub struct CopyFlags {
-    /// Keep each file's mode and modification time (`put` also its access
-    /// time); directories and symlinks get new ones.
+    /// Keep each file's modification time (`put` also its access time)
+    /// and modes exactly (without -p they are kept less the local umask for
+    /// `get`; a directory gets the owner's rwx added, as with scp);
+    /// directories and symlinks get new times.
     #[arg(short = 'p')]
     pub preserve: bool,
     /// Copy directories and what they hold; a symlink inside is copied as
@@ -90,7 +94,7 @@ pub async fn get(client: &Client, args: GetArgs) -> anyhow::Result<i32> {
             preserve: args.flags.preserve,
         };
         match st.kind {
-            FileKind::Dir if args.flags.recursive => copy.get_tree(&path, &local).await?,
+            FileKind::Dir if args.flags.recursive => copy.get_tree(&path, &st, &local).await?,
             FileKind::Dir => {
                 return Err(anyhow::anyhow!("{path}: a directory (use -r)"));
             }
@@ -120,7 +124,9 @@ impl Copy<'_> {
         local: Local,
         bar: &indicatif::ProgressBar,
     ) -> anyhow::Result<()> {
-        let mut part = PartFile::beside(local)?;
+        // Made with the remote mode (less the umask), as scp and cp make
+        // a new file; `-p` sets it exactly below.
+        let mut part = PartFile::beside(local, st.mode & 0o777)?;
         self.client
             .read_stream_into_with(remote, part.file.as_fd(), |n| bar.inc(n))
             .await
@@ -136,8 +142,11 @@ impl Copy<'_> {
         part.commit()
     }
 
-    /// A remote tree into `local` (made if missing).
-    async fn get_tree(&self, root: &str, local: &Path) -> anyhow::Result<()> {
+    /// A remote tree into `local` (made if missing). Each directory made
+    /// gets its remote mode with the owner's rwx added (so the copy can
+    /// fill it), less the umask, as scp makes them; `-p` sets every
+    /// directory's exact mode once the tree is complete.
+    async fn get_tree(&self, root: &str, root_st: &StatResult, local: &Path) -> anyhow::Result<()> {
         let mut entries = Vec::new();
         let mut errors = Vec::new();
         self.client
@@ -161,9 +170,10 @@ impl Copy<'_> {
             .map(|e| e.size)
             .sum();
         let bar = progress(total, &format!("get {}", quote::name(root.as_bytes())));
-        mkdir_local(local)?;
+        mkdir_local(local, dir_mode(root_st.mode))?;
         let tree = LocalTree::open(local)?;
         let mut links = Vec::new();
+        let mut dirs = vec![(PathBuf::new(), root_st.mode)];
         for e in &entries {
             let rel = plain_relative(e.path.as_bytes())?;
             // The remote name's bytes as they are (not UTF-8 either).
@@ -172,7 +182,11 @@ impl Copy<'_> {
             from.extend_from_slice(e.path.as_bytes());
             let from = WirePath::from_bytes(from);
             match e.kind {
-                FileKind::Dir => drop(tree.dir(rel)?),
+                FileKind::Dir => {
+                    let st = self.client.stat_with(from.clone(), false).await?;
+                    drop(tree.dir_with_mode(rel, dir_mode(st.mode))?);
+                    dirs.push((rel.to_path_buf(), st.mode));
+                }
                 FileKind::File => {
                     let st = self.client.stat_with(from.clone(), false).await?;
                     self.get_file(from, &st, tree.entry(rel)?, &bar).await?;
@@ -191,6 +205,19 @@ impl Copy<'_> {
                 tree.entry(rel)?,
                 std::ffi::OsStr::from_bytes(target.as_bytes()),
             )?;
+        }
+        if self.preserve {
+            for (rel, mode) in &dirs {
+                let fd = tree.dir(rel)?;
+                nix::sys::stat::fchmod(
+                    &fd,
+                    nix::sys::stat::Mode::from_bits_truncate(mode & 0o7777),
+                )
+                .map_err(std::io::Error::from)
+                .with_context(|| {
+                    format!("setting the mode of {}", tree.path.join(rel).display())
+                })?;
+            }
         }
         bar.finish_and_clear();
         Ok(())
@@ -219,8 +246,8 @@ impl Copy<'_> {
         if meta.is_dir() {
             return Err(anyhow::anyhow!("{local}: a directory (use -r)"));
         }
+        use std::os::unix::fs::MetadataExt;
         let new = if self.preserve {
-            use std::os::unix::fs::MetadataExt;
             let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
             NewFile {
                 mode: Some(meta.mode() & 0o7777),
@@ -228,7 +255,11 @@ impl Copy<'_> {
                 atime_ns: Some(ns(meta.atime(), meta.atime_nsec())),
             }
         } else {
-            NewFile::default()
+            // The permission bits, as scp sends them (no setuid/setgid).
+            NewFile {
+                mode: Some(meta.mode() & 0o777),
+                ..NewFile::default()
+            }
         };
         self.client
             .write_stream_with(remote, bar.wrap_async_read(file), new)
@@ -239,12 +270,17 @@ impl Copy<'_> {
 
     /// A local tree to `remote` (made if missing).
     async fn put_tree(&self, local: &Path, remote: &str) -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
         let mut files = Vec::new();
         let mut links = Vec::new();
-        let mut dirs = vec![PathBuf::new()];
+        let root_mode = std::fs::metadata(local)
+            .with_context(|| format!("reading {}", local.display()))?
+            .permissions()
+            .mode();
+        let mut dirs = vec![(PathBuf::new(), root_mode)];
         let mut i = 0;
         while i < dirs.len() {
-            let rel = dirs[i].clone();
+            let rel = dirs[i].0.clone();
             i += 1;
             let dir = local.join(&rel);
             for entry in
@@ -254,7 +290,7 @@ impl Copy<'_> {
                 let kind = entry.file_type()?;
                 let r = rel.join(entry.file_name());
                 if kind.is_dir() {
-                    dirs.push(r);
+                    dirs.push((r, entry.metadata()?.permissions().mode()));
                 } else if kind.is_file() {
                     files.push((r, entry.metadata()?.len()));
                 } else if kind.is_symlink() {
@@ -278,9 +314,14 @@ impl Copy<'_> {
             Some(r) => Ok(format!("{}/{r}", remote.trim_end_matches('/'))),
             None => Err(anyhow::anyhow!("{}: not UTF-8", rel.display())),
         };
-        for d in &dirs {
+        // Each new directory with its local mode and the owner's rwx (so
+        // the copy can fill it), as scp makes one; with -p its setuid,
+        // setgid and sticky bits too. The protocol has no request changing
+        // an existing directory's mode, so -p cannot take the rwx back.
+        for (d, mode) in &dirs {
+            let bits = if self.preserve { 0o7777 } else { 0o777 };
             self.client
-                .create_directory(join(d)?.as_str(), true)
+                .create_directory_with_mode(join(d)?.as_str(), true, Some(mode & bits | 0o700))
                 .await?;
         }
         for (f, _) in &files {
@@ -418,20 +459,28 @@ impl LocalTree {
     /// (each `O_NOFOLLOW`) and made where missing; a link or a file in the
     /// way is an error naming it.
     fn dir(&self, rel: &Path) -> anyhow::Result<std::os::fd::OwnedFd> {
+        self.dir_with_mode(rel, 0o777)
+    }
+
+    /// [`LocalTree::dir`], its last component made (when missing) with
+    /// `mode` less the umask.
+    fn dir_with_mode(&self, rel: &Path, mode: u32) -> anyhow::Result<std::os::fd::OwnedFd> {
         use nix::fcntl::OFlag;
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let none = nix::sys::stat::Mode::empty();
         let mut cur = self.root.try_clone()?;
         let mut at = self.path.clone();
-        for c in rel.components() {
+        let last = rel.components().count();
+        for (i, c) in rel.components().enumerate() {
             let name = c.as_os_str();
             at.push(name);
+            let made = if i + 1 == last { mode } else { 0o777 };
             let opened = match nix::fcntl::openat(&cur, name, flags, none) {
                 Err(nix::errno::Errno::ENOENT) => {
                     match nix::sys::stat::mkdirat(
                         &cur,
                         name,
-                        nix::sys::stat::Mode::from_bits_truncate(0o777),
+                        nix::sys::stat::Mode::from_bits_truncate(made),
                     ) {
                         Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
                         Err(e) => {
@@ -510,8 +559,24 @@ pub async fn put(client: &Client, args: PutArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn mkdir_local(dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+/// A remote directory's mode as a copy makes it: its permission bits and
+/// the owner's rwx (the copy fills it), as scp makes one.
+fn dir_mode(mode: u32) -> u32 {
+    mode & 0o777 | 0o700
+}
+
+/// `dir` and its missing parents, the last made with `mode` (less the
+/// umask).
+fn mkdir_local(dir: &Path, mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        r => r.with_context(|| format!("creating {}", dir.display())),
+    }
 }
 
 /// A temp file `.NAME.partPID-N` beside the destination (in its opened
@@ -536,7 +601,9 @@ impl std::fmt::Debug for LocalDebug {
 }
 
 impl PartFile {
-    fn beside(to: Local) -> anyhow::Result<PartFile> {
+    /// Made with `mode` (less the umask); the descriptor writes whatever
+    /// the mode.
+    fn beside(to: Local, mode: u32) -> anyhow::Result<PartFile> {
         use nix::fcntl::OFlag;
         let st = nix::sys::stat::fstatat(
             &to.dir,
@@ -561,7 +628,7 @@ impl PartFile {
                 &to.dir,
                 temp.as_str(),
                 flags,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::Mode::from_bits_truncate(mode),
             ) {
                 Ok(fd) => {
                     return Ok(PartFile {

@@ -120,6 +120,11 @@ fs_params! {
         pub path: WirePath,
         #[serde(default)]
         pub recursive: bool,
+        /// The permission bits of the directory this request makes (exactly:
+        /// the umask does not apply); absent: 0777 less the umask. An
+        /// existing directory keeps its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub mode: Option<u32>,
     }
 }
 
