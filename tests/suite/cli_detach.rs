@@ -74,10 +74,22 @@ fn on_pty(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Option<i32>, String) {
+    on_pty_with(via, &[], runtime, args, env)
+}
+
+/// [`on_pty`] with `flags` before `via`'s.
+fn on_pty_with(
+    via: &Via,
+    flags: &[&str],
+    runtime: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
     let mut cmd = std::process::Command::new("python3");
     cmd.arg("-c")
         .arg(DRIVER)
         .arg(client_bin())
+        .args(flags)
         .args(via.flags())
         .args(args)
         .env("XDG_RUNTIME_DIR", runtime)
@@ -129,8 +141,13 @@ fn the_detach_key_leaves_the_job_running_and_the_printed_command_reattaches() {
     for via in Via::both() {
         let runtime = private_runtime("detach-key");
         let script = "echo ready; read line; echo got:$line; sleep 2; echo two; exit 4";
-        let (code, screen) = on_pty(
+        // An ssh configuration file (-F) whose path needs quoting: the
+        // reattach command carries it, quoted.
+        let config = runtime.join("my ssh config");
+        std::fs::write(&config, "# nothing\n").unwrap();
+        let (code, screen) = on_pty_with(
             &via,
+            &["-F", config.to_str().unwrap()],
             &runtime,
             &["run", "--detach", "60", "--", "sh", "-c", script],
             &[("SEND_AFTER", "ready=>hello\\r|got:hello=>~.\\r")],
@@ -142,6 +159,10 @@ fn the_detach_key_leaves_the_job_running_and_the_printed_command_reattaches() {
             "left before the job ended: {screen}"
         );
         let command = reattach_command(&screen);
+        assert!(
+            command.contains(&format!("-F '{}'", config.display())),
+            "{command}"
+        );
         if let Via::Ssh(_) = via {
             for flag in ["-i ", "-p ", "--target 127.0.0.1"] {
                 assert!(command.contains(flag), "{flag}: {command}");
@@ -195,8 +216,9 @@ fn a_closed_terminal_or_sigterm_detaches_and_attach_shows_a_finished_job() {
             &["run", "--detach", "60", "--", "sh", "-c", &script],
             &[("HANGUP", "1"), ("HANGUP_AFTER", "ready")],
         );
-        // The client left on SIGHUP (and the job did not end with it).
-        assert_ne!(code, Some(99), "{}: {screen}", via.name());
+        // The client left on SIGHUP, with status 0 (and the job did not
+        // end with it).
+        assert_eq!(code, Some(0), "{}: {screen}", via.name());
         let command = reattach_command(&screen);
         assert!(
             wait_for(Duration::from_secs(20), || done.exists()),
