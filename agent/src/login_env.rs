@@ -446,10 +446,10 @@ mod disk {
 
     /// The cache key of `shell` as things are now.
     pub fn key(shell: &LoginShell) -> u64 {
-        // SipHash with fixed keys: the same input hashes the same in every
-        // process of this binary (the file name carries the version).
-        #[allow(deprecated)]
-        let mut h = std::hash::SipHasher::new();
+        // `DefaultHasher::new()` has fixed keys: the same input hashes the
+        // same in every process of this binary (the file name carries the
+        // version; another build at worst misses the cache).
+        let mut h = std::hash::DefaultHasher::new();
         nix::unistd::getuid().as_raw().hash(&mut h);
         shell.shell.hash(&mut h);
         shell.home.hash(&mut h);
