@@ -110,13 +110,49 @@ fn a_second_local_run_reads_the_login_environment_from_the_cache() {
         "the second run ran the login shell again: {second}"
     );
     // The cache is the user's alone.
-    let cache = std::fs::read_dir(runtime.join("executor"))
+    let mode = std::fs::read_dir(runtime.join("executor"))
         .unwrap()
         .flatten()
         .find(|e| e.file_name().to_string_lossy().starts_with("login-env-"))
-        .expect("a cache file");
-    let mode = cache.metadata().unwrap().permissions().mode();
+        .expect("a cache file")
+        .metadata()
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o077, 0, "{mode:o}");
+    // Another starting environment (the locale sshd passes) is another
+    // key; a snapshot older than its 5 minutes is not used.
+    let out = Via::Local
+        .cmd(&["-v", "run", "--", "true"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("LC_MESSAGES", "C")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("login-shell environment taken"), "{err}");
+    let cache_file = |runtime: &std::path::Path| {
+        std::fs::read_dir(runtime.join("executor"))
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with("login-env-"))
+            .expect("a cache file")
+    };
+    let stale = cache_file(&runtime).path();
+    let taken = run();
+    assert!(
+        String::from_utf8_lossy(&taken.stderr).contains("login-shell environment taken"),
+        "the LC_MESSAGES snapshot replaced this one"
+    );
+    std::fs::File::options()
+        .append(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(301))
+        .unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("login-shell environment taken"), "{err}");
+    let cache = cache_file(&runtime);
     // A cache file another hand made readable to others is not used.
     std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
     let third = run();
