@@ -34,7 +34,9 @@ pub struct RunArgs {
     /// Stdin from /dev/null instead of this client's stdin.
     #[arg(short = 'n', long = "no-stdin")]
     pub no_stdin: bool,
-    /// Working directory on the host (default: the home directory, as ssh).
+    /// Working directory on the host (default: the home directory, as ssh;
+    /// under a sandbox that grants nothing there, its first --rw root, else
+    /// its first --ro root).
     #[arg(long)]
     pub cwd: Option<String>,
     /// An environment entry, on top of the host user's login environment
