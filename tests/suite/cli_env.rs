@@ -159,3 +159,92 @@ fn a_second_local_run_reads_the_login_environment_from_the_cache() {
     let third = String::from_utf8_lossy(&third.stderr);
     assert!(third.contains("login-shell environment taken"), "{third}");
 }
+
+/// Removes the login file it names (and the marker) when dropped.
+struct LoginFile(Vec<std::path::PathBuf>);
+impl Drop for LoginFile {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A user's login file runs inside a sandboxed job's sandbox (it cannot
+/// write what the job cannot), and unconfined for an unconfined job; its
+/// environment reaches both. The user is `executor-ci` (`.ci/run` makes
+/// it): its `~/.bash_profile` exists only during this test.
+#[tokio::test]
+async fn a_sandboxed_jobs_login_files_run_inside_its_sandbox() {
+    use executor_client::protocol::types::process::{EnvBase, ProcessStartParams};
+    let user = nix::unistd::User::from_name("executor-ci").ok().flatten();
+    let (Some(user), 0) = (user, current_uid()) else {
+        prerequisite_missing("root and the user executor-ci (.ci/run makes it)");
+        return;
+    };
+    let marker = user.dir.join("executor-login-wrote");
+    let profile = user.dir.join(".bash_profile");
+    let _cleanup = LoginFile(vec![profile.clone(), marker.clone()]);
+    let _ = std::fs::remove_file(&marker);
+    std::fs::write(
+        &profile,
+        format!(
+            ". ~/.profile 2>/dev/null; touch {} 2>/dev/null; export EXECUTOR_LOGIN_MARK=seen\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    nix::unistd::chown(&profile, Some(user.uid), Some(user.gid)).unwrap();
+    let agent = || {
+        let mut cmd = tokio::process::Command::new("setpriv");
+        cmd.arg(format!("--reuid={}", user.uid))
+            .arg(format!("--regid={}", user.gid))
+            .args(["--clear-groups", "--"])
+            .arg(executor_bin_for_any_user())
+            .current_dir("/")
+            .env_remove("XDG_RUNTIME_DIR");
+        executor_client::Client::spawn(cmd, Default::default())
+    };
+    let job = |sandboxed: bool| {
+        let mut p = ProcessStartParams::new(
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "printf %s \"$EXECUTOR_LOGIN_MARK\"".into(),
+            ],
+            "/tmp",
+            Default::default(),
+        );
+        p.env_base = EnvBase::Login;
+        if sandboxed {
+            p.sandbox = Some(
+                executor_client::sandbox::Intent::new()
+                    .write("/tmp")
+                    .build(),
+            );
+        }
+        p
+    };
+    async fn output(c: &executor_client::Client, p: &ProcessStartParams) -> String {
+        let mut job = c.start(p).await.unwrap();
+        let mut out = Vec::new();
+        while let Some(chunk) = job.next_output().await.unwrap() {
+            out.extend_from_slice(&chunk.data);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    let c = agent().await.unwrap();
+    assert_eq!(output(&c, &job(true)).await, "seen");
+    assert!(
+        !marker.exists(),
+        "the login file wrote outside the job's sandbox"
+    );
+    c.close().await.unwrap();
+    let c = agent().await.unwrap();
+    assert_eq!(output(&c, &job(false)).await, "seen");
+    assert!(
+        marker.exists(),
+        "the control: unconfined, the login file writes"
+    );
+    c.close().await.unwrap();
+}
