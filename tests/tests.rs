@@ -5,6 +5,10 @@
 mod bootstrap;
 #[path = "suite/cli.rs"]
 mod cli;
+#[path = "suite/cli_detach.rs"]
+mod cli_detach;
+#[path = "suite/cli_env.rs"]
+mod cli_env;
 #[path = "suite/cli_files.rs"]
 mod cli_files;
 #[path = "suite/cli_flags.rs"]
@@ -13,6 +17,8 @@ mod cli_flags;
 mod cli_jobs;
 #[path = "suite/cli_quoting.rs"]
 mod cli_quoting;
+#[path = "suite/cli_readme.rs"]
+mod cli_readme;
 #[path = "suite/cli_terminal.rs"]
 mod cli_terminal;
 #[path = "suite/cli_ux.rs"]

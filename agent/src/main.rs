@@ -403,6 +403,9 @@ The configuration (limits, HTTP policy, profiles, audit); a missing default file
 .TP
 \fI$XDG_RUNTIME_DIR/executor/\fR, \fI/tmp/executor\-UID/\fR, \fI~/.cache/executor/run/\fR
 Sockets of detached sessions (the first private one).
+.TP
+\fI$XDG_RUNTIME_DIR/executor/login\-env\-VERSION\fR
+The user's login\-shell environment (mode 0600), taken for an unsandboxed job and read by later sessions for 5 minutes while the shell, its starting environment and the login files (\fI~/.profile\fR, \fI~/.bashrc\fR, \fI/etc/profile.d/\fR, the zsh, fish and csh ones) are unchanged; only where \fB$XDG_RUNTIME_DIR\fR holds the sockets.
 .SH EXAMPLES
 .TP
 \fBssh devbox executor\fR

@@ -5,7 +5,9 @@
 //! client picks the matching binary from a local folder of release builds
 //! (`DIST/<os>-<arch>/executor`, e.g. `dist/linux-x86_64/executor`, so a
 //! macOS or Linux client can install a Linux agent of the right
-//! architecture), sends its SHA-256 (computed here with `ring`) and its
+//! architecture), or takes the one binary it was given after checking its
+//! header names the host's platform ([`binary_platform`]: ELF or Mach-O;
+//! [`BootstrapError::WrongPlatform`] otherwise), sends its SHA-256 (computed here with `ring`) and its
 //! bytes; the host writes them to a temporary file beside the versioned
 //! path (`~/.local/lib/executor/<version>/executor` by default), checks the
 //! digest with `sha256sum` and only then renames it into place. A corrupted
@@ -49,6 +51,14 @@ pub enum BootstrapError {
         /// The `build-dist.sh` argument that makes the missing build.
         target: String,
     },
+    #[error("{path} is a {binary} build, but the host is {host}: give its {host} build, or a folder of release builds holding {host}/executor")]
+    WrongPlatform {
+        path: PathBuf,
+        binary: String,
+        host: String,
+    },
+    #[error("{path} is not an agent build this client can place (not a folder of release builds, and {why})")]
+    NotABuild { path: PathBuf, why: String },
     #[error("this key may only run the executor (a forced command on the host), so bootstrap cannot install there: install the package on the host, or bootstrap with a key that may run commands")]
     ForcedCommand,
     #[error("cannot install into {dir} on the host: {message}")]
@@ -163,13 +173,79 @@ fn one_line_sh(statements: &[&str]) -> String {
     format!("sh -c '{body}'")
 }
 
-/// Install the agent from `dist` on `host` (see the module docs).
+/// The `<os>-<arch>` an executable was built for, from its header: ELF
+/// (`linux-`, by `e_machine`) or 64-bit Mach-O (`darwin-`, by `cputype`);
+/// why not otherwise.
+pub fn binary_platform(bytes: &[u8]) -> Result<String, String> {
+    let u16le = |at: usize| {
+        bytes
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32le = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    if bytes.starts_with(b"\x7fELF") {
+        // EI_DATA 1: little-endian, as every target the agent is built for.
+        if bytes.get(5) != Some(&1) {
+            return Err("it is a big-endian ELF file".into());
+        }
+        let arch = match u16le(18) {
+            Some(0x3e) => "x86_64",
+            Some(0xb7) => "aarch64",
+            Some(0x03) => "i686",
+            Some(0x28) => "armv7l",
+            Some(0xf3) => "riscv64",
+            Some(0x15) => "ppc64le",
+            Some(0x16) => "s390x",
+            Some(m) => return Err(format!("it is an ELF file for machine {m:#x}")),
+            None => return Err("it is a truncated ELF file".into()),
+        };
+        return Ok(format!("linux-{arch}"));
+    }
+    if u32le(0) == Some(0xfeed_facf) {
+        let arch = match u32le(4) {
+            Some(0x0100_0007) => "x86_64",
+            Some(0x0100_000c) => "aarch64",
+            Some(c) => return Err(format!("it is a Mach-O file for CPU type {c:#x}")),
+            None => return Err("it is a truncated Mach-O file".into()),
+        };
+        return Ok(format!("darwin-{arch}"));
+    }
+    Err("it is neither an ELF nor a 64-bit Mach-O executable".into())
+}
+
+/// Install the agent on `host` from `from` (see the module docs): a
+/// folder of release builds (`<os>-<arch>/executor`), or one agent binary,
+/// which must be built for the host's platform.
 pub async fn bootstrap(
     host: &str,
     ssh: &SshOptions,
-    dist: &Path,
+    from: &Path,
     remote_dir: Option<&str>,
 ) -> Result<Installed, BootstrapError> {
+    if !from.is_dir() {
+        let bytes = std::fs::read(from)?;
+        let binary = binary_platform(&bytes).map_err(|why| BootstrapError::NotABuild {
+            path: from.into(),
+            why,
+        })?;
+        return install_with(host, ssh, remote_dir, |platform| {
+            if binary != platform {
+                return Err(BootstrapError::WrongPlatform {
+                    path: from.into(),
+                    binary,
+                    host: platform.into(),
+                });
+            }
+            let digest = sha256_hex(&bytes);
+            Ok((bytes, digest))
+        })
+        .await;
+    }
+    let dist = from;
     install_with(host, ssh, remote_dir, |platform| {
         let expected = dist.join(platform).join("executor");
         match std::fs::read(&expected) {
@@ -471,6 +547,25 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binary_names_its_platform_by_its_header() {
+        let mut elf = b"\x7fELF\x02\x01\x01".to_vec();
+        elf.resize(64, 0);
+        elf[18] = 0xb7;
+        assert_eq!(binary_platform(&elf).unwrap(), "linux-aarch64");
+        elf[18] = 0x3e;
+        assert_eq!(binary_platform(&elf).unwrap(), "linux-x86_64");
+        let mut macho = 0xfeed_facf_u32.to_le_bytes().to_vec();
+        macho.extend_from_slice(&0x0100_000c_u32.to_le_bytes());
+        assert_eq!(binary_platform(&macho).unwrap(), "darwin-aarch64");
+        assert!(binary_platform(b"#!/bin/sh\n").is_err());
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(
+            binary_platform(&me).unwrap(),
+            format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)
+        );
+    }
 
     #[test]
     fn platforms_and_remote_dirs() {

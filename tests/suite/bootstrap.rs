@@ -419,3 +419,56 @@ fn the_native_transport_starts_the_bootstrapped_copy_by_default() {
     let version = connect().expect("the launcher started the installed copy");
     assert_eq!(version, env!("CARGO_PKG_VERSION"));
 }
+
+/// Issue 33, item 7: `--from` takes a plain agent binary too (no
+/// `<os>-<arch>/` folder made by hand), and refuses one built for another
+/// platform, naming both.
+#[test]
+fn bootstrap_takes_a_plain_binary_of_the_hosts_platform_and_refuses_another() {
+    let h = host("boot-plain", &[]);
+    let here = format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH);
+    // Another architecture: the same file with its ELF e_machine changed.
+    let other_arch = if std::env::consts::ARCH == "aarch64" {
+        ("x86_64", 0x3e_u8)
+    } else {
+        ("aarch64", 0xb7_u8)
+    };
+    let foreign = h.base.join("executor-foreign");
+    let mut bytes = std::fs::read(executor_bin()).unwrap();
+    bytes[18] = other_arch.1;
+    bytes[19] = 0;
+    std::fs::write(&foreign, &bytes).unwrap();
+    let out = h.cli(&["bootstrap", "--from", foreign.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "is a linux-{} build, but the host is {here}",
+            other_arch.0
+        )),
+        "{err}"
+    );
+    let version_dir = h
+        .home
+        .join(".local/lib/executor")
+        .join(env!("CARGO_PKG_VERSION"));
+    assert!(!version_dir.exists(), "nothing left on the host");
+    // Not an executable at all.
+    let script = h.base.join("not-a-build");
+    std::fs::write(&script, "#!/bin/sh\n").unwrap();
+    let out = h.cli(&["bootstrap", "--from", script.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("neither an ELF"),
+        "{}",
+        text(&out.stderr)
+    );
+    // This machine's own agent binary, as it is.
+    let out = h.cli(&["bootstrap", "--from", executor_bin().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&here), "{}", text(&out.stdout));
+    assert!(version_dir.join("executor").is_file());
+    let out = h.cli(&["run", "--", "sh", "-c", "echo ran-remotely"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "ran-remotely\n");
+}

@@ -223,9 +223,17 @@ fn login_shell() -> String {
 #[test]
 fn run_uses_the_hosts_login_environment_and_clean_env_does_not() {
     let shell = login_shell();
-    let expected = std::process::Command::new(&shell)
-        .args(["-l", "-c", "printf %s \"$PATH\""])
-        .current_dir(std::env::var("HOME").unwrap())
+    // The login shell starts from what sshd gives a login, not from the
+    // caller's environment.
+    let home = std::env::var("HOME").unwrap();
+    let expected = std::process::Command::new("env")
+        .args([
+            "-i",
+            &format!("HOME={home}"),
+            "PATH=/usr/local/bin:/usr/bin:/bin:/usr/games",
+        ])
+        .args([&shell, "-l", "-c", "printf %s \"$PATH\""])
+        .current_dir(&home)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -333,7 +341,11 @@ async fn env_base_is_taken_once_per_session_and_reported() {
     let out = output_of(c.start(&p).await.unwrap()).await;
     assert_eq!(out, b":on-top", "none: only the request's env");
     c.close().await.unwrap();
-    // A profile that confines every job refuses the (unconfined) login shell.
+    // A job that is to be confined (a profile that confines every job, or
+    // the request's intent) gets the login environment too, taken by a
+    // login shell run inside the job's sandbox (a dotfile an earlier
+    // sandboxed job wrote must not run unconfined): the shell's cwd is
+    // the job's, which the sandbox must hold.
     let dir = unique_tempdir("login-profile");
     let config = dir.join("config.toml");
     std::fs::write(
@@ -346,37 +358,40 @@ async fn env_base_is_taken_once_per_session_and_reported() {
     let c = executor_client::Client::spawn(cmd, Default::default())
         .await
         .unwrap();
-    let mut p = ProcessStartParams::new(vec!["true".into()], "/", path_env());
+    let mut p = ProcessStartParams::new(
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "printf %s \"$HOME:$PWD\"".into(),
+        ],
+        "/tmp",
+        Default::default(),
+    );
     p.env_base = EnvBase::Login;
-    let e = remote(c.start(&p).await.unwrap_err());
-    assert_eq!(e.code, executor_client::ErrorCode::PolicyDenied, "{e:?}");
-    assert!(e.message.contains("login"), "{e:?}");
+    let out = output_of(c.start(&p).await.unwrap()).await;
+    assert_eq!(String::from_utf8_lossy(&out), format!("{}:/tmp", info.home));
+    assert!(c.environment_info().await.unwrap().login_env.unwrap().taken);
     c.close().await.unwrap();
-    // So does a request's own sandbox intent (a dotfile an earlier
-    // sandboxed job wrote must not run unconfined for a later one); the
-    // same request without `login` runs (the control).
+    // The request's own intent: the same.
     let c = executor_client::Client::spawn(
         tokio::process::Command::new(executor_bin()),
         Default::default(),
     )
     .await
     .unwrap();
-    let mut p = ProcessStartParams::new(vec!["true".into()], "/", path_env());
+    let mut p = ProcessStartParams::new(
+        vec!["/bin/sh".into(), "-c".into(), "printf %s \"$HOME\"".into()],
+        "/tmp",
+        Default::default(),
+    );
+    p.env_base = EnvBase::Login;
     p.sandbox = Some(
         executor_client::sandbox::Intent::new()
             .write("/tmp")
             .build(),
     );
-    p.env_base = EnvBase::Login;
-    let e = remote(c.start(&p).await.unwrap_err());
-    assert_eq!(e.code, executor_client::ErrorCode::PolicyDenied, "{e:?}");
-    assert_eq!(
-        e.data_get("field").and_then(|v| v.as_str()),
-        Some("env_base"),
-        "{e:?}"
-    );
-    p.env_base = EnvBase::None;
-    c.start(&p).await.unwrap().wait().await.unwrap();
+    let out = output_of(c.start(&p).await.unwrap()).await;
+    assert_eq!(String::from_utf8_lossy(&out), info.home);
     c.close().await.unwrap();
 }
 

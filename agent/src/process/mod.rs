@@ -87,11 +87,12 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     )?;
     let table = s.processes();
     let slot = table.reserve_slot(s.limits().max_processes)?;
-    // A login shell runs the user's dotfiles unconfined (and a sandboxed
-    // job may have written them): never for a job that is to be confined.
+    // A login shell runs the user's dotfiles (and a sandboxed job may have
+    // written them): for a job that is to be confined, inside its sandbox.
     let confined = s.profile().sandbox.is_some() || o.intent.is_some();
-    let mut env = crate::login_env::compose(o.env_base, o.env, s.login_env(), confined).await?;
     let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(o.cwd.as_bytes()));
+    // Decided first: a sandbox that cannot be had is the answer, before
+    // any login shell runs.
     let mut decision = crate::sandbox_gate::gate(
         s.capabilities(),
         o.intent,
@@ -99,6 +100,16 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         o.intent_param,
         s.profile(),
     )?;
+    let in_sandbox = |sh| login_shell_confined(s, o.intent, o.intent_param, &cwd, sh);
+    let mut env = crate::login_env::compose(
+        o.env_base,
+        o.env,
+        &cwd,
+        s.login_env(),
+        confined,
+        Some(in_sandbox),
+    )
+    .await?;
     let egress_rules = decision.take_egress();
     let deny_network = decision.denies_network_unconfined();
     let (mut sandbox, files, sandbox_degraded) = decision.into_parts();
@@ -169,6 +180,106 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         }),
         limits_degraded: limits.degraded,
     })
+}
+
+/// Run the login shell (`env_base: "login"` of a job that is to be
+/// confined) as the job runs: inside its own sandbox (its intent under the
+/// profile, planned for its cwd, in which the shell runs too), or, where
+/// the intent allows running without one (`required: false` on a host
+/// that cannot enforce it), as degraded as the job.
+async fn login_shell_confined(
+    s: &Session,
+    intent: Option<&executor_protocol::types::sandbox::SandboxIntent>,
+    intent_param: &str,
+    cwd: &std::path::Path,
+    sh: crate::login_env::LoginShell,
+) -> crate::login_env::ShellRun {
+    use crate::login_env::{check_output, timed_out, LOGIN_SHELL_MAX_OUTPUT, LOGIN_SHELL_TIMEOUT};
+    use crate::sandbox_gate::Decision;
+    use tokio::io::AsyncReadExt;
+    let decision = crate::sandbox_gate::gate(
+        s.capabilities(),
+        intent,
+        Some(cwd),
+        intent_param,
+        s.profile(),
+    )
+    .map_err(|e| format!("the login shell's sandbox: {}", e.message))?;
+    let deny_network = decision.denies_network_unconfined();
+    if let Decision::Unconfined = &decision {
+        return Err("internal: a confined job without a sandbox decision".into());
+    }
+    let (plan, files, _) = decision.into_parts();
+    let req = spawn::SpawnRequest {
+        argv: &sh.argv,
+        cwd,
+        env: &sh.env,
+        arg0: Some(&sh.arg0),
+        tty: None,
+        stdin_null: true,
+        sandbox: plan.as_ref(),
+        deny_network,
+        // No cgroup of its own: the login shell is bounded by its timeout,
+        // its sandbox's PID namespace (it all ends with the init) and the
+        // default processes limit, counted in its user namespace.
+        cgroup_procs: &[],
+        rlimits: executor_sandbox::spec::Rlimits {
+            address_space: None,
+            processes: Some(executor_protocol::limits::JOB_PROCESSES),
+        },
+    };
+    let result = async {
+        let mut spawned = spawn::spawn(&req).await.map_err(|e| {
+            format!(
+                "cannot run the login shell {} in the job's sandbox: {}",
+                sh.shell, e.message
+            )
+        })?;
+        let (mut stdout, stderr) = (spawned.stdout.take(), spawned.stderr.take());
+        let mut out = Vec::new();
+        let read = async {
+            // stderr is drained and discarded, so the shell never blocks on it.
+            let drain = async {
+                if let Some(mut e) = stderr {
+                    let _ = tokio::io::copy(&mut e, &mut tokio::io::sink()).await;
+                }
+            };
+            let take = async {
+                if let Some(o) = stdout.as_mut() {
+                    let mut limited = o.take(LOGIN_SHELL_MAX_OUTPUT as u64 + 1);
+                    let _ = limited.read_to_end(&mut out).await;
+                }
+            };
+            tokio::join!(drain, take);
+        };
+        if tokio::time::timeout(LOGIN_SHELL_TIMEOUT, read)
+            .await
+            .is_err()
+        {
+            spawned.supervisor.kill().await;
+            return Err(timed_out(&sh.shell));
+        }
+        let exit = job_exit(&mut spawned).await;
+        check_output(&sh.shell, &out)?;
+        if exit.code != Some(0) {
+            return Err(format!(
+                "the login shell {} exited with {} in the job's sandbox",
+                sh.shell,
+                match (exit.code, exit.signal) {
+                    (Some(c), _) => format!("status {c}"),
+                    (_, Some(sig)) => format!("signal {sig}"),
+                    _ => "no status".into(),
+                }
+            ));
+        }
+        Ok(out)
+    }
+    .await;
+    let files_left = tokio::task::spawn_blocking(move || files.remove()).await;
+    if let Ok(Err(e)) = files_left {
+        tracing::warn!(error = %e, "cannot remove the login shell's sandbox directory");
+    }
+    result
 }
 
 /// Refuse a start whose argv, cwd, buffer size or terminal size is bad

@@ -66,7 +66,7 @@ const FILES: &str = r#".SH FILES
 Read by ssh (unless \fB\-F\fR names another): Host aliases, ProxyJump, keys.
 .TP
 \fI$XDG_RUNTIME_DIR/executor\-client/SESSION\fR (else \fI~/.cache/executor\-client/SESSION\fR)
-The resume token of a session started with \fBrun \-\-detach\fR (mode 0600), read by \fBattach\fR.
+The resume token of a session started with \fBrun \-\-detach\fR and its TTL (mode 0600), read by \fBattach\fR; removed once the job's end was shown, when the agent says the session is gone, or when the TTL ran out since a client last left the session.
 .TP
 \fI.NAME.partPID\-N\fR
 \fBget\fR's temp file beside the destination, renamed over it when complete, removed on any error or signal.
@@ -81,7 +81,13 @@ const EXAMPLES: &str = r#".SH EXAMPLES
 Run on this machine (the local agent), in the user's login environment.
 .TP
 \fBexecutor\-client \-\-target devbox run \-\-ro /usr \-\-rw /tmp/work \-\- make \-C /tmp/work\fR
-Run on devbox (a Host of ~/.ssh/config), reading /usr, writing only /tmp/work, without network.
+Run on devbox (a Host of ~/.ssh/config), reading /usr, writing only /tmp/work (which must exist there), without network; it starts in /tmp/work, since the sandbox grants nothing at home.
+.TP
+\fBexecutor\-client \-\-target devbox run \-\-detach 600 \-\- make test\fR
+The job outlives this client for 600 s: closing the terminal (SIGHUP), SIGTERM, a second Ctrl\-C or \fB~.\fR at the start of a line (then Enter, unless \fB\-t\fR) leaves it running; the client exits 0 and prints the \fBattach\fR command that resumes it, with the connection flags as given. \fBattach\fR of a job that already ended prints its output and exits with its status.
+.TP
+\fBexecutor\-client generate bash > ~/.local/share/bash\-completion/completions/executor\-client\fR
+Install the bash completions (also \fBzsh\fR, \fBfish\fR; \fBman\fR prints this page).
 .TP
 \fBexecutor\-client \-i ~/.ssh/ci \-p 2222 \-o StrictHostKeyChecking=accept\-new \-\-target ci@build1 run \-t \-\- htop\fR
 ssh flags as ssh takes them (also after the verb, as \fB\-\-target\fR, but for \fBhttp \-i\fR and \fBget\fR/\fBput\fR/\fBmkdir \-p\fR, which are theirs; \fB\-o "Key Value"\fR too); \fB\-t\fR gives the command a terminal; \fB\-v\fR shows the ssh command line run.

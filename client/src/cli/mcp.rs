@@ -72,11 +72,13 @@ pub enum McpCmd {
 
 #[derive(Debug, clap::Args)]
 pub struct StdioArgs {
-    /// Working directory on the host (default: the agent's).
+    /// Working directory on the host (default: the home directory; under a
+    /// sandbox that grants nothing there, its first --rw root, else its
+    /// first --ro root), as for `run`.
     #[arg(long)]
     pub cwd: Option<String>,
     /// An environment entry, on top of the host user's login environment
-    /// (the agent's own under a sandbox); repeatable.
+    /// (taken inside the server's sandbox when it has one); repeatable.
     #[arg(long = "env", value_name = "K=V")]
     pub env: Vec<String>,
     /// Only the --env entries, plus a standard PATH and HOME.

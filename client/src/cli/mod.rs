@@ -3,7 +3,8 @@
 //!
 //! - `connect`: the target and the ssh options; connecting, bounded.
 //! - `exit`: exit statuses (ssh's convention) and error messages.
-//! - `run`: `run`, `shell`, `attach` (jobs, stdin, signals).
+//! - `run`: `run`, `shell`, `attach` (jobs, stdin, signals); `detach`:
+//!   leaving a detached session (signals, the detach key, resume tokens).
 //! - `files`: `cat`, `walk`, `stat`, `rm`, `mv`, `mkdir`, `realpath`.
 //! - `transfer`: `get`, `put` (scp habits; no leftovers).
 //! - `web`: `http`.
@@ -24,6 +25,7 @@ macro_rules! say {
 }
 
 mod connect;
+mod detach;
 mod exit;
 mod files;
 mod logging;
@@ -58,13 +60,16 @@ pub struct Cli {
 pub enum Cmd {
     /// Show the agent's initialize answer and environment as JSON.
     Info,
-    /// Run a command on the agent's host, streaming its output and
-    /// forwarding stdin; exits with its exit code (128+n when killed by
-    /// signal n).
+    /// Run a command on the agent's host, in the home directory and the
+    /// host user's login environment (as `ssh host CMD`; sandboxed too),
+    /// streaming its output and forwarding stdin; exits with its exit code
+    /// (128+n when killed by signal n).
     Run(run::RunArgs),
     /// An interactive login shell in a terminal on the host.
     Shell,
-    /// Resume a detached session (see `run --detach`) and follow its job.
+    /// Resume a detached session (see `run --detach`) and follow its job;
+    /// for a job that already ended, print its output and exit with its
+    /// status.
     Attach(run::AttachArgs),
     /// Write remote files to stdout.
     Cat(files::CatArgs),
@@ -93,13 +98,16 @@ pub enum Cmd {
     #[command(subcommand)]
     Mcp(mcp::McpCmd),
     /// Install the agent on the `--target` host over SSH (no network needed
-    /// there): picks `FROM/<os>-<arch>/executor` after probing `uname -sm`,
+    /// there): after probing `uname -sm`, takes the FROM binary (when it is
+    /// built for the host's platform) or picks `FROM/<os>-<arch>/executor`,
     /// uploads it, checks its SHA-256 on the host, then renames it into
     /// `~/.local/lib/executor/<version>/executor`, which later connections
     /// to the host try before `executor` on its PATH.
     Bootstrap {
-        /// A folder of release builds: `<os>-<arch>/executor` (e.g. `linux-x86_64/executor`).
-        #[arg(long, value_name = "DIR", required_unless_present = "check")]
+        /// The agent binary (e.g. `/usr/bin/executor`, for a host of this
+        /// machine's platform), or a folder of release builds:
+        /// `<os>-<arch>/executor` (e.g. `linux-x86_64/executor`).
+        #[arg(long, value_name = "BINARY|DIR", required_unless_present = "check")]
         from: Option<std::path::PathBuf>,
         /// Install nothing: report the host's agent (path, SHA-256, version
         /// and sandbox capabilities) as JSON.
@@ -110,8 +118,7 @@ pub enum Cmd {
         remote_dir: String,
     },
     /// Print the man page (`man`) or a shell completion script (`bash`,
-    /// `zsh`, `fish`), for packaging.
-    #[command(hide = true)]
+    /// `zsh`, `fish`): `generate bash > ~/.local/share/bash-completion/completions/executor-client`.
     Generate { kind: String },
 }
 
@@ -177,13 +184,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         _ => None,
     };
     let client = tokio::select! {
-        c = connect::connect(&cli.conn, &cli.log, session) => c?,
+        c = connect::connect(&cli.conn, &cli.log, session) => match (c, &cli.command) {
+            (Ok(c), _) => c,
+            (Err(e), Cmd::Attach(a)) => {
+                run::attach_failed(&a.session, &e);
+                return Err(e);
+            }
+            (Err(e), _) => return Err(e),
+        },
         sig = signals.recv() => return Ok(sig.exit_code()),
     };
     let code = match cli.command {
-        Cmd::Run(args) => run::run(&client, args, &mut signals).await,
+        Cmd::Run(args) => run::run(&client, &cli.conn, args, &mut signals).await,
         Cmd::Shell => run::shell(&client, &mut signals).await,
-        Cmd::Attach(args) => run::attach(&client, args, &mut signals).await,
+        Cmd::Attach(args) => run::attach(&client, &cli.conn, args, &mut signals).await,
         Cmd::Mcp(cmd) => mcp::mcp(&client, cmd, &cli.conn, &cli.log, &mut signals).await,
         other => interruptible(&client, other, &mut signals).await,
     };

@@ -2,8 +2,12 @@
 //! stdin forwarded (`-n`: /dev/null), the terminal's size followed with
 //! `-t`; the first Ctrl-C interrupts the job (`process/signal`), a second
 //! one disconnects (status 130). The status is the job's own, always; the
-//! agent's `sandbox_denied` (a heuristic on its output) is only a note.
+//! agent's `sandbox_denied` (a heuristic on its output) is only a note. A
+//! detached session (`run --detach`, `attach`) is left running on SIGHUP,
+//! SIGTERM, a second Ctrl-C or the detach key ([`super::detach`]).
 
+use super::connect::ConnectArgs;
+use super::detach::{self, Escape, TokenStore};
 use super::exit::{self, Outside, Usage};
 use super::sandbox::{report_degraded, SandboxArgs};
 use super::signals::{Caught, Signals};
@@ -13,10 +17,11 @@ use executor_client::protocol::types::process::{
     EnvBase, OutputStream, ProcessResizeParams, ProcessSignalParams, ProcessStartParams,
     ProcessWriteParams, PtySize, SignalName, StdinMode,
 };
-use executor_client::protocol::types::session::{EnvironmentInfo, ResumeParams, SessionParams};
+use executor_client::protocol::types::session::{EnvironmentInfo, SessionParams};
 use executor_client::{Client, Error, ErrorCode, Process};
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 /// The PATH of `--clean-env`.
@@ -30,7 +35,9 @@ pub struct RunArgs {
     /// Stdin from /dev/null instead of this client's stdin.
     #[arg(short = 'n', long = "no-stdin")]
     pub no_stdin: bool,
-    /// Working directory on the host (default: the agent's).
+    /// Working directory on the host (default: the home directory, as ssh;
+    /// under a sandbox that grants nothing there, its first --rw root, else
+    /// its first --ro root).
     #[arg(long)]
     pub cwd: Option<String>,
     /// An environment entry, on top of the host user's login environment
@@ -44,8 +51,10 @@ pub struct RunArgs {
     /// This machine's whole environment instead of the host's.
     #[arg(long)]
     pub inherit_env: bool,
-    /// Keep the session for SECS after the connection drops (the job runs
-    /// on); `executor-client attach` resumes it.
+    /// Keep the session for SECS after this client leaves it (the job runs
+    /// on): on SIGHUP, SIGTERM, a second Ctrl-C, `~.` typed at the start of
+    /// a line, or a lost connection; the printed command (`attach`)
+    /// resumes it.
     #[arg(long, value_name = "SECS")]
     pub detach: Option<u64>,
     #[command(flatten)]
@@ -141,17 +150,23 @@ impl RunArgs {
     ) -> anyhow::Result<(ProcessStartParams, String)> {
         let info = client.environment_info().await?;
         let (env, env_base) = self.environment(&info)?;
-        let cwd = self.cwd.clone().unwrap_or_else(|| info.cwd.clone());
+        // One rule, sandboxed or not, as `ssh host CMD`: the home
+        // directory and the login environment (for a sandboxed job the
+        // agent runs the login shell inside the job's sandbox). A sandbox
+        // that grants nothing at home starts in its first write root
+        // (else its first read root) instead: it could not enter home.
+        let mut cwd = self.cwd.clone().unwrap_or_else(|| info.home.clone());
+        let mut sandbox = self.sandbox.intent(&cwd)?;
+        if let (None, Some(intent)) = (&self.cwd, &sandbox) {
+            if let Some(root) = root_instead_of(intent, &cwd) {
+                cwd = root;
+                sandbox = self.sandbox.intent(&cwd)?;
+            }
+        }
         let mut params = ProcessStartParams::new(self.argv.clone(), cwd.as_str(), env);
         params.env_base = env_base;
-        params.sandbox = self.sandbox.intent(&cwd)?;
+        params.sandbox = sandbox;
         params.limits = self.limits.limits();
-        // The agent runs no login shell for a sandboxed job (its dotfiles
-        // would run unconfined): start from the agent's own environment
-        // instead.
-        if params.sandbox.is_some() && env_base == EnvBase::Login {
-            params.env_base = EnvBase::Agent;
-        }
         Ok((params, cwd))
     }
 
@@ -195,18 +210,38 @@ pub struct AttachArgs {
 impl AttachArgs {
     /// Resume with the token `run --detach` saved.
     pub fn session_params(&self) -> anyhow::Result<SessionParams> {
-        let path = token_path(&self.session)?;
-        let token = std::fs::read_to_string(&path).with_context(|| {
-            format!("no token for session {} ({})", self.session, path.display())
-        })?;
-        Ok(SessionParams {
-            resume: Some(ResumeParams {
-                session_id: self.session.clone(),
-                token: token.trim().to_string(),
-            }),
-            detach_ttl_ms: None,
-        })
+        Ok(TokenStore::open()?.resume(&self.session)?.0)
     }
+}
+
+/// The root to start in when `intent` grants no access to `home`: its
+/// first write root, else its first read root (`None`: home is held, or
+/// no root names a plain path).
+fn root_instead_of(
+    intent: &executor_client::protocol::types::sandbox::SandboxIntent,
+    home: &str,
+) -> Option<String> {
+    use executor_client::protocol::types::sandbox::ReadRoots;
+    let plain = |r: &executor_client::protocol::WirePath| {
+        std::str::from_utf8(r.as_bytes())
+            .ok()
+            .filter(|p| p.starts_with('/'))
+            .map(str::to_owned)
+    };
+    let fs = &intent.filesystem;
+    let read: Vec<String> = match &fs.read {
+        ReadRoots::All => return None,
+        ReadRoots::Paths(roots) => roots.iter().filter_map(plain).collect(),
+    };
+    let write: Vec<String> = fs.write.iter().filter_map(plain).collect();
+    let held = write
+        .iter()
+        .chain(&read)
+        .any(|r| std::path::Path::new(home).starts_with(r));
+    if held {
+        return None;
+    }
+    write.into_iter().chain(read).next()
 }
 
 fn local_term() -> String {
@@ -214,7 +249,12 @@ fn local_term() -> String {
 }
 
 /// `run`
-pub async fn run(client: &Client, args: RunArgs, signals: &mut Signals) -> anyhow::Result<i32> {
+pub async fn run(
+    client: &Client,
+    conn: &ConnectArgs,
+    args: RunArgs,
+    signals: &mut Signals,
+) -> anyhow::Result<i32> {
     let (mut params, cwd) = args.start_params(client).await?;
     params.tty = args.tty;
     if args.tty {
@@ -228,15 +268,95 @@ pub async fn run(client: &Client, args: RunArgs, signals: &mut Signals) -> anyho
         Err(e) => return start_failure(e, &cwd),
     };
     report_degraded("run", proc.sandbox_degraded());
-    if args.detach.is_some() {
-        save_token(client, proc.id())?;
-    }
+    let detached = match args.detach {
+        Some(secs) => {
+            let d = Detachable::new(client, conn, proc.id(), Duration::from_secs(secs))?;
+            say!(
+                "executor-client: session {} outlives this client for {secs} s (detach: ~. at the start of a line, then Enter unless -t; or close the terminal); reattach: {}",
+                d.session,
+                d.command
+            );
+            Some(d)
+        }
+        None => None,
+    };
     let raw = (args.tty && std::io::IsTerminal::is_terminal(&std::io::stdin()))
         .then(RawMode::enable)
         .flatten();
-    let code = pump(proc, !args.no_stdin, args.tty, signals).await;
+    let end = pump(proc, !args.no_stdin, args.tty, signals, detached.as_ref()).await;
     drop(raw);
-    code
+    finish(end, detached.as_ref(), client).await
+}
+
+/// A session this client may leave running: its token is saved, and how
+/// to come back is known.
+struct Detachable {
+    store: TokenStore,
+    session: String,
+    ttl: Duration,
+    command: String,
+}
+
+impl Detachable {
+    /// Save the client's session token (TTL `ttl`) for job `process`.
+    fn new(
+        client: &Client,
+        conn: &ConnectArgs,
+        process: &str,
+        ttl: Duration,
+    ) -> anyhow::Result<Self> {
+        let store = TokenStore::open()?;
+        store.save(client, ttl)?;
+        let session = client.initialize_result().session_id.clone();
+        let command = detach::reattach_command(conn, &session, process);
+        Ok(Detachable {
+            store,
+            session,
+            ttl,
+            command,
+        })
+    }
+}
+
+/// How following a job ended.
+enum End {
+    /// The job exited (or a signal ended a session that is not kept): the
+    /// status to exit with.
+    Status(i32),
+    /// This client left a detached session (why): the job runs on.
+    Detached(&'static str),
+}
+
+/// The exit status for `end`; a detached session's token is saved again
+/// (its TTL counts from now), and removed once the session has nothing
+/// left to show (its job's exit was shown, and it runs no other job).
+async fn finish(
+    end: anyhow::Result<End>,
+    detached: Option<&Detachable>,
+    client: &Client,
+) -> anyhow::Result<i32> {
+    match (end?, detached) {
+        (End::Status(code), None) => Ok(code),
+        (End::Detached(_), None) => Ok(exit::CONNECTION),
+        (End::Detached(why), Some(d)) => {
+            d.store.save(client, d.ttl)?;
+            detach::tell_detached(why, &d.command);
+            Ok(0)
+        }
+        (End::Status(code), Some(d)) => {
+            let others = client
+                .process_list()
+                .await
+                .map(|l| l.processes.iter().any(|p| p.running))
+                .unwrap_or(true);
+            if others {
+                d.store.save(client, d.ttl)?;
+            } else {
+                d.store.remove(&d.session);
+            }
+            Ok(code)
+        }
+    }
 }
 
 /// 127 / 126 for a program that is missing / not executable (the message
@@ -278,35 +398,44 @@ pub async fn shell(client: &Client, signals: &mut Signals) -> anyhow::Result<i32
         Err(e) => return start_failure(e, &info.home),
     };
     let raw = RawMode::enable();
-    let code = pump(proc, true, true, signals).await;
+    let end = pump(proc, true, true, signals, None).await;
     drop(raw);
-    code
+    finish(end, None, client).await
 }
 
 /// `attach`: follow a job of a resumed session, from its first retained
-/// output.
+/// output to its exit status (at once for a job that already exited);
+/// the terminal's keys go to the job (with the detach key), other stdin
+/// does not. A session the agent no longer knows loses its token.
 pub async fn attach(
     client: &Client,
+    conn: &ConnectArgs,
     args: AttachArgs,
     signals: &mut Signals,
 ) -> anyhow::Result<i32> {
+    let store = TokenStore::open()?;
+    let (_, ttl) = store.resume(&args.session)?;
+    let jobs = client.process_list().await?.processes;
     let id = match args.process {
         Some(id) => id,
         None => {
-            let running: Vec<_> = client
-                .process_list()
-                .await?
-                .processes
-                .into_iter()
-                .filter(|p| p.running)
-                .collect();
-            match running.as_slice() {
+            // The running job, else the one whose exit is still to be shown.
+            let running: Vec<_> = jobs.iter().filter(|p| p.running).collect();
+            let pick = if running.is_empty() {
+                jobs.iter().collect()
+            } else {
+                running
+            };
+            match pick.as_slice() {
                 [only] => only.process_id.clone(),
-                [] => return Err(Outside(format!("session {} runs no job", args.session)).into()),
+                [] => {
+                    store.remove(&args.session);
+                    return Err(Outside(format!("session {} has no job", args.session)).into());
+                }
                 _ => {
-                    let ids: Vec<_> = running.iter().map(|p| p.process_id.as_str()).collect();
+                    let ids: Vec<_> = pick.iter().map(|p| p.process_id.as_str()).collect();
                     return Err(Outside(format!(
-                        "session {} runs {}: name one",
+                        "session {} has {}: name one",
                         args.session,
                         ids.join(", ")
                     ))
@@ -315,77 +444,62 @@ pub async fn attach(
             }
         }
     };
+    let d = Detachable {
+        command: detach::reattach_command(conn, &args.session, &id),
+        session: args.session,
+        store,
+        ttl,
+    };
     let proc = client.attach_process(&id).await?;
-    pump(proc, false, false, signals).await
+    let stdin = std::io::IsTerminal::is_terminal(&std::io::stdin());
+    let end = pump(proc, stdin, false, signals, Some(&d)).await;
+    finish(end, Some(&d), client).await
 }
 
-/// Where `run --detach` keeps a session's resume token (mode 0600).
-fn token_path(session: &str) -> anyhow::Result<std::path::PathBuf> {
-    if session.is_empty()
-        || !session
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err(Outside(format!("{session:?} is not a session id")).into());
+/// `attach`'s connection failed: a session the agent says is gone loses
+/// its token.
+pub fn attach_failed(session: &str, e: &anyhow::Error) {
+    let expired = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<Error>(),
+            Some(Error::Remote(w)) if w.code == ErrorCode::SessionExpired
+        )
+    });
+    if expired {
+        if let Ok(store) = TokenStore::open() {
+            store.remove(session);
+        }
     }
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))
-        .context("neither XDG_RUNTIME_DIR nor HOME is set")?;
-    Ok(base.join("executor-client").join(session))
-}
-
-fn save_token(client: &Client, process_id: &str) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let init = client.initialize_result();
-    let path = token_path(&init.session_id)?;
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    writeln!(f, "{}", init.resume_token)?;
-    say!(
-        "executor-client: session {} outlives the connection; resume: executor-client attach {} {}",
-        init.session_id,
-        init.session_id,
-        process_id
-    );
-    Ok(())
 }
 
 /// Stream output to our stdout/stderr, forward stdin (and window size
 /// changes for a tty), turn signals into `process/signal`; return the
-/// remote exit as a shell exit code.
+/// remote exit as a shell exit code. With `detached` (a session kept for
+/// the job) SIGHUP, SIGTERM, a second Ctrl-C and the detach key leave
+/// instead.
 async fn pump(
     mut proc: Process,
     forward_stdin: bool,
     tty: bool,
     signals: &mut Signals,
-) -> anyhow::Result<i32> {
+    detached: Option<&Detachable>,
+) -> anyhow::Result<End> {
     let job = Job::new(&proc);
     let mut tasks = Vec::new();
+    let (key_tx, mut key_rx) = tokio::sync::oneshot::channel();
     if forward_stdin {
-        tasks.push(tokio::spawn(forward(Job::new(&proc))));
+        let key = detached.is_some().then_some(key_tx);
+        tasks.push(tokio::spawn(forward(Job::new(&proc), key)));
     }
     if tty {
         tasks.push(tokio::spawn(follow_size(Job::new(&proc))));
     }
-    let result = output_until_exit(&mut proc, &job, signals).await;
+    let result = output_until_exit(&mut proc, &job, signals, detached.is_some(), &mut key_rx).await;
     for t in tasks {
         t.abort();
     }
-    if let Some(code) = result? {
-        return Ok(code);
+    if let Some(end) = result? {
+        return Ok(end);
     }
     let status = proc
         .exit_status()
@@ -400,18 +514,21 @@ async fn pump(
             status.shell_code()
         );
     }
-    Ok(status.shell_code())
+    Ok(End::Status(status.shell_code()))
 }
 
-/// Output until the job exits (`None`), or the status a signal ends the
-/// client with.
+/// Output until the job exits (`None`), or how a signal or the detach key
+/// (`key`) ended following it.
 async fn output_until_exit(
     proc: &mut Process,
     job: &Job,
     signals: &mut Signals,
-) -> anyhow::Result<Option<i32>> {
+    detachable: bool,
+    key: &mut tokio::sync::oneshot::Receiver<()>,
+) -> anyhow::Result<Option<End>> {
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     let mut interrupted = false;
+    let mut key_open = true;
     loop {
         tokio::select! {
             chunk = proc.next_output() => {
@@ -420,22 +537,36 @@ async fn output_until_exit(
                     OutputStream::Stderr => &mut err,
                     _ => &mut out,
                 };
-                sink.write_all(&chunk.data)?;
-                sink.flush()?;
+                let written = sink.write_all(&chunk.data).and_then(|()| sink.flush());
+                match written {
+                    // The terminal hung up (EIO) or the reader left: a kept
+                    // session runs on.
+                    Err(e) if detachable && e.kind() != std::io::ErrorKind::Interrupted => {
+                        tracing::debug!(error = %e, "cannot write the job's output");
+                        return Ok(Some(End::Detached("the output is gone")));
+                    }
+                    r => r?,
+                }
             }
+            typed = &mut *key, if key_open => match typed {
+                Ok(()) => return Ok(Some(End::Detached("~."))),
+                Err(_) => key_open = false,
+            },
             sig = signals.recv() => match sig {
                 Caught::Interrupt if !interrupted => {
                     interrupted = true;
                     tracing::info!(process_id = %job.id, "interrupting the job (again to disconnect)");
                     job.signal(SignalName::Interrupt).await?;
                 }
+                Caught::Interrupt if detachable => return Ok(Some(End::Detached("interrupted twice"))),
                 Caught::Interrupt => {
                     say!("executor-client: interrupted twice: disconnected");
-                    return Ok(Some(Caught::Interrupt.exit_code()));
+                    return Ok(Some(End::Status(Caught::Interrupt.exit_code())));
                 }
+                other if detachable => return Ok(Some(End::Detached(other.name()))),
                 other => {
                     let _ = job.signal(SignalName::Terminate).await;
-                    return Ok(Some(other.exit_code()));
+                    return Ok(Some(End::Status(other.exit_code())));
                 }
             }
         }
@@ -444,8 +575,11 @@ async fn output_until_exit(
 
 /// Our stdin to the job's, then EOF. When stdin is the terminal this is
 /// its only reader: a question of the CLI's own (`--net ask`) gets the
-/// next line instead of the job (`tty_question`).
-async fn forward(job: Job) {
+/// next line instead of the job (`tty_question`). With `detach_key` (a
+/// detached session, stdin a terminal) the detach key is watched for:
+/// typed, it is reported there and nothing more is read; the job's stdin
+/// then stays open, for a later `attach`.
+async fn forward(job: Job, detach_key: Option<tokio::sync::oneshot::Sender<()>>) {
     struct Forwarding(bool);
     impl Drop for Forwarding {
         fn drop(&mut self) {
@@ -459,6 +593,7 @@ async fn forward(job: Job) {
     if terminal {
         super::tty_question::forwarding_terminal(true);
     }
+    let mut escape = (terminal && detach_key.is_some()).then_some(Escape::LineStart);
     let mut stdin = tokio::io::stdin();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -468,12 +603,25 @@ async fn forward(job: Job) {
                 return;
             }
             Ok(n) => {
+                let (read, detach) = match escape.as_mut() {
+                    Some(e) => {
+                        let s = e.scan(&buf[..n]);
+                        (std::borrow::Cow::Owned(s.data), s.detach)
+                    }
+                    None => (std::borrow::Cow::Borrowed(&buf[..n]), false),
+                };
                 let data = if terminal {
-                    super::tty_question::route(&buf[..n])
+                    std::borrow::Cow::Owned(super::tty_question::route(&read).into_owned())
                 } else {
-                    std::borrow::Cow::Borrowed(&buf[..n])
+                    read
                 };
                 if !data.is_empty() && job.write(&data, false).await.is_err() {
+                    return;
+                }
+                if detach {
+                    if let Some(tx) = detach_key {
+                        let _ = tx.send(());
+                    }
                     return;
                 }
             }
