@@ -311,8 +311,36 @@ fn kill_and_remove(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Res
     Ok(())
 }
 
-/// `rmdir` retried while the last processes are being reaped (`EBUSY`).
+/// `d` and every cgroup beneath it (a job with write access to its own
+/// directory, unsandboxed in a delegated subtree, may make children and
+/// move into them), deepest first, `d` last.
+fn subtree(d: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![d.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+        out.push(dir);
+    }
+    out.reverse();
+    out
+}
+
+/// `rmdir` of `d` and the cgroups beneath it, each retried while the last
+/// processes are being reaped (`EBUSY`).
 fn remove_dir_retrying(d: &Path, deadline: Instant) -> io::Result<()> {
+    for dir in subtree(d) {
+        remove_one_retrying(&dir, deadline)?;
+    }
+    Ok(())
+}
+
+fn remove_one_retrying(d: &Path, deadline: Instant) -> io::Result<()> {
     loop {
         match fs::remove_dir(d) {
             Ok(()) => return Ok(()),
@@ -331,6 +359,18 @@ fn procs(dir: &Path) -> io::Result<Vec<i32>> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect())
+}
+
+/// The pids in `dir` and every cgroup beneath it.
+fn procs_beneath(dir: &Path) -> io::Result<Vec<i32>> {
+    let mut all = procs(dir)?;
+    for d in subtree(dir) {
+        if d != dir {
+            // A child removed meanwhile holds nothing.
+            all.extend(procs(&d).unwrap_or_default());
+        }
+    }
+    Ok(all)
 }
 
 /// Kill every process of a job's cgroup: `cgroup.kill` where v2 has it;
@@ -353,7 +393,7 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
     }
     let deadline = Instant::now() + within;
     loop {
-        let pids = procs(listed)?;
+        let pids = procs_beneath(listed)?;
         if pids.is_empty() {
             return Ok(());
         }
@@ -363,7 +403,7 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
             // fork, and the agent's own processes are never in the job's
             // cgroup: the risk is a process of another cgroup that reused
             // the number in those microseconds. Checked again just before.
-            if procs(listed)?.contains(&p) {
+            if procs_beneath(listed)?.contains(&p) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(p),
                     nix::sys::signal::Signal::SIGKILL,
@@ -383,7 +423,7 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
 /// Wait until a v2 cgroup has no process left.
 fn wait_empty(d: &Path, within: Duration) -> io::Result<()> {
     let deadline = Instant::now() + within;
-    while !procs(d)?.is_empty() {
+    while !procs_beneath(d)?.is_empty() {
         if Instant::now() >= deadline {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -930,6 +970,21 @@ mod tests {
         let oc = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
         assert_eq!(keyed(oc, "oom_kill"), Some(2));
         assert_eq!(keyed(oc, "absent"), None);
+    }
+
+    #[test]
+    fn a_subtree_is_removed_deepest_first() {
+        let base = std::env::temp_dir().join(format!("cgroup-subtree-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        for d in ["a/b/c", "a/d", "e"] {
+            fs::create_dir_all(base.join(d)).unwrap();
+        }
+        let order = subtree(&base);
+        assert_eq!(order.last(), Some(&base), "{order:?}");
+        let at = |p: &str| order.iter().position(|x| *x == base.join(p)).unwrap();
+        assert!(at("a/b/c") < at("a/b") && at("a/b") < at("a") && at("a/d") < at("a"));
+        remove_dir_retrying(&base, Instant::now() + Duration::from_secs(1)).unwrap();
+        assert!(!base.exists());
     }
 
     #[test]
