@@ -998,3 +998,47 @@ async fn a_child_cgroup_of_the_job_ends_with_it() {
         .collect();
     assert!(left.is_empty(), "left: {left:?}");
 }
+
+/// An agent in a PID namespace of its own sharing the host's cgroups (its
+/// `executor-PID-START` names a pid that is another process, or none, in
+/// the host's namespace) keeps its jobs when an agent of the host's
+/// namespace starts and sweeps: its lock on its directory says it is
+/// alive. (Its job was SIGKILLed by the sweep before.)
+#[tokio::test]
+async fn an_agent_of_another_pid_namespace_is_not_swept() {
+    if current_uid() != 0 {
+        prerequisite_missing("root, for a PID namespace and the host's cgroups");
+        return;
+    }
+    let mut c = tokio::process::Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--"])
+        .arg(executor_bin());
+    let inner = Client::spawn(c, ClientOptions::default())
+        .await
+        .expect("an agent in its own PID namespace");
+    let m = marker();
+    let p = params(&["sh", "-c", "sleep 20; :", &m], JobLimits::default(), None);
+    let proc = inner.start(&p).await.unwrap();
+    assert!(
+        proc.pid() < 100,
+        "a pid of the inner namespace: {}",
+        proc.pid()
+    );
+    for _ in 0..100 {
+        if !marked(&m).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!marked(&m).is_empty(), "the inner agent's job runs");
+    let outer = agent(Mode::Root, None).await.unwrap();
+    outer.c.environment_info().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !marked(&m).is_empty(),
+        "the outer agent's sweep left it alone"
+    );
+    drop(proc);
+    drop(inner);
+    assert!(none_left(&m).await.is_empty(), "it ends with its agent");
+}
