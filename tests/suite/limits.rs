@@ -766,7 +766,7 @@ async fn tmp_is_bounded(mode: Mode) {
 
 three_ways!(tmp_is_bounded);
 
-// ---- Review probes (attack32): hostile jobs and requests against the limits.
+// Hostile jobs and requests against the limits (a security review).
 
 /// The `job-*` directories now under the agent `agent_pid`'s own
 /// `executor-PID-START` directories, in every hierarchy.
@@ -1041,4 +1041,45 @@ async fn an_agent_of_another_pid_namespace_is_not_swept() {
     drop(proc);
     drop(inner);
     assert!(none_left(&m).await.is_empty(), "it ends with its agent");
+}
+
+/// A stopped process (SIGSTOP) left by a job, sandboxed or not, ends
+/// with it; a full `:tmp` tmpfs counts towards the job's memory (the
+/// memory limit, not the tmpfs's larger size, ends a job that fills it).
+#[tokio::test]
+async fn stopped_processes_and_a_full_tmp_end_with_the_job() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let m = marker();
+    let stop = "sleep 30 & kill -STOP $!; sh -c 'kill -STOP $$' \"$0\" & sleep 0.2; :";
+    for sb in [None, Some(sandboxed())] {
+        let sandboxed = sb.is_some();
+        let (st, _, _) = run(
+            &a.c,
+            &params(&["sh", "-c", stop, &m], JobLimits::default(), sb),
+        )
+        .await
+        .unwrap();
+        assert_eq!(st.code, Some(0), "sandboxed {sandboxed}");
+        assert!(none_left(&m).await.is_empty(), "sandboxed {sandboxed}");
+    }
+    let mut intent = sandboxed();
+    intent.filesystem.write = vec![":tmp".into()];
+    let l = JobLimits {
+        memory_bytes: Some(32 << 20),
+        tmp_bytes: Some(128 << 20),
+        ..Default::default()
+    };
+    let fill = "head -c 100000000 /dev/zero > /tmp/x; echo rc=$?";
+    let (st, out, _) = run(&a.c, &params(&["sh", "-c", fill], l, Some(intent)))
+        .await
+        .unwrap();
+    assert_eq!(st.limit_hit, Some(LimitHit::Memory), "{st:?} {out}");
+    assert!(
+        st.usage
+            .and_then(|u| u.peak_memory_bytes)
+            .is_some_and(|p| p <= 32 << 20),
+        "{st:?}"
+    );
 }
