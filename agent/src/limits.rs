@@ -63,6 +63,13 @@ pub fn mechanisms() -> Vec<String> {
 const MIN_MEMORY_BYTES: u64 = 4 << 20;
 const MIN_CPU_MILLIS: u64 = 10;
 const MIN_TMP_BYTES: u64 = 1 << 20;
+/// The largest CPU share a request may give: a million cores. Far past any
+/// host, and within what the kernel takes as a quota (`cpu.max`,
+/// `cpu.cfs_quota_us` refuse more than 2^44 - 1 µs per period).
+const MAX_CPU_MILLIS: u64 = 1_000_000_000;
+/// The most processes a request may give: the kernel's own ceiling on
+/// pids (`PID_MAX_LIMIT`); `pids.max` refuses more.
+const MAX_PROCESSES: u64 = 4 << 20;
 
 /// A job's limits once resolved, and whether each came from the request
 /// or profile (enforced or refused) or from the agent's defaults (enforced
@@ -99,13 +106,20 @@ pub fn resolve(
                  asked: Option<u64>,
                  cap: Option<u64>,
                  default: Option<u64>,
-                 min: u64|
+                 min: u64,
+                 max: u64|
      -> Result<(Option<u64>, bool), WireError> {
         if let Some(v) = asked {
             if v < min {
                 return Err(WireError::invalid_params(
                     &format!("{param}.{name}"),
                     format!("{param}.{name} is {v}; the least this agent runs a job with is {min}"),
+                ));
+            }
+            if v > max {
+                return Err(WireError::invalid_params(
+                    &format!("{param}.{name}"),
+                    format!("{param}.{name} is {v}; the most a job's limit can be is {max}"),
                 ));
             }
             if let Some(c) = cap.filter(|c| v > *c) {
@@ -128,6 +142,7 @@ pub fn resolve(
         profile.memory_bytes,
         defaults.memory_bytes,
         MIN_MEMORY_BYTES,
+        u64::MAX,
     )?;
     let (processes, p) = field(
         "processes",
@@ -135,6 +150,7 @@ pub fn resolve(
         profile.processes,
         defaults.processes,
         1,
+        MAX_PROCESSES,
     )?;
     let (cpu_millis_per_sec, c) = field(
         "cpu_millis_per_sec",
@@ -142,6 +158,7 @@ pub fn resolve(
         profile.cpu_millis_per_sec,
         defaults.cpu_millis_per_sec,
         MIN_CPU_MILLIS,
+        MAX_CPU_MILLIS,
     )?;
     let (tmp_bytes, _) = field(
         "tmp_bytes",
@@ -149,6 +166,7 @@ pub fn resolve(
         profile.tmp_bytes,
         defaults.tmp_bytes,
         MIN_TMP_BYTES,
+        u64::MAX,
     )?;
     Ok(Resolved {
         limits: Limits {

@@ -8,8 +8,9 @@
 //! `cpuacct` controllers where a hybrid host still mounts them. Where its
 //! cgroup is writable (root, or a subtree delegated to its user) it makes
 //! a directory of its own there, `executor-PID-START` (its pid and start
-//! time, so that [`Cgroups::setup`] at the next start can tell a dead
-//! agent's directory from a live one's and sweep it), and one directory per
+//! time, and locked with `flock` for its life, so that [`Cgroups::setup`]
+//! at the next start can tell a dead agent's directory from a live one's,
+//! in its PID namespace or another, and sweep it), and one directory per
 //! job below it. A controller found in neither hierarchy is not enforced
 //! here (the agent falls back to rlimits and says so). The agent never
 //! writes its own cgroup's limits, only its children's; on v2 it may move
@@ -281,8 +282,11 @@ fn agent_dir_name() -> String {
     format!("executor-{pid}-{}", start_time(pid).unwrap_or(0))
 }
 
-/// Whether an `executor-PID-START` directory belongs to a live agent.
-fn owner_alive(name: &str) -> bool {
+/// Whether the `executor-PID-START` directory `dir` (named `name`)
+/// belongs to a live agent: its pid runs with that start time, or (an
+/// agent of another PID namespace, whose pid means another process here)
+/// it holds the directory's lock ([`hold`]).
+fn owner_alive(dir: &Path, name: &str) -> bool {
     let Some(rest) = name.strip_prefix("executor-") else {
         return true;
     };
@@ -292,7 +296,33 @@ fn owner_alive(name: &str) -> bool {
     let (Ok(pid), Ok(start)) = (pid.parse::<i32>(), start.parse::<u64>()) else {
         return true;
     };
-    start_time(pid) == Some(start)
+    if start_time(pid) == Some(start) {
+        return true;
+    }
+    // Unlocked: dead (a lock goes with its holder's last descriptor).
+    // Unopenable: not known to be dead.
+    let Ok(f) = fs::File::open(dir) else {
+        return true;
+    };
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock).is_err()
+}
+
+/// This agent's locks on its own directories (held for its life).
+static HELD: std::sync::Mutex<Vec<nix::fcntl::Flock<fs::File>>> = std::sync::Mutex::new(Vec::new());
+
+/// Lock this agent's own directory `dir` for its life: another agent's
+/// sweep then knows it alive whatever PID namespace either runs in.
+fn hold(dir: &Path) {
+    let locked = fs::File::open(dir).and_then(|f| {
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| io::Error::from(e))
+    });
+    match locked {
+        Ok(l) => HELD.lock().unwrap_or_else(|p| p.into_inner()).push(l),
+        Err(e) => {
+            tracing::debug!(dir = %dir.display(), error = %e, "cannot lock the agent's cgroup directory")
+        }
+    }
 }
 
 fn write_file(path: &Path, value: &str) -> io::Result<()> {
@@ -311,8 +341,36 @@ fn kill_and_remove(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Res
     Ok(())
 }
 
-/// `rmdir` retried while the last processes are being reaped (`EBUSY`).
+/// `d` and every cgroup beneath it (a job with write access to its own
+/// directory, unsandboxed in a delegated subtree, may make children and
+/// move into them), deepest first, `d` last.
+fn subtree(d: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![d.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+        out.push(dir);
+    }
+    out.reverse();
+    out
+}
+
+/// `rmdir` of `d` and the cgroups beneath it, each retried while the last
+/// processes are being reaped (`EBUSY`).
 fn remove_dir_retrying(d: &Path, deadline: Instant) -> io::Result<()> {
+    for dir in subtree(d) {
+        remove_one_retrying(&dir, deadline)?;
+    }
+    Ok(())
+}
+
+fn remove_one_retrying(d: &Path, deadline: Instant) -> io::Result<()> {
     loop {
         match fs::remove_dir(d) {
             Ok(()) => return Ok(()),
@@ -331,6 +389,18 @@ fn procs(dir: &Path) -> io::Result<Vec<i32>> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect())
+}
+
+/// The pids in `dir` and every cgroup beneath it.
+fn procs_beneath(dir: &Path) -> io::Result<Vec<i32>> {
+    let mut all = procs(dir)?;
+    for d in subtree(dir) {
+        if d != dir {
+            // A child removed meanwhile holds nothing.
+            all.extend(procs(&d).unwrap_or_default());
+        }
+    }
+    Ok(all)
 }
 
 /// Kill every process of a job's cgroup: `cgroup.kill` where v2 has it;
@@ -353,7 +423,7 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
     }
     let deadline = Instant::now() + within;
     loop {
-        let pids = procs(listed)?;
+        let pids = procs_beneath(listed)?;
         if pids.is_empty() {
             return Ok(());
         }
@@ -363,7 +433,7 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
             // fork, and the agent's own processes are never in the job's
             // cgroup: the risk is a process of another cgroup that reused
             // the number in those microseconds. Checked again just before.
-            if procs(listed)?.contains(&p) {
+            if procs_beneath(listed)?.contains(&p) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(p),
                     nix::sys::signal::Signal::SIGKILL,
@@ -383,7 +453,7 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
 /// Wait until a v2 cgroup has no process left.
 fn wait_empty(d: &Path, within: Duration) -> io::Result<()> {
     let deadline = Instant::now() + within;
-    while !procs(d)?.is_empty() {
+    while !procs_beneath(d)?.is_empty() {
         if Instant::now() >= deadline {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -405,7 +475,7 @@ fn sweep(own: &Path, unified: bool) -> Vec<PathBuf> {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("executor-") || owner_alive(&name) {
+        if !name.starts_with("executor-") || owner_alive(&e.path(), &name) {
             continue;
         }
         let dir = e.path();
@@ -454,6 +524,7 @@ impl Cgroups {
         if let Some(own) = located.v2 {
             match setup_v2(&own, &name) {
                 Ok(enabled) => {
+                    hold(&own.join(&name));
                     sweep(&own, true);
                     cg.v2 = Some((own.join(&name), enabled));
                 }
@@ -471,7 +542,10 @@ impl Cgroups {
             let ok = *made.entry(own.clone()).or_insert_with(|| {
                 sweep(&own, false);
                 match fs::create_dir(own.join(&name)) {
-                    Ok(()) => true,
+                    Ok(()) => {
+                        hold(&own.join(&name));
+                        true
+                    }
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => true,
                     Err(e) => {
                         cg.notes.push(format!("cgroup v1 {}: {e}", own.display()));
@@ -933,15 +1007,51 @@ mod tests {
     }
 
     #[test]
+    fn a_subtree_is_removed_deepest_first() {
+        let base = std::env::temp_dir().join(format!("cgroup-subtree-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        for d in ["a/b/c", "a/d", "e"] {
+            fs::create_dir_all(base.join(d)).unwrap();
+        }
+        let order = subtree(&base);
+        assert_eq!(order.last(), Some(&base), "{order:?}");
+        let at = |p: &str| order.iter().position(|x| *x == base.join(p)).unwrap();
+        assert!(at("a/b/c") < at("a/b") && at("a/b") < at("a") && at("a/d") < at("a"));
+        remove_dir_retrying(&base, Instant::now() + Duration::from_secs(1)).unwrap();
+        assert!(!base.exists());
+    }
+
+    #[test]
     fn the_agent_directory_names_a_live_agent() {
         let mine = agent_dir_name();
+        let base = std::env::temp_dir().join(format!("cgroup-owner-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        let dir = |n: &str| {
+            let d = base.join(n);
+            fs::create_dir_all(&d).unwrap();
+            d
+        };
+        let owner_alive = |n: &str| owner_alive(&dir(n), n);
         assert!(owner_alive(&mine), "{mine}");
         assert!(!owner_alive("executor-999999999-1"));
+        // An agent of another PID namespace: its pid names another process
+        // (or none) here, its lock says it is alive.
+        let other = "executor-999999998-1";
+        let held = nix::fcntl::Flock::lock(
+            fs::File::open(dir(other)).unwrap(),
+            nix::fcntl::FlockArg::LockExclusiveNonblock,
+        )
+        .unwrap();
+        assert!(owner_alive(other), "locked: alive");
+        drop(held);
+        assert!(!owner_alive(other), "unlocked: dead");
         let me = std::process::id();
         assert!(
             !owner_alive(&format!("executor-{me}-1")),
             "a reused pid is not the owner"
         );
         assert!(owner_alive("not-ours"));
+        fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -457,6 +457,13 @@ pub fn build_root(
     // its :tmp.
     let dev_mount = sys::mount_id(dev.as_fd()).map_err(at(Step::Dev))?;
     let own = attach_mounts(root.as_fd(), &mounts, hidden.as_fd(), vec![dev_mount])?;
+    if !root_writable {
+        // A write root on or above a kernel interface (`/sys/fs/cgroup`,
+        // `/sys`) grants no more than a write root `/` does: its kernel
+        // file systems stay read-only (a job never writes its own or any
+        // cgroup's limits, nor moves out of its cgroup).
+        kernel_interfaces_read_only(root.as_fd()).map_err(at(Step::Roots))?;
+    }
     make_symlinks(root.as_fd(), &symlinks, &own)?;
     drop(hidden);
     nix::unistd::unlinkat(dev.as_fd(), HIDDEN, nix::unistd::UnlinkatFlags::NoRemoveDir)
@@ -747,9 +754,10 @@ fn unescape_mount_point(s: &str) -> PathBuf {
 
 /// Every mount of the kernel's interfaces ([`KERNEL_FS`]: the host's /sys
 /// and its cgroup, tracing, BPF and firmware trees, wherever the host
-/// mounts them) in the staged clone `root` of the host's tree made
-/// read-only, with what is mounted beneath: a write root `/` grants the
-/// host's files, never its kernel's settings. A mount hidden under another
+/// mounts them) in the staged clone `root` of the host's tree, or beneath
+/// a fresh root among the roots attached there, made read-only with what
+/// is mounted beneath: a write root `/` (or `/sys`, `/sys/fs/cgroup`)
+/// grants the host's files, never its kernel's settings. A mount hidden under another
 /// at its place is out of the job's reach and left as it is; one the agent
 /// cannot reach (EACCES) the job cannot reach either.
 fn kernel_interfaces_read_only(root: BorrowedFd<'_>) -> io::Result<()> {
@@ -793,7 +801,11 @@ fn kernel_interfaces_read_only(root: BorrowedFd<'_>) -> io::Result<()> {
         })?;
         let fd = match openat2(root, rel, no_follow()) {
             Ok(fd) => fd,
-            Err(nix::errno::Errno::EACCES) => continue,
+            // Out of the job's reach too: the agent cannot enter it, or it
+            // is hidden under another mount at a parent (the job's /dev).
+            Err(
+                nix::errno::Errno::EACCES | nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR,
+            ) => continue,
             Err(e) => {
                 return Err(io::Error::new(
                     io::Error::from(e).kind(),

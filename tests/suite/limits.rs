@@ -766,3 +766,321 @@ async fn tmp_is_bounded(mode: Mode) {
 }
 
 three_ways!(tmp_is_bounded);
+
+// Hostile jobs and requests against the limits (a security review).
+
+/// The `job-*` directories now under the agent `agent_pid`'s own
+/// `executor-PID-START` directories, in every hierarchy.
+fn job_dirs_of(agent_pid: u32) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for own in own_cgroup_dirs() {
+        let Ok(rd) = std::fs::read_dir(&own) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(&format!("executor-{agent_pid}-")) {
+                continue;
+            }
+            for j in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                if j.file_name().to_string_lossy().starts_with("job-") {
+                    out.push(j.path());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Starts refused after the job's cgroup was made (cwd missing, program
+/// missing, a limit the kernel rejects) leave no cgroup; limits beyond
+/// what a cgroup takes are `invalid_params` naming the field, not an I/O
+/// error at the start (a `cpu_millis_per_sec` of u64::MAX once became a
+/// quota `cpu.cfs_quota_us` refused with EINVAL).
+#[tokio::test]
+async fn failed_starts_leave_no_cgroup() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let m = marker();
+    let p = params(&["sh", "-c", "sleep 20; :", &m], JobLimits::default(), None);
+    let keep = a.c.start(&p).await.unwrap();
+    let agent_pid = agent_of_job(keep.pid());
+    let before = job_dirs_of(agent_pid);
+    assert!(!before.is_empty(), "the running job's cgroup");
+    let mut missing_cwd = params(&["true"], JobLimits::default(), None);
+    missing_cwd.cwd = "/nonexistent-limits-review".into();
+    let e = remote(run(&a.c, &missing_cwd).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::NotFound, "{e:?}");
+    let no_prog = params(
+        &["/nonexistent-limits-review/prog"],
+        JobLimits::default(),
+        None,
+    );
+    let e = remote(run(&a.c, &no_prog).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::NotFound, "{e:?}");
+    for (bad, field) in [
+        (
+            JobLimits {
+                cpu_millis_per_sec: Some(u64::MAX),
+                ..Default::default()
+            },
+            "limits.cpu_millis_per_sec",
+        ),
+        (
+            JobLimits {
+                cpu_millis_per_sec: Some(200_000_000_000),
+                ..Default::default()
+            },
+            "limits.cpu_millis_per_sec",
+        ),
+    ] {
+        let e = remote(run(&a.c, &params(&["true"], bad, None)).await.unwrap_err());
+        assert_eq!(e.code, ErrorCode::InvalidParams, "{field}: {e:?}");
+        assert!(e.message.contains(field), "{}", e.message);
+    }
+    // The largest CPU share still runs (one million cores' worth).
+    let most = JobLimits {
+        cpu_millis_per_sec: Some(1_000_000_000),
+        ..Default::default()
+    };
+    let (st, _, _) = run(&a.c, &params(&["true"], most, None)).await.unwrap();
+    assert_eq!(st.code, Some(0));
+    let huge_memory = JobLimits {
+        memory_bytes: Some(u64::MAX),
+        ..Default::default()
+    };
+    let (st, _, _) = run(&a.c, &params(&["true"], huge_memory, None))
+        .await
+        .unwrap();
+    assert_eq!(st.code, Some(0));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(job_dirs_of(agent_pid), before, "only the running job's");
+    drop(keep);
+}
+
+/// No descriptor of a job (sandboxed or not) is a cgroup file: the
+/// supervisor closed the `cgroup.procs` it joined by.
+#[tokio::test]
+async fn a_job_holds_no_cgroup_descriptor() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let script = "for f in /proc/self/fd/*; do echo \"$f -> $(readlink $f)\"; done";
+    for sb in [None, Some(sandboxed())] {
+        let (_, out, _) = run(
+            &a.c,
+            &params(&["sh", "-c", script], JobLimits::default(), sb),
+        )
+        .await
+        .unwrap();
+        assert!(out.contains("/proc/self/fd/2 -> "), "{out}");
+        assert!(!out.contains("cgroup"), "{out}");
+    }
+}
+
+/// A write root on the cgroup tree (`/sys/fs/cgroup`, or one hierarchy)
+/// grants a sandboxed job no cgroup write either: it neither raises its
+/// own `pids.max` nor moves out of its cgroup (EROFS), as under a write
+/// root `/`. Before the fix both writes succeeded (`8:pids:/../..`).
+#[tokio::test]
+async fn a_write_root_on_cgroupfs_does_not_widen_the_job() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let pids = own_cgroup_dirs()
+        .into_iter()
+        .find(|d| d.join("pids.max").exists() || d.ends_with("pids"))
+        .expect("a pids hierarchy");
+    let script = format!(
+        "t=0; for f in {root}/executor-*/job-*/pids.max; do t=$((t+1)); \
+         (echo 100000 > $f) 2>/dev/null && echo WROTE $f; done; echo targets=$t; \
+         (echo $$ > {root}/cgroup.procs) 2>/dev/null && echo MOVED; \
+         (echo 1 > {root}/cgroup.clone_children) 2>&1 | grep -c 'Read-only file system'",
+        root = pids.display()
+    );
+    let limits = JobLimits {
+        processes: Some(16),
+        ..Default::default()
+    };
+    let parent = pids
+        .parent()
+        .expect("the pids hierarchy's parent")
+        .to_path_buf();
+    for write in [pids.clone(), parent] {
+        let mut intent = sandboxed();
+        intent.filesystem.write = vec![write.display().to_string().into()];
+        let (st, out, _) = run(&a.c, &params(&["sh", "-c", &script], limits, Some(intent)))
+            .await
+            .unwrap();
+        assert_eq!(st.code, Some(0), "{}: {out}", write.display());
+        assert!(!out.contains("WROTE"), "{}: {out}", write.display());
+        assert!(!out.contains("MOVED"), "{}: {out}", write.display());
+        assert!(
+            !out.contains("targets=0"),
+            "its own pids.max is seen: {out}"
+        );
+        assert!(out.trim_end().ends_with('1'), "EROFS: {out}");
+    }
+}
+
+/// An unsandboxed job's detached, SIGHUP- and SIGTERM-ignoring grandchild
+/// ends when the agent is SIGKILLed (no agent starts after it).
+#[tokio::test]
+async fn a_detached_process_ends_with_a_killed_agent() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let m = marker();
+    let script = "setsid sh -c 'trap \"\" HUP TERM; sleep 25; :' \"$0\" & sleep 25; :";
+    let p = params(&["sh", "-c", script, &m], JobLimits::default(), None);
+    let proc = a.c.start(&p).await.unwrap();
+    for _ in 0..100 {
+        if marked(&m).len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let agent_pid = agent_of_job(proc.pid());
+    assert!(marked(&m).len() >= 2, "the job and its detached shell");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(wait_dead(agent_pid, Duration::from_secs(10)).await);
+    // Its supervisor ends the job whole, before any next agent's sweep.
+    assert_eq!(none_left(&m).await, Vec::<u32>::new(), "left on the host");
+}
+
+/// An unsandboxed job of a delegated agent (its job cgroup is its user's)
+/// makes a child cgroup of its own job's in every hierarchy and moves a
+/// process there: the end kills it too and removes the whole subtree (it
+/// was left, `EBUSY`, and no sweep removed it; on a host without v2's
+/// `cgroup.kill` the process outlived the end).
+#[tokio::test]
+async fn a_child_cgroup_of_the_job_ends_with_it() {
+    let Some(a) = agent(Mode::Delegated, None).await else {
+        return;
+    };
+    let m = marker();
+    let dir = "d=$(grep -E \":$h:\" /proc/self/cgroup | cut -d: -f3); \
+               [ $h = unified ] && d=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); \
+               d=/sys/fs/cgroup/$h$d";
+    let script = format!(
+        "for h in pids memory unified; do {dir}; mkdir $d/sub && echo made; done; \
+         sh -c 'for h in pids memory unified; do {dir}; echo $$ > $d/sub/cgroup.procs && echo moved; done; \
+         sleep 25; :' \"$0\" & sleep 1"
+    );
+    let p = params(&["sh", "-c", &script, &m], JobLimits::default(), None);
+    let mut proc = a.c.start(&p).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(o) = proc.next_output().await.unwrap() {
+        out.extend_from_slice(&o.data);
+    }
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert_eq!(out.matches("made").count(), 3, "{out}");
+    assert_eq!(out.matches("moved").count(), 3, "{out}");
+    assert!(
+        none_left(&m).await.is_empty(),
+        "the moved process is killed"
+    );
+    let delegated = &a._delegation.as_ref().expect("delegated").dirs;
+    let left: Vec<PathBuf> = delegated
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("executor-"))
+        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("job-"))
+        })
+        .collect();
+    assert!(left.is_empty(), "left: {left:?}");
+}
+
+/// An agent in a PID namespace of its own sharing the host's cgroups (its
+/// `executor-PID-START` names a pid that is another process, or none, in
+/// the host's namespace) keeps its jobs when an agent of the host's
+/// namespace starts and sweeps: its lock on its directory says it is
+/// alive. (Its job was SIGKILLed by the sweep before.)
+#[tokio::test]
+async fn an_agent_of_another_pid_namespace_is_not_swept() {
+    if current_uid() != 0 {
+        prerequisite_missing("root, for a PID namespace and the host's cgroups");
+        return;
+    }
+    let mut c = tokio::process::Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--"])
+        .arg(executor_bin());
+    let inner = Client::spawn(c, ClientOptions::default())
+        .await
+        .expect("an agent in its own PID namespace");
+    let m = marker();
+    let p = params(&["sh", "-c", "sleep 20; :", &m], JobLimits::default(), None);
+    let proc = inner.start(&p).await.unwrap();
+    assert!(
+        proc.pid() < 100,
+        "a pid of the inner namespace: {}",
+        proc.pid()
+    );
+    for _ in 0..100 {
+        if !marked(&m).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!marked(&m).is_empty(), "the inner agent's job runs");
+    let outer = agent(Mode::Root, None).await.unwrap();
+    outer.c.environment_info().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !marked(&m).is_empty(),
+        "the outer agent's sweep left it alone"
+    );
+    drop(proc);
+    drop(inner);
+    assert!(none_left(&m).await.is_empty(), "it ends with its agent");
+}
+
+/// A stopped process (SIGSTOP) left by a job, sandboxed or not, ends
+/// with it; a full `:tmp` tmpfs counts towards the job's memory (the
+/// memory limit, not the tmpfs's larger size, ends a job that fills it).
+#[tokio::test]
+async fn stopped_processes_and_a_full_tmp_end_with_the_job() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let m = marker();
+    let stop = "sleep 30 & kill -STOP $!; sh -c 'kill -STOP $$' \"$0\" & sleep 0.2; :";
+    for sb in [None, Some(sandboxed())] {
+        let sandboxed = sb.is_some();
+        let (st, _, _) = run(
+            &a.c,
+            &params(&["sh", "-c", stop, &m], JobLimits::default(), sb),
+        )
+        .await
+        .unwrap();
+        assert_eq!(st.code, Some(0), "sandboxed {sandboxed}");
+        assert!(none_left(&m).await.is_empty(), "sandboxed {sandboxed}");
+    }
+    let mut intent = sandboxed();
+    intent.filesystem.write = vec![":tmp".into()];
+    let l = JobLimits {
+        memory_bytes: Some(32 << 20),
+        tmp_bytes: Some(128 << 20),
+        ..Default::default()
+    };
+    let fill = "head -c 100000000 /dev/zero > /tmp/x; echo rc=$?";
+    let (st, out, _) = run(&a.c, &params(&["sh", "-c", fill], l, Some(intent)))
+        .await
+        .unwrap();
+    assert_eq!(st.limit_hit, Some(LimitHit::Memory), "{st:?} {out}");
+    assert!(
+        st.usage
+            .and_then(|u| u.peak_memory_bytes)
+            .is_some_and(|p| p <= 32 << 20),
+        "{st:?}"
+    );
+}
