@@ -91,6 +91,10 @@ pub struct Profile {
     pub workspace_roots: Vec<PathBuf>,
     /// The intent jobs and HTTP requests run under; requests may narrow it.
     pub sandbox: Option<SandboxIntent>,
+    /// The job limits the configuration file set (`[limits.job]`, the
+    /// profile's own over it): required caps, unlike the built-in
+    /// defaults (docs/PROTOCOL.md §3.1).
+    pub configured_job_limits: executor_protocol::types::process::JobLimits,
 }
 
 impl Default for Profile {
@@ -103,6 +107,7 @@ impl Default for Profile {
             allow_root: true,
             workspace_roots: Vec::new(),
             sandbox: None,
+            configured_job_limits: Default::default(),
         }
     }
 }
@@ -490,8 +495,18 @@ impl Config {
                 allow_root: raw_p.allow_root,
                 workspace_roots: roots,
                 sandbox: raw_p.sandbox.as_ref().map(|s| s.get_ref().clone()),
+                configured_job_limits: Default::default(),
             };
         }
+        // What the file set of every job's limits (required caps).
+        let set = |name: &str, v: Option<u64>| v.filter(|_| spans.contains_key(name));
+        chosen.configured_job_limits = executor_protocol::types::process::JobLimits {
+            memory_bytes: set("job.memory_bytes", limits.job.memory_bytes),
+            processes: set("job.processes", limits.job.processes),
+            cpu_millis_per_sec: set("job.cpu_millis_per_sec", limits.job.cpu_millis_per_sec),
+            tmp_bytes: set("job.tmp_bytes", limits.job.tmp_bytes),
+            required: None,
+        };
         check_frame_fit(&ctx, &limits, &spans, raw.limits.as_ref().map(|l| l.span()))?;
         Ok(Config {
             limits,
@@ -696,11 +711,15 @@ fn apply_limits(
                 "is a request's choice; a profile's limits are always required".into(),
             ));
         }
-        for (name, v) in [
-            ("memory_bytes", j.memory_bytes),
-            ("processes", j.processes),
-            ("cpu_millis_per_sec", j.cpu_millis_per_sec),
-            ("tmp_bytes", j.tmp_bytes),
+        for (name, spanned, v) in [
+            ("memory_bytes", "job.memory_bytes", j.memory_bytes),
+            ("processes", "job.processes", j.processes),
+            (
+                "cpu_millis_per_sec",
+                "job.cpu_millis_per_sec",
+                j.cpu_millis_per_sec,
+            ),
+            ("tmp_bytes", "job.tmp_bytes", j.tmp_bytes),
         ] {
             if v == Some(0) {
                 return Err(ctx.invalid(
@@ -708,6 +727,9 @@ fn apply_limits(
                     &format!("{key}.{name}"),
                     "must be at least 1".into(),
                 ));
+            }
+            if v.is_some() {
+                spans.insert(spanned, (format!("{key}.{name}"), job.span()));
             }
         }
         let set = &mut limits.job;

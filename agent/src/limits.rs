@@ -92,20 +92,20 @@ pub struct Resolved {
 pub fn resolve(
     request: Option<&JobLimits>,
     profile: &JobLimits,
+    configured: &JobLimits,
     profile_name: Option<&str>,
     param: &str,
 ) -> Result<Resolved, WireError> {
-    let defaults = executor_protocol::limits::Limits::default().job;
     let req = request.copied().unwrap_or_default();
     let who = profile_name.unwrap_or("(default)");
-    // The configuration's value where it differs from the built-in
-    // default: a cap that is required; the built-in default is a cap too,
-    // but one a host without the means to enforce it reports instead.
-    let configured = |v: Option<u64>, d: Option<u64>| v.filter(|_| v != d);
+    // `cap`: the limit in force (the file's, else the built-in default),
+    // the most a request may ask. `set`: the file set it: a cap that is
+    // required; the built-in default is a cap too, but one a host without
+    // the means to enforce it reports instead of refusing.
     let field = |name: &str,
                  asked: Option<u64>,
                  cap: Option<u64>,
-                 default: Option<u64>,
+                 set: Option<u64>,
                  min: u64,
                  max: u64|
      -> Result<(Option<u64>, bool), WireError> {
@@ -131,16 +131,16 @@ pub fn resolve(
             }
             return Ok((Some(v), true));
         }
-        Ok(match configured(cap, default) {
+        Ok(match set {
             Some(c) => (Some(c), true),
-            None => (cap.or(default), false),
+            None => (cap, false),
         })
     };
     let (memory_bytes, m) = field(
         "memory_bytes",
         req.memory_bytes,
         profile.memory_bytes,
-        defaults.memory_bytes,
+        configured.memory_bytes,
         MIN_MEMORY_BYTES,
         u64::MAX,
     )?;
@@ -148,7 +148,7 @@ pub fn resolve(
         "processes",
         req.processes,
         profile.processes,
-        defaults.processes,
+        configured.processes,
         1,
         MAX_PROCESSES,
     )?;
@@ -156,7 +156,7 @@ pub fn resolve(
         "cpu_millis_per_sec",
         req.cpu_millis_per_sec,
         profile.cpu_millis_per_sec,
-        defaults.cpu_millis_per_sec,
+        configured.cpu_millis_per_sec,
         MIN_CPU_MILLIS,
         MAX_CPU_MILLIS,
     )?;
@@ -164,7 +164,7 @@ pub fn resolve(
         "tmp_bytes",
         req.tmp_bytes,
         profile.tmp_bytes,
-        defaults.tmp_bytes,
+        configured.tmp_bytes,
         MIN_TMP_BYTES,
         u64::MAX,
     )?;

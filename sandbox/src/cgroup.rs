@@ -314,7 +314,9 @@ static HELD: std::sync::Mutex<Vec<nix::fcntl::Flock<fs::File>>> = std::sync::Mut
 /// sweep then knows it alive whatever PID namespace either runs in.
 fn hold(dir: &Path) {
     let locked = fs::File::open(dir).and_then(|f| {
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        // Blocking: another agent's sweep may hold a shared lock on it for
+        // the moment of its check (it never keeps one).
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| io::Error::from(e))
     });
     match locked {

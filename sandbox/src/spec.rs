@@ -47,8 +47,8 @@ pub struct JobSpec {
 /// The rlimits fallback of a job's limits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rlimits {
-    /// `RLIMIT_AS` of every process of the job (set by its supervisor,
-    /// inherited).
+    /// `RLIMIT_AS` of every process of the job (set in the program's own
+    /// process just before its exec, inherited by what it forks).
     pub address_space: Option<u64>,
     /// `RLIMIT_NPROC` inside a sandboxed job's own user namespace (set by
     /// its init, so that it counts the job's processes alone).

@@ -225,6 +225,10 @@ struct Exec {
     cwd: Option<CString>,
     /// [`sys::ignored_signals`], read before the program's process starts.
     ignored_signals: u64,
+    /// `RLIMIT_AS` of the program (the memory limit's fallback), set in its
+    /// own process just before its exec: the supervisor and the init stay
+    /// outside it.
+    address_space: Option<u64>,
 }
 
 impl Exec {
@@ -250,6 +254,7 @@ impl Exec {
             tty,
             cwd,
             ignored_signals: sys::ignored_signals(),
+            address_space: None,
         }
     }
 }
@@ -384,20 +389,6 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     // 3. What to run, and under which plan: a bad spec fails before any
     //    fork (never run unconfined what was asked to be confined).
     let job = JobSpec::read_from(job_fd).map_err(Error::BadSpec)?;
-    if let Some(bytes) = job.rlimits.address_space {
-        let set =
-            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, bytes, bytes);
-        if let Err(e) = set {
-            send(
-                &mut status,
-                Status::SandboxFailed {
-                    step: STEP_RLIMITS,
-                    errno: e as i32,
-                },
-            );
-            return Ok(127);
-        }
-    }
     #[cfg(not(target_os = "linux"))]
     if job.sandbox.is_some() {
         return Err(Error::PolicyUnsupported);
@@ -420,7 +411,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
 
     // 6. Everything exec needs, prepared before the fork. The job's env is
     //    used here, at the final execve, and nowhere before.
-    let exec = Exec::new(
+    let mut exec = Exec::new(
         cstring(&job.exec, "the program path")?,
         job.argv
             .iter()
@@ -436,6 +427,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
             Some(_) => None,
         },
     );
+    exec.address_space = job.rlimits.address_space;
     if exec.argv.is_empty() {
         return Err(Error::Usage("the job spec has an empty argv".into()));
     }
@@ -987,6 +979,12 @@ fn exec_job(exec: &Exec) -> [u8; 8] {
     if let Some(cwd) = &exec.cwd {
         if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
             return failure(FAIL_EXEC, 0, e as i32);
+        }
+    }
+    if let Some(bytes) = exec.address_space {
+        let r = nix::sys::resource::Resource::RLIMIT_AS;
+        if let Err(e) = nix::sys::resource::setrlimit(r, bytes, bytes) {
+            return failure(FAIL_SANDBOX, STEP_RLIMITS, e as i32);
         }
     }
     // Default dispositions and an empty mask, whatever the agent had.

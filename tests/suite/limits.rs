@@ -1084,3 +1084,55 @@ async fn stopped_processes_and_a_full_tmp_end_with_the_job() {
         "{st:?}"
     );
 }
+
+/// Without a cgroup: the memory limit's fallback bounds the program
+/// (its `RLIMIT_AS`, set just before its exec), not its supervisor, so a
+/// small limit still starts the job; and a limit the configuration file
+/// set is required even when it equals the built-in default.
+#[tokio::test]
+async fn without_a_cgroup_the_fallbacks_bind_the_job_and_the_file_is_required() {
+    let Some(a) = agent(Mode::NoCgroup, None).await else {
+        return;
+    };
+    let small = JobLimits {
+        memory_bytes: Some(16 << 20),
+        required: Some(false),
+        ..Default::default()
+    };
+    let (st, out, degraded) = run(&a.c, &params(&["sh", "-c", "ulimit -v"], small, None))
+        .await
+        .unwrap();
+    assert_eq!((st.code, out.trim()), (Some(0), "16384"), "{out}");
+    assert!(
+        degraded.iter().any(|d| d.contains("RLIMIT_AS")),
+        "{degraded:?}"
+    );
+    drop(a);
+    // The file's processes = 4096 (the built-in default's value) is the
+    // file's: an unsandboxed job cannot have it here, so it is refused.
+    let config = "[limits.job]\nprocesses = 4096\n";
+    let Some(a) = agent(Mode::NoCgroup, Some(config)).await else {
+        return;
+    };
+    let e = remote(
+        run(&a.c, &params(&["true"], JobLimits::default(), None))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, ErrorCode::SandboxUnavailable, "{e:?}");
+    assert!(e.message.contains("limits.processes"), "{}", e.message);
+    // Without the file, the same start runs, the default reported.
+    let Some(b) = agent(Mode::NoCgroup, None).await else {
+        return;
+    };
+    let (st, _, degraded) = run(&b.c, &params(&["true"], JobLimits::default(), None))
+        .await
+        .unwrap();
+    assert_eq!(st.code, Some(0));
+    assert!(
+        degraded
+            .iter()
+            .any(|d| d.contains("limits.processes (the agent's default)")),
+        "{degraded:?}"
+    );
+}

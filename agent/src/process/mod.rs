@@ -82,6 +82,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     let resolved = crate::limits::resolve(
         o.limits,
         &s.limits().job,
+        &s.profile().configured_job_limits,
         s.profile().name.as_deref(),
         "limits",
     )?;
