@@ -31,10 +31,10 @@
 //!    terminal ioctls that inject input or change the line discipline
 //!    refused).
 //!
-//! The job inherits all of it. Depends on [`crate::plan`] and [`crate::sys`].
+//! The job inherits all of it. Depends on [`crate::plan`] and [`executor_sys`].
 
 use crate::plan::{Node, WireNet, WirePlan};
-use crate::sys;
+use executor_sys as sys;
 use landlock::{
     Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
@@ -1868,7 +1868,7 @@ mod tests {
             }
             Ok(())
         };
-        crate::sys::in_forked_child(child).unwrap();
+        executor_sys::in_forked_child(child).unwrap();
         assert!(
             std::fs::symlink_metadata(ws.join("gone")).is_err(),
             "made on the host"

@@ -61,7 +61,7 @@ impl JobSpec {
     pub fn to_memfd(&self) -> io::Result<OwnedFd> {
         use nix::fcntl::{fcntl, FcntlArg, SealFlag};
         let bytes = rmp_serde::to_vec(self).map_err(io::Error::other)?;
-        let fd = crate::sys::memfd_sealable(c"executor-job-spec")?;
+        let fd = executor_sys::memfd_sealable(c"executor-job-spec")?;
         let mut f = std::fs::File::from(fd);
         f.write_all(&bytes)?;
         f.rewind()?;

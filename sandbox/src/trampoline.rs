@@ -46,7 +46,7 @@
 //! ran), `X` + raw wait status.
 
 use crate::spec::JobSpec;
-use crate::sys;
+use executor_sys as sys;
 use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};

@@ -431,7 +431,7 @@ async fn receive_egress_listener(
     sock: &std::os::unix::net::UnixStream,
 ) -> Result<OwnedFd, WireError> {
     let mut byte = [0u8; 1];
-    let got = executor_sandbox::sys::recv_fds::<1>(
+    let got = executor_sys::recv_fds::<1>(
         sock.as_fd(),
         &mut byte,
         nix::sys::socket::MsgFlags::MSG_DONTWAIT,
