@@ -129,7 +129,8 @@ impl Step {
 
 pub type StepResult<T> = Result<T, (Step, io::Error)>;
 
-fn at<E: Into<io::Error>>(step: Step) -> impl FnOnce(E) -> (Step, io::Error) {
+/// Map an error to `(step, error)`, the form every step of the init fails in.
+pub(crate) fn at<E: Into<io::Error>>(step: Step) -> impl FnOnce(E) -> (Step, io::Error) {
     move |e| (step, e.into())
 }
 
