@@ -36,8 +36,9 @@
 //!   kernel (no look-up in `/proc`).
 //! - an unconfined job is started directly; the supervisor is a child
 //!   subreaper, so descendants that double-fork or `setsid` are re-parented
-//!   to it and killed when the program exits. With `deny_network` (a
-//!   degraded `allow_hosts` intent) the forked job installs the seccomp
+//!   to it and killed when the program exits. Unconfined with
+//!   `deny_network` (a degraded `allow_hosts` intent,
+//!   [`crate::spec::Confinement`]) the forked job installs the seccomp
 //!   filters of `network: "deny"` before its exec.
 //!
 //! The status pipe carries 5-byte messages to the agent: `P` + pid (the job
@@ -45,7 +46,7 @@
 //! ran), `S` + step << 16 | errno (the sandbox could not be set up, nothing
 //! ran), `X` + raw wait status.
 
-use crate::spec::JobSpec;
+use crate::spec::{Confinement, JobSpec};
 use executor_sys as sys;
 use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -399,7 +400,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         }
     }
     #[cfg(not(target_os = "linux"))]
-    if job.sandbox.is_some() {
+    if job.confinement.plan().is_some() {
         return Err(Error::PolicyUnsupported);
     }
 
@@ -431,7 +432,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
             .map(|e| cstring(e, "an environment entry"))
             .collect::<Result<_, _>>()?,
         job.tty,
-        match job.sandbox {
+        match job.confinement.plan() {
             None => Some(cstring(&job.cwd, "the working directory")?),
             Some(_) => None,
         },
@@ -443,25 +444,30 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         .map(|(r, w)| (std::fs::File::from(r), w))
         .map_err(|e| Error::Pipe(e.into()))?;
 
-    #[cfg(target_os = "linux")]
-    if let Some(plan) = &job.sandbox {
-        let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(&job.cwd));
-        let job = Job {
-            plan,
-            cwd: &cwd,
-            exec: &exec,
-            egress,
-            set,
-            processes: job.rlimits.processes,
-        };
-        return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
-    }
+    let deny_network = match &job.confinement {
+        #[cfg(target_os = "linux")]
+        Confinement::Sandboxed(plan) => {
+            let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(&job.cwd));
+            let job = Job {
+                plan,
+                cwd: &cwd,
+                exec: &exec,
+                egress,
+                set,
+                processes: job.rlimits.processes,
+            };
+            return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
+        }
+        #[cfg(not(target_os = "linux"))]
+        Confinement::Sandboxed(_) => return Err(Error::PolicyUnsupported),
+        Confinement::Unconfined { deny_network } => *deny_network,
+    };
     // Only a sandboxed plan has egress by name (or pooled namespaces).
     drop(egress);
     #[cfg(target_os = "linux")]
     drop(set);
     // A degraded `allow_hosts` job: no namespaces, but no network either.
-    let net_filters = if job.deny_network {
+    let net_filters = if deny_network {
         Some(network_denial()?)
     } else {
         None

@@ -2930,7 +2930,7 @@ both!(
 #[test]
 fn c55_the_init_makes_nothing_on_the_host() {
     use executor_sandbox::plan::{Node, WireNet, WirePlan};
-    use executor_sandbox::spec::JobSpec;
+    use executor_sandbox::spec::{Confinement, JobSpec};
     use executor_sandbox::trampoline::Status;
     use serde_bytes::ByteBuf;
     use std::os::fd::AsRawFd;
@@ -2963,8 +2963,7 @@ fn c55_the_init_makes_nothing_on_the_host() {
             env: vec![],
             cwd: bytes("/"),
             tty: false,
-            sandbox: Some(plan.clone()),
-            deny_network: false,
+            confinement: Confinement::Sandboxed(Box::new(plan.clone())),
             rlimits: Default::default(),
         };
         let memfd = spec.to_memfd().unwrap();
