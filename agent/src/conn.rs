@@ -126,7 +126,7 @@ impl Output for tokio::net::unix::pipe::Sender {
         loop {
             self.writable().await?;
             let out = self.as_fd();
-            match self.try_io(|| executor_sandbox::sys::splice_nonblocking(from, out, len)) {
+            match self.try_io(|| executor_sys::splice_nonblocking(from, out, len)) {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 r => return r,
             }
@@ -150,7 +150,7 @@ impl Output for tokio::net::unix::OwnedWriteHalf {
             sock.writable().await?;
             let out = sock.as_fd();
             let r = sock.try_io(tokio::io::Interest::WRITABLE, || {
-                executor_sandbox::sys::splice_nonblocking(from, out, len)
+                executor_sys::splice_nonblocking(from, out, len)
             });
             match r {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,

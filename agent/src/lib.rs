@@ -75,6 +75,13 @@
 //! name reaches the network only through its [`egress`] proxy, which the
 //! agent serves on a listener the trampoline made inside the job's
 //! network namespace.
+//!
+//! ## Dependencies
+//!
+//! `executor-protocol` (the wire), `executor-sandbox` (probe, plan,
+//! trampoline, spawner) and `executor-sys` for the few raw system calls the
+//! agent makes itself (descriptor passing, `splice` relays, a PTY's window
+//! size, the host's addresses): this crate has no `unsafe`.
 #![forbid(unsafe_code)]
 
 pub mod audit;

@@ -56,7 +56,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Every mode waits for children it starts: not with an ignored SIGCHLD
     // inherited from whoever started the agent.
-    executor_sandbox::sys::default_sigchld();
+    executor_sys::default_sigchld();
     if args.get(1).and_then(|a| a.to_str()) == Some("sandbox-exec") {
         name_this_process();
         sandbox_exec(&args[2..]);

@@ -14,8 +14,9 @@
 use crate::config::Profile;
 use executor_protocol::types::sandbox::{NetworkIntent, SandboxIntent};
 use executor_protocol::{ErrorCode, WireError};
-use executor_sandbox::plan::{JobFiles, Plan, PlanError, WirePlan};
+use executor_sandbox::plan::{JobFiles, Plan, PlanError};
 use executor_sandbox::policy::{resolve, Context, Policy, Root};
+use executor_sandbox::spec::Confinement;
 use executor_sandbox::Capabilities;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -297,25 +298,31 @@ impl Decision {
         }
     }
 
-    /// Whether the job's network is to be denied without a plan.
-    pub fn denies_network_unconfined(&self) -> bool {
-        matches!(self, Decision::Degraded(_, DenyNetwork(true)))
-    }
-
-    /// (the plan for the trampoline, what the job owns on the host, what
+    /// (the job's confinement for the trampoline: its plan, or none and
+    /// whether its network is denied; what the job owns on the host; what
     /// was not enforced) for a spawn.
-    pub fn into_parts(self) -> (Option<WirePlan>, JobFiles, Option<Vec<String>>) {
+    pub fn into_parts(self) -> (Confinement, JobFiles, Option<Vec<String>>) {
         match self {
-            Decision::Unconfined => (None, JobFiles::default(), None),
+            Decision::Unconfined => (
+                Confinement::Unconfined {
+                    deny_network: false,
+                },
+                JobFiles::default(),
+                None,
+            ),
             Decision::Enforce(p, _) => {
                 let p = *p;
                 (
-                    Some(p.wire),
+                    Confinement::Sandboxed(Box::new(p.wire)),
                     p.files,
                     (!p.degraded.is_empty()).then_some(p.degraded),
                 )
             }
-            Decision::Degraded(d, _) => (None, JobFiles::default(), Some(d)),
+            Decision::Degraded(d, DenyNetwork(deny_network)) => (
+                Confinement::Unconfined { deny_network },
+                JobFiles::default(),
+                Some(d),
+            ),
         }
     }
 }

@@ -336,7 +336,7 @@ mod tests {
                 other => Err(format!("{other:?}")),
             }
         };
-        crate::sys::in_forked_child(child).unwrap();
+        executor_sys::in_forked_child(child).unwrap();
         let _ = std::fs::remove_dir_all(d);
     }
 }

@@ -3,8 +3,8 @@
 //! Enforces an orchestrator's `SandboxIntent` with the host's own mechanism.
 //! Below the agent: its `sandbox_gate` turns a request's intent into a
 //! [`plan`], its spawn hands the plan to [`trampoline`] in a job spec, and
-//! the trampoline applies it before `execve`; this crate uses only the
-//! protocol crate's types.
+//! the trampoline applies it before `execve`. Depends on the protocol
+//! crate's types and on `executor-sys` for every raw system call.
 //! - [`Capabilities::probe`]: what this kernel can enforce (Landlock ABI,
 //!   seccomp filter mode, unprivileged user namespaces), reported in
 //!   `initialize.sandbox`;
@@ -31,9 +31,9 @@
 //! enforced is refused before anything runs. Without the feature the
 //! variable is ignored.
 //!
-//! All `unsafe` of the workspace lives in this crate (in [`sys`], and the
-//! few descriptor hand-overs of [`trampoline`] and [`spawner`]), each block with a
-//! `// SAFETY:` comment.
+//! All `unsafe` of the workspace lives in `executor-sys` and, in this
+//! crate, in the few descriptor hand-overs and forks of [`trampoline`],
+//! [`spawner`] and [`nspool`], each block with a `// SAFETY:` comment.
 
 #[cfg(target_os = "linux")]
 pub mod cgroup;
@@ -49,12 +49,12 @@ pub mod policy;
 pub mod seatbelt;
 pub mod spawner;
 pub mod spec;
-pub mod sys;
 pub mod trampoline;
 #[cfg(target_os = "linux")]
 pub mod tree;
 
 use executor_protocol::types::session::SandboxCapabilities;
+use executor_sys as sys;
 
 /// Landlock ABI from which TCP connect/bind rules exist.
 pub const LANDLOCK_ABI_NET: u32 = 4;

@@ -28,9 +28,9 @@
 //! here) turns the pool off for the spawner's life: every job then reports
 //! the real failure of its own `clone`.
 //!
-//! Depends on [`crate::sys`] and [`crate::linux`] (the id maps).
+//! Depends on [`executor_sys`] and [`crate::linux`] (the id maps).
 
-use crate::sys;
+use executor_sys as sys;
 use nix::sched::CloneFlags;
 use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 use nix::unistd::ForkResult;

@@ -268,7 +268,7 @@ fn open_to_lock(p: &Path) -> std::io::Result<(std::fs::File, Option<u32>)> {
         nix::sys::stat::fstat(&path).map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
     let mode = st.st_mode & 0o7777;
     let taken = if mode & 0o500 != 0o500 {
-        crate::sys::chmod_fd(path.as_fd(), mode | 0o700)?;
+        executor_sys::chmod_fd(path.as_fd(), mode | 0o700)?;
         Some(mode)
     } else {
         None

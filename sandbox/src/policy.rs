@@ -1387,7 +1387,7 @@ mod tests {
                 other => Err(format!("{other:?}")),
             }
         };
-        crate::sys::in_forked_child(child).unwrap();
+        executor_sys::in_forked_child(child).unwrap();
         let _ = std::fs::remove_dir_all(base);
     }
 }

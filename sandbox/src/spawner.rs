@@ -37,10 +37,10 @@
 //! each supervisor watches the agent's lifeline itself, so a spawner that
 //! is killed leaves its running jobs supervised and reporting.
 //!
-//! Depends on [`crate::sys`] and [`crate::trampoline`] only.
+//! Depends on [`executor_sys`] and [`crate::trampoline`] only.
 
 use crate::nspool::{NsSet, Pool};
-use crate::sys;
+use executor_sys as sys;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{send, MsgFlags};

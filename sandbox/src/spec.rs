@@ -30,18 +30,47 @@ pub struct JobSpec {
     pub cwd: ByteBuf,
     /// Make fd 0 (a PTY slave) the job's controlling terminal.
     pub tty: bool,
-    /// The sandbox; `None`: unconfined.
-    pub sandbox: Option<WirePlan>,
-    /// Without a sandbox plan: deny the job's network anyway, with the
-    /// seccomp filters of `network: "deny"` (and `no_new_privs`). What a
-    /// degraded `allow_hosts` intent gets where no network namespace can
-    /// be made (docs/PROTOCOL.md §8): never unconfined network.
-    #[serde(default)]
-    pub deny_network: bool,
+    /// How the job is confined: a sandbox plan, or none (with its
+    /// network denied or not).
+    pub confinement: Confinement,
     /// Where the job has no cgroup for them: per-process rlimits (the
     /// fallback of `limits`, docs/PROTOCOL.md §4).
     #[serde(default)]
     pub rlimits: Rlimits,
+}
+
+/// How a job is confined, decided once (the agent's sandbox gate) and
+/// read once (the trampoline). The spec is internal to one binary (the
+/// agent and the trampoline are the same executable), so its encoding
+/// needs no compatibility across versions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Confinement {
+    /// The plan the job's init applies (namespaces, the fresh root,
+    /// Landlock, seccomp).
+    Sandboxed(Box<WirePlan>),
+    /// No plan. `deny_network`: deny the job's network anyway, with the
+    /// seccomp filters of `network: "deny"` (and `no_new_privs`): what a
+    /// degraded `allow_hosts` intent gets where no network namespace can
+    /// be made (docs/PROTOCOL.md §8), never unconfined network.
+    Unconfined { deny_network: bool },
+}
+
+impl Confinement {
+    /// The sandbox plan, if there is one.
+    pub fn plan(&self) -> Option<&WirePlan> {
+        match self {
+            Confinement::Sandboxed(p) => Some(&**p),
+            Confinement::Unconfined { .. } => None,
+        }
+    }
+
+    /// The sandbox plan, to complete (the agent sets its `tmp_bytes`).
+    pub fn plan_mut(&mut self) -> Option<&mut WirePlan> {
+        match self {
+            Confinement::Sandboxed(p) => Some(&mut **p),
+            Confinement::Unconfined { .. } => None,
+        }
+    }
 }
 
 /// The rlimits fallback of a job's limits.
@@ -61,7 +90,7 @@ impl JobSpec {
     pub fn to_memfd(&self) -> io::Result<OwnedFd> {
         use nix::fcntl::{fcntl, FcntlArg, SealFlag};
         let bytes = rmp_serde::to_vec(self).map_err(io::Error::other)?;
-        let fd = crate::sys::memfd_sealable(c"executor-job-spec")?;
+        let fd = executor_sys::memfd_sealable(c"executor-job-spec")?;
         let mut f = std::fs::File::from(fd);
         f.write_all(&bytes)?;
         f.rewind()?;
@@ -107,8 +136,7 @@ mod tests {
             env: vec![ByteBuf::from(b"LD_PRELOAD=/x.so".to_vec())],
             cwd: ByteBuf::from(b"/".to_vec()),
             tty: false,
-            sandbox: None,
-            deny_network: true,
+            confinement: Confinement::Unconfined { deny_network: true },
             rlimits: Rlimits {
                 address_space: Some(64 << 20),
                 processes: None,

@@ -36,8 +36,9 @@
 //!   kernel (no look-up in `/proc`).
 //! - an unconfined job is started directly; the supervisor is a child
 //!   subreaper, so descendants that double-fork or `setsid` are re-parented
-//!   to it and killed when the program exits. With `deny_network` (a
-//!   degraded `allow_hosts` intent) the forked job installs the seccomp
+//!   to it and killed when the program exits. Unconfined with
+//!   `deny_network` (a degraded `allow_hosts` intent,
+//!   [`crate::spec::Confinement`]) the forked job installs the seccomp
 //!   filters of `network: "deny"` before its exec.
 //!
 //! The status pipe carries 5-byte messages to the agent: `P` + pid (the job
@@ -45,8 +46,8 @@
 //! ran), `S` + step << 16 | errno (the sandbox could not be set up, nothing
 //! ran), `X` + raw wait status.
 
-use crate::spec::JobSpec;
-use crate::sys;
+use crate::spec::{Confinement, JobSpec};
+use executor_sys as sys;
 use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
@@ -390,7 +391,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     //    fork (never run unconfined what was asked to be confined).
     let job = JobSpec::read_from(job_fd).map_err(Error::BadSpec)?;
     #[cfg(not(target_os = "linux"))]
-    if job.sandbox.is_some() {
+    if job.confinement.plan().is_some() {
         return Err(Error::PolicyUnsupported);
     }
 
@@ -422,7 +423,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
             .map(|e| cstring(e, "an environment entry"))
             .collect::<Result<_, _>>()?,
         job.tty,
-        match job.sandbox {
+        match job.confinement.plan() {
             None => Some(cstring(&job.cwd, "the working directory")?),
             Some(_) => None,
         },
@@ -435,25 +436,30 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         .map(|(r, w)| (std::fs::File::from(r), w))
         .map_err(|e| Error::Pipe(e.into()))?;
 
-    #[cfg(target_os = "linux")]
-    if let Some(plan) = &job.sandbox {
-        let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(&job.cwd));
-        let job = Job {
-            plan,
-            cwd: &cwd,
-            exec: &exec,
-            egress,
-            set,
-            processes: job.rlimits.processes,
-        };
-        return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
-    }
+    let deny_network = match &job.confinement {
+        #[cfg(target_os = "linux")]
+        Confinement::Sandboxed(plan) => {
+            let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(&job.cwd));
+            let job = Job {
+                plan,
+                cwd: &cwd,
+                exec: &exec,
+                egress,
+                set,
+                processes: job.rlimits.processes,
+            };
+            return sandboxed(job, exec_r, exec_w, status, lifeline, sigfd);
+        }
+        #[cfg(not(target_os = "linux"))]
+        Confinement::Sandboxed(_) => return Err(Error::PolicyUnsupported),
+        Confinement::Unconfined { deny_network } => *deny_network,
+    };
     // Only a sandboxed plan has egress by name (or pooled namespaces).
     drop(egress);
     #[cfg(target_os = "linux")]
     drop(set);
     // A degraded `allow_hosts` job: no namespaces, but no network either.
-    let net_filters = if job.deny_network {
+    let net_filters = if deny_network {
         Some(network_denial()?)
     } else {
         None
@@ -736,81 +742,32 @@ fn program_of(init: Pid) -> Option<Pid> {
         .or_else(|| children.first().copied())
 }
 
-/// The job's init (pid 1 of its PID namespace): build the root, confine,
-/// fork the program, wait for it, report its status, exit (which kills
-/// whatever is left in the namespace). Returns the init's exit code.
+/// The job's init (pid 1 of its PID namespace): confine itself
+/// ([`confine_init`]), fork the program, wait for it, report its status,
+/// exit (which kills whatever is left in the namespace). Returns the
+/// init's exit code.
 #[cfg(target_os = "linux")]
 fn job_init(
-    job: Job<'_>,
+    mut job: Job<'_>,
     ids: Option<(u32, u32)>,
     pooled: Option<crate::nspool::InitNs>,
     exec_w: OwnedFd,
     mut ctl: std::os::unix::net::UnixStream,
 ) -> i32 {
     let mut w = std::fs::File::from(exec_w);
+    // The one place a failed step becomes the record the supervisor
+    // reports (the step and the errno).
     let fail = |w: &mut std::fs::File, step: crate::linux::Step, e: &io::Error| {
         let _ = w.write_all(&failure(FAIL_SANDBOX, step as u8, errno_of(e)));
         127
     };
-    let Job {
-        plan,
-        cwd,
-        exec,
-        egress,
-        set: _,
-        processes,
-    } = job;
-    if let Some(ns) = pooled {
-        if let Err(e) = ns.enter() {
-            return fail(&mut w, crate::linux::Step::Namespaces, &e);
-        }
-    }
-    let prep = match crate::linux::build_root(plan, ids, exec.tty, cwd) {
-        Ok(p) => p,
-        Err((step, e)) => return fail(&mut w, step, &e),
-    };
-    // Egress by name: the proxy's listener goes to the agent now, while
-    // the init may still bring `lo` up and listen (confinement forbids
-    // both); the socket to the agent is closed before the program forks.
-    match (&plan.net, egress) {
-        (crate::plan::WireNet::Egress { port }, Some(to_agent)) => {
-            if let Err((step, e)) = crate::linux::hand_over_egress_listener(*port, to_agent.as_fd())
-            {
-                return fail(&mut w, step, &e);
-            }
-        }
-        (crate::plan::WireNet::Egress { .. }, None) => {
-            let e = io::Error::other("egress by name without a socket to the agent (--egress)");
-            return fail(&mut w, crate::linux::Step::Egress, &e);
-        }
-        _ => {}
-    }
-    // Its /proc entries become root's: the job cannot read its init.
-    if let Err(e) = sys::set_not_dumpable() {
-        return fail(&mut w, crate::linux::Step::Capabilities, &e);
-    }
-    // The init dies with its supervisor: a supervisor killed from outside
-    // must not leave the job running unwatched (the init's death kills
-    // every process of its PID namespace).
-    match dies_with_supervisor(&ctl) {
-        Ok(true) => {}
+    match confine_init(&mut job, ids, pooled, &ctl) {
+        Ok(Supervised::Yes) => {}
         // The supervisor is gone already: nobody to report to.
-        Ok(false) => return 127,
-        Err(e) => return fail(&mut w, crate::linux::Step::Supervisor, &e),
+        Ok(Supervised::Gone) => return 127,
+        Err((step, e)) => return fail(&mut w, step, &e),
     }
-    if let Err((step, e)) = crate::linux::confine(plan, prep) {
-        return fail(&mut w, step, &e);
-    }
-    // The rlimits fallback of `processes`: counted in the job's own user
-    // namespace, so the job's processes alone (the init is one of them).
-    if let Some(n) = processes {
-        let n = n.saturating_add(1);
-        if let Err(e) =
-            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, n, n)
-        {
-            return fail(&mut w, crate::linux::Step::Rlimits, &e.into());
-        }
-    }
+    let exec = job.exec;
     // The program: pid 2 of the namespace. It tells the supervisor its pid
     // (credentials on `ctl`) and execs; `ctl` and the exec pipe are
     // close-on-exec.
@@ -852,6 +809,75 @@ fn job_init(
     // report for a core. (A supervisor that dies closes its end too.)
     let _ = ctl.read(&mut go);
     0
+}
+
+/// Whether the init's supervisor is still there to report to.
+#[cfg(target_os = "linux")]
+enum Supervised {
+    Yes,
+    Gone,
+}
+
+/// The init's confinement, step by step, each named by its mechanism and
+/// failing closed: the first that fails is the [`crate::linux::Step`]
+/// the job reports, and the program never runs.
+#[cfg(target_os = "linux")]
+fn confine_init(
+    job: &mut Job<'_>,
+    ids: Option<(u32, u32)>,
+    pooled: Option<crate::nspool::InitNs>,
+    ctl: &std::os::unix::net::UnixStream,
+) -> crate::linux::StepResult<Supervised> {
+    use crate::linux::{self, at, Step};
+    // Namespaces: with a set of the spawner's pool, its IPC namespace
+    // (the user and network ones were entered before the clone).
+    if let Some(ns) = pooled {
+        ns.enter().map_err(at(Step::Namespaces))?;
+    }
+    // The fresh root (ids mapped, mounts, /dev, /proc, pivot, cwd).
+    let prep = linux::build_root(job.plan, ids, job.exec.tty, job.cwd)?;
+    // Egress by name: the proxy's listener goes to the agent now, while
+    // the init may still bring `lo` up and listen (confinement forbids
+    // both); the socket to the agent is closed before the program forks.
+    hand_over_egress(&job.plan.net, job.egress.take())?;
+    // Its /proc entries become root's: the job cannot read its init.
+    sys::set_not_dumpable().map_err(at(Step::Capabilities))?;
+    // The init dies with its supervisor: a supervisor killed from outside
+    // must not leave the job running unwatched (the init's death kills
+    // every process of its PID namespace).
+    if !dies_with_supervisor(ctl).map_err(at(Step::Supervisor))? {
+        return Ok(Supervised::Gone);
+    }
+    // Landlock, capabilities, no_new_privs, seccomp.
+    linux::confine(job.plan, prep)?;
+    // The rlimits fallback of `processes`: counted in the job's own user
+    // namespace, so the job's processes alone (the init is one of them).
+    if let Some(n) = job.processes {
+        let n = n.saturating_add(1);
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, n, n)
+            .map_err(at(Step::Rlimits))?;
+    }
+    Ok(Supervised::Yes)
+}
+
+/// Egress by name: hand the proxy's listener to the agent over `to_agent`
+/// (`--egress`); nothing for any other network.
+#[cfg(target_os = "linux")]
+fn hand_over_egress(
+    net: &crate::plan::WireNet,
+    to_agent: Option<OwnedFd>,
+) -> crate::linux::StepResult<()> {
+    use crate::linux::Step;
+    match (net, to_agent) {
+        (crate::plan::WireNet::Egress { port }, Some(to_agent)) => {
+            crate::linux::hand_over_egress_listener(*port, to_agent.as_fd())
+        }
+        (crate::plan::WireNet::Egress { .. }, None) => Err((
+            Step::Egress,
+            io::Error::other("egress by name without a socket to the agent (--egress)"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// In the job's init: SIGKILL when the supervisor (the thread that cloned

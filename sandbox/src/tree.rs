@@ -15,14 +15,14 @@
 //! - Never into another mount: a directory on another device, or with
 //!   another mount id (`statx`), is not entered (nor removed).
 //! - A directory without `u+rwx` gets it back through its own descriptor
-//!   ([`crate::sys::chmod_fd`]) before it is read.
+//!   ([`executor_sys::chmod_fd`]) before it is read.
 //! - Never silent: every entry that stays is logged (`tracing`, with its
 //!   path and errno, the first few of each tree) and the removal returns
 //!   an error naming the first; the agent's next sweep tries again
 //!   ([`crate::plan::sweep`]).
 //!
 //! Used by [`crate::plan`] (a job's `:tmp` at its end, the sweep of what a
-//! killed agent left). Depends on `nix`, [`crate::sys`] and `tracing`.
+//! killed agent left). Depends on `nix`, [`executor_sys`] and `tracing`.
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -184,7 +184,7 @@ impl Remover {
             }
             Err(e) => return self.fail(None, "opening it", errno(e)),
         };
-        let (dev, ino, mnt) = match crate::sys::identity_and_mount(root.as_fd()) {
+        let (dev, ino, mnt) = match executor_sys::identity_and_mount(root.as_fd()) {
             Ok(id) => id,
             Err(e) => return self.fail(None, "looking at it", e),
         };
@@ -218,7 +218,7 @@ impl Remover {
                     )
                     .map_err(errno)
                     .and_then(|fd| {
-                        let (d, i, _) = crate::sys::identity_and_mount(fd.as_fd())?;
+                        let (d, i, _) = executor_sys::identity_and_mount(fd.as_fd())?;
                         if Some(&(d, i)) == ids.last() {
                             Ok(fd)
                         } else {
@@ -268,7 +268,7 @@ impl Remover {
                 }
                 match nix::sys::stat::fstat(dir) {
                     Ok(st) if st.st_mode & 0o700 != 0o700 => {
-                        if let Err(e) = crate::sys::chmod_fd(dir.as_fd(), 0o700) {
+                        if let Err(e) = executor_sys::chmod_fd(dir.as_fd(), 0o700) {
                             self.fail(None, "restoring the owner's permissions", e);
                             return Step::Done;
                         }
@@ -360,7 +360,7 @@ impl Remover {
                     continue;
                 }
             };
-            match crate::sys::identity_and_mount(child.as_fd()) {
+            match executor_sys::identity_and_mount(child.as_fd()) {
                 Ok((d, i, m)) if (d, i) == id && (m == self.mnt || m.is_none()) => {
                     return Step::Descend(name.to_os_string(), child, id);
                 }

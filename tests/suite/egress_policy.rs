@@ -447,7 +447,7 @@ fn loopback_hosts(iface: IpAddr) -> String {
 
 /// A non-loopback, non-link-local address of this host's interfaces.
 fn interface_address() -> Option<IpAddr> {
-    let all = executor_sandbox::sys::host_addresses().ok()?;
+    let all = executor_sys::host_addresses().ok()?;
     let usable = |a: &IpAddr| match a {
         IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
         IpAddr::V6(_) => false,

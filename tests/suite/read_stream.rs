@@ -243,7 +243,7 @@ async fn a_file_whose_filesystem_cannot_splice_streams_whole() {
     let probe = std::fs::File::open(f).unwrap();
     let (r, w) = nix::unistd::pipe().unwrap();
     use std::os::fd::AsFd;
-    let refused = executor_sandbox::sys::splice_file_to_pipe(probe.as_fd(), 0, w.as_fd(), 4096);
+    let refused = executor_sys::splice_file_to_pipe(probe.as_fd(), 0, w.as_fd(), 4096);
     assert_eq!(
         refused.map_err(|e| e.raw_os_error()),
         Err(Some(libc::EINVAL)),

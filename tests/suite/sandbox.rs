@@ -2925,12 +2925,12 @@ both!(
 // Driven through `executor sandbox-exec` with a plan made of nodes that
 // were checked, then removed. (One gone between that step and its mount
 // is `ensure`'s case: it makes mount points only in the job's own tmpfs,
-// never beneath a write root; linux::tests::ensure_makes_nothing_...)
+// never beneath a write root; linux::root::tests::ensure_makes_nothing_...)
 // Control: the same plan with the nodes in place starts and runs.
 #[test]
 fn c55_the_init_makes_nothing_on_the_host() {
     use executor_sandbox::plan::{Node, WireNet, WirePlan};
-    use executor_sandbox::spec::JobSpec;
+    use executor_sandbox::spec::{Confinement, JobSpec};
     use executor_sandbox::trampoline::Status;
     use serde_bytes::ByteBuf;
     use std::os::fd::AsRawFd;
@@ -2963,8 +2963,7 @@ fn c55_the_init_makes_nothing_on_the_host() {
             env: vec![],
             cwd: bytes("/"),
             tty: false,
-            sandbox: Some(plan.clone()),
-            deny_network: false,
+            confinement: Confinement::Sandboxed(Box::new(plan.clone())),
             rlimits: Default::default(),
         };
         let memfd = spec.to_memfd().unwrap();
@@ -3023,7 +3022,7 @@ fn c55_the_init_makes_nothing_on_the_host() {
 // in the host's /tmp next to `:tmp`), a file root, nested write roots, a
 // read root inside a write root. (The init makes mount points only in the
 // job's own tmpfs root, /dev and `:tmp`, never beneath a mount bound from
-// the host: c55 and linux::tests::ensure_makes_nothing_...)
+// the host: c55 and linux::root::tests::ensure_makes_nothing_...)
 both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
     std::fs::write(e.ws.join("file-root"), "FILEROOT\n").unwrap();
     std::fs::create_dir_all(e.ws.join("src/inner")).unwrap();

@@ -60,7 +60,7 @@ async fn preamble_then_initialize_reports_every_field() {
         Some(host.trim())
     );
     // Sandbox capabilities probed from this kernel.
-    let abi = executor_sandbox::sys::landlock_abi().ok().map(u64::from);
+    let abi = executor_sys::landlock_abi().ok().map(u64::from);
     assert_eq!(
         path(res, "sandbox.landlock_abi").and_then(|v| v.as_u64()),
         abi

@@ -398,7 +398,7 @@ impl Ctx {
         // looked up once per destination, and judged on exactly the
         // addresses connected to below.
         let own = match &canon {
-            Host::Name(_) => Some(executor_sandbox::sys::host_addresses().unwrap_or_else(|e| {
+            Host::Name(_) => Some(executor_sys::host_addresses().unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot list this host's addresses: only loopback and unspecified addresses are known as its own");
                 Vec::new()
             })),

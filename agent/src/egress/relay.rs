@@ -44,7 +44,7 @@ fn would_block(r: &io::Result<usize>) -> bool {
 /// the pipe is empty; with bytes held, an `EAGAIN` is taken as "drain the
 /// pipe first", and the pump waits for `dst` alone.
 pub(super) async fn pump(src: &TcpStream, dst: &TcpStream) -> io::Result<()> {
-    use executor_sandbox::sys::splice_nonblocking as splice;
+    use executor_sys::splice_nonblocking as splice;
     let (pr, pw) = pipe()?;
     let mut held = 0usize;
     let mut eof = false;

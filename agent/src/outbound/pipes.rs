@@ -195,7 +195,7 @@ impl PooledPipe {
         debug_assert_eq!(self.held, 0, "a pipe is filled only empty");
         loop {
             let at = offset + self.held as u64;
-            let r = executor_sandbox::sys::splice_file_to_pipe(
+            let r = executor_sys::splice_file_to_pipe(
                 file.as_fd(),
                 at,
                 self.pipe().write.as_fd(),

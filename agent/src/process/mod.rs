@@ -112,21 +112,20 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
     )
     .await?;
     let egress_rules = decision.take_egress();
-    let deny_network = decision.denies_network_unconfined();
-    let (mut sandbox, files, sandbox_degraded) = decision.into_parts();
-    if let Some(plan) = sandbox.as_mut().filter(|p| p.tmp.is_some()) {
+    let (mut confinement, files, sandbox_degraded) = decision.into_parts();
+    if let Some(plan) = confinement.plan_mut().filter(|p| p.tmp.is_some()) {
         plan.tmp_bytes = resolved.tmp_bytes;
     }
     // The job's cgroup (or its rlimits) before anything runs: a limit that
     // cannot be enforced refuses the start here.
-    let limits = crate::limits::prepare(&resolved, sandbox.is_some(), "limits")?;
+    let limits = crate::limits::prepare(&resolved, confinement.plan().is_some(), "limits")?;
     // The audit line says what is enforced: a plan, or nothing.
-    crate::audit::note_sandboxed(sandbox.is_some());
+    crate::audit::note_sandboxed(confinement.plan().is_some());
     if let Some(d) = &sandbox_degraded {
         crate::audit::note_degraded(d);
     }
     // Egress by name: the job's environment names its proxy (§8).
-    let egress_port = match sandbox.as_ref().map(|p| &p.net) {
+    let egress_port = match confinement.plan().map(|p| &p.net) {
         Some(executor_sandbox::plan::WireNet::Egress { port }) => Some(*port),
         _ => None,
     };
@@ -146,8 +145,7 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         tty: o.tty,
         pty_size: o.pty_size,
         stdin_null: o.stdin_null,
-        sandbox,
-        deny_network,
+        confinement,
         egress_rules,
         files,
         tag: o.tag,
@@ -206,11 +204,10 @@ async fn login_shell_confined(
         s.profile(),
     )
     .map_err(|e| format!("the login shell's sandbox: {}", e.message))?;
-    let deny_network = decision.denies_network_unconfined();
     if let Decision::Unconfined = &decision {
         return Err("internal: a confined job without a sandbox decision".into());
     }
-    let (plan, files, _) = decision.into_parts();
+    let (confinement, files, _) = decision.into_parts();
     let req = spawn::SpawnRequest {
         argv: &sh.argv,
         cwd,
@@ -218,8 +215,7 @@ async fn login_shell_confined(
         arg0: Some(&sh.arg0),
         tty: None,
         stdin_null: true,
-        sandbox: plan.as_ref(),
-        deny_network,
+        confinement: &confinement,
         // No cgroup of its own: the login shell is bounded by its timeout,
         // its sandbox's PID namespace (it all ends with the init) and the
         // default processes limit, counted in its user namespace.
@@ -342,8 +338,7 @@ struct Unborn {
     tty: bool,
     pty_size: Option<PtySize>,
     stdin_null: bool,
-    sandbox: Option<executor_sandbox::plan::WirePlan>,
-    deny_network: bool,
+    confinement: executor_sandbox::spec::Confinement,
     egress_rules: Option<crate::egress::Rules>,
     files: executor_sandbox::plan::JobFiles,
     tag: Option<String>,
@@ -365,8 +360,7 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         arg0: job.arg0.as_deref(),
         tty: job.tty.then(|| job.pty_size.unwrap_or_default()),
         stdin_null: job.stdin_null,
-        sandbox: job.sandbox.as_ref(),
-        deny_network: job.deny_network,
+        confinement: &job.confinement,
         cgroup_procs: &job.cgroup_procs,
         rlimits: job.rlimits,
     };
@@ -389,7 +383,7 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         argv: job.argv.clone(),
         tag: job.tag,
         tty: job.tty,
-        sandboxed: job.sandbox.is_some(),
+        sandboxed: job.confinement.plan().is_some(),
         notify: job.notify,
         live: Live::new(job.cap as usize, streams, stdin, pty),
         cgroup: job.cgroup.clone(),

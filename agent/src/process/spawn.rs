@@ -8,8 +8,7 @@
 use super::spawner::{self, Supervisor};
 use executor_protocol::types::process::PtySize;
 use executor_protocol::{ErrorCode, WireError};
-use executor_sandbox::plan::WirePlan;
-use executor_sandbox::spec::JobSpec;
+use executor_sandbox::spec::{Confinement, JobSpec};
 use executor_sandbox::trampoline::Status;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
 use serde_bytes::ByteBuf;
@@ -33,11 +32,9 @@ pub struct SpawnRequest<'a> {
     pub arg0: Option<&'a str>,
     pub tty: Option<PtySize>,
     pub stdin_null: bool,
-    /// The sandbox plan for the trampoline (`None`: unconfined).
-    pub sandbox: Option<&'a WirePlan>,
-    /// Without a plan: deny the job's network anyway (a degraded
-    /// `allow_hosts` intent).
-    pub deny_network: bool,
+    /// The sandbox plan for the trampoline, or none (and whether the
+    /// job's network is denied anyway: a degraded `allow_hosts` intent).
+    pub confinement: &'a Confinement,
     /// `cgroup.procs` of the job's cgroups: its supervisor joins them
     /// before anything of the job runs.
     pub cgroup_procs: &'a [OwnedFd],
@@ -333,7 +330,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         .map_err(|e| io_err("writing the job spec", e))?;
     // Egress by name: a socket pair on which the job's init sends the
     // proxy's listener; the supervisor gets one end with the others.
-    let egress = match req.sandbox.map(|p| &p.net) {
+    let egress = match req.confinement.plan().map(|p| &p.net) {
         Some(executor_sandbox::plan::WireNet::Egress { .. }) => Some(
             std::os::unix::net::UnixStream::pair().map_err(|e| io_err("egress socket pair", e))?,
         ),
@@ -362,7 +359,10 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         ];
         fds.extend(egress.as_ref().map(|(_, theirs)| theirs.as_fd()));
         fds.extend(req.cgroup_procs.iter().map(|f| f.as_fd()));
-        let netns = req.sandbox.is_some_and(|p| p.net.own_namespace());
+        let netns = req
+            .confinement
+            .plan()
+            .is_some_and(|p| p.net.own_namespace());
         let supervisor = spawner::fork(&fds, req.cgroup_procs.len(), netns, turn).await;
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
@@ -431,7 +431,7 @@ async fn receive_egress_listener(
     sock: &std::os::unix::net::UnixStream,
 ) -> Result<OwnedFd, WireError> {
     let mut byte = [0u8; 1];
-    let got = executor_sandbox::sys::recv_fds::<1>(
+    let got = executor_sys::recv_fds::<1>(
         sock.as_fd(),
         &mut byte,
         nix::sys::socket::MsgFlags::MSG_DONTWAIT,
@@ -475,8 +475,7 @@ fn job_spec(req: &SpawnRequest<'_>, program: &Path) -> JobSpec {
             .collect(),
         cwd: b(req.cwd.as_os_str().as_bytes()),
         tty: req.tty.is_some(),
-        sandbox: req.sandbox.cloned(),
-        deny_network: req.deny_network,
+        confinement: req.confinement.clone(),
         rlimits: req.rlimits,
     }
 }

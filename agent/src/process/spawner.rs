@@ -382,7 +382,7 @@ pub async fn fork(
         let sent = c
             .sock
             .async_io(Interest::WRITABLE, || {
-                executor_sandbox::sys::send_fds(c.sock.as_fd(), &msg, fds, MsgFlags::MSG_NOSIGNAL)
+                executor_sys::send_fds(c.sock.as_fd(), &msg, fds, MsgFlags::MSG_NOSIGNAL)
             })
             .await;
         if let Err(e) = sent {

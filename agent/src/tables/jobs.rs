@@ -399,7 +399,7 @@ impl Proc {
             ));
         };
         use std::os::fd::AsFd;
-        executor_sandbox::sys::set_winsize(fd.as_fd(), rows, cols).map_err(|e| {
+        executor_sys::set_winsize(fd.as_fd(), rows, cols).map_err(|e| {
             WireError::new(
                 ErrorCode::Io,
                 format!("resizing the terminal of {}: {e}", self.id),

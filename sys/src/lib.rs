@@ -1,4 +1,23 @@
-//! The raw system calls of the sandbox, each turned into `io::Result`.
+//! # executor-sys
+//!
+//! The raw system calls of the executor, each turned into `io::Result`
+//! (`-1`/errno becomes an `io::Error`): the Landlock and seccomp probes,
+//! forks and the `vfork`-style start of a job's program, namespaces,
+//! the new mount API and `pivot_root`, capabilities, signals, descriptor
+//! passing (`SCM_RIGHTS`, `SCM_CREDENTIALS`), `splice`, `statx` and
+//! `getifaddrs`.
+//!
+//! Its users: `executor-sandbox` (the enforcement a job's init applies)
+//! and the agent (descriptor passing, `splice` relays, the PTY window
+//! size, the host's addresses). It holds no policy: what to mount, deny or
+//! drop is decided by the sandbox crate.
+//!
+//! Depends only on `libc`, `nix` and `seccompiler` (for the type of a
+//! compiled filter, which [`install_bpf`] takes). All `unsafe` of the
+//! workspace lives here, apart from the few descriptor hand-overs and
+//! forks of `executor-sandbox`'s trampoline, spawner and namespace pool;
+//! each block carries a `// SAFETY:` comment naming the invariant it
+//! relies on.
 
 use std::io;
 
@@ -301,7 +320,7 @@ pub struct ChildStack {
 
 #[cfg(target_os = "linux")]
 impl ChildStack {
-    /// Bytes the child may use: [`exec_job`](crate::trampoline)'s frames,
+    /// Bytes the child may use: the sandbox trampoline's `exec_job` frames,
     /// a few system calls and `execve` need a few KiB.
     const USABLE: usize = 64 << 10;
     const GUARD: usize = 4 << 10;
@@ -1006,9 +1025,10 @@ pub fn host_addresses() -> io::Result<Vec<std::net::IpAddr>> {
 
 /// For tests that change what a process may do (namespaces, limits): run
 /// `f` in a forked child and return what it said (`Err` carries its
-/// message, printed by the child too).
-#[cfg(test)]
-pub(crate) fn in_forked_child(f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+/// message, printed by the child too). Public for the sandbox crate's unit
+/// tests; nothing outside tests calls it.
+#[doc(hidden)]
+pub fn in_forked_child(f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
     // SAFETY: the child only runs `f` (system calls and small allocations,
     // which glibc's fork keeps usable) and `_exit`s.
     match unsafe { nix::unistd::fork() }.map_err(|e| e.to_string())? {
