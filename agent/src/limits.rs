@@ -280,7 +280,7 @@ pub fn usage_of(u: &executor_sandbox::cgroup::Usage) -> JobUsage {
 
 /// A running job's account for `process/list`.
 pub fn current(cg: &JobCgroup) -> JobUsage {
-    let u = cg.usage();
+    let u = cg.current();
     JobUsage {
         memory_bytes: u.memory_bytes,
         processes: u.processes,
@@ -288,14 +288,14 @@ pub fn current(cg: &JobCgroup) -> JobUsage {
     }
 }
 
-/// End a job's cgroup (blocking: on a blocking thread): kill what is left,
-/// read the account, remove it. The limit it hit: memory for an OOM kill,
-/// processes for a fork refused at the limit.
-pub fn end(id: &str, cg: &JobCgroup) -> (JobUsage, Option<LimitHit>) {
-    let (u, result) = cg.end();
-    if let Err(e) = result {
-        tracing::warn!(process_id = id, error = %e, "cannot end the job's cgroup whole; the next agent start sweeps it");
+/// At a job's end (blocking: on a blocking thread): SIGKILL to whatever
+/// of it is left in its cgroup, and its account. The limit it hit: memory
+/// for an OOM kill, processes for a fork refused at the limit.
+pub fn account(cg: &JobCgroup) -> (JobUsage, Option<LimitHit>) {
+    if let Err(e) = cg.kill_now() {
+        tracing::warn!(error = %e, "cannot signal what is left of the job's cgroup");
     }
+    let u = cg.usage();
     let hit = if u.oom_killed {
         Some(LimitHit::Memory)
     } else if u.processes_limited {
@@ -304,4 +304,13 @@ pub fn end(id: &str, cg: &JobCgroup) -> (JobUsage, Option<LimitHit>) {
         None
     };
     (usage_of(&u), hit)
+}
+
+/// Then (blocking, after the exit was reported): wait until nothing of the
+/// job is left in its cgroup (killing again what is), and remove it.
+pub fn finish(id: &str, cg: &JobCgroup) {
+    let (_, result) = cg.end();
+    if let Err(e) = result {
+        tracing::warn!(process_id = id, error = %e, "cannot end the job's cgroup whole; the next agent start sweeps it");
+    }
 }

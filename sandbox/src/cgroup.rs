@@ -801,6 +801,39 @@ impl JobCgroup {
             .map(|(_, d)| d.as_path())
     }
 
+    /// A running job's account, cheaply (`process/list`): its CPU time,
+    /// memory and processes now, three files at most.
+    pub fn current(&self) -> Usage {
+        let mut u = Usage::default();
+        if let Some(d) = &self.v2 {
+            if let Ok(stat) = fs::read_to_string(d.join("cpu.stat")) {
+                u.cpu_user_us = keyed(&stat, "user_usec");
+                u.cpu_system_us = keyed(&stat, "system_usec");
+            }
+        }
+        if u.cpu_user_us.is_none() {
+            if let Some(d) = self.v1_dir(Controller::Cpuacct) {
+                if let Ok(stat) = fs::read_to_string(d.join("cpuacct.stat")) {
+                    // USER_HZ ticks (100 per second on Linux).
+                    u.cpu_user_us = keyed(&stat, "user").map(|t| t * 10_000);
+                    u.cpu_system_us = keyed(&stat, "system").map(|t| t * 10_000);
+                }
+            }
+        }
+        u.memory_bytes = match (self.v1_dir(Controller::Memory), &self.v2) {
+            (Some(d), _) => read_u64(&d.join("memory.usage_in_bytes")),
+            (None, Some(d)) => read_u64(&d.join("memory.current")),
+            _ => None,
+        };
+        u.processes = match (self.v1_dir(Controller::Pids), &self.v2) {
+            (Some(d), _) => read_u64(&d.join("pids.current")),
+            (None, Some(d)) => read_u64(&d.join("pids.current")),
+            _ => None,
+        }
+        .map(|p| p.saturating_sub(self.overhead));
+        u
+    }
+
     /// The account so far.
     pub fn usage(&self) -> Usage {
         let mut u = Usage::default();
@@ -850,6 +883,36 @@ impl JobCgroup {
 
     /// Kill whatever of the job is left (every process in its cgroup,
     /// re-parented or not).
+    /// Send every process of the job's cgroup SIGKILL now, without waiting
+    /// for them to be gone ([`JobCgroup::end`] waits): `cgroup.kill` on v2;
+    /// on v1 `pids.max` at 0 and one pass over the processes listed.
+    pub fn kill_now(&self) -> io::Result<()> {
+        if let Some(d) = &self.v2 {
+            match write_file(&d.join("cgroup.kill"), "1") {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(listed) = self
+            .v2
+            .as_deref()
+            .or_else(|| self.v1.first().map(|(_, d)| d.as_path()))
+        else {
+            return Ok(());
+        };
+        for (_, d) in &self.v1 {
+            let _ = write_file(&d.join("pids.max"), "0");
+        }
+        for p in procs_beneath(listed)? {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        Ok(())
+    }
+
     pub fn kill(&self) -> io::Result<()> {
         let v1: Vec<&Path> = self.v1.iter().map(|(_, d)| d.as_path()).collect();
         kill_all(self.v2.as_deref(), &v1, Duration::from_secs(5))

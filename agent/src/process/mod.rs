@@ -595,14 +595,21 @@ async fn wait_job(
     // The job ends whole: whatever of it is left in its cgroup (detached,
     // re-parented, outliving a supervisor killed from outside) is killed
     // now; then its account is read and the cgroup removed.
+    // SIGKILL goes to all of it at once, the account is read; waiting for
+    // the processes to be gone and removing the cgroup happen after the
+    // exit is reported (they cost milliseconds on v1).
     if let Some(cg) = cgroup {
-        let id = proc.id.clone();
+        let account = cg.clone();
         if let Ok((usage, hit)) =
-            tokio::task::spawn_blocking(move || crate::limits::end(&id, &cg)).await
+            tokio::task::spawn_blocking(move || crate::limits::account(&account)).await
         {
             exit.usage = Some(usage);
             exit.limit_hit = hit;
         }
+        let id = proc.id.clone();
+        drop(tokio::task::spawn_blocking(move || {
+            crate::limits::finish(&id, &cg)
+        }));
     }
     // The job is gone: its proxy stops, and its namespace with it.
     drop(egress);
@@ -825,10 +832,11 @@ pub async fn handle_list(
     s: &Arc<Session>,
     _p: ProcessListParams,
 ) -> Result<ProcessListResult, WireError> {
-    Ok(ProcessListResult {
-        processes: s
-            .processes()
-            .all()
+    let procs = s.processes().all();
+    // Each running job's account is a few cgroup files: read on a
+    // blocking thread (a thousand jobs are some milliseconds of reads).
+    let list = move || {
+        procs
             .into_iter()
             .map(|p| ProcessInfo {
                 process_id: p.id.clone(),
@@ -838,8 +846,15 @@ pub async fn handle_list(
                 running: p.running(),
                 usage: p.usage(),
             })
-            .collect(),
-    })
+            .collect()
+    };
+    let processes = tokio::task::spawn_blocking(list).await.map_err(|e| {
+        WireError::new(
+            ErrorCode::Internal,
+            format!("internal error (a bug) while listing processes: {e}"),
+        )
+    })?;
+    Ok(ProcessListResult { processes })
 }
 
 #[cfg(test)]
