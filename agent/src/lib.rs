@@ -9,6 +9,8 @@
 //! Each layer imports only from the layers below it (`agent/tests/layers.rs`
 //! checks this and that the module graph has no cycle), bottom first:
 //!
+//! 0. [`limits`]: a job's limits and account (its cgroup, or rlimits),
+//!    below everything that starts or lists jobs.
 //! 1. [`outbound`]: frames out. [`outbound::Reply`] (what a handler answers:
 //!    a value, a value with a zero-copy tail, a stream's head), the one
 //!    place replies, errors and notifications are encoded, and

@@ -400,6 +400,16 @@ fn entries(bytes: &[u8]) -> BTreeMap<String, String> {
 /// uid, the shell and its base environment, and the path, size, mtime and
 /// inode of each login file of the shells the agent knows (a file edited,
 /// added or removed makes a new key).
+/// Where the disk cache lives: the session hosts' socket directory when it
+/// is `$XDG_RUNTIME_DIR/executor` (set once by the binary at start, which
+/// knows the socket directories; never under /tmp). Unset: no disk cache.
+static CACHE_DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+
+/// Name the disk cache's directory (`None`: none). The first call wins.
+pub fn set_cache_dir(dir: Option<std::path::PathBuf>) {
+    let _ = CACHE_DIR.set(dir);
+}
+
 mod disk {
     use super::{LoginShell, DISK_CACHE_TTL};
     use std::collections::BTreeMap;
@@ -479,13 +489,10 @@ mod disk {
         }
     }
 
-    /// The cache file, where there is one.
+    /// The cache file, where there is one ([`super::set_cache_dir`]).
     fn path() -> Option<PathBuf> {
-        let env = crate::host::RuntimeEnv::current();
-        let xdg = env.xdg_runtime_dir.clone()?;
-        let dir = env.socket_dir().ok()?;
-        (dir == xdg.join("executor"))
-            .then(|| dir.join(format!("login-env-{}", env!("CARGO_PKG_VERSION"))))
+        let dir = super::CACHE_DIR.get()?.as_ref()?;
+        Some(dir.join(format!("login-env-{}", env!("CARGO_PKG_VERSION"))))
     }
 
     fn header(key: u64) -> String {

@@ -122,6 +122,13 @@ fn main() -> anyhow::Result<()> {
     // single-threaded and before the spawner starts (on cgroup v2 the
     // agent may move into a leaf of its own, and the spawner follows).
     executor_agent::limits::setup();
+    // The login environment's disk cache: in the session hosts' socket
+    // directory when that is `$XDG_RUNTIME_DIR/executor` (never /tmp).
+    let dirs_env = executor_agent::host::RuntimeEnv::current();
+    executor_agent::login_env::set_cache_dir(dirs_env.xdg_runtime_dir.clone().and_then(|xdg| {
+        let dir = dirs_env.socket_dir().ok()?;
+        (dir == xdg.join("executor")).then_some(dir)
+    }));
     let _own_cgroups = executor_agent::limits::Teardown;
     // The process that forks every job's supervisor, started from the main
     // thread (its parent-death signal follows the thread that started it,

@@ -8,6 +8,8 @@ use std::path::Path;
 
 /// The layers, bottom first (the order `agent/src/lib.rs` describes).
 const LAYERS: &[(&str, &[&str])] = &[
+    // A job's limits and account (the sandbox crate's cgroups).
+    ("limits", &["limits"]),
     // Frames out: replies, errors, notifications.
     ("outbound", &["outbound"]),
     // The session's state tables (jobs, file handles, HTTP streams).
