@@ -63,6 +63,9 @@ pub fn mechanisms() -> Vec<String> {
 const MIN_MEMORY_BYTES: u64 = 4 << 20;
 const MIN_CPU_MILLIS: u64 = 10;
 const MIN_TMP_BYTES: u64 = 1 << 20;
+/// 1 PiB: far above any host's memory, well inside what tmpfs's `size=`
+/// parses.
+const MAX_TMP_BYTES: u64 = 1 << 50;
 /// The largest CPU share a request may give: a million cores. Far past any
 /// host, and within what the kernel takes as a quota (`cpu.max`,
 /// `cpu.cfs_quota_us` refuse more than 2^44 - 1 µs per period).
@@ -166,7 +169,7 @@ pub fn resolve(
         profile.tmp_bytes,
         configured.tmp_bytes,
         MIN_TMP_BYTES,
-        u64::MAX,
+        MAX_TMP_BYTES,
     )?;
     Ok(Resolved {
         limits: Limits {

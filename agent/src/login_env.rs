@@ -59,7 +59,37 @@ type Vars = Arc<BTreeMap<String, String>>;
 
 /// How a run of the login shell ended: its stdout (at most
 /// [`LOGIN_SHELL_MAX_OUTPUT`] + 1 bytes), or why it failed.
-pub type ShellRun = Result<Vec<u8>, String>;
+pub type ShellRun = Result<Vec<u8>, ShellError>;
+
+/// Why the login shell gave no environment, with the error code a request
+/// gets for it (`io`, or the sandbox's own refusal for a confined job's:
+/// what the job itself would have got).
+#[derive(Debug, Clone)]
+pub struct ShellError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl From<String> for ShellError {
+    fn from(message: String) -> Self {
+        ShellError {
+            code: ErrorCode::Io,
+            message,
+        }
+    }
+}
+
+impl From<&str> for ShellError {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
+impl std::fmt::Display for ShellError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
 
 /// What runs: the passwd shell as a login shell, in the home directory.
 #[derive(Debug, Clone)]
@@ -125,7 +155,7 @@ impl LoginShell {
 /// A taken snapshot, and whether it was taken inside a job's sandbox.
 #[derive(Debug, Clone)]
 struct Taken {
-    result: Result<Vars, String>,
+    result: Result<Vars, ShellError>,
     took: Duration,
     confined: bool,
 }
@@ -169,7 +199,7 @@ impl LoginEnv {
             result
         };
         let vars =
-            result.map_err(|e| WireError::new(ErrorCode::Io, e).with("field", "env_base"))?;
+            result.map_err(|e| WireError::new(e.code, e.message).with("field", "env_base"))?;
         let mut vars = (*vars).clone();
         for k in PER_CONNECTION {
             match std::env::var(k) {
@@ -187,7 +217,7 @@ impl LoginEnv {
             Some(t) => LoginEnvInfo {
                 taken: t.result.is_ok(),
                 duration_ms: Some(t.took.as_millis() as u64),
-                error: t.result.as_ref().err().cloned(),
+                error: t.result.as_ref().err().map(|e| e.message.clone()),
             },
         }
     }
@@ -218,6 +248,7 @@ where
     let result = run(shell).await.and_then(|out| {
         parse(&out).ok_or_else(|| {
             format!("the login shell {name} printed no environment (`env -0` after its profile)")
+                .into()
         })
     });
     let took = started.elapsed();
@@ -332,7 +363,7 @@ pub async fn run_unconfined(sh: LoginShell) -> ShellRun {
     };
     let status = match tokio::time::timeout(LOGIN_SHELL_TIMEOUT, read).await {
         Ok(Ok(status)) => status,
-        Ok(Err(e)) => return Err(format!("reading the login shell {shell}: {e}")),
+        Ok(Err(e)) => return Err(format!("reading the login shell {shell}: {e}").into()),
         Err(_) => {
             if let Some(pid) = child.id() {
                 let _ = nix::sys::signal::killpg(
@@ -340,12 +371,12 @@ pub async fn run_unconfined(sh: LoginShell) -> ShellRun {
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
-            return Err(timed_out(&shell));
+            return Err(timed_out(&shell).into());
         }
     };
     check_output(&shell, &out)?;
     if !status.success() {
-        return Err(format!("the login shell {shell} exited with {status}"));
+        return Err(format!("the login shell {shell} exited with {status}").into());
     }
     Ok(out)
 }

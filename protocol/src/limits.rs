@@ -122,9 +122,6 @@ pub struct Limits {
 /// Processes of one job at once by default: a fork bomb stops there,
 /// far above what a build (`make -j`, a test runner) starts.
 pub const JOB_PROCESSES: u64 = 4096;
-/// A sandboxed job's `:tmp` by default: room for a build's temporaries,
-/// while a runaway writer fills its own tmpfs, not the host's /tmp.
-pub const JOB_TMP_BYTES: u64 = 1024 * MIB;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -150,7 +147,6 @@ impl Default for Limits {
             max_egress_connections: MAX_EGRESS_CONNECTIONS,
             job: crate::types::process::JobLimits {
                 processes: Some(JOB_PROCESSES),
-                tmp_bytes: Some(JOB_TMP_BYTES),
                 ..Default::default()
             },
         }

@@ -251,9 +251,15 @@ fn cli_as(e: &Env, cwd: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     } else {
         std::process::Command::new(&client)
     };
+    // uid 65534 has no login environment (its shell is nologin, its home
+    // /nonexistent): its runs take only a standard PATH and HOME.
+    let mut args: Vec<&str> = args.to_vec();
+    if e.uid != current_uid() && args.first() == Some(&"run") {
+        args.insert(1, "--clean-env");
+    }
     let out = c
         .args(["--target", "local"])
-        .args(args)
+        .args(&args)
         .current_dir(cwd)
         .env("EXECUTOR_BIN", executor_bin_for_any_user())
         .env("RUST_BACKTRACE", "0")
@@ -497,9 +503,14 @@ both!(
                 err.message
             );
         }
-        // The CLI from a cwd under /tmp, as the README's test command in a
-        // clone there: `run --tmp` enters it.
-        let (code, out, err) = cli_as(&e, &e.ws, &["run", "--tmp", "--", "/bin/pwd"]);
+        // The CLI with a cwd under /tmp (a clone there): `run --tmp` enters
+        // it (runs start in the home directory unless `--cwd` says).
+        let ws_arg = e.ws.display().to_string();
+        let (code, out, err) = cli_as(
+            &e,
+            &e.ws,
+            &["run", "--tmp", "--cwd", &ws_arg, "--", "/bin/pwd"],
+        );
         assert_eq!((code, out.trim()), (Some(0), ws.as_str()), "{err}");
     }
 );

@@ -203,7 +203,10 @@ async fn login_shell_confined(
         intent_param,
         s.profile(),
     )
-    .map_err(|e| format!("the login shell's sandbox: {}", e.message))?;
+    .map_err(|e| crate::login_env::ShellError {
+        code: e.code,
+        message: format!("the login shell's sandbox: {}", e.message),
+    })?;
     if let Decision::Unconfined = &decision {
         return Err("internal: a confined job without a sandbox decision".into());
     }
@@ -226,12 +229,17 @@ async fn login_shell_confined(
         },
     };
     let result = async {
-        let mut spawned = spawn::spawn(&req).await.map_err(|e| {
-            format!(
-                "cannot run the login shell {} in the job's sandbox: {}",
-                sh.shell, e.message
-            )
-        })?;
+        // The job's own refusal (its sandbox cannot be set up here, its
+        // cwd is not granted) is what the request gets, with its code.
+        let mut spawned = spawn::spawn(&req)
+            .await
+            .map_err(|e| crate::login_env::ShellError {
+                code: e.code,
+                message: format!(
+                    "cannot run the login shell {} in the job's sandbox: {}",
+                    sh.shell, e.message
+                ),
+            })?;
         let (mut stdout, stderr) = (spawned.stdout.take(), spawned.stderr.take());
         let mut out = Vec::new();
         let read = async {
@@ -254,7 +262,7 @@ async fn login_shell_confined(
             .is_err()
         {
             spawned.supervisor.kill().await;
-            return Err(timed_out(&sh.shell));
+            return Err(timed_out(&sh.shell).into());
         }
         let exit = job_exit(&mut spawned).await;
         check_output(&sh.shell, &out)?;
@@ -267,7 +275,8 @@ async fn login_shell_confined(
                     (_, Some(sig)) => format!("signal {sig}"),
                     _ => "no status".into(),
                 }
-            ));
+            )
+            .into());
         }
         Ok(out)
     }

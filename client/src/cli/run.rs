@@ -79,7 +79,8 @@ pub struct LimitArgs {
     /// CPU time per second of wall time, in cores (0.5: half a core).
     #[arg(long, value_name = "CORES", value_parser = parse_cpus)]
     pub cpus: Option<u64>,
-    /// Size of a sandboxed job's --tmp (its own tmpfs; default 1G).
+    /// A sandboxed job's --tmp as a tmpfs of its own of SIZE (default: a
+    /// private directory in the host's /tmp).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub tmp_size: Option<u64>,
 }
