@@ -395,14 +395,14 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         return Err(Error::PolicyUnsupported);
     }
 
-    // 3. Leave the agent's session and process group: a terminal signal
+    // 4. Leave the agent's session and process group: a terminal signal
     //    aimed at the agent must not reach the supervisor, and vice versa.
     nix::unistd::setsid().map_err(|e| Error::Setsid(e.into()))?;
 
-    // 4. Become the subreaper of everything an unconfined job starts.
+    // 5. Become the subreaper of everything an unconfined job starts.
     nix::sys::prctl::set_child_subreaper(true).map_err(|e| Error::Subreaper(e.into()))?;
 
-    // 5. Learn about child exits through a signalfd (SIGCHLD blocked here;
+    // 6. Learn about child exits through a signalfd (SIGCHLD blocked here;
     //    the job's mask is reset before exec).
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
@@ -410,7 +410,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
     let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| Error::SignalFd(e.into()))?;
 
-    // 6. Everything exec needs, prepared before the fork. The job's env is
+    // 7. Everything exec needs, prepared before the fork. The job's env is
     //    used here, at the final execve, and nowhere before.
     let mut exec = Exec::new(
         cstring(&job.exec, "the program path")?,
@@ -465,7 +465,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         None
     };
 
-    // 7. Start the job's process. Both ends of the exec pipe are
+    // 8. Start the job's process. Both ends of the exec pipe are
     //    close-on-exec: EOF once the program runs, a record if it failed.
     let exec_fd = exec_w.as_raw_fd();
     let mut program = || {
