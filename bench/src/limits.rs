@@ -13,7 +13,6 @@ use crate::{connect, env, median, Row};
 use anyhow::{bail, Context};
 use executor_client::{Client, ClientOptions};
 use executor_protocol::types::process::{JobLimits, ProcessStartParams};
-use executor_protocol::types::sandbox::{FilesystemIntent, NetworkIntent, SandboxIntent};
 use std::time::Instant;
 
 /// The same agent, started where it finds no cgroup to use.
@@ -28,18 +27,7 @@ async fn connect_without_cgroups() -> anyhow::Result<Client> {
 
 fn sandboxed(limits: Option<JobLimits>) -> anyhow::Result<ProcessStartParams> {
     let mut p = ProcessStartParams::new(vec!["/bin/true".into()], "/", env());
-    p.sandbox = Some(SandboxIntent {
-        filesystem: FilesystemIntent {
-            write: vec![std::env::temp_dir()
-                .to_str()
-                .context("utf-8 temp dir")?
-                .into()],
-            ..Default::default()
-        },
-        network: NetworkIntent::Deny,
-        required: true,
-        workspace_roots: None,
-    });
+    p.sandbox = Some(crate::tmp_write_no_network()?);
     p.limits = limits;
     Ok(p)
 }

@@ -454,13 +454,11 @@ async fn ssh_commands(n: usize) -> anyhow::Result<Row> {
     })
 }
 
-/// Sandboxed vs unsandboxed `/bin/true` start → exited, same run.
-async fn sandbox_spawn(iterations: usize) -> anyhow::Result<Row> {
+/// The sandbox of the start rows: read everything, write the temporary
+/// directory, no network.
+fn tmp_write_no_network() -> anyhow::Result<executor_protocol::types::sandbox::SandboxIntent> {
     use executor_protocol::types::sandbox::{FilesystemIntent, NetworkIntent, SandboxIntent};
-    let c = connect().await?;
-    let plain = ProcessStartParams::new(vec!["/bin/true".into()], "/", env());
-    let mut boxed = plain.clone();
-    boxed.sandbox = Some(SandboxIntent {
+    Ok(SandboxIntent {
         filesystem: FilesystemIntent {
             write: vec![std::env::temp_dir()
                 .to_str()
@@ -471,7 +469,16 @@ async fn sandbox_spawn(iterations: usize) -> anyhow::Result<Row> {
         network: NetworkIntent::Deny,
         required: true,
         workspace_roots: None,
-    });
+    })
+}
+
+/// Sandboxed vs unsandboxed `/bin/true` start → exited, same run.
+async fn sandbox_spawn(iterations: usize) -> anyhow::Result<Row> {
+    use executor_protocol::types::sandbox::NetworkIntent;
+    let c = connect().await?;
+    let plain = ProcessStartParams::new(vec!["/bin/true".into()], "/", env());
+    let mut boxed = plain.clone();
+    boxed.sandbox = Some(tmp_write_no_network()?);
     // The same intent with the network allowed: no network namespace.
     let mut open_net = boxed.clone();
     if let Some(i) = open_net.sandbox.as_mut() {
