@@ -14,7 +14,8 @@ use executor_protocol::{ErrorCode, WireError};
 use executor_sandbox::cgroup::{Cgroups, Controller, JobCgroup, Limits};
 use executor_sandbox::spec::Rlimits;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 static CGROUPS: OnceLock<Cgroups> = OnceLock::new();
 
@@ -35,6 +36,12 @@ pub struct Teardown;
 
 impl Drop for Teardown {
     fn drop(&mut self) {
+        // The cgroup made ahead holds the standby supervisor: ended (killed
+        // and removed) before this agent's own directories can go.
+        if let Some(a) = ahead().take() {
+            drop(a.procs);
+            let _ = a.cgroup.end();
+        }
         if let Some(cg) = CGROUPS.get() {
             cg.remove_own();
         }
@@ -183,43 +190,37 @@ pub fn resolve(
     })
 }
 
-/// What a start needs of its limits: the job's cgroup (its `cgroup.procs`
-/// for the supervisor to join), the rlimits standing in where there is no
+/// What a start needs of its limits: the job's cgroup to make (at the
+/// start, [`job_cgroup`]), the rlimits standing in where there is no
 /// cgroup, and what is not enforced.
 #[derive(Debug, Default)]
 pub struct Prepared {
-    pub cgroup: Option<Arc<JobCgroup>>,
-    pub procs: Vec<OwnedFd>,
+    pub cgroup: Option<CgroupPlan>,
     pub rlimits: Rlimits,
     pub degraded: Option<Vec<String>>,
 }
 
-/// Job cgroups made by this agent (their directories' names).
-static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The cgroup a job gets: its limits, and the agent's processes in it
+/// (its supervisor, and an init when sandboxed) that its `processes`
+/// limit and account leave out.
+#[derive(Debug, Clone, Copy)]
+pub struct CgroupPlan {
+    pub limits: Limits,
+    pub overhead: u64,
+}
 
-/// Make a job's cgroup (or its fallback) for `r`. `sandboxed`: the job
-/// has its own user namespace (where `RLIMIT_NPROC` counts it alone) and
-/// an init (one more process of its own).
+/// Resolve how `r` is enforced here: by a cgroup (made at the start), by
+/// rlimits standing in, or refused (`required`) or reported as degraded.
+/// `sandboxed`: the job has its own user namespace (where `RLIMIT_NPROC`
+/// counts it alone) and an init (one more process of its own).
 pub fn prepare(r: &Resolved, sandboxed: bool, param: &str) -> Result<Prepared, WireError> {
     let cg = cgroups();
     let mut out = Prepared::default();
     if cg.usable() {
-        let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("job-{n}");
-        let overhead = 1 + u64::from(sandboxed);
-        let job = cg.create_job(&id, &r.limits, overhead).map_err(|e| {
-            WireError::new(
-                ErrorCode::Io,
-                format!("cannot make the job's cgroup: {e}; nothing was run"),
-            )
-        })?;
-        out.procs = job.procs().map_err(|e| {
-            WireError::new(
-                ErrorCode::Io,
-                format!("cannot open the job's cgroup.procs: {e}; nothing was run"),
-            )
-        })?;
-        out.cgroup = Some(Arc::new(job));
+        out.cgroup = Some(CgroupPlan {
+            limits: r.limits,
+            overhead: 1 + u64::from(sandboxed),
+        });
     }
     let mut degraded = Vec::new();
     let mut refused = None;
@@ -267,6 +268,98 @@ pub fn prepare(r: &Resolved, sandboxed: bool, param: &str) -> Result<Prepared, W
     }
     out.degraded = (!degraded.is_empty()).then_some(degraded);
     Ok(out)
+}
+
+/// Job cgroups made by this agent (their directories' names).
+static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A job's cgroup made ahead (no limits yet), with its `cgroup.procs`
+/// open; the spawner's standby supervisor was offered it before it was
+/// put here, so no start can ask for it before the standby has it.
+#[derive(Debug)]
+struct Ahead {
+    cgroup: JobCgroup,
+    procs: Vec<OwnedFd>,
+}
+
+static AHEAD: Mutex<Option<Ahead>> = Mutex::new(None);
+/// A refill is under way.
+static REFILLING: AtomicBool = AtomicBool::new(false);
+
+fn ahead() -> std::sync::MutexGuard<'static, Option<Ahead>> {
+    AHEAD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn new_job(cg: &Cgroups) -> std::io::Result<(JobCgroup, Vec<OwnedFd>)> {
+    let n = JOBS.fetch_add(1, Ordering::Relaxed);
+    let job = cg.make_job(&format!("job-{n}"))?;
+    let procs = job.procs()?;
+    Ok((job, procs))
+}
+
+/// The job's cgroup, its limits written, and its `cgroup.procs` for the
+/// supervisor: the one made ahead (which the standby supervisor has
+/// likely joined already: the start then costs no migration), else a new
+/// one. Called right before the spawner is asked (nothing between can
+/// fail and drop it: a cgroup the standby joined is never killed for a
+/// start that did not happen); [`refill`] once the spawner is asked.
+pub fn job_cgroup(plan: &CgroupPlan) -> Result<(Arc<JobCgroup>, Vec<OwnedFd>), WireError> {
+    let io = |what: &str, e: std::io::Error| {
+        WireError::new(
+            ErrorCode::Io,
+            format!("cannot {what} the job's cgroup: {e}; nothing was run"),
+        )
+    };
+    let taken = ahead().take();
+    let from_ahead = taken.is_some();
+    let (mut job, procs) = match taken {
+        Some(a) => (a.cgroup, a.procs),
+        None => new_job(cgroups()).map_err(|e| io("make", e))?,
+    };
+    if let Err(e) = job.set_limits(&plan.limits, plan.overhead) {
+        // Back where it was, unlimited again, rather than killed: the
+        // standby in it may be handed another start's job any moment.
+        if from_ahead && job.clear_limits().is_ok() {
+            let mut slot = ahead();
+            if slot.is_none() {
+                *slot = Some(Ahead { cgroup: job, procs });
+            }
+        }
+        return Err(io("limit", e));
+    }
+    Ok((Arc::new(job), procs))
+}
+
+/// Make the next job's cgroup ahead, on a blocking thread (no-op while one
+/// waits or is being made): the spawner's standby is offered it first,
+/// then it is put where [`job_cgroup`] takes it.
+pub fn refill() {
+    let cg = cgroups();
+    if !cg.usable() || REFILLING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        REFILLING.store(false, Ordering::Release);
+        return;
+    };
+    rt.spawn_blocking(move || {
+        if ahead().is_none() {
+            match new_job(cg) {
+                Ok((cgroup, procs)) => {
+                    let mut slot = ahead();
+                    // Offered under the lock: no start takes it before the
+                    // offer is queued on the spawner's socket, ahead of
+                    // that start's fork request.
+                    if slot.is_none() {
+                        crate::process::spawner::offer_ready(&procs);
+                        *slot = Some(Ahead { cgroup, procs });
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot make the next job's cgroup ahead"),
+            }
+        }
+        REFILLING.store(false, Ordering::Release);
+    });
 }
 
 /// The protocol's view of an account.

@@ -21,6 +21,10 @@
 //! The job's supervisor joins the job's cgroups before anything of the job
 //! runs, by writing `0` into the `cgroup.procs` descriptors the agent
 //! opened ([`JobCgroup::procs`]); everything the job forks inherits them.
+//! The agent makes the next job's cgroup ahead ([`Cgroups::make_job`],
+//! every hierarchy, no limits) for the spawner's standby supervisor to
+//! join while it waits, and writes the job's limits into it at the start
+//! ([`JobCgroup::set_limits`]).
 //! At the job's end the agent kills what is left ([`JobCgroup::kill`]:
 //! `cgroup.kill` on v2, else the processes listed, their `pids.max` set to
 //! 0 first so that none is added meanwhile), reads the account and removes
@@ -598,33 +602,46 @@ impl Cgroups {
     /// Make job `id`'s cgroup with these limits. `processes` counts the
     /// job's own processes: `overhead` (its supervisor, its init) is added.
     pub fn create_job(&self, id: &str, limits: &Limits, overhead: u64) -> io::Result<JobCgroup> {
+        let mut job = self.make_job(id)?;
+        match job.set_limits(limits, overhead) {
+            Ok(()) => Ok(job),
+            Err(e) => {
+                let _ = job.end();
+                Err(e)
+            }
+        }
+    }
+
+    /// Make job `id`'s cgroup without limits (unlimited, as its parent),
+    /// in every hierarchy this agent uses: every job's cgroup has the same
+    /// hierarchies, so that a supervisor that joined one made ahead and
+    /// was handed another's moves wholly (the spawner's standby).
+    pub fn make_job(&self, id: &str) -> io::Result<JobCgroup> {
         let mut job = JobCgroup {
             v2: None,
+            v2_controllers: Vec::new(),
             v1: Vec::new(),
             ended: Default::default(),
-            overhead,
+            overhead: 0,
         };
         let result = (|| {
             if let Some((base, enabled)) = &self.v2 {
                 let d = base.join(id);
                 fs::create_dir(&d)?;
-                job.v2 = Some(d.clone());
-                for c in enabled {
-                    apply(&d, *c, true, limits, overhead)?;
-                }
+                job.v2 = Some(d);
+                job.v2_controllers.clone_from(enabled);
             }
             for (c, base) in &self.v1 {
-                // The cpu controller only for a quota (v2's cpu.stat or
-                // cpuacct gives the account).
-                if *c == Controller::Cpu && limits.cpu_millis_per_sec.is_none() {
-                    continue;
-                }
                 let d = base.join(id);
                 if !job.v1.iter().any(|(_, p)| *p == d) {
                     fs::create_dir(&d)?;
                 }
-                job.v1.push((*c, d.clone()));
-                apply(&d, *c, false, limits, overhead)?;
+                if *c == Controller::Cpu {
+                    // The quota's period, once here: a quota is then one
+                    // write at the start.
+                    write_file(&d.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                }
+                job.v1.push((*c, d));
             }
             Ok(())
         })();
@@ -722,7 +739,7 @@ fn apply(d: &Path, c: Controller, v2: bool, l: &Limits, overhead: u64) -> io::Re
                 if v2 {
                     w("cpu.max", format!("{quota} {CPU_PERIOD_US}"))?;
                 } else {
-                    w("cpu.cfs_period_us", CPU_PERIOD_US.to_string())?;
+                    // The period was written when the directory was made.
                     w("cpu.cfs_quota_us", quota.to_string())?;
                 }
             }
@@ -737,6 +754,8 @@ fn apply(d: &Path, c: Controller, v2: bool, l: &Limits, overhead: u64) -> io::Re
 #[derive(Debug, Default)]
 pub struct JobCgroup {
     v2: Option<PathBuf>,
+    /// The controllers enabled in `v2`.
+    v2_controllers: Vec<Controller>,
     v1: Vec<(Controller, PathBuf)>,
     /// [`JobCgroup::end`] ran (or a failed create cleaned up).
     ended: std::sync::atomic::AtomicBool,
@@ -775,6 +794,59 @@ fn read_u64(p: &Path) -> Option<u64> {
 }
 
 impl JobCgroup {
+    /// Write the job's limits (into a cgroup [`Cgroups::make_job`] made:
+    /// unlimited until now). `processes` counts the job's own processes:
+    /// `overhead` (its supervisor, its init) is added.
+    pub fn set_limits(&mut self, limits: &Limits, overhead: u64) -> io::Result<()> {
+        self.overhead = overhead;
+        if let Some(d) = &self.v2 {
+            for c in &self.v2_controllers {
+                apply(d, *c, true, limits, overhead)?;
+            }
+        }
+        for (c, d) in &self.v1 {
+            apply(d, *c, false, limits, overhead)?;
+        }
+        Ok(())
+    }
+
+    /// Undo [`JobCgroup::set_limits`]: every limit back to unlimited (as a
+    /// cgroup [`Cgroups::make_job`] made), for a cgroup made ahead whose
+    /// start failed and that waits for the next.
+    pub fn clear_limits(&mut self) -> io::Result<()> {
+        let w = |d: &Path, file: &str, v: &str| match write_file(&d.join(file), v) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        };
+        if let Some(d) = &self.v2 {
+            for c in &self.v2_controllers {
+                match c {
+                    Controller::Memory => {
+                        w(d, "memory.max", "max")?;
+                        w(d, "memory.swap.max", "max")?;
+                    }
+                    Controller::Pids => w(d, "pids.max", "max")?,
+                    Controller::Cpu => w(d, "cpu.max", "max")?,
+                    Controller::Cpuacct => {}
+                }
+            }
+        }
+        for (c, d) in &self.v1 {
+            match c {
+                Controller::Memory => {
+                    // The swap limit first: it may not fall below the other.
+                    w(d, "memory.memsw.limit_in_bytes", "-1")?;
+                    w(d, "memory.limit_in_bytes", "-1")?;
+                }
+                Controller::Pids => w(d, "pids.max", "max")?,
+                Controller::Cpu => w(d, "cpu.cfs_quota_us", "-1")?,
+                Controller::Cpuacct => {}
+            }
+        }
+        self.overhead = 0;
+        Ok(())
+    }
+
     /// `cgroup.procs` of each directory, open for writing: the supervisor
     /// writes `0` in each to join.
     pub fn procs(&self) -> io::Result<Vec<OwnedFd>> {
@@ -843,15 +915,20 @@ impl JobCgroup {
                 u.cpu_user_us = keyed(&stat, "user_usec");
                 u.cpu_system_us = keyed(&stat, "system_usec");
             }
-            u.peak_memory_bytes = read_u64(&d.join("memory.peak"));
-            u.memory_bytes = read_u64(&d.join("memory.current"));
-            u.processes_peak = read_u64(&d.join("pids.peak"));
-            u.processes = read_u64(&d.join("pids.current"));
-            if let Ok(ev) = fs::read_to_string(d.join("memory.events")) {
-                u.oom_killed |= keyed(&ev, "oom_kill").unwrap_or(0) > 0;
+            // Only the files of the controllers enabled there exist.
+            if self.v2_controllers.contains(&Controller::Memory) {
+                u.peak_memory_bytes = read_u64(&d.join("memory.peak"));
+                u.memory_bytes = read_u64(&d.join("memory.current"));
+                if let Ok(ev) = fs::read_to_string(d.join("memory.events")) {
+                    u.oom_killed |= keyed(&ev, "oom_kill").unwrap_or(0) > 0;
+                }
             }
-            if let Ok(ev) = fs::read_to_string(d.join("pids.events")) {
-                u.processes_limited |= keyed(&ev, "max").unwrap_or(0) > 0;
+            if self.v2_controllers.contains(&Controller::Pids) {
+                u.processes_peak = read_u64(&d.join("pids.peak"));
+                u.processes = read_u64(&d.join("pids.current"));
+                if let Ok(ev) = fs::read_to_string(d.join("pids.events")) {
+                    u.processes_limited |= keyed(&ev, "max").unwrap_or(0) > 0;
+                }
             }
         }
         if let Some(d) = self

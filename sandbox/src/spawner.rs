@@ -22,6 +22,15 @@
 //! FD [--egress FD] --spec FD` runs. Nothing of a request is read here: the
 //! spec stays sealed in its memfd.
 //!
+//! `Ready` gives the spawner the next job's cgroup, made ahead by the agent
+//! (its `cgroup.procs` descriptors): the standby joins it while it waits
+//! (each join is a cgroup migration, whose cost is mostly the kernel's
+//! wait for an RCU grace period: paid while nothing waits), and keeps
+//! those descriptors open. At a start, the job's own `cgroup.procs`
+//! descriptors that are the same files (device and inode) are not joined
+//! again; a job in another cgroup gets a fork of its own, and the standby
+//! keeps waiting for the job of the one it joined.
+//!
 //! Replies ([`Reply`]): `Forked` with the supervisor's pid (or the errno of
 //! `fork`) for every fork request, in order; `Exited` with the raw wait
 //! status when a supervisor it forked is reaped (the agent's `wait` of the
@@ -81,6 +90,10 @@ pub enum Request {
     },
     /// SIGKILL this supervisor if it is still an unreaped child.
     Kill { pid: i32 },
+    /// The next job's cgroup, made ahead: its `cgroups` `cgroup.procs`
+    /// descriptors follow (1 to [`MAX_CGROUP_FDS`]). The standby
+    /// supervisor joins it while it waits; no reply.
+    Ready { cgroups: u8 },
 }
 
 /// What the spawner answers.
@@ -122,6 +135,7 @@ impl Request {
                 i32::from(egress) | (i32::from(netns) << 1) | (i32::from(cgroups) << 2),
             ),
             Request::Kill { pid } => encode(b'K', pid as u32 as u64, 0),
+            Request::Ready { cgroups } => encode(b'R', 0, i32::from(cgroups)),
         }
     }
 
@@ -138,6 +152,9 @@ impl Request {
                 .ok()
                 .filter(|p| *p > 0)
                 .map(|pid| Request::Kill { pid }),
+            (b'R', 0, n @ 1..) if n as usize <= MAX_CGROUP_FDS => {
+                Some(Request::Ready { cgroups: n as u8 })
+            }
             _ => None,
         }
     }
@@ -217,6 +234,8 @@ pub fn serve() -> io::Result<i32> {
     let mut pool = Pool::default();
     // SAFETY: the spawner is single-threaded (`serve`'s contract).
     let mut standby = unsafe { Standby::fork(&sock, &sigfd, &pool) };
+    // The next job's cgroup, made ahead, while no standby has it.
+    let mut next_cgroup: Option<Vec<OwnedFd>> = None;
     loop {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
@@ -242,11 +261,33 @@ pub fn serve() -> io::Result<i32> {
             unsafe { pool.refill() };
         }
         while let Ok(Some(_)) = sigfd.read_signal() {}
-        let served = reap(&sock, &mut children).and_then(|()| {
-            Ok(!sock_ready || answer(&sock, &sigfd, &mut children, &mut pool, &mut standby)?)
+        let served = reap(&sock, &mut children, &mut standby).and_then(|()| {
+            Ok(!sock_ready
+                || answer(
+                    &sock,
+                    &sigfd,
+                    &mut children,
+                    &mut pool,
+                    &mut standby,
+                    &mut next_cgroup,
+                )?)
         });
         match served {
-            Ok(true) => {}
+            Ok(true) => {
+                if standby.is_none() {
+                    // The standby died waiting (its cgroup made ahead
+                    // was ended): another, given the next job's cgroup
+                    // if one waits.
+                    // SAFETY: the spawner is single-threaded (`serve`'s
+                    // contract).
+                    standby = unsafe { Standby::fork(&sock, &sigfd, &pool) };
+                    if let (Some(s), Some(r)) = (standby.as_mut(), next_cgroup.as_ref()) {
+                        if s.offer(r) {
+                            next_cgroup = None;
+                        }
+                    }
+                }
+            }
             Ok(false) => return Ok(0),
             // The agent is gone (it exited with replies unread): the end of
             // the spawner's work, not an error to print on the user's
@@ -265,14 +306,22 @@ pub fn serve() -> io::Result<i32> {
 }
 
 /// Reap every supervisor that exited and report it (a pool maker's exit
-/// is not reported: the agent never asked for it).
-fn reap(sock: &OwnedFd, children: &mut HashSet<i32>) -> io::Result<()> {
+/// is not reported: the agent never asked for it, nor a standby's that
+/// died waiting: it is forgotten).
+fn reap(
+    sock: &OwnedFd,
+    children: &mut HashSet<i32>,
+    standby: &mut Option<Standby>,
+) -> io::Result<()> {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => return Ok(()),
             Ok(st) => {
                 if let (Some(pid), Some(raw)) = (st.pid(), crate::trampoline::raw_wait_status(st)) {
                     if !children.remove(&pid.as_raw()) {
+                        if standby.as_ref().is_some_and(|s| s.pid == pid.as_raw()) {
+                            *standby = None;
+                        }
                         continue;
                     }
                     reply(
@@ -307,6 +356,7 @@ fn answer(
     children: &mut HashSet<i32>,
     pool: &mut Pool,
     standby: &mut Option<Standby>,
+    ready: &mut Option<Vec<OwnedFd>>,
 ) -> io::Result<bool> {
     let mut buf = [0u8; MSG_LEN];
     let msg = match sys::recv_fds::<{ FORK_FDS + 1 + MAX_CGROUP_FDS }>(
@@ -343,14 +393,24 @@ fn answer(
             netns,
             cgroups,
         }) => {
+            // Every start takes the place of the next job made ahead: the
+            // agent sends the next one after it.
+            *ready = None;
             if fds.len() != FORK_FDS + usize::from(egress) + usize::from(cgroups) {
                 let result = Err(libc::EINVAL);
                 return reply(sock, Reply::Forked { id, result }).map(|()| true);
             }
             let set = if netns { pool.take() } else { None };
-            let handed = standby
-                .take()
-                .and_then(|s| s.hand_over(&fds, egress, cgroups, set.as_ref()));
+            // A standby that joined the cgroup made ahead waits for the
+            // job that is to run there; another job gets a fork of its own.
+            let job_cgroups = &fds[fds.len() - usize::from(cgroups)..];
+            let handed = match standby.take() {
+                Some(s) if s.suits(job_cgroups) => s.hand_over(&fds, egress, cgroups, set.as_ref()),
+                kept => {
+                    *standby = kept;
+                    None
+                }
+            };
             let result = match handed {
                 Some(pid) => Ok(pid),
                 // SAFETY: the spawner is single-threaded (`serve`'s
@@ -358,7 +418,7 @@ fn answer(
                 None => match unsafe { sys::fork_single_threaded() } {
                     Ok(ForkResult::Child) => {
                         close_spawner_fds(sock, sigfd, pool);
-                        supervisor(fds, egress, set)
+                        supervisor(fds, egress, set, &[])
                     }
                     Ok(ForkResult::Parent { child }) => Ok(child.as_raw()),
                     Err(e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
@@ -372,9 +432,16 @@ fn answer(
             drop(fds);
             reply(sock, Reply::Forked { id, result })?;
             // The next job's supervisor, forked now that this one is
-            // answered.
-            // SAFETY: the spawner is single-threaded (`serve`'s contract).
-            *standby = unsafe { Standby::fork(sock, sigfd, pool) };
+            // answered (unless the standby was kept).
+            if standby.is_none() {
+                // SAFETY: the spawner is single-threaded (`serve`'s contract).
+                *standby = unsafe { Standby::fork(sock, sigfd, pool) };
+            }
+            if let (Some(s), Some(r)) = (standby.as_mut(), ready.as_ref()) {
+                if s.offer(r) {
+                    *ready = None;
+                }
+            }
             if netns {
                 // SAFETY: the spawner is single-threaded (`serve`'s
                 // contract).
@@ -385,6 +452,19 @@ fn answer(
             if children.contains(&pid) {
                 let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
+        }
+        Some(Request::Ready { cgroups }) if fds.len() == usize::from(cgroups) => {
+            // To the standby now (it joins while it waits), else to the
+            // next one forked.
+            let offered = standby.as_mut().is_some_and(|s| s.offer(&fds));
+            *ready = (!offered).then_some(fds);
+        }
+        Some(Request::Ready { .. }) => {
+            let mut e = std::io::stderr();
+            let _ = std::io::Write::write_all(
+                &mut e,
+                b"executor sandbox-exec --spawner: ignored a ready cgroup with the wrong number of descriptors\n",
+            );
         }
         None => {
             // Not something the agent sends: dropped (with its fds).
@@ -409,6 +489,9 @@ fn answer(
 struct Standby {
     pid: i32,
     sock: OwnedFd,
+    /// The identities of the `cgroup.procs` of the cgroup made ahead it
+    /// was offered (and has joined, or joins at its job's start).
+    ahead: Vec<(u64, u64)>,
 }
 
 impl Standby {
@@ -436,9 +519,38 @@ impl Standby {
             Ok(ForkResult::Parent { child }) => Some(Standby {
                 pid: child.as_raw(),
                 sock: ours,
+                ahead: Vec::new(),
             }),
             Err(_) => None,
         }
+    }
+
+    /// Send the next job's cgroup (its `cgroup.procs` descriptors) for the
+    /// standby to join while it waits; `false` if it is gone.
+    fn offer(&mut self, procs: &[OwnedFd]) -> bool {
+        let all: Vec<_> = procs.iter().map(|f| f.as_fd()).collect();
+        let Ok(cgroups) = u8::try_from(all.len()) else {
+            return false;
+        };
+        let msg = Request::Ready { cgroups }.encode();
+        let sent = matches!(
+            sys::send_fds(self.sock.as_fd(), &msg, &all, MsgFlags::MSG_NOSIGNAL),
+            Ok(MSG_LEN)
+        );
+        if sent {
+            self.ahead = procs.iter().filter_map(identity).collect();
+        }
+        sent
+    }
+
+    /// Whether it is the supervisor for a job in the cgroups of `procs`:
+    /// it was offered none made ahead, or this job's is that one.
+    fn suits(&self, procs: &[OwnedFd]) -> bool {
+        self.ahead.is_empty()
+            || procs
+                .iter()
+                .filter_map(identity)
+                .any(|id| self.ahead.contains(&id))
     }
 
     /// Send the job's descriptors (and the pool's set for it): the pid of
@@ -488,55 +600,84 @@ fn close_spawner_fds(sock: &OwnedFd, sigfd: &SignalFd, pool: &Pool) {
 }
 
 /// The standby's life: wait for one job's descriptors on `mine`, then be
-/// its supervisor. EOF (the spawner is gone) or anything but a well-formed
-/// hand-over ends it.
+/// its supervisor. Before them may come the next job's cgroup, made ahead
+/// ([`Request::Ready`]): it joins it at once (the migration is paid while
+/// nothing waits) and keeps those `cgroup.procs` open, so that the job's
+/// own descriptors, if they are the same files, need no join at its start.
+/// EOF (the spawner is gone) or anything but a well-formed message ends it.
 fn wait_for_job(mine: OwnedFd) -> ! {
     sys::set_process_name(c"executor-ready");
+    let mut joined: Vec<OwnedFd> = Vec::new();
     let mut buf = [0u8; MSG_LEN];
-    let msg = loop {
-        match sys::recv_fds::<{ FORK_FDS + 4 + MAX_CGROUP_FDS }>(
+    loop {
+        let msg = match sys::recv_fds::<{ FORK_FDS + 4 + MAX_CGROUP_FDS }>(
             mine.as_fd(),
             &mut buf,
             MsgFlags::empty(),
         ) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => break other,
+            other => other,
+        };
+        let Ok(sys::Received {
+            bytes: MSG_LEN,
+            truncated: false,
+            mut fds,
+        }) = msg
+        else {
+            std::process::exit(0)
+        };
+        match Request::decode(&buf) {
+            Some(Request::Ready { cgroups }) if fds.len() == usize::from(cgroups) => {
+                // Those it could not join are joined (or their error
+                // reported) at the job's start, as without one made ahead.
+                joined = fds.into_iter().filter(join).collect();
+            }
+            Some(Request::Fork {
+                egress,
+                netns: set,
+                cgroups,
+                ..
+            }) => {
+                drop(mine);
+                if fds.len()
+                    != FORK_FDS + usize::from(egress) + usize::from(cgroups) + 3 * usize::from(set)
+                {
+                    std::process::exit(126);
+                }
+                let set = set.then(|| {
+                    let mut take = || fds.pop().expect("counted above");
+                    let (ipc, net, user) = (take(), take(), take());
+                    NsSet { user, net, ipc }
+                });
+                supervisor(fds, egress, set, &joined)
+            }
+            _ => std::process::exit(126),
         }
-    };
-    drop(mine);
-    let Ok(sys::Received {
-        bytes: MSG_LEN,
-        truncated: false,
-        mut fds,
-    }) = msg
-    else {
-        std::process::exit(0)
-    };
-    let Some(Request::Fork {
-        egress,
-        netns: set,
-        cgroups,
-        ..
-    }) = Request::decode(&buf)
-    else {
-        std::process::exit(126)
-    };
-    if fds.len() != FORK_FDS + usize::from(egress) + usize::from(cgroups) + 3 * usize::from(set) {
-        std::process::exit(126);
     }
-    let set = set.then(|| {
-        let mut take = || fds.pop().expect("counted above");
-        let (ipc, net, user) = (take(), take(), take());
-        NsSet { user, net, ipc }
-    });
-    supervisor(fds, egress, set)
+}
+
+/// Join the cgroup whose `cgroup.procs` is `procs` (`0`: the writer).
+fn join(procs: &OwnedFd) -> bool {
+    matches!(nix::unistd::write(procs, b"0"), Ok(1))
+}
+
+/// The identity of an open file.
+// The casts: `dev_t` and `ino_t` are not `u64` on every target.
+#[allow(clippy::unnecessary_cast)]
+fn identity(f: &OwnedFd) -> Option<(u64, u64)> {
+    nix::sys::stat::fstat(f)
+        .ok()
+        .map(|st| (st.st_dev as u64, st.st_ino as u64))
 }
 
 /// In a child of the spawner that holds nothing of it any more: become
 /// the job's supervisor. `fds` holds [`FORK_FDS`] descriptors, then the
 /// egress socket (with `egress`), then the job's `cgroup.procs`
-/// descriptors; `set`, the namespaces of the pool this job alone enters.
-fn supervisor(fds: Vec<OwnedFd>, egress: bool, set: Option<NsSet>) -> ! {
+/// descriptors; `set`, the namespaces of the pool this job alone enters;
+/// `joined`, the `cgroup.procs` of the cgroups this process is in already
+/// (a standby's, made ahead): a job's descriptor that is the same file is
+/// not joined again.
+fn supervisor(fds: Vec<OwnedFd>, egress: bool, set: Option<NsSet>, joined: &[OwnedFd]) -> ! {
     // `executor` as every helper of the agent (the spawner alone is
     // `executor-spawn`); argv stays the spawner's (`executor sandbox-exec
     // --spawner`).
@@ -553,8 +694,14 @@ fn supervisor(fds: Vec<OwnedFd>, egress: bool, set: Option<NsSet>) -> ! {
         std::process::exit(126)
     };
     let egress = if egress { fds.next() } else { None };
-    // The rest: the job's `cgroup.procs` descriptors.
-    let cgroups: Vec<_> = fds.map(IntoRawFd::into_raw_fd).collect();
+    // The rest: the job's `cgroup.procs` descriptors, less those of the
+    // cgroups joined ahead (the same file: same device and inode, held
+    // open since the join, so neither can be another's now).
+    let ahead: Vec<_> = joined.iter().filter_map(identity).collect();
+    let cgroups: Vec<_> = fds
+        .filter(|f| identity(f).is_none_or(|id| !ahead.contains(&id)))
+        .map(IntoRawFd::into_raw_fd)
+        .collect();
     let stdio = nix::unistd::dup2_stdin(&stdin)
         .and_then(|()| nix::unistd::dup2_stdout(&stdout))
         .and_then(|()| nix::unistd::dup2_stderr(&stderr));
@@ -611,11 +758,18 @@ mod tests {
                 cgroups: 1,
             },
             Request::Kill { pid: 4_194_303 },
+            Request::Ready { cgroups: 1 },
+            Request::Ready { cgroups: 5 },
         ] {
             assert_eq!(Request::decode(&r.encode()), Some(r));
         }
         // More cgroup descriptors than a job has hierarchies: not a request.
         assert_eq!(Request::decode(&encode(b'F', 1, 6 << 2)), None);
+        // A cgroup made ahead has 1 to MAX_CGROUP_FDS descriptors, no id.
+        for bad in [0, 6, -1] {
+            assert_eq!(Request::decode(&encode(b'R', 0, bad)), None, "{bad}");
+        }
+        assert_eq!(Request::decode(&encode(b'R', 1, 1)), None);
         for r in [
             Reply::Forked {
                 id: 7,

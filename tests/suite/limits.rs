@@ -777,27 +777,182 @@ three_ways!(tmp_is_bounded);
 
 // Hostile jobs and requests against the limits (a security review).
 
-/// The `job-*` directories now under the agent `agent_pid`'s own
-/// `executor-PID-START` directories, in every hierarchy.
-fn job_dirs_of(agent_pid: u32) -> Vec<PathBuf> {
+/// The `job-*` directories under `own` (a hierarchy's directory, or a
+/// delegated subtree) of agents named `prefix` (`executor-` for any,
+/// `executor-PID-` for one).
+fn job_dirs_under(own: &std::path::Path, prefix: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for own in own_cgroup_dirs() {
-        let Ok(rd) = std::fs::read_dir(&own) else {
+    let Ok(rd) = std::fs::read_dir(own) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(prefix) {
             continue;
-        };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !name.starts_with(&format!("executor-{agent_pid}-")) {
-                continue;
-            }
-            for j in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
-                if j.file_name().to_string_lossy().starts_with("job-") {
-                    out.push(j.path());
-                }
+        }
+        for j in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+            if j.file_name().to_string_lossy().starts_with("job-") {
+                out.push(j.path());
             }
         }
     }
     out
+}
+
+/// Whether `dir` holds the spawner's standby supervisor alone (the next
+/// job's cgroup, made ahead and joined while it waits).
+fn holds_the_standby_alone(dir: &std::path::Path) -> bool {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    let pids: Vec<&str> = procs.split_whitespace().collect();
+    !pids.is_empty()
+        && pids.iter().all(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim_end() == "executor-ready")
+        })
+}
+
+/// The `job-*` directories of jobs (not the one made ahead for the next
+/// job, once the standby holds it: waited for, up to 5 s) in `dirs` (from
+/// [`job_dirs_under`]). Every hierarchy's directory of the one made ahead
+/// is left out (its name is the same in each).
+async fn jobs_only(list: impl Fn() -> Vec<PathBuf>) -> Vec<PathBuf> {
+    for _ in 0..250 {
+        let dirs = list();
+        let ahead: Vec<std::ffi::OsString> = dirs
+            .iter()
+            .filter(|d| holds_the_standby_alone(d))
+            .filter_map(|d| d.file_name().map(ToOwned::to_owned))
+            .collect();
+        if !ahead.is_empty() {
+            let mut jobs: Vec<PathBuf> = dirs
+                .into_iter()
+                .filter(|d| d.file_name().is_none_or(|n| !ahead.iter().any(|a| a == n)))
+                .collect();
+            jobs.sort();
+            return jobs;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "no job's cgroup made ahead holds the standby supervisor: {:?}",
+        list()
+    );
+}
+
+/// The `job-*` directories of the agent `agent_pid`'s jobs, in every
+/// hierarchy (see [`jobs_only`]).
+async fn job_dirs_of(agent_pid: u32) -> Vec<PathBuf> {
+    jobs_only(|| {
+        own_cgroup_dirs()
+            .iter()
+            .flat_map(|own| job_dirs_under(own, &format!("executor-{agent_pid}-")))
+            .collect()
+    })
+    .await
+}
+
+/// The next job's cgroup is made ahead and joined by the spawner's
+/// standby supervisor while it waits: the next start runs in it (the one
+/// the standby held), with its own limits; starts at once each get a
+/// cgroup of their own and their own limits whichever supervisor took
+/// them; nothing of any is left after.
+async fn the_next_jobs_cgroup_is_made_ahead(mode: Mode) {
+    let Some(a) = agent(mode, None).await else {
+        return;
+    };
+    let m = marker();
+    let keep =
+        a.c.start(&params(
+            &["sh", "-c", "sleep 20; :", &m],
+            JobLimits::default(),
+            None,
+        ))
+        .await
+        .unwrap();
+    let agent_pid = agent_of_job(keep.pid());
+    let mut bases = own_cgroup_dirs();
+    if let Some(d) = &a._delegation {
+        bases.extend(d.dirs.iter().cloned());
+    }
+    let prefix = format!("executor-{agent_pid}-");
+    let all = || -> Vec<PathBuf> {
+        bases
+            .iter()
+            .flat_map(|b| job_dirs_under(b, &prefix))
+            .collect()
+    };
+    let mut ahead = None;
+    for _ in 0..250 {
+        ahead = all()
+            .into_iter()
+            .find(|d| holds_the_standby_alone(d))
+            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+        if ahead.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ahead = ahead.expect("a cgroup made ahead, held by the standby");
+    // The job prints its pids cgroup and that cgroup's pids.max.
+    let script = "p=$(grep ':pids:' /proc/self/cgroup | cut -d: -f3); \
+                  echo $p; cat /sys/fs/cgroup/pids$p/pids.max";
+    let limits = |n| JobLimits {
+        processes: Some(n),
+        ..Default::default()
+    };
+    let (st, out, _) = run(&a.c, &params(&["sh", "-c", script], limits(7), None))
+        .await
+        .unwrap();
+    assert_eq!(st.code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].ends_with(&format!("/{ahead}")),
+        "the job runs in the cgroup made ahead ({ahead}): {out}"
+    );
+    assert_eq!(lines[1], "8", "7 and its supervisor: {out}");
+    // Eight starts at once, each its own limit.
+    let starts = (10..18u64).map(|n| {
+        let c = &a.c;
+        async move {
+            let (st, out, _) = run(c, &params(&["sh", "-c", script], limits(n), None))
+                .await
+                .unwrap();
+            (n, st, out)
+        }
+    });
+    let mut seen = std::collections::HashSet::new();
+    for (n, st, out) in futures_util::future::join_all(starts).await {
+        assert_eq!(st.code, Some(0), "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[1], (n + 1).to_string(), "limit {n}: {out}");
+        assert!(
+            seen.insert(lines[0].to_string()),
+            "a cgroup of its own: {out}"
+        );
+    }
+    keep.signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .unwrap();
+    assert!(none_left(&m).await.is_empty());
+    // Only the next job's, made ahead, is left.
+    let mut left = Vec::new();
+    for _ in 0..250 {
+        left = jobs_only(&all).await;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(left.is_empty(), "left: {left:?}");
+}
+
+#[tokio::test]
+async fn the_next_jobs_cgroup_is_made_ahead_as_root() {
+    the_next_jobs_cgroup_is_made_ahead(Mode::Root).await;
+}
+
+#[tokio::test]
+async fn the_next_jobs_cgroup_is_made_ahead_delegated() {
+    the_next_jobs_cgroup_is_made_ahead(Mode::Delegated).await;
 }
 
 /// Starts refused after the job's cgroup was made (cwd missing, program
@@ -814,7 +969,7 @@ async fn failed_starts_leave_no_cgroup() {
     let p = params(&["sh", "-c", "sleep 20; :", &m], JobLimits::default(), None);
     let keep = a.c.start(&p).await.unwrap();
     let agent_pid = agent_of_job(keep.pid());
-    let before = job_dirs_of(agent_pid);
+    let before = job_dirs_of(agent_pid).await;
     assert!(!before.is_empty(), "the running job's cgroup");
     let mut missing_cwd = params(&["true"], JobLimits::default(), None);
     missing_cwd.cwd = "/nonexistent-limits-review".into();
@@ -863,7 +1018,11 @@ async fn failed_starts_leave_no_cgroup() {
         .unwrap();
     assert_eq!(st.code, Some(0));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(job_dirs_of(agent_pid), before, "only the running job's");
+    assert_eq!(
+        job_dirs_of(agent_pid).await,
+        before,
+        "only the running job's"
+    );
     drop(keep);
 }
 
@@ -994,17 +1153,13 @@ async fn a_child_cgroup_of_the_job_ends_with_it() {
         "the moved process is killed"
     );
     let delegated = &a._delegation.as_ref().expect("delegated").dirs;
-    let left: Vec<PathBuf> = delegated
-        .iter()
-        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("executor-"))
-        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("job-"))
-        })
-        .collect();
+    let left = jobs_only(|| {
+        delegated
+            .iter()
+            .flat_map(|d| job_dirs_under(d, "executor-"))
+            .collect()
+    })
+    .await;
     assert!(left.is_empty(), "left: {left:?}");
 }
 

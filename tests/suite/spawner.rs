@@ -346,8 +346,9 @@ async fn standby_of(spawner: u32, not: Option<u32>) -> Option<u32> {
 }
 
 // The supervisor the spawner forks ahead while it is idle: it holds nothing
-// but the spawner's stdio and its own socket (no lifeline, no job's pipe, no
-// namespace of the pool), the next job runs under it, a standby killed from
+// but the spawner's stdio, its own socket and the `cgroup.procs` of the
+// next job's cgroup it joined (no lifeline, no job's pipe, no namespace of
+// the pool), the next job runs under it, a standby killed from
 // outside costs the next start a fork and nothing else, and the standby
 // goes when the agent does.
 #[tokio::test]
@@ -362,6 +363,16 @@ async fn the_standby_supervisor_holds_nothing_and_is_replaced() {
             assert!(
                 spawner_fds.contains(&(fd, target.clone())),
                 "fd {fd} is the spawner's: {target}"
+            );
+        } else if let Some(dir) = target.strip_suffix("/cgroup.procs") {
+            // The next job's cgroup, made ahead, which it joined while it
+            // waits: kept open until its job comes, and nothing else.
+            let job = dir.rsplit('/').next().unwrap_or_default();
+            assert!(job.starts_with("job-"), "fd {fd}: {target}");
+            let own = std::fs::read_to_string(format!("/proc/{standby}/cgroup")).unwrap();
+            assert!(
+                own.lines().any(|l| l.ends_with(&format!("/{job}"))),
+                "fd {fd}: {target} is the cgroup it is in: {own}"
             );
         } else {
             assert!(target.starts_with("socket:"), "fd {fd}: {target}");

@@ -153,7 +153,6 @@ pub async fn start(s: &Arc<Session>, o: StartOptions<'_>) -> Result<Started, Wir
         cap,
         slot,
         cgroup: limits.cgroup,
-        cgroup_procs: limits.procs,
         rlimits: limits.rlimits,
     };
     let notes = crate::audit::Notes::current();
@@ -222,7 +221,7 @@ async fn login_shell_confined(
         // No cgroup of its own: the login shell is bounded by its timeout,
         // its sandbox's PID namespace (it all ends with the init) and the
         // default processes limit, counted in its user namespace.
-        cgroup_procs: &[],
+        cgroup: None,
         rlimits: executor_sandbox::spec::Rlimits {
             address_space: None,
             processes: Some(executor_protocol::limits::JOB_PROCESSES),
@@ -354,8 +353,7 @@ struct Unborn {
     notify: bool,
     cap: u64,
     slot: Slot,
-    cgroup: Option<Arc<executor_sandbox::cgroup::JobCgroup>>,
-    cgroup_procs: Vec<OwnedFd>,
+    cgroup: Option<crate::limits::CgroupPlan>,
     rlimits: executor_sandbox::spec::Rlimits,
 }
 
@@ -370,14 +368,13 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         tty: job.tty.then(|| job.pty_size.unwrap_or_default()),
         stdin_null: job.stdin_null,
         confinement: &job.confinement,
-        cgroup_procs: &job.cgroup_procs,
+        cgroup: job.cgroup,
         rlimits: job.rlimits,
     };
     // On an error the job's files are dropped here, and removed (and its
     // cgroup: killed and removed).
-    let spawned = spawn::spawn(&req).await;
-    drop(job.cgroup_procs);
-    let mut spawned = spawned?;
+    let mut spawned = spawn::spawn(&req).await?;
+    let cgroup = spawned.cgroup.take();
     let table = s.processes();
     let id = table.next_id();
     let egress = match (job.egress_rules, spawned.egress_listener.take()) {
@@ -395,7 +392,7 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         sandboxed: job.confinement.plan().is_some(),
         notify: job.notify,
         live: Live::new(job.cap as usize, streams, stdin, pty),
-        cgroup: job.cgroup.clone(),
+        cgroup: cgroup.clone(),
     });
     table.insert(proc.clone());
     crate::audit::note_spawned(spawned.pid, &proc.id);
@@ -418,7 +415,7 @@ async fn register(s: &Arc<Session>, job: Unborn) -> Result<Arc<Proc>, WireError>
         JobHeld {
             files: job.files,
             egress,
-            cgroup: job.cgroup,
+            cgroup,
         },
     ));
     Ok(proc)

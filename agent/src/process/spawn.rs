@@ -35,9 +35,10 @@ pub struct SpawnRequest<'a> {
     /// The sandbox plan for the trampoline, or none (and whether the
     /// job's network is denied anyway: a degraded `allow_hosts` intent).
     pub confinement: &'a Confinement,
-    /// `cgroup.procs` of the job's cgroups: its supervisor joins them
-    /// before anything of the job runs.
-    pub cgroup_procs: &'a [OwnedFd],
+    /// The job's cgroup, made (or taken, made ahead) right before the
+    /// spawner is asked: its supervisor is in it before anything of the
+    /// job runs.
+    pub cgroup: Option<crate::limits::CgroupPlan>,
     /// The rlimits fallback of the job's limits.
     pub rlimits: executor_sandbox::spec::Rlimits,
 }
@@ -62,6 +63,8 @@ pub struct Spawned {
     /// init inside the job's network namespace and handed over before the
     /// program started (the job never holds it).
     pub egress_listener: Option<OwnedFd>,
+    /// The job's cgroup (ended, killed whole, when dropped).
+    pub cgroup: Option<std::sync::Arc<executor_sandbox::cgroup::JobCgroup>>,
 }
 
 /// The read end every supervisor gets; the agent alone holds the write
@@ -347,6 +350,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
     // Kept outside the timed part: a start that times out still owns the
     // supervisor it asked for, and makes sure it never runs the job.
     let mut asked: Option<Supervisor> = None;
+    let mut cgroup = None;
     let started = tokio::time::timeout(START_TIMEOUT, async {
         let [i, o, e] = &job_stdio;
         let mut fds = vec![
@@ -358,15 +362,26 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             spec_fd.as_fd(),
         ];
         fds.extend(egress.as_ref().map(|(_, theirs)| theirs.as_fd()));
-        fds.extend(req.cgroup_procs.iter().map(|f| f.as_fd()));
+        let procs = match &req.cgroup {
+            Some(plan) => {
+                let (job, procs) = crate::limits::job_cgroup(plan)?;
+                cgroup = Some(job);
+                procs
+            }
+            None => Vec::new(),
+        };
+        fds.extend(procs.iter().map(|f| f.as_fd()));
         let netns = req
             .confinement
             .plan()
             .is_some_and(|p| p.net.own_namespace());
-        let supervisor = spawner::fork(&fds, req.cgroup_procs.len(), netns, turn).await;
+        let supervisor = spawner::fork(&fds, procs.len(), netns, turn).await;
+        if req.cgroup.is_some() {
+            crate::limits::refill();
+        }
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
-        drop((job_stdio, status_w, spec_fd));
+        drop((job_stdio, status_w, spec_fd, procs));
         let supervisor = asked.insert(supervisor?);
         let first = first_status(&mut status).await;
         // No status: the spawner may have failed to fork (then it says
@@ -416,6 +431,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         supervisor,
         pty_master,
         egress_listener: None,
+        cgroup,
     };
     if let Some(sock) = egress {
         spawned.egress_listener = Some(receive_egress_listener(&mut spawned, &sock).await?);

@@ -412,3 +412,36 @@ pub async fn fork(
         last.map_or_else(|| "gone".to_string(), |e| e.to_string()),
     ))
 }
+
+/// Offer the spawner the next job's cgroup, made ahead (its
+/// `cgroup.procs` descriptors): its standby supervisor joins it while it
+/// waits, and the start whose cgroup it is skips the join. Synchronous
+/// (the socket is non-blocking): the caller holds the lock that keeps
+/// every start from using this cgroup until the offer is queued, ahead of
+/// that start's fork request. No answer; a spawner that is not running,
+/// busy or replaced before the start only costs that start the join.
+pub fn offer_ready(procs: &[OwnedFd]) {
+    let Ok(cgroups) = u8::try_from(procs.len()) else {
+        return;
+    };
+    if cgroups == 0 || usize::from(cgroups) > executor_sandbox::spawner::MAX_CGROUP_FDS {
+        return;
+    }
+    let Some(c) = lock(&CURRENT)
+        .as_ref()
+        .filter(|c| !lock(&c.state).dead)
+        .cloned()
+    else {
+        return;
+    };
+    let fds: Vec<BorrowedFd<'_>> = procs.iter().map(|f| f.as_fd()).collect();
+    let msg = Request::Ready { cgroups }.encode();
+    if let Err(e) = executor_sys::send_fds(
+        c.sock.as_fd(),
+        &msg,
+        &fds,
+        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+    ) {
+        tracing::debug!(error = %e, "cannot offer the spawner the next job's cgroup");
+    }
+}
