@@ -4,7 +4,8 @@
 //! pulls clap, clap_mangen, clap_complete, indicatif, crossterm, hyper's
 //! server and tracing-subscriber, so a program using the library does not.
 //!
-//! - `connect`: the target and the ssh options; connecting, bounded.
+//! - `connect`: the ssh options; connecting, bounded; `target`: the
+//!   `--target` grammar.
 //! - `exit`: exit statuses (ssh's convention) and error messages.
 //! - `run`: `run`, `shell`, `attach` (jobs, stdin, signals); `detach`:
 //!   leaving a detached session (signals, the detach key, resume tokens).
@@ -41,6 +42,7 @@ mod quote;
 mod run;
 mod sandbox;
 mod signals;
+mod target;
 mod transfer;
 mod tty_question;
 mod web;
