@@ -42,7 +42,7 @@ if ! command -v cargo-zigbuild >/dev/null 2>&1; then
     exit 2
 fi
 
-cargo zigbuild --release --locked -p executor-agent -p executor-client --bins --target "$target"
+cargo zigbuild --release --locked -p executor-agent -p executor-cli --bins --target "$target"
 built="${CARGO_TARGET_DIR:-target}/$triple/release"
 out="dist/$platform"
 rm -rf "$out"

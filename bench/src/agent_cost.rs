@@ -40,7 +40,8 @@ pub async fn cold_start(iterations: usize) -> anyhow::Result<Row> {
 /// RSS of an initialized, idle agent vs an idle `sleep` process.
 pub async fn idle_rss() -> anyhow::Result<Row> {
     let c = connect().await?;
-    c.environment_info().await?;
+    c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = c.transport_pid().unwrap_or(0);
     let ours = status_kib(pid, "VmRSS");

@@ -36,11 +36,19 @@ fn sandboxed(limits: Option<JobLimits>) -> anyhow::Result<ProcessStartParams> {
 pub async fn start_cost(iterations: usize) -> anyhow::Result<Row> {
     let with = connect().await?;
     let without = connect_without_cgroups().await?;
-    let mech = without.environment_info().await?.sandbox.mechanisms;
+    let mech = without
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await?
+        .sandbox
+        .mechanisms;
     if mech.iter().any(|m| m.starts_with("cgroup_v")) {
         bail!("the agent without cgroups still found some: {mech:?}");
     }
-    let mech = with.environment_info().await?.sandbox.mechanisms;
+    let mech = with
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await?
+        .sandbox
+        .mechanisms;
     if !mech.iter().any(|m| m.starts_with("cgroup_v")) {
         bail!("the agent found no cgroup to use: {mech:?} (run as root)");
     }

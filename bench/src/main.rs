@@ -386,8 +386,11 @@ async fn ssh_commands(n: usize) -> anyhow::Result<Row> {
     use executor_tests::sshd::Sshd;
     let agent = executor_client::target::local_executor()?;
     let sshd = Sshd::start("", "Subsystem sftp /usr/lib/openssh/sftp-server");
-    let c =
-        Client::connect_ssh("127.0.0.1", &sshd.options(&agent), ClientOptions::default()).await?;
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", sshd.options(&agent)),
+        ClientOptions::default(),
+    )
+    .await?;
     let params = ProcessStartParams::new(vec!["/bin/true".into()], "/", env());
     c.start(&params).await?.wait().await?;
     let t = Instant::now();

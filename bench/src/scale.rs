@@ -264,9 +264,11 @@ pub async fn idle_jobs(jobs: usize, calls: usize) -> anyhow::Result<Vec<Row>> {
     let (empty, busy) = (connect().await?, connect().await?);
     let pid = agent_pid(&busy)?;
     for c in [&empty, &busy] {
-        c.environment_info().await?;
+        c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await?;
         for _ in 0..20 {
-            c.process_list().await?;
+            c.call(&executor_protocol::types::process::ProcessListParams {})
+                .await?;
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -276,7 +278,10 @@ pub async fn idle_jobs(jobs: usize, calls: usize) -> anyhow::Result<Vec<Row>> {
     for _ in 0..jobs {
         procs.push(busy.start(&params).await?);
     }
-    let listed = busy.process_list().await?.processes;
+    let listed = busy
+        .call(&executor_protocol::types::process::ProcessListParams {})
+        .await?
+        .processes;
     if listed.len() != jobs || listed.iter().any(|p| !p.running) {
         bail!(
             "process/list: {} jobs, expected {jobs} running",
@@ -288,10 +293,18 @@ pub async fn idle_jobs(jobs: usize, calls: usize) -> anyhow::Result<Vec<Row>> {
     let (mut l0, mut ln) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
     for _ in 0..calls {
         let t = Instant::now();
-        let n = empty.process_list().await?.processes.len();
+        let n = empty
+            .call(&executor_protocol::types::process::ProcessListParams {})
+            .await?
+            .processes
+            .len();
         l0.push(t.elapsed());
         let t = Instant::now();
-        let m = busy.process_list().await?.processes.len();
+        let m = busy
+            .call(&executor_protocol::types::process::ProcessListParams {})
+            .await?
+            .processes
+            .len();
         ln.push(t.elapsed());
         if (n, m) != (0, jobs) {
             bail!("process/list listed {n} and {m} jobs, expected 0 and {jobs}");

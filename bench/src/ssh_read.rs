@@ -185,7 +185,11 @@ pub async fn warm(bytes: u64) -> anyhow::Result<Row> {
     let cfg = write_ssh_config(&sshd)?;
     let mut opts = sshd.options(&agent);
     opts.options.push(format!("Ciphers={CIPHER}"));
-    let c = Client::connect_ssh("127.0.0.1", &opts, ClientOptions::default()).await?;
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", opts.clone()),
+        ClientOptions::default(),
+    )
+    .await?;
     let ctl = vec![
         format!("ControlPath={}", sshd.dir.join("ctl").display()),
         "ControlMaster=auto".to_string(),

@@ -390,7 +390,12 @@ pub async fn check(
         at.remote_command = p.clone();
         at.subsystem = false;
     }
-    match crate::Client::connect_ssh(host, &at, crate::ClientOptions::default()).await {
+    match crate::Client::connect_target(
+        &crate::Target::ssh_with(host, at),
+        crate::ClientOptions::default(),
+    )
+    .await
+    {
         Ok(c) => {
             found.agent = Some(c.initialize_result().clone());
             let _ = c.close().await;
@@ -401,7 +406,8 @@ pub async fn check(
 }
 
 impl crate::Client {
-    /// `connect_ssh`, installing the agent first when the host has none or
+    /// [`Client::connect_target`](crate::Client::connect_target) of
+    /// [`Target::ssh_with`](crate::Target::ssh_with)`(host, ssh)`, installing the agent first when the host has none or
     /// one of another version: a failed start (no such command) or an agent
     /// whose version differs from this client's leads to [`bootstrap`] from
     /// `dist` into `remote_dir` (default [`DEFAULT_REMOTE_DIR`]), then to a
@@ -416,7 +422,12 @@ impl crate::Client {
         remote_dir: Option<&str>,
     ) -> Result<(crate::Client, Option<Installed>), BootstrapError> {
         let ours = env!("CARGO_PKG_VERSION");
-        match crate::Client::connect_ssh(host, ssh, options.clone()).await {
+        match crate::Client::connect_target(
+            &crate::Target::ssh_with(host, ssh.clone()),
+            options.clone(),
+        )
+        .await
+        {
             Ok(c) if c.initialize_result().agent.version == ours => return Ok((c, None)),
             Ok(c) => {
                 tracing::info!(
@@ -433,7 +444,7 @@ impl crate::Client {
         let mut at = ssh.clone();
         at.remote_command = installed.path.clone();
         at.subsystem = false;
-        let c = crate::Client::connect_ssh(host, &at, options).await?;
+        let c = crate::Client::connect_target(&crate::Target::ssh_with(host, at), options).await?;
         Ok((c, Some(installed)))
     }
 }

@@ -498,11 +498,6 @@ impl Client {
         result
     }
 
-    /// One page of `fs/walk`.
-    pub async fn walk_page(&self, params: &WalkParams) -> Result<WalkResult, Error> {
-        self.request(m::FS_WALK, params).await
-    }
-
     /// A whole walk, page by page (following `next_cursor`), calling `each`
     /// with every page (under this client's intent when `params` has none). Stops at a truncation that has no cursor (max_depth).
     /// The next page is asked for as soon as a page is decoded, before

@@ -18,7 +18,7 @@
 //! use executor_client::http::HttpRequest;
 //! use executor_client::{Client, Target};
 //!
-//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
+//! let client = Client::connect_target(&Target::local(), Default::default()).await?;
 //! let mut response = client
 //!     .http_request(HttpRequest::get(url).stream(true))
 //!     .await?;

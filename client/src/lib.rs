@@ -2,9 +2,17 @@
 //!
 //! A thin async client for the `executor` agent. It speaks the wire protocol
 //! of `executor-protocol` over any `AsyncRead + AsyncWrite` pair, or over the
-//! stdio of a command it spawns (the local `executor`, or
-//! `ssh devbox executor`), and does `initialize` for you.
+//! stdio of a command it spawns: a [`Target`] is a list of transports (the
+//! local `executor`, `ssh devbox executor`, any command) tried in turn. It
+//! does `initialize` for you. The `executor-client` command line is another
+//! crate (`executor-cli`): this one depends on no command-line crate
+//! (`tests/deps.rs` checks).
 //!
+//! - every request as [`Client::call`]`(&params)`; the other methods of
+//!   [`Client`] add behaviour: jobs as [`Process`] handles, streamed reads
+//!   and writes ([`fs`]), walks, the fs helpers under the client's sandbox
+//!   intent ([`Client::with_sandbox`]), streamed HTTP ([`http`]), sessions
+//!   resumed on a new transport ([`Client::reconnect`]);
 //! - many requests in flight, matched by id ([`Client::request`]), or
 //!   typed by the protocol's method table: [`Client::call`] takes any
 //!   params type and answers its result type (`client.call(&StatParams {
@@ -22,9 +30,11 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use executor_client::{Client, Target};
 //! use executor_protocol::types::process::ProcessStartParams;
+//! use executor_protocol::types::session::EnvironmentInfoParams;
 //!
-//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
-//! let info = client.environment_info().await?;
+//! let client = Client::connect_target(&Target::local(), Default::default()).await?;
+//! // Any request: its params type names the method and the result type.
+//! let info = client.call(&EnvironmentInfoParams {}).await?;
 //! assert_eq!(info.path_separator, "/");
 //!
 //! // Run a command and collect its output.
@@ -62,7 +72,7 @@
 //! std::fs::create_dir_all(&work).unwrap();
 //! let work = work.to_str().unwrap().to_string();
 //! let intent = Intent::new().write(work.as_str()).net(Net::Deny).build();
-//! let client = Client::connect_target(&Target::Local, Default::default()).await?;
+//! let client = Client::connect_target(&Target::local(), Default::default()).await?;
 //!
 //! let env = [("PATH".to_string(), "/usr/bin:/bin".to_string())].into();
 //! let script = format!("touch {work}/ok && touch /etc/not-ok");
@@ -84,6 +94,12 @@
 //! ```
 #![forbid(unsafe_code)]
 
+/// The README's Rust snippets, as doc tests: each compiles, and those not
+/// marked `no_run` run against the workspace's `target/debug/executor`.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod bootstrap;
 pub mod egress;
 pub mod fs;
@@ -101,7 +117,7 @@ pub mod target;
 pub use executor_protocol as protocol;
 pub use executor_protocol::{ErrorCode, WireError};
 pub use process::{ExitStatus, Output, Process, ProcessControl};
-pub use target::{SshOptions, Target};
+pub use target::{SshOptions, Target, Transport};
 
 use bytes::{Bytes, BytesMut};
 use executor_protocol::codec::{self, FrameDecoder};
@@ -109,8 +125,7 @@ use executor_protocol::limits::MAX_FRAME_BYTES;
 use executor_protocol::message::{encode_notification, encode_request};
 use executor_protocol::types::fs::ReadStreamResult;
 use executor_protocol::types::session::{
-    ClientInfo, EnvironmentInfo, EnvironmentInfoParams, InitializeParams, InitializeResult,
-    SessionParams, ToolsListResult,
+    ClientInfo, InitializeParams, InitializeResult, SessionParams,
 };
 use executor_protocol::{methods, MAX_PREAMBLE_NOISE, PREAMBLE, PROTOCOL_VERSION};
 use rmpv::Value;
@@ -189,11 +204,23 @@ pub enum Error {
     /// The agent's preamble names another wire version.
     #[error("the agent speaks wire {agent}, this client speaks {PROTOCOL_VERSION}")]
     WireVersion { agent: String },
+    /// No transport of a [`Target`] connected (it had none, or several
+    /// that all failed): each transport as text, with its error.
+    #[error("no transport reached an agent: {}", transports_failed(.0))]
+    Transports(Vec<(String, Error)>),
     /// Writing the descriptor given to [`Client::read_stream_into`]
     /// failed (`BrokenPipe` when its reader is gone), or it is not one
     /// open for writing.
     #[error("writing the sink: {0}")]
     Sink(#[source] std::io::Error),
+}
+
+fn transports_failed(failed: &[(String, Error)]) -> String {
+    if failed.is_empty() {
+        return "the target has no transport".into();
+    }
+    let each: Vec<String> = failed.iter().map(|(t, e)| format!("{t}: {e}")).collect();
+    each.join("; ")
 }
 
 impl Error {
@@ -540,7 +567,7 @@ impl Client {
         options: ClientOptions,
     ) -> Result<Client, Error>
     where
-        R: Transport,
+        R: ByteSource,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let limit = options.connect_timeout;
@@ -681,19 +708,33 @@ impl Client {
         Ok(client)
     }
 
-    /// Connect to a [`Target`]: the local `executor` or one over `ssh`.
+    /// Connect to a [`Target`]: its transports in turn, each spawned as
+    /// [`Client::spawn`] does, until one connects. A transport that cannot
+    /// start, ends before the agent answered or does not answer in time
+    /// passes to the next (logged at info); an agent's answer
+    /// ([`Error::Remote`]: a refused session, a wrong resume token) is
+    /// final. When none connects, a target of one transport fails with its
+    /// error, one of several with [`Error::Transports`] naming each.
     pub async fn connect_target(target: &Target, options: ClientOptions) -> Result<Client, Error> {
-        Client::spawn(target.command()?, options).await
-    }
-
-    /// Connect over the system `ssh` to `host`: `ssh -T [options] host
-    /// executor` (or the `executor` subsystem).
-    pub async fn connect_ssh(
-        host: &str,
-        ssh: &SshOptions,
-        options: ClientOptions,
-    ) -> Result<Client, Error> {
-        Client::spawn(ssh.command(host)?, options).await
+        let mut failed = Vec::new();
+        for transport in target.transports() {
+            let attempt = match transport.command() {
+                Ok(cmd) => Client::spawn(cmd, options.clone()).await,
+                Err(e) => Err(e),
+            };
+            match attempt {
+                Ok(c) => return Ok(c),
+                Err(e @ Error::Remote(_)) => return Err(e),
+                Err(e) => {
+                    tracing::info!(%transport, error = %e, "transport failed");
+                    failed.push((transport.to_string(), e));
+                }
+            }
+        }
+        match failed.len() {
+            1 => Err(failed.remove(0).1),
+            _ => Err(Error::Transports(failed)),
+        }
     }
 
     /// Keep `what` (part of the transport) alive as long as the connection.
@@ -731,7 +772,7 @@ impl Client {
 
     /// Resume this client's (detached) session on a new transport that
     /// `connect` makes from the options it is given (for example
-    /// `|o| Client::connect_ssh(host, &ssh, o)`), retrying failures of the
+    /// `|o| Client::connect_target(&target, o)`), retrying failures of the
     /// transport (and `session_busy`) with exponential backoff. Any other
     /// answer of the agent (`session_expired`: unknown, expired, wrong
     /// token, other profile) is final and returned at once. A job's
@@ -869,7 +910,7 @@ impl Client {
 
     /// Like [`Client::subscribe`], only for notifications whose
     /// `params.process_id` is `process_id`.
-    pub fn subscribe_process(&self, methods: &[&str], process_id: &str) -> Subscription {
+    pub(crate) fn subscribe_process(&self, methods: &[&str], process_id: &str) -> Subscription {
         self.subscribe_filtered(methods, Some(process_id.to_string()))
     }
 
@@ -897,7 +938,11 @@ impl Client {
     /// Narrow a subscription made before a process id was known (so that
     /// nothing pushed before the `process/start` answer is lost) to that
     /// process: what it already holds for other processes is dropped.
-    pub fn narrow_to_process(&self, mut sub: Subscription, process_id: &str) -> Subscription {
+    pub(crate) fn narrow_to_process(
+        &self,
+        mut sub: Subscription,
+        process_id: &str,
+    ) -> Subscription {
         let mut shared = self.conn.inner.shared.lock().expect("client lock");
         if let Some(s) = shared.subscribers.iter_mut().find(|s| s.id == sub.id) {
             s.process_id = Some(process_id.to_string());
@@ -917,7 +962,7 @@ impl Client {
     /// Narrow a subscription made before a stream id was known (an
     /// `http/request` with `stream`) to that stream, like
     /// [`Client::narrow_to_process`].
-    pub fn narrow_to_stream(&self, mut sub: Subscription, stream_id: u64) -> Subscription {
+    pub(crate) fn narrow_to_stream(&self, mut sub: Subscription, stream_id: u64) -> Subscription {
         let mut shared = self.conn.inner.shared.lock().expect("client lock");
         if let Some(s) = shared.subscribers.iter_mut().find(|s| s.id == sub.id) {
             s.stream_id = Some(stream_id);
@@ -931,17 +976,6 @@ impl Client {
         }
         sub.backlog = keep;
         sub
-    }
-
-    /// `environment/info`
-    pub async fn environment_info(&self) -> Result<EnvironmentInfo, Error> {
-        self.call(&EnvironmentInfoParams {}).await
-    }
-
-    /// `tools/list`
-    pub async fn tools_list(&self) -> Result<ToolsListResult, Error> {
-        self.call(&executor_protocol::types::session::ToolsListParams {})
-            .await
     }
 
     /// Close the connection: the agent sees EOF and ends the session; wait
@@ -1124,7 +1158,7 @@ fn answer_agent(inner: &Inner, id: u64, method: &str, frame: &[u8]) {
 }
 
 /// The byte stream the connection reader takes frames from.
-trait Transport: AsyncRead + Unpin + Send + 'static {
+trait ByteSource: AsyncRead + Unpin + Send + 'static {
     /// The pipe under it, when `splice(2)` may take bytes from it.
     fn pipe(&self) -> Option<&tokio::net::unix::pipe::Receiver> {
         None
@@ -1148,10 +1182,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for AnyTransport<R> {
     }
 }
 
-impl<R: AsyncRead + Unpin + Send + 'static> Transport for AnyTransport<R> {}
+impl<R: AsyncRead + Unpin + Send + 'static> ByteSource for AnyTransport<R> {}
 
 /// The stdout pipe of a transport command.
-impl Transport for tokio::net::unix::pipe::Receiver {
+impl ByteSource for tokio::net::unix::pipe::Receiver {
     fn pipe(&self) -> Option<&tokio::net::unix::pipe::Receiver> {
         Some(self)
     }
@@ -1269,10 +1303,10 @@ async fn take_direct(
     _offset: u64,
     _data_len: usize,
 ) -> std::io::Result<Option<Tail>> {
-    unreachable!("no splice: Transport::splices is false")
+    unreachable!("no splice: ByteSource::splices is false")
 }
 
-async fn read_loop<R: Transport>(mut reader: R, mut buf: BytesMut, inner: Arc<Inner>) {
+async fn read_loop<R: ByteSource>(mut reader: R, mut buf: BytesMut, inner: Arc<Inner>) {
     use bytes::BufMut;
     let mut decoder = FrameDecoder::new(inner.max_frame);
     let mut tail: Option<Tail> = None;

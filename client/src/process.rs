@@ -1,9 +1,10 @@
-//! Jobs on the agent: [`Process`] (from `process/start`) and the
-//! unified-exec helpers.
+//! Jobs on the agent: [`Process`] (from `process/start`), a handle that
+//! reads a job's output in order, writes its stdin and signals it. The
+//! unified-exec tools (`exec_command`, `write_stdin`) are plain
+//! [`Client::call`]s of their params.
 
 use crate::{Client, Error, Subscription};
 use executor_protocol::methods as m;
-use executor_protocol::types::exec::{ExecCommandParams, ExecResult, WriteStdinParams};
 use executor_protocol::types::process::*;
 use executor_protocol::types::Empty;
 use futures_util::Stream;
@@ -178,7 +179,7 @@ impl Client {
             process_id,
         );
         let pid = self
-            .process_list()
+            .call(&ProcessListParams {})
             .await?
             .processes
             .into_iter()
@@ -206,21 +207,6 @@ impl Client {
         };
         p.catch_up().await?;
         Ok(p)
-    }
-
-    /// `exec_command`
-    pub async fn exec_command(&self, params: &ExecCommandParams) -> Result<ExecResult, Error> {
-        self.request(m::EXEC_COMMAND, params).await
-    }
-
-    /// `write_stdin`
-    pub async fn write_stdin(&self, params: &WriteStdinParams) -> Result<ExecResult, Error> {
-        self.request(m::WRITE_STDIN, params).await
-    }
-
-    /// `process/list`
-    pub async fn process_list(&self) -> Result<ProcessListResult, Error> {
-        self.call(&ProcessListParams {}).await
     }
 }
 

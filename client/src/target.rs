@@ -1,95 +1,155 @@
-//! Where the agent runs: locally, or over the system `ssh`.
+//! Where the agent runs: a [`Target`] is an ordered list of [`Transport`]s,
+//! each a way to start an agent speaking on stdio (the local `executor`,
+//! the system `ssh`, any command), tried in turn by
+//! [`Client::connect_target`](crate::Client::connect_target). Parsing a
+//! command line's `--target` is the CLI's business (`executor-cli`), not
+//! this module's.
 
 use crate::Error;
+use std::ffi::OsString;
 
-/// A place to run the agent.
+/// One way to start an agent that speaks the protocol on its stdio.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    /// The `executor` next to the running binary (or `$EXECUTOR_BIN`).
+#[non_exhaustive]
+pub enum Transport {
+    /// The local `executor`: `$EXECUTOR_BIN`, else the one next to the
+    /// running program ([`local_executor`]), in its own process group.
     Local,
-    /// `ssh -T [-p PORT] [USER@]HOST executor`.
-    Ssh {
-        user: Option<String>,
-        host: String,
-        port: Option<u16>,
-    },
+    /// `ssh -T [options] -- [user@]host executor` with the system ssh
+    /// ([`SshOptions::command`]).
+    Ssh { host: String, options: SshOptions },
+    /// Any command (its argv; the first word is the program), e.g. an
+    /// agent in a container: `["docker", "exec", "-i", "box", "executor"]`.
+    Command(Vec<OsString>),
 }
 
-impl Target {
-    /// Parse `local`, `ssh://[user@]host[:port]` or a plain `[user@]host`.
-    pub fn parse(s: &str) -> Result<Target, String> {
-        if s == "local" {
-            return Ok(Target::Local);
-        }
-        let rest = s.strip_prefix("ssh://").unwrap_or(s);
-        let rest = rest.trim_end_matches('/');
-        let (user, hostport) = match rest.rsplit_once('@') {
-            Some((u, h)) => (Some(u.to_string()), h),
-            None => (None, rest),
-        };
-        let (host, port) = match hostport.strip_prefix('[') {
-            // `[v6]` or `[v6]:port`: the brackets are the URL's, not ssh's.
-            Some(inner) => {
-                let (h, after) = inner
-                    .split_once(']')
-                    .ok_or_else(|| format!("unclosed [ in target {s:?}"))?;
-                let port = match after {
-                    "" => None,
-                    p => Some(
-                        p.strip_prefix(':')
-                            .and_then(|p| p.parse::<u16>().ok())
-                            .ok_or_else(|| format!("invalid port {p:?} in target {s:?}"))?,
-                    ),
-                };
-                (h.to_string(), port)
-            }
-            None => match hostport.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') => {
-                    let port = p
-                        .parse::<u16>()
-                        .map_err(|_| format!("invalid port {p:?} in target {s:?}"))?;
-                    (h.to_string(), Some(port))
-                }
-                _ => (hostport.to_string(), None),
-            },
-        };
-        let valid = |v: &str| {
-            !v.is_empty()
-                && !v.starts_with('-')
-                && v.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "._-[]:".contains(c))
-        };
-        if !valid(&host) {
-            return Err(format!("invalid host {host:?} in target {s:?}"));
-        }
-        if let Some(u) = &user {
-            if !valid(u) {
-                return Err(format!("invalid user {u:?} in target {s:?}"));
-            }
-        }
-        Ok(Target::Ssh { user, host, port })
-    }
-
-    /// The command that starts an agent speaking on its stdio.
+impl Transport {
+    /// The command that starts the agent.
     pub fn command(&self) -> Result<tokio::process::Command, Error> {
         match self {
-            Target::Local => {
-                let bin = local_executor()?;
-                let mut cmd = tokio::process::Command::new(bin);
+            Transport::Local => {
+                let mut cmd = tokio::process::Command::new(local_executor()?);
                 // Its own process group: a Ctrl-C on the terminal reaches
                 // the client only, which decides what the jobs get.
                 cmd.process_group(0);
                 Ok(cmd)
             }
-            Target::Ssh { user, host, port } => {
-                let opts = SshOptions {
-                    user: user.clone(),
-                    port: *port,
-                    ..SshOptions::default()
-                };
-                opts.command(host)
+            Transport::Ssh { host, options } => options.command(host),
+            Transport::Command(argv) => {
+                let (program, args) = argv.split_first().ok_or_else(|| Error::Spawn {
+                    program: String::new(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "an empty command line",
+                    ),
+                })?;
+                let mut cmd = tokio::process::Command::new(program);
+                cmd.args(args);
+                Ok(cmd)
             }
         }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::Local => f.write_str("local"),
+            Transport::Ssh { host, options } => match &options.user {
+                Some(u) => write!(f, "ssh {u}@{host}"),
+                None => write!(f, "ssh {host}"),
+            },
+            Transport::Command(argv) => {
+                let words: Vec<_> = argv.iter().map(|a| a.to_string_lossy()).collect();
+                write!(f, "command {:?}", words.join(" "))
+            }
+        }
+    }
+}
+
+/// A place to run the agent: the transports to it, tried in order until
+/// one connects.
+///
+/// ```
+/// use executor_client::target::{Target, Transport};
+///
+/// let devbox = Target::ssh("me@devbox");
+/// // A container's agent first, then the host's over ssh.
+/// let either = Target::command(["docker", "exec", "-i", "box", "executor"]).or(devbox);
+/// assert_eq!(either.transports().len(), 2);
+/// assert!(matches!(Target::local().transports(), [Transport::Local]));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    transports: Vec<Transport>,
+}
+
+impl Target {
+    /// These transports, in the order they are tried.
+    pub fn new(transports: Vec<Transport>) -> Target {
+        Target { transports }
+    }
+
+    /// The local `executor` ([`Transport::Local`]).
+    pub fn local() -> Target {
+        Target::new(vec![Transport::Local])
+    }
+
+    /// The agent on `destination`, `[user@]host` as ssh takes it (a Host
+    /// alias of `~/.ssh/config` included), over the system `ssh` with its
+    /// defaults. Checked when connecting: a host or user that ssh could
+    /// take for an option, or that holds anything but letters, digits and
+    /// `._-[]:`, is refused then ([`Error::Spawn`], naming it).
+    pub fn ssh(destination: &str) -> Target {
+        let (user, host) = match destination.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_string()), h),
+            None => (None, destination),
+        };
+        Target::ssh_with(
+            host,
+            SshOptions {
+                user,
+                ..SshOptions::default()
+            },
+        )
+    }
+
+    /// The agent on `host` over the system `ssh` with `options` (port,
+    /// identity, `-o` options, a subsystem, the remote command…).
+    pub fn ssh_with(host: impl Into<String>, options: SshOptions) -> Target {
+        Target::new(vec![Transport::Ssh {
+            host: host.into(),
+            options,
+        }])
+    }
+
+    /// The agent a command starts (`argv[0]` is the program).
+    pub fn command<I, S>(argv: I) -> Target
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        Target::new(vec![Transport::Command(
+            argv.into_iter().map(Into::into).collect(),
+        )])
+    }
+
+    /// This target's transports, then `next`'s: tried when none of these
+    /// connects.
+    pub fn or(mut self, next: Target) -> Target {
+        self.transports.extend(next.transports);
+        self
+    }
+
+    /// The transports, in the order they are tried.
+    pub fn transports(&self) -> &[Transport] {
+        &self.transports
+    }
+}
+
+impl From<Transport> for Target {
+    fn from(t: Transport) -> Target {
+        Target::new(vec![t])
     }
 }
 
@@ -269,26 +329,49 @@ pub fn local_executor() -> Result<std::path::PathBuf, Error> {
 mod tests {
     use super::*;
 
+    fn args(cmd: &tokio::process::Command) -> Vec<String> {
+        cmd.as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
     #[test]
-    fn parses_targets() {
-        assert_eq!(Target::parse("local").unwrap(), Target::Local);
+    fn targets_are_transports_in_order() {
+        let t = Target::ssh("me@box").or(Target::local());
         assert_eq!(
-            Target::parse("ssh://me@box:2222").unwrap(),
-            Target::Ssh {
-                user: Some("me".into()),
-                host: "box".into(),
-                port: Some(2222)
-            }
+            t.transports(),
+            &[
+                Transport::Ssh {
+                    host: "box".into(),
+                    options: SshOptions {
+                        user: Some("me".into()),
+                        ..SshOptions::default()
+                    }
+                },
+                Transport::Local
+            ]
         );
-        assert_eq!(
-            Target::parse("devbox").unwrap(),
-            Target::Ssh {
-                user: None,
-                host: "devbox".into(),
-                port: None
-            }
-        );
-        assert!(Target::parse("-oProxyCommand=x").is_err());
+        assert_eq!(t.transports()[0].to_string(), "ssh me@box");
+        let c = Target::command(["docker", "exec", "-i", "box", "executor"]);
+        let cmd = c.transports()[0].command().unwrap();
+        assert_eq!(cmd.as_std().get_program(), "docker");
+        assert_eq!(args(&cmd), ["exec", "-i", "box", "executor"]);
+        let empty = Target::command(Vec::<String>::new());
+        assert!(matches!(
+            empty.transports()[0].command(),
+            Err(Error::Spawn { .. })
+        ));
+        // Checked when the command is made: nothing ssh takes for an option.
+        assert!(matches!(
+            Target::ssh("-oProxyCommand=x").transports()[0].command(),
+            Err(Error::Spawn { .. })
+        ));
+        assert!(Target::ssh("a b").transports()[0].command().is_err());
+    }
+
+    #[test]
+    fn ssh_command_lines() {
         let o = SshOptions {
             remote_command: "executor; rm -rf /".into(),
             ..Default::default()
@@ -305,21 +388,13 @@ mod tests {
             ..Default::default()
         };
         let cmd = o.command("box").unwrap();
-        let args: Vec<_> = cmd
-            .as_std()
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(args, vec!["-T", "-p", "22", "-s", "--", "box", "executor"]);
+        assert_eq!(
+            args(&cmd),
+            vec!["-T", "-p", "22", "-s", "--", "box", "executor"]
+        );
         // Not a subsystem, no path given: the launcher (installed copy first).
         let cmd = SshOptions::default().command("box").unwrap();
-        let last = cmd
-            .as_std()
-            .get_args()
-            .last()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+        let last = args(&cmd).pop().unwrap();
         assert_eq!(
             executor_protocol::launch::version_of(&last),
             Some(env!("CARGO_PKG_VERSION"))
@@ -331,27 +406,16 @@ mod tests {
         };
         let cmd = o.command("box").unwrap();
         assert_eq!(cmd.as_std().get_args().last().unwrap(), "/opt/executor");
-        assert!(Target::parse("ssh://a b").is_err());
-        assert_eq!(
-            Target::parse("ssh://me@[::1]:2222").unwrap(),
-            Target::Ssh {
-                user: Some("me".into()),
-                host: "::1".into(),
-                port: Some(2222)
-            }
-        );
-        assert_eq!(
-            Target::parse("[::1]").unwrap(),
-            Target::Ssh {
-                user: None,
-                host: "::1".into(),
-                port: None
-            }
-        );
         let o = SshOptions {
             jump: Some("-oProxyCommand=x".into()),
             ..Default::default()
         };
         assert!(o.command("box").is_err());
+        let o = SshOptions {
+            user: Some("me".into()),
+            ..Default::default()
+        };
+        let cmd = o.command("::1").unwrap();
+        assert!(args(&cmd).contains(&"me@::1".to_string()));
     }
 }

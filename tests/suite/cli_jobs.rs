@@ -279,7 +279,10 @@ fn run_uses_the_hosts_login_environment_and_clean_env_does_not() {
 #[tokio::test]
 async fn env_base_is_taken_once_per_session_and_reported() {
     let c = local_client().await;
-    let info = c.environment_info().await.unwrap();
+    let info = c
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     assert_eq!(info.login_env.as_ref().map(|l| l.taken), Some(false));
     let mut p = ProcessStartParams::new(
         vec![
@@ -296,11 +299,16 @@ async fn env_base_is_taken_once_per_session_and_reported() {
         String::from_utf8_lossy(&out),
         format!("{}:on-top", info.home)
     );
-    let first = c.environment_info().await.unwrap().login_env.unwrap();
+    let first = c
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap()
+        .login_env
+        .unwrap();
     assert!(first.taken && first.duration_ms.is_some(), "{first:?}");
     // exec_command takes it too; the snapshot is not taken again.
     let r = c
-        .exec_command(&ExecCommandParams {
+        .call(&ExecCommandParams {
             command: vec!["sh".into(), "-c".into(), "printf %s \"$HOME\"".into()],
             cwd: "/".into(),
             env: Default::default(),
@@ -319,7 +327,11 @@ async fn env_base_is_taken_once_per_session_and_reported() {
         .unwrap();
     assert_eq!(r.output, info.home);
     assert_eq!(
-        c.environment_info().await.unwrap().login_env.unwrap(),
+        c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await
+            .unwrap()
+            .login_env
+            .unwrap(),
         first
     );
     c.close().await.unwrap();
@@ -370,7 +382,14 @@ async fn env_base_is_taken_once_per_session_and_reported() {
     p.env_base = EnvBase::Login;
     let out = output_of(c.start(&p).await.unwrap()).await;
     assert_eq!(String::from_utf8_lossy(&out), format!("{}:/tmp", info.home));
-    assert!(c.environment_info().await.unwrap().login_env.unwrap().taken);
+    assert!(
+        c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await
+            .unwrap()
+            .login_env
+            .unwrap()
+            .taken
+    );
     c.close().await.unwrap();
     // The request's own intent: the same.
     let c = executor_client::Client::spawn(
@@ -603,7 +622,12 @@ async fn a_failed_login_snapshot_is_an_error_once_and_a_bad_env_base_is_refused(
     let e = remote(c.start(&p).await.unwrap_err());
     assert_eq!(e.code, executor_client::ErrorCode::Io, "{e:?}");
     assert!(e.message.contains("login shell"), "{e:?}");
-    let info = c.environment_info().await.unwrap().login_env.unwrap();
+    let info = c
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap()
+        .login_env
+        .unwrap();
     assert!(
         !info.taken && info.error.is_some() && info.duration_ms.is_some(),
         "{info:?}"
@@ -611,7 +635,11 @@ async fn a_failed_login_snapshot_is_an_error_once_and_a_bad_env_base_is_refused(
     let again = remote(c.start(&p).await.unwrap_err());
     assert_eq!(again.message, e.message);
     assert_eq!(
-        c.environment_info().await.unwrap().login_env.unwrap(),
+        c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await
+            .unwrap()
+            .login_env
+            .unwrap(),
         info,
         "not run again"
     );

@@ -6,7 +6,7 @@
 //! reads every quoted name back to its exact bytes; plain names print as
 //! they are. On a pipe the listing is byte-exact, `-0` and `--json` exact
 //! everywhere; messages on stderr quote the remote names they hold. The
-//! layer: the CLI's output (`client/src/cli/quote.rs`).
+//! layer: the CLI's output (`cli/src/quote.rs`).
 
 use executor_tests::cli::*;
 use executor_tests::*;

@@ -56,7 +56,7 @@ async fn sh(c: &Client, ws: &Path, i: Option<SandboxIntent>, script: &str) -> (S
         env_base: Default::default(),
         limits: None,
     };
-    let r = c.exec_command(&p).await.expect("exec_command");
+    let r = c.call(&p).await.expect("exec_command");
     (r.output, r.exit_code.expect("finished"))
 }
 
@@ -425,7 +425,7 @@ executor_tests::root_and_unprivileged!(
                     env_base: Default::default(),
                     limits: None,
                 };
-                let r = c.exec_command(&p).await.expect("exec_command");
+                let r = c.call(&p).await.expect("exec_command");
                 (r.output, r.exit_code.expect("finished"))
             }
         };

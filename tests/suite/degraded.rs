@@ -65,7 +65,7 @@ async fn degrades_honestly(what: &str, expect: &[&str]) {
     let marker = dir.join("marker");
     // required (the default): refused, nothing spawned.
     let e = c
-        .exec_command(&touch(&marker, Some(SandboxIntent::default())))
+        .call(&touch(&marker, Some(SandboxIntent::default())))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::SandboxUnavailable), "{e}");
@@ -76,14 +76,19 @@ async fn degrades_honestly(what: &str, expect: &[&str]) {
         "the refusal names the cause: {msg}"
     );
     assert!(!marker.exists(), "nothing ran");
-    assert!(c.process_list().await.unwrap().processes.is_empty());
+    assert!(c
+        .call(&executor_protocol::types::process::ProcessListParams {})
+        .await
+        .unwrap()
+        .processes
+        .is_empty());
     // Positive controls: unsandboxed, and explicitly not required.
-    let r = c.exec_command(&touch(&marker, None)).await.unwrap();
+    let r = c.call(&touch(&marker, None)).await.unwrap();
     assert_eq!(r.exit_code, Some(0));
     assert!(marker.exists());
     std::fs::remove_file(&marker).unwrap();
     let r = c
-        .exec_command(&touch(
+        .call(&touch(
             &marker,
             Some(SandboxIntent {
                 required: false,
@@ -211,7 +216,7 @@ async fn a_degraded_allow_hosts_intent_denies_the_network_instead_of_allowing_it
         ..Default::default()
     };
     // Positive control: the connect works where the network is allowed.
-    let r = c.exec_command(&connect_to(port, None)).await.unwrap();
+    let r = c.call(&connect_to(port, None)).await.unwrap();
     assert_eq!(r.exit_code, Some(0), "{}", r.output);
     assert_eq!(accepted(&l), 1);
     let allow = SandboxIntent {
@@ -219,23 +224,17 @@ async fn a_degraded_allow_hosts_intent_denies_the_network_instead_of_allowing_it
         required: false,
         ..Default::default()
     };
-    let r = c
-        .exec_command(&connect_to(port, Some(allow)))
-        .await
-        .unwrap();
+    let r = c.call(&connect_to(port, Some(allow))).await.unwrap();
     assert_eq!(r.exit_code, Some(0), "{}", r.output);
     assert_eq!(accepted(&l), 1);
     // required (the default): refused, nothing run.
     let e = c
-        .exec_command(&connect_to(port, Some(hosts(true))))
+        .call(&connect_to(port, Some(hosts(true))))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::SandboxUnavailable), "{e}");
     // Not required: it runs, and cannot connect even to the allowed host.
-    let r = c
-        .exec_command(&connect_to(port, Some(hosts(false))))
-        .await
-        .unwrap();
+    let r = c.call(&connect_to(port, Some(hosts(false)))).await.unwrap();
     assert_eq!(r.exit_code, Some(3), "{}", r.output);
     assert!(r.output.contains("Operation not permitted"), "{}", r.output);
     assert_eq!(accepted(&l), 0, "the degraded job reached the listener");
@@ -255,10 +254,7 @@ async fn a_degraded_allow_hosts_intent_denies_the_network_instead_of_allowing_it
     // not refused).
     let dir = unique_tempdir("degraded-egress");
     let marker = dir.join("marker");
-    let r = c
-        .exec_command(&touch(&marker, Some(hosts(false))))
-        .await
-        .unwrap();
+    let r = c.call(&touch(&marker, Some(hosts(false)))).await.unwrap();
     assert_eq!(r.exit_code, Some(0), "{}", r.output);
     assert!(marker.exists());
     let _ = std::fs::remove_dir_all(&dir);

@@ -179,7 +179,7 @@ impl Agent {
             env_base: Default::default(),
             limits: None,
         };
-        self.c.exec_command(&p).await.expect("exec_command")
+        self.c.call(&p).await.expect("exec_command")
     }
 
     pub(crate) async fn sh(&self, intent: &SandboxIntent, script: &str) -> (String, i32) {
@@ -1163,7 +1163,9 @@ async fn hostile_proxy_requests_are_refused_or_closed_and_the_proxy_keeps_servin
         "no SOCKS reply past the greeting in {seen:?}"
     );
     // The agent still serves, and never panicked.
-    c.environment_info().await.unwrap();
+    c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     let log = std::fs::read_to_string(&stderr).unwrap();
     assert!(!log.contains("panicked"), "{log}");
     c.close().await.unwrap();

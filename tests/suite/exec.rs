@@ -26,7 +26,7 @@ fn cmd(argv: &[&str], yield_ms: u64, tokens: u64) -> ExecCommandParams {
 async fn a_short_command_returns_its_exit_code_and_no_process_id() {
     let c = local_client().await;
     let r = c
-        .exec_command(&cmd(&["sh", "-c", "echo hi; exit 4"], 10_000, 1000))
+        .call(&cmd(&["sh", "-c", "echo hi; exit 4"], 10_000, 1000))
         .await
         .unwrap();
     assert_eq!(r.output, "hi\n");
@@ -40,7 +40,7 @@ async fn a_short_command_returns_its_exit_code_and_no_process_id() {
 async fn a_long_command_yields_a_process_id_then_write_stdin_collects_the_rest() {
     let c = local_client().await;
     let r = c
-        .exec_command(&cmd(
+        .call(&cmd(
             &[
                 "sh",
                 "-c",
@@ -56,14 +56,14 @@ async fn a_long_command_yields_a_process_id_then_write_stdin_collects_the_rest()
     let id = r.process_id.expect("still running");
     // It is a process like any other (and pushes no notifications).
     assert!(c
-        .process_list()
+        .call(&executor_protocol::types::process::ProcessListParams {})
         .await
         .unwrap()
         .processes
         .iter()
         .any(|p| p.process_id == id));
     let r = c
-        .write_stdin(&WriteStdinParams {
+        .call(&WriteStdinParams {
             process_id: id.clone(),
             input: "abc\n".into(),
             yield_time_ms: 10_000,
@@ -80,12 +80,12 @@ async fn a_long_command_yields_a_process_id_then_write_stdin_collects_the_rest()
 async fn empty_input_is_a_plain_poll() {
     let c = local_client().await;
     let r = c
-        .exec_command(&cmd(&["sh", "-c", "sleep 0.3; echo done"], 50, 100))
+        .call(&cmd(&["sh", "-c", "sleep 0.3; echo done"], 50, 100))
         .await
         .unwrap();
     let id = r.process_id.unwrap();
     let r = c
-        .write_stdin(&WriteStdinParams {
+        .call(&WriteStdinParams {
             process_id: id,
             input: String::new(),
             yield_time_ms: 5000,
@@ -100,7 +100,7 @@ async fn empty_input_is_a_plain_poll() {
 async fn truncation_keeps_head_and_tail() {
     let c = local_client().await;
     let r = c
-        .exec_command(&cmd(&["seq", "1", "10000"], 10_000, 50))
+        .call(&cmd(&["seq", "1", "10000"], 10_000, 50))
         .await
         .unwrap();
     assert!(r.truncated);
@@ -116,7 +116,7 @@ async fn truncation_keeps_head_and_tail() {
 async fn ctrl_c_input_interrupts_a_non_tty_process() {
     let c = local_client().await;
     let r = c
-        .exec_command(&cmd(
+        .call(&cmd(
             &[
                 "sh",
                 "-c",
@@ -129,7 +129,7 @@ async fn ctrl_c_input_interrupts_a_non_tty_process() {
         .unwrap();
     assert_eq!(r.output, "ready\n");
     let r = c
-        .write_stdin(&WriteStdinParams {
+        .call(&WriteStdinParams {
             process_id: r.process_id.unwrap(),
             input: "\u{3}".into(),
             yield_time_ms: 10_000,
@@ -144,7 +144,11 @@ async fn ctrl_c_input_interrupts_a_non_tty_process() {
 #[tokio::test]
 async fn tools_list_advertises_both_tools_with_schemas() {
     let c = local_client().await;
-    let tools = c.tools_list().await.unwrap().tools;
+    let tools = c
+        .call(&executor_protocol::types::session::ToolsListParams {})
+        .await
+        .unwrap()
+        .tools;
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, vec!["exec_command", "write_stdin"]);
     for t in &tools {
@@ -189,16 +193,21 @@ async fn a_sandbox_that_cannot_be_enforced_runs_nothing() {
     let marker = dir.join("marker");
     let mut p = cmd(&["touch", marker.to_str().unwrap()], 5000, 100);
     p.sandbox_permissions = Some(Default::default());
-    let e = c.exec_command(&p).await.unwrap_err();
+    let e = c.call(&p).await.unwrap_err();
     assert_eq!(
         e.code(),
         Some(executor_client::ErrorCode::SandboxUnavailable)
     );
     assert!(!marker.exists(), "nothing ran");
-    assert!(c.process_list().await.unwrap().processes.is_empty());
+    assert!(c
+        .call(&executor_protocol::types::process::ProcessListParams {})
+        .await
+        .unwrap()
+        .processes
+        .is_empty());
     // Positive control: the same command without a sandbox runs.
     let r = c
-        .exec_command(&cmd(&["touch", marker.to_str().unwrap()], 5000, 100))
+        .call(&cmd(&["touch", marker.to_str().unwrap()], 5000, 100))
         .await
         .unwrap();
     assert_eq!(r.exit_code, Some(0));
@@ -224,7 +233,7 @@ async fn a_missing_or_broken_sandbox_root_is_invalid_params_naming_it() {
                 required,
                 ..Default::default()
             });
-            let e = c.exec_command(&p).await.unwrap_err();
+            let e = c.call(&p).await.unwrap_err();
             let executor_client::Error::Remote(w) = e else {
                 panic!()
             };
@@ -237,7 +246,12 @@ async fn a_missing_or_broken_sandbox_root_is_invalid_params_naming_it() {
         }
     }
     assert!(!marker.exists(), "nothing ran");
-    assert!(c.process_list().await.unwrap().processes.is_empty());
+    assert!(c
+        .call(&executor_protocol::types::process::ProcessListParams {})
+        .await
+        .unwrap()
+        .processes
+        .is_empty());
     // `required: false` on a host that cannot enforce: runs, and says
     // what was not enforced.
     let c = agent_with_landlock_abi(0).await;
@@ -246,7 +260,7 @@ async fn a_missing_or_broken_sandbox_root_is_invalid_params_naming_it() {
         required: false,
         ..Default::default()
     });
-    let r = c.exec_command(&p).await.unwrap();
+    let r = c.call(&p).await.unwrap();
     assert_eq!(r.exit_code, Some(0));
     assert!(r
         .sandbox_degraded

@@ -285,7 +285,7 @@ pub async fn non_utf8_names_are_walked_and_read_back_on(c: &Client) {
     let name = OsStr::from_bytes(b"caf\xe9-\xff.txt");
     let f = d.join(name);
     std::fs::write(&f, "bytes").unwrap();
-    let page = c.walk_page(&walk_params(p(&d))).await.unwrap();
+    let page = c.call(&walk_params(p(&d))).await.unwrap();
     assert_eq!(page.entries.len(), 1);
     let e = &page.entries[0];
     assert_eq!(e.path.as_bytes(), name.as_bytes());
@@ -342,7 +342,7 @@ pub async fn walk_limits_truncate_and_cursors_resume_exactly_on(c: &Client) {
     let d = unique_tempdir("walk");
     let total = make_tree(&d);
     // Everything at once.
-    let all = c.walk_page(&walk_params(p(&d))).await.unwrap();
+    let all = c.call(&walk_params(p(&d))).await.unwrap();
     assert!(!all.truncated, "{:?}", all.truncated_by);
     assert_eq!(all.entries.len(), total);
     // Breadth-first: depth-1 entries first.
@@ -389,17 +389,17 @@ pub async fn walk_limits_truncate_and_cursors_resume_exactly_on(c: &Client) {
     // max_depth: one level, truncated_by max_depth, no cursor.
     let mut params = walk_params(p(&d));
     params.max_depth = 1;
-    let page = c.walk_page(&params).await.unwrap();
+    let page = c.call(&params).await.unwrap();
     assert_eq!(page.entries.len(), 4);
     assert_eq!(page.truncated_by, Some(TruncatedBy::MaxDepth));
     assert!(page.next_cursor.is_none());
     // A cursor from another root is refused.
     let mut params = walk_params(p(&d));
     params.max_entries = 3;
-    let first = c.walk_page(&params).await.unwrap();
+    let first = c.call(&params).await.unwrap();
     let mut other = walk_params(p(&d.join("d0")));
     other.cursor = first.next_cursor;
-    let w = remote(c.walk_page(&other).await.unwrap_err());
+    let w = remote(c.call(&other).await.unwrap_err());
     assert_eq!(w.data_get("field").and_then(|v| v.as_str()), Some("cursor"));
 }
 
@@ -411,7 +411,7 @@ async fn walk_reports_symlinks_without_following_and_survives_loops() {
     std::os::unix::fs::symlink(&d, d.join("sub/up")).unwrap();
     std::os::unix::fs::symlink("self", d.join("self")).unwrap();
     std::os::unix::fs::symlink("/", d.join("root")).unwrap();
-    let page = tokio::time::timeout(WAIT, c.walk_page(&walk_params(p(&d))))
+    let page = tokio::time::timeout(WAIT, c.call(&walk_params(p(&d))))
         .await
         .unwrap()
         .unwrap();
@@ -449,7 +449,7 @@ async fn unreadable_directories_are_errors_and_the_walk_goes_on() {
         Ok(c) => c,
         Err(_) => local_client().await, // not root: setpriv cannot switch, run as self
     };
-    let page = c.walk_page(&walk_params(p(&d))).await.unwrap();
+    let page = c.call(&walk_params(p(&d))).await.unwrap();
     let paths: Vec<String> = page.entries.iter().map(|e| e.path.display()).collect();
     assert!(paths.contains(&"closed".to_string()), "{paths:?}");
     assert!(paths.contains(&"open/visible".to_string()), "{paths:?}");

@@ -178,7 +178,9 @@ async fn bodies_over_the_limit_are_limit_exceeded() {
     }
     assert_eq!(last.expect("an error delta").code, ErrorCode::LimitExceeded);
     // The connection survives all of this.
-    c.environment_info().await.unwrap();
+    c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     c.close().await.unwrap();
 }
 

@@ -255,7 +255,11 @@ fn fork_bomb(marker: &str) -> Vec<String> {
 }
 
 async fn mechanisms(c: &Client) -> Vec<String> {
-    c.environment_info().await.unwrap().sandbox.mechanisms
+    c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap()
+        .sandbox
+        .mechanisms
 }
 
 async fn fork_bomb_stops_at_the_limit(mode: Mode) {
@@ -486,7 +490,10 @@ async fn list_shows_current_usage(mode: Mode) {
     let proc = a.c.start(&p).await.unwrap();
     let mut seen = None;
     for _ in 0..50 {
-        let l = a.c.process_list().await.unwrap();
+        let l =
+            a.c.call(&executor_protocol::types::process::ProcessListParams {})
+                .await
+                .unwrap();
         let me = l
             .processes
             .into_iter()
@@ -645,7 +652,9 @@ async fn a_killed_agents_cgroups_are_swept_at_the_next_start() {
     // Its directories stay until an agent of this user starts (another
     // test's agent, running in parallel, may be the one that sweeps them).
     let b = agent(Mode::Root, None).await.unwrap();
-    b.c.environment_info().await.unwrap();
+    b.c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     for d in &dirs {
         assert!(!d.exists(), "{} swept", d.display());
     }
@@ -1196,7 +1205,11 @@ async fn an_agent_of_another_pid_namespace_is_not_swept() {
     }
     assert!(!marked(&m).is_empty(), "the inner agent's job runs");
     let outer = agent(Mode::Root, None).await.unwrap();
-    outer.c.environment_info().await.unwrap();
+    outer
+        .c
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !marked(&m).is_empty(),

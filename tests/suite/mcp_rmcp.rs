@@ -121,7 +121,7 @@ async fn progress_of(
 /// Whether the agent of `client` still lists job `id` as running.
 async fn job_running(client: &Client, id: &str) -> bool {
     client
-        .process_list()
+        .call(&executor_protocol::types::process::ProcessListParams {})
         .await
         .expect("process/list")
         .processes
@@ -501,9 +501,8 @@ async fn over_a_real_sshd_the_job_transport_serves_and_ends_its_job() {
         return;
     };
     let sshd = executor_tests::sshd::Sshd::start("", "");
-    let client = Client::connect_ssh(
-        "127.0.0.1",
-        &sshd.options(&executor_bin()),
+    let client = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", sshd.options(&executor_bin())),
         ClientOptions::default(),
     )
     .await

@@ -77,7 +77,7 @@ impl Env {
             env_base: Default::default(),
             limits: None,
         };
-        let r = self.c.exec_command(&p).await.expect("exec_command");
+        let r = self.c.call(&p).await.expect("exec_command");
         (r.output, r.exit_code.unwrap_or(-1))
     }
 

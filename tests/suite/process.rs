@@ -159,7 +159,11 @@ async fn missing_cwd_or_program_is_an_error_and_nothing_runs() {
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::PermissionDenied));
     assert!(
-        c.process_list().await.unwrap().processes.is_empty(),
+        c.call(&executor_protocol::types::process::ProcessListParams {})
+            .await
+            .unwrap()
+            .processes
+            .is_empty(),
         "nothing was registered"
     );
     // Relative cwd and empty argv are invalid params naming the field.
@@ -722,7 +726,10 @@ pub async fn process_ids_are_unique_and_listed_with_tags_on(c: &Client) {
     let a = c.start(&p).await.unwrap();
     let b = c.start(&params(&["true"])).await.unwrap();
     assert_ne!(a.id(), b.id());
-    let list = c.process_list().await.unwrap();
+    let list = c
+        .call(&executor_protocol::types::process::ProcessListParams {})
+        .await
+        .unwrap();
     let entry = list
         .processes
         .iter()
@@ -807,7 +814,11 @@ async fn idle_jobs_hold_no_output_read_buffers() {
         for _ in 0..JOBS {
             jobs.push(c.start(&params).await.unwrap());
         }
-        let listed = c.process_list().await.unwrap().processes;
+        let listed = c
+            .call(&executor_protocol::types::process::ProcessListParams {})
+            .await
+            .unwrap()
+            .processes;
         assert_eq!(listed.len() as u64, batch * JOBS);
         assert!(listed.iter().all(|p| p.running));
         rss.push(status_kib(pid, "VmRSS"));

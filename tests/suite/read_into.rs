@@ -182,9 +182,8 @@ async fn every_size_arrives_whole_in_a_file_a_pipe_dev_null_and_a_pty() {
 #[tokio::test]
 async fn every_size_arrives_whole_through_a_real_sshd() {
     let sshd = Sshd::start("", "");
-    let c = Client::connect_ssh(
-        "127.0.0.1",
-        &sshd.options(&executor_bin()),
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", sshd.options(&executor_bin())),
         ClientOptions::default(),
     )
     .await
@@ -300,7 +299,10 @@ async fn a_pipe_nobody_reads_stalls_neither_another_stream_nor_requests() {
     let meanwhile = async {
         // The slow stream's pipe fills (64 KiB) and stays full meanwhile.
         let n = into(&c, &other, &null).await.unwrap();
-        let info = c.environment_info().await.unwrap();
+        let info = c
+            .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await
+            .unwrap();
         go.send(()).unwrap();
         (n, info.path_separator)
     };
@@ -341,7 +343,13 @@ async fn a_sink_closed_mid_stream_ends_that_stream_and_the_connection_survives()
         data.len() as u64
     );
     assert!(pipe.join() == data);
-    assert_eq!(c.environment_info().await.unwrap().path_separator, "/");
+    assert_eq!(
+        c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await
+            .unwrap()
+            .path_separator,
+        "/"
+    );
     c.close().await.unwrap();
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -153,7 +153,7 @@ impl Env {
             &self.ws,
             intent,
         );
-        let r = self.c.exec_command(&p).await.expect("exec_command");
+        let r = self.c.call(&p).await.expect("exec_command");
         (r.output, r.exit_code.expect("finished"))
     }
 
@@ -719,7 +719,7 @@ async fn c29_c30_fail_closed_with_the_probe_hook() {
             &e.ws,
             Some(i),
         );
-        let err = e.c.exec_command(&p).await.unwrap_err();
+        let err = e.c.call(&p).await.unwrap_err();
         assert_eq!(
             err.code(),
             Some(ErrorCode::SandboxUnavailable),
@@ -727,7 +727,7 @@ async fn c29_c30_fail_closed_with_the_probe_hook() {
         );
         assert!(!marker.exists(), "nothing ran");
         let running: Vec<_> =
-            e.c.process_list()
+            e.c.call(&executor_protocol::types::process::ProcessListParams {})
                 .await
                 .unwrap()
                 .processes
@@ -769,7 +769,7 @@ async fn exec_outside_read_roots_is_refused_and_reported() {
     let mut i = e.ws_write();
     i.filesystem.read = ReadRoots::Paths(vec![wp(&e.ws)]);
     let p = exec_params(vec!["/bin/true".into()], &e.ws, Some(i));
-    let err = e.c.exec_command(&p).await.unwrap_err();
+    let err = e.c.call(&p).await.unwrap_err();
     // Not granted, so not there in the job's root.
     assert_eq!(err.code(), Some(ErrorCode::NotFound), "{err}");
 }
@@ -838,7 +838,7 @@ async fn c13_agent_fs_requests_resolve_beneath_the_roots() {
     // Walks list the carve-out but never enter it.
     let mut params = executor_client::fs::walk_params(wp(&e.ws));
     params.sandbox = Some(all);
-    let page = e.c.walk_page(&params).await.unwrap();
+    let page = e.c.call(&params).await.unwrap();
     let paths: Vec<String> = page.entries.iter().map(|x| x.path.display()).collect();
     assert!(paths.contains(&"src/main.rs".to_string()), "{paths:?}");
     assert!(
@@ -991,7 +991,7 @@ async fn c34_read_only_intent_on_fs_requests() {
     assert_eq!(&r.data[..], b"fn main() {}\n");
     let mut params = executor_client::fs::walk_params(wp(&e.ws));
     params.sandbox = Some(ro);
-    assert!(!e.c.walk_page(&params).await.unwrap().entries.is_empty());
+    assert!(!e.c.call(&params).await.unwrap().entries.is_empty());
     // Positive control: the same write with the workspace writable.
     e.c.call(&WriteFileParams {
         path: wp(&target),
@@ -1040,7 +1040,7 @@ async fn sandbox_denied_is_reported_only_for_denials() {
             intent,
         );
         let c = e.c.clone();
-        async move { c.exec_command(&p).await.unwrap() }
+        async move { c.call(&p).await.unwrap() }
     };
     let o = e.outside.display();
     let r = run(Some(e.ws_write()), &format!("echo x > {o}/f")).await;
@@ -1151,7 +1151,7 @@ both!(c35_env_reaches_only_the_job, |e: Env| async move {
         ] {
             p.env.insert(k.into(), v.into());
         }
-        let r = e.c.exec_command(&p).await.expect("exec_command");
+        let r = e.c.call(&p).await.expect("exec_command");
         assert_eq!(r.exit_code, Some(0), "{var}: {}", r.output);
         assert!(
             inside_marker.exists(),
@@ -1483,7 +1483,7 @@ both!(c40_swapped_root_is_not_followed, |e: Env| async move {
         );
         let mut p = p;
         p.cwd = wp(&sub);
-        if let Ok(r) = e.c.exec_command(&p).await {
+        if let Ok(r) = e.c.call(&p).await {
             if r.exit_code == Some(0) {
                 ran += 1;
             }
@@ -1506,7 +1506,7 @@ both!(c40_swapped_root_is_not_followed, |e: Env| async move {
     let mut i = e.ws_write();
     i.filesystem.write = vec![wp(&link)];
     let err =
-        e.c.exec_command(&exec_params(vec!["/bin/true".into()], &e.ws, Some(i)))
+        e.c.call(&exec_params(vec!["/bin/true".into()], &e.ws, Some(i)))
             .await
             .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidParams), "{err}");
@@ -1663,12 +1663,12 @@ both!(c44_hard_linked_secret, |e: Env| async move {
         &e.ws,
         Some(i.clone()),
     );
-    let err = e.c.exec_command(&p).await.unwrap_err();
+    let err = e.c.call(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::SandboxUnavailable), "{err}");
     assert!(err.to_string().contains("secrets/key"), "{err}");
     i.required = false;
     let p = exec_params(vec!["/bin/true".into()], &e.ws, Some(i));
-    let r = e.c.exec_command(&p).await.unwrap();
+    let r = e.c.call(&p).await.unwrap();
     let d = r.sandbox_degraded.unwrap_or_default().join("; ");
     assert!(d.contains("hard link"), "{d}");
 });
@@ -1703,7 +1703,7 @@ both!(
             &e.ws,
             Some(j),
         );
-        let r = e.c.exec_command(&p).await.unwrap();
+        let r = e.c.call(&p).await.unwrap();
         assert_ne!(r.exit_code, Some(0), "{}", r.output);
         assert!(r.output.contains("Is a directory"), "{}", r.output);
         assert!(!e.ws.join("later").exists());
@@ -1875,7 +1875,7 @@ both!(c45_carve_outs_that_do_not_exist_yet, |e: Env| async move {
     assert_eq!(left(&e.ws, &names), Vec::<String>::new());
     // A refused start (empty argv, relative cwd) leaves nothing behind.
     let mut p = exec_params(vec![], &e.ws, Some(i.clone()));
-    let err = e.c.exec_command(&p).await.unwrap_err();
+    let err = e.c.call(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidParams), "{err}");
     assert!(
         err.to_string().contains("command must not be empty"),
@@ -1883,7 +1883,7 @@ both!(c45_carve_outs_that_do_not_exist_yet, |e: Env| async move {
     );
     p.command = vec!["true".into()];
     p.cwd = "ws".into();
-    let err = e.c.exec_command(&p).await.unwrap_err();
+    let err = e.c.call(&p).await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidParams), "{err}");
     assert_eq!(left(&e.ws, &names), Vec::<String>::new());
 });
@@ -2100,7 +2100,7 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
         let mut params = executor_client::fs::walk_params(wp(&e.ws));
         params.sandbox = Some(intent);
         params.cwd = cwd;
-        let page = e.c.walk_page(&params).await.unwrap();
+        let page = e.c.call(&params).await.unwrap();
         let paths: Vec<String> = page.entries.iter().map(|x| x.path.display()).collect();
         assert!(paths.contains(&"src/main.rs".to_string()), "{paths:?}");
         assert!(paths.contains(&"out".to_string()), "{paths:?}");
@@ -2130,7 +2130,7 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
         params.cursor = Some(serde_bytes::ByteBuf::from(bytes));
         params
     };
-    let page = e.c.walk_page(&forged(&["secrets", "src"])).await.unwrap();
+    let page = e.c.call(&forged(&["secrets", "src"])).await.unwrap();
     let paths: Vec<String> = page.entries.iter().map(|x| x.path.display()).collect();
     assert!(
         !paths.iter().any(|p| p.starts_with("secrets/")),
@@ -2145,13 +2145,13 @@ both!(c47_the_root_of_a_sandbox_is_readable, |e: Env| async move {
         .iter()
         .any(|x| x.code == ErrorCode::SandboxDenied));
     for bad in ["../outside", "/etc", "src/../secrets", "./secrets"] {
-        let err = e.c.walk_page(&forged(&[bad])).await.unwrap_err();
+        let err = e.c.call(&forged(&[bad])).await.unwrap_err();
         assert_eq!(fs_err(err).code, ErrorCode::InvalidParams, "{bad}");
     }
     // Control: the parent of the root is still outside it.
     let mut params = executor_client::fs::walk_params(wp(&e.base));
     params.sandbox = Some(i.clone());
-    let err = e.c.walk_page(&params).await.unwrap_err();
+    let err = e.c.call(&params).await.unwrap_err();
     assert_eq!(fs_err(err).code, ErrorCode::SandboxDenied);
 });
 
@@ -2829,7 +2829,7 @@ both!(c53_cwd_never_leaves_the_root, |e: Env| async move {
     let (mut started, mut refused) = (0, 0);
     for _ in 0..30 {
         let r =
-            e.c.exec_command(&exec_params(
+            e.c.call(&exec_params(
                 vec!["/bin/sh".into(), "-c".into(), probe.clone()],
                 &e.ws.join("c"),
                 Some(i.clone()),
@@ -3117,7 +3117,7 @@ both!(c56_roots_in_the_jobs_own_mounts, |e: Env| async move {
             Path::new("/"),
             Some(intent),
         );
-        let r = e.c.exec_command(&p).await.expect(name);
+        let r = e.c.call(&p).await.expect(name);
         assert_eq!(
             (r.exit_code, r.output.contains("RAN")),
             (Some(0), true),

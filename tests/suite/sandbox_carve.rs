@@ -25,7 +25,7 @@ async fn run(
         &e.ws,
         Some(i.clone()),
     );
-    let r = e.c.exec_command(&p).await?;
+    let r = e.c.call(&p).await?;
     Ok((
         r.output,
         r.exit_code.unwrap_or(-1),
@@ -243,7 +243,7 @@ both!(
                 // A walk lists the name without its size, and says why.
                 let mut params = executor_client::fs::walk_params(wp(&e.ws));
                 params.sandbox = Some(i.clone());
-                let page = e.c.walk_page(&params).await.unwrap();
+                let page = e.c.call(&params).await.unwrap();
                 let entry = page
                     .entries
                     .iter()
@@ -382,7 +382,7 @@ async fn every_method(e: &Env, i: &SandboxIntent, path: &Path) -> Vec<(String, O
     ));
     let mut walk = executor_client::fs::walk_params(p());
     walk.sandbox = s();
-    out.push(("walk".into(), err(e.c.walk_page(&walk).await.map(drop))));
+    out.push(("walk".into(), err(e.c.call(&walk).await.map(drop))));
     for atomic in [true, false] {
         out.push((
             format!("writeFile atomic={atomic}"),

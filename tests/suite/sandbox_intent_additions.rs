@@ -25,7 +25,7 @@ async fn run_in(
         cwd,
         Some(i.clone()),
     );
-    match c.exec_command(&p).await {
+    match c.call(&p).await {
         Ok(r) => Ok((r.output, r.exit_code.unwrap_or(-1))),
         Err(e) => Err(remote(e)),
     }

@@ -489,7 +489,7 @@ both!(
                 continue;
             }
             let p = exec_params(vec!["/bin/cat".into(), "key".into()], &cwd, Some(intent));
-            let err = remote(e.c.exec_command(&p).await.expect_err(name));
+            let err = remote(e.c.call(&p).await.expect_err(name));
             assert_eq!(err.code, ErrorCode::SandboxUnavailable, "{name}: {err:?}");
             assert!(
                 err.message.contains(&cwd.display().to_string()) && err.message.contains("grant"),
@@ -773,7 +773,7 @@ both!(
             );
             let mut walk = executor_client::fs::walk_params(wp(&jobs));
             walk.sandbox = Some(i.clone());
-            let err = remote(e.c.walk_page(&walk).await.expect_err("a listing"));
+            let err = remote(e.c.call(&walk).await.expect_err("a listing"));
             assert_eq!(err.code, ErrorCode::SandboxDenied, "{root}: {err:?}");
             let err = remote(
                 e.c.call(&ReadFileParams {

@@ -213,9 +213,14 @@ async fn a_wrong_token_is_refused_and_does_not_end_the_session() {
     // which may then only close.
     let b = Client::spawn(local(), resume(&a)).await.unwrap();
     assert!(b.initialize_result().resumed);
-    let e = a.environment_info().await.unwrap_err();
+    let e = a
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap_err();
     assert_eq!(code(e), ErrorCode::SessionTakenOver);
-    b.environment_info().await.unwrap();
+    b.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     b.close().await.unwrap();
     drop(a);
 }
@@ -288,24 +293,29 @@ fn e_message(e: &Error) -> String {
 async fn over_sshd_killing_ssh_mid_stream_then_resuming_loses_nothing() {
     let sshd = Sshd::start("", "");
     let opts: SshOptions = sshd.options(&executor_bin());
-    let a = Client::connect_ssh("127.0.0.1", &opts, detach(60_000))
-        .await
-        .expect("connect over ssh");
+    let a = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", opts.clone()),
+        detach(60_000),
+    )
+    .await
+    .expect("connect over ssh");
     let (id, mut seen, last) = start_ticker(&a).await;
     // The ssh client process dies (a network drop, a laptop lid).
     kill9(a.transport_pid().unwrap());
-    let b = Client::connect_ssh("127.0.0.1", &opts, resume(&a))
-        .await
-        .expect("resume over ssh");
+    let b = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", opts.clone()),
+        resume(&a),
+    )
+    .await
+    .expect("resume over ssh");
     assert!(b.initialize_result().resumed);
     let (rest, exit) = read_rest(&b, &id, Some(last)).await;
     seen.extend_from_slice(&rest);
     assert_eq!(String::from_utf8(seen).unwrap(), expected_lines());
     assert_eq!(exit.exit_code, Some(7));
     // A wrong token over ssh: refused.
-    let e = Client::connect_ssh(
-        "127.0.0.1",
-        &opts,
+    let e = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", opts.clone()),
         resume_with(&a.initialize_result().session_id, &"1".repeat(32)),
     )
     .await
@@ -400,7 +410,10 @@ async fn a_resume_while_another_is_being_set_up_is_session_busy() {
     // A completed resume never blocks the next one: that one takes over.
     let c = Client::spawn(local(), resume(&a)).await.unwrap();
     assert!(c.initialize_result().resumed);
-    let e = b.environment_info().await.unwrap_err();
+    let e = b
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap_err();
     assert_eq!(code(e), ErrorCode::SessionTakenOver);
     c.close().await.unwrap();
     drop((a, b));
@@ -485,7 +498,9 @@ async fn a_wrong_token_does_not_delay_the_right_one() {
             .await
             .unwrap_or_else(|e| panic!("round {round}: the right token was refused: {e}"));
         assert!(b.initialize_result().resumed);
-        b.environment_info().await.unwrap();
+        b.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await
+            .unwrap();
         b.close().await.unwrap();
     }
     // Negative control: a wrong token through the client is still refused.
@@ -529,7 +544,9 @@ async fn stalled_or_unverified_handshakes_do_not_block_a_right_resume() {
     // The right resume, at once, while all of them are open.
     let b = Client::spawn(local(), resume(&a)).await.unwrap();
     assert!(b.initialize_result().resumed);
-    b.environment_info().await.unwrap();
+    b.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     // Positive control: a verified handshake does hold the slot.
     let held = host::begin_resume(&socket, "", &id, &token).await.unwrap();
     let e = Client::spawn(local(), resume(&a)).await.unwrap_err();
@@ -604,7 +621,9 @@ async fn a_taken_tmp_directory_falls_back_to_the_cache_and_resume_finds_it() {
             .await
             .unwrap_or_else(|e| panic!("{variant}: resume did not find it: {e}"));
         assert!(b.initialize_result().resumed);
-        b.environment_info().await.unwrap();
+        b.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+            .await
+            .unwrap();
         b.close().await.unwrap();
     }
 }
@@ -650,7 +669,9 @@ async fn when_every_socket_directory_is_refused_the_error_names_each() {
     let c = Client::spawn(places.agent(), ClientOptions::default())
         .await
         .unwrap();
-    c.environment_info().await.unwrap();
+    c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     c.close().await.unwrap();
 }
 

@@ -46,7 +46,10 @@ async fn exec_mode() {
     let (_sshd, c) = crate::transports::openssh().await;
     exercise(&c).await;
     // SSH_CLIENT shows it really went through sshd.
-    let info = c.environment_info().await.unwrap();
+    let info = c
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     assert!(!info.user.is_empty());
     c.close().await.unwrap();
 }
@@ -59,9 +62,12 @@ async fn subsystem_mode() {
     );
     let mut opts = sshd.options(std::path::Path::new("executor"));
     opts.subsystem = true;
-    let c = Client::connect_ssh("127.0.0.1", &opts, ClientOptions::default())
-        .await
-        .expect("subsystem");
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", opts.clone()),
+        ClientOptions::default(),
+    )
+    .await
+    .expect("subsystem");
     exercise(&c).await;
     c.close().await.unwrap();
 }
@@ -71,9 +77,11 @@ async fn forced_command_accepts_the_executor_and_refuses_anything_else() {
     let prefix = format!("command=\"{}\",restrict ", executor_bin().display());
     let sshd = Sshd::start(&prefix, "");
     // Allowed: the client asks for `executor`.
-    let c = Client::connect_ssh(
-        "127.0.0.1",
-        &sshd.options(std::path::Path::new("executor")),
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with(
+            "127.0.0.1",
+            sshd.options(std::path::Path::new("executor")),
+        ),
         ClientOptions::default(),
     )
     .await
@@ -112,9 +120,11 @@ async fn login_shell_noise_before_the_preamble_is_skipped() {
         String::from_utf8_lossy(&out.stdout).starts_with("Welcome to devbox"),
         "the banner is really there"
     );
-    let c = Client::connect_ssh(
-        "127.0.0.1",
-        &sshd.options(std::path::Path::new("executor")),
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with(
+            "127.0.0.1",
+            sshd.options(std::path::Path::new("executor")),
+        ),
         ClientOptions::default(),
     )
     .await
@@ -142,11 +152,12 @@ async fn bootstrap_installs_the_agent_over_ssh_and_it_then_serves() {
     // A host without the agent: connecting fails.
     let mut missing = opts.clone();
     missing.remote_command = remote.join("nothing/executor").to_string_lossy().into();
-    assert!(
-        Client::connect_ssh("127.0.0.1", &missing, ClientOptions::default())
-            .await
-            .is_err()
-    );
+    assert!(Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", missing.clone()),
+        ClientOptions::default()
+    )
+    .await
+    .is_err());
     let installed = bootstrap("127.0.0.1", &opts, &dist, Some(remote.to_str().unwrap()))
         .await
         .expect("bootstrap");
@@ -175,9 +186,12 @@ async fn bootstrap_installs_the_agent_over_ssh_and_it_then_serves() {
     // And it serves.
     let mut served = opts.clone();
     served.remote_command = installed.path.clone();
-    let c = Client::connect_ssh("127.0.0.1", &served, ClientOptions::default())
-        .await
-        .expect("the installed agent serves");
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", served.clone()),
+        ClientOptions::default(),
+    )
+    .await
+    .expect("the installed agent serves");
     exercise(&c).await;
     c.close().await.unwrap();
 }
@@ -299,9 +313,11 @@ async fn a_forced_command_with_a_profile_limits_what_the_key_may_do() {
         config.display()
     );
     let sshd = Sshd::start(&prefix, "");
-    let c = Client::connect_ssh(
-        "127.0.0.1",
-        &sshd.options(std::path::Path::new("executor")),
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with(
+            "127.0.0.1",
+            sshd.options(std::path::Path::new("executor")),
+        ),
         ClientOptions::default(),
     )
     .await

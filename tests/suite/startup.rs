@@ -203,7 +203,10 @@ async fn an_audit_file_the_agent_creates_is_readable_by_its_owner_only() {
         .arg(executor_bin())
         .arg(&config);
     let c = Client::spawn(cmd, ClientOptions::default()).await.unwrap();
-    let info = c.environment_info().await.unwrap();
+    let info = c
+        .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+        .await
+        .unwrap();
     assert!(!info.home.is_empty());
     c.close().await.unwrap();
     let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;

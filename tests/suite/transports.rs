@@ -10,9 +10,8 @@ use executor_tests::sshd::Sshd;
 /// `ssh -T 127.0.0.1 executor` through the test's own sshd.
 pub async fn openssh() -> (Sshd, Client) {
     let sshd = Sshd::start("", "");
-    let c = Client::connect_ssh(
-        "127.0.0.1",
-        &sshd.options(&executor_bin()),
+    let c = Client::connect_target(
+        &executor_client::Target::ssh_with("127.0.0.1", sshd.options(&executor_bin())),
         ClientOptions::default(),
     )
     .await

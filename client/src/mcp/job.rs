@@ -139,7 +139,12 @@ impl JobCommand {
     async fn params(&self, client: &Client) -> Result<ProcessStartParams, Error> {
         let cwd = match &self.cwd {
             Some(c) => c.clone(),
-            None => client.environment_info().await?.cwd,
+            None => {
+                client
+                    .call(&executor_protocol::types::session::EnvironmentInfoParams {})
+                    .await?
+                    .cwd
+            }
         };
         let mut params = ProcessStartParams::new(self.argv.clone(), cwd.as_str(), self.env.clone());
         // No login shell runs for a sandboxed job (its dotfiles would run

@@ -23,7 +23,12 @@ impl<'a> Remote<'a> {
 
     pub async fn home(&mut self) -> anyhow::Result<&str> {
         if self.home.is_none() {
-            self.home = Some(self.client.environment_info().await?.home);
+            self.home = Some(
+                self.client
+                    .call(&executor_client::protocol::types::session::EnvironmentInfoParams {})
+                    .await?
+                    .home,
+            );
         }
         Ok(self.home.as_deref().unwrap_or("/"))
     }
@@ -54,7 +59,9 @@ impl<'a> Remote<'a> {
 pub async fn info(client: &Client) -> anyhow::Result<i32> {
     let mut init = serde_json::to_value(client.initialize_result())?;
     init["resume_token"] = serde_json::Value::String("<redacted>".into());
-    let env = client.environment_info().await?;
+    let env = client
+        .call(&executor_client::protocol::types::session::EnvironmentInfoParams {})
+        .await?;
     let out = serde_json::json!({ "initialize": init, "environment": env });
     print_json(&out)?;
     Ok(0)

@@ -1,7 +1,11 @@
-//! The `executor-client` command line: the flags (clap) and the verbs, one
-//! module per verb family. Depends on the client library only.
+//! `executor-client`: drive an executor agent from the command line. The
+//! flags (clap) and the verbs, one module per verb family, over the client
+//! library (`executor-client`, the crate): this crate is the only one that
+//! pulls clap, clap_mangen, clap_complete, indicatif, crossterm, hyper's
+//! server and tracing-subscriber, so a program using the library does not.
 //!
-//! - `connect`: the target and the ssh options; connecting, bounded.
+//! - `connect`: the ssh options; connecting, bounded; `target`: the
+//!   `--target` grammar.
 //! - `exit`: exit statuses (ssh's convention) and error messages.
 //! - `run`: `run`, `shell`, `attach` (jobs, stdin, signals); `detach`:
 //!   leaving a detached session (signals, the detach key, resume tokens).
@@ -14,6 +18,8 @@
 //! - `sandbox`: the sandbox flags shared by the verbs.
 //! - `quote`: remote names as a terminal shows them.
 //! - `logging`, `signals`, `man`.
+
+#![forbid(unsafe_code)]
 
 /// `eprintln!` for the CLI's messages: what a remote sends (file names,
 /// error messages, an agent's text) is shown with its control characters
@@ -36,6 +42,7 @@ mod quote;
 mod run;
 mod sandbox;
 mod signals;
+mod target;
 mod transfer;
 mod tty_question;
 mod web;
@@ -128,8 +135,12 @@ pub fn command() -> clap::Command {
     connect::keep_verbs_letters(Cli::command())
 }
 
+fn main() {
+    std::process::exit(run_cli());
+}
+
 /// Parse, run, and return the exit status.
-pub fn main() -> i32 {
+fn run_cli() -> i32 {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let parsed = command()
         .try_get_matches_from(&argv)

@@ -149,7 +149,9 @@ impl RunArgs {
         &self,
         client: &Client,
     ) -> anyhow::Result<(ProcessStartParams, String)> {
-        let info = client.environment_info().await?;
+        let info = client
+            .call(&executor_client::protocol::types::session::EnvironmentInfoParams {})
+            .await?;
         let (env, env_base) = self.environment(&info)?;
         // One rule, sandboxed or not, as `ssh host CMD`: the home
         // directory and the login environment (for a sandboxed job the
@@ -346,7 +348,7 @@ async fn finish(
         }
         (End::Status(code), Some(d)) => {
             let others = client
-                .process_list()
+                .call(&executor_client::protocol::types::process::ProcessListParams {})
                 .await
                 .map(|l| l.processes.iter().any(|p| p.running))
                 .unwrap_or(true);
@@ -384,7 +386,9 @@ pub(super) fn start_failure(e: Error, cwd: &str) -> anyhow::Result<i32> {
 
 /// `shell`: the user's login shell on a terminal.
 pub async fn shell(client: &Client, signals: &mut Signals) -> anyhow::Result<i32> {
-    let info = client.environment_info().await?;
+    let info = client
+        .call(&executor_client::protocol::types::session::EnvironmentInfoParams {})
+        .await?;
     let vars = BTreeMap::from([("TERM".to_string(), local_term())]);
     let mut params = ProcessStartParams::new(
         vec![info.shell.path.clone(), "-l".into()],
@@ -416,7 +420,10 @@ pub async fn attach(
 ) -> anyhow::Result<i32> {
     let store = TokenStore::open()?;
     let (_, ttl) = store.resume(&args.session)?;
-    let jobs = client.process_list().await?.processes;
+    let jobs = client
+        .call(&executor_client::protocol::types::process::ProcessListParams {})
+        .await?
+        .processes;
     let id = match args.process {
         Some(id) => id,
         None => {

@@ -6,9 +6,10 @@
 
 use super::exit::{Outside, Usage};
 use super::logging::LogArgs;
+use super::target::CliTarget;
 use anyhow::Context;
 use executor_client::protocol::types::session::SessionParams;
-use executor_client::{Backoff, Client, ClientOptions, Error, SshOptions, Target};
+use executor_client::{Backoff, Client, ClientOptions, Error, SshOptions, Transport};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -83,13 +84,13 @@ impl ConnectArgs {
         })
     }
 
-    fn target(&self) -> anyhow::Result<Target> {
-        Target::parse(&self.target).map_err(|e| Outside(e).into())
+    fn target(&self) -> anyhow::Result<CliTarget> {
+        CliTarget::parse(&self.target).map_err(|e| Outside(e).into())
     }
 
     /// Whether the target is `local` (a transport that does not drop).
     pub fn is_local(&self) -> bool {
-        matches!(self.target(), Ok(Target::Local))
+        matches!(self.target(), Ok(CliTarget::Local))
     }
 
     /// The `-o` options as ssh_config's `KEY=VALUE`, each checked: bad
@@ -308,16 +309,16 @@ pub async fn reconnect(
 async fn connect_with(
     args: &ConnectArgs,
     log: &LogArgs,
-    target: &Target,
+    target: &CliTarget,
     options: ClientOptions,
 ) -> Result<Client, Error> {
     match target {
-        Target::Local => {
-            let mut cmd = Target::Local.command()?;
+        CliTarget::Local => {
+            let mut cmd = Transport::Local.command()?;
             cmd.envs(log.remote_env());
             Client::spawn(cmd, options).await
         }
-        Target::Ssh { user, host, port } => {
+        CliTarget::Ssh { user, host, port } => {
             let ssh = args.ssh(user.clone(), *port, log);
             let cmd = ssh.command(host)?;
             // ssh's argv holds no secret of ours (the session's token
@@ -359,7 +360,7 @@ pub async fn bootstrap(
     from: Option<&std::path::Path>,
     remote_dir: &str,
 ) -> anyhow::Result<i32> {
-    let Target::Ssh { user, host, port } = args.target()? else {
+    let CliTarget::Ssh { user, host, port } = args.target()? else {
         return Err(Outside(
             "bootstrap needs an ssh --target (ssh://[user@]host[:port] or a host)".into(),
         )
