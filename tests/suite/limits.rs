@@ -1026,12 +1026,16 @@ async fn failed_starts_leave_no_cgroup() {
         .await
         .unwrap();
     assert_eq!(st.code, Some(0));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        job_dirs_of(agent_pid).await,
-        before,
-        "only the running job's"
-    );
+    // The ended jobs' cgroups go after their `process/exited`: waited for.
+    let mut now = Vec::new();
+    for _ in 0..250 {
+        now = job_dirs_of(agent_pid).await;
+        if now == before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(now, before, "only the running job's");
     drop(keep);
 }
 
@@ -1162,13 +1166,21 @@ async fn a_child_cgroup_of_the_job_ends_with_it() {
         "the moved process is killed"
     );
     let delegated = &a._delegation.as_ref().expect("delegated").dirs;
-    let left = jobs_only(|| {
-        delegated
-            .iter()
-            .flat_map(|d| job_dirs_under(d, "executor-"))
-            .collect()
-    })
-    .await;
+    // Removed after `process/exited` (on a blocking thread): waited for.
+    let mut left = Vec::new();
+    for _ in 0..250 {
+        left = jobs_only(|| {
+            delegated
+                .iter()
+                .flat_map(|d| job_dirs_under(d, "executor-"))
+                .collect()
+        })
+        .await;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(left.is_empty(), "left: {left:?}");
 }
 
