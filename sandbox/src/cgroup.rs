@@ -31,12 +31,12 @@
 //! the directories.
 //!
 //! Plain file operations on cgroupfs: no `unsafe`. Depends on `libc`/`nix`
-//! only.
+//! and [`executor_sys`] (pidfds).
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -409,6 +409,26 @@ fn procs_beneath(dir: &Path) -> io::Result<Vec<i32>> {
     Ok(all)
 }
 
+/// SIGKILL the processes `pids` that are in `listed` (a job's cgroup, or
+/// beneath it). A number read from `cgroup.procs` may have exited and been
+/// reused by another process by now: each process is named by a pidfd
+/// first, and membership read after, so a signal goes to a process that
+/// was a member when it was named, never to a later holder of its number.
+fn kill_members(listed: &Path, pids: &[i32]) -> io::Result<()> {
+    // ESRCH: exited already, nothing to kill.
+    let named: Vec<(i32, OwnedFd)> = pids
+        .iter()
+        .filter_map(|&p| executor_sys::pidfd_open(p).ok().map(|fd| (p, fd)))
+        .collect();
+    let members = procs_beneath(listed)?;
+    for (p, fd) in &named {
+        if members.contains(p) {
+            let _ = executor_sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
+        }
+    }
+    Ok(())
+}
+
 /// Kill every process of a job's cgroup: `cgroup.kill` where v2 has it;
 /// else, with `pids.max` at 0 (nothing new can fork), SIGKILL whatever is
 /// listed until nothing is.
@@ -433,19 +453,7 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
         if pids.is_empty() {
             return Ok(());
         }
-        for p in pids {
-            // A pid read here may have exited and been reused by the time
-            // it is signalled; with pids.max at 0 nothing in the job can
-            // fork, and the agent's own processes are never in the job's
-            // cgroup: the risk is a process of another cgroup that reused
-            // the number in those microseconds. Checked again just before.
-            if procs_beneath(listed)?.contains(&p) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
+        kill_members(listed, &pids)?;
         if Instant::now() >= deadline {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -527,6 +535,34 @@ impl Cgroups {
     fn setup_in(located: Located) -> Cgroups {
         let mut cg = Cgroups::default();
         let name = agent_dir_name();
+        // A hierarchy the mount table names may be covered by another
+        // mount at its place (a tmpfs over it, as a container may have):
+        // its directory must be that kind of cgroup filesystem now.
+        let is = |d: &Path, magic: nix::sys::statfs::FsType| {
+            nix::sys::statfs::statfs(d).is_ok_and(|st| st.filesystem_type() == magic)
+        };
+        let mut located = located;
+        if let Some(own) = located.v2.take() {
+            if is(&own, nix::sys::statfs::CGROUP2_SUPER_MAGIC) {
+                located.v2 = Some(own);
+            } else {
+                cg.notes.push(format!(
+                    "cgroup v2 {}: not a cgroup2 filesystem (covered by another mount)",
+                    own.display()
+                ));
+            }
+        }
+        located.v1.retain(|c, own| {
+            let ok = is(own, nix::sys::statfs::CGROUP_SUPER_MAGIC);
+            if !ok {
+                cg.notes.push(format!(
+                    "cgroup v1 {} ({}): not a cgroup filesystem (covered by another mount)",
+                    own.display(),
+                    c.name()
+                ));
+            }
+            ok
+        });
         if let Some(own) = located.v2 {
             match setup_v2(&own, &name) {
                 Ok(enabled) => {
@@ -981,13 +1017,7 @@ impl JobCgroup {
         for (_, d) in &self.v1 {
             let _ = write_file(&d.join("pids.max"), "0");
         }
-        for p in procs_beneath(listed)? {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        Ok(())
+        kill_members(listed, &procs_beneath(listed)?)
     }
 
     pub fn kill(&self) -> io::Result<()> {

@@ -1115,3 +1115,39 @@ pub fn chmod_fd(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
         std::fs::Permissions::from_mode(mode),
     )
 }
+
+/// `pidfd_open(pid, 0)`: a descriptor that names this process (not its
+/// number): a signal sent through it never reaches a later process that
+/// reused the number.
+#[cfg(target_os = "linux")]
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags, no pointers; on success it
+    // returns a new descriptor that nothing else owns.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just returned by the kernel, owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// `pidfd_send_signal(pidfd, sig, NULL, 0)`: signal the process the
+/// descriptor names (ESRCH once it has exited).
+#[cfg(target_os = "linux")]
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: a descriptor, a signal number, a NULL siginfo (the kernel
+    // fills one as kill(2) would) and no flags: no memory is passed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

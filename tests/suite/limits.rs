@@ -1,12 +1,14 @@
 //! Resource limits and whole-job accounting (docs/PROTOCOL.md §4.7),
-//! through the real `executor` binary. Every case runs three ways:
+//! through the real `executor` binary. Every case runs four ways:
 //! - `as_root`: the agent as root, in this machine's own cgroups (v1
 //!   controllers on a hybrid host, the v2 hierarchy for the kill and the
 //!   CPU account);
 //! - `delegated`: the agent as uid 65534 in a subtree of each hierarchy the
 //!   test made and gave to that user (as systemd's `Delegate=yes` does);
 //! - `no_cgroup`: the agent as uid 65534 with nothing delegated: the
-//!   rlimits fallback, or a refusal naming the limit.
+//!   rlimits fallback, or a refusal naming the limit;
+//! - `v1_only`: the agent as root with the unified hierarchy covered, as
+//!   on a host of v1 hierarchies only (the end is a kill loop by pidfds).
 //!
 //! Self-stopping: every job ends on its own within seconds, every forked
 //! process sleeps a bounded time, and each test checks that nothing of its
@@ -24,6 +26,10 @@ enum Mode {
     Root,
     Delegated,
     NoCgroup,
+    /// As root, with the unified hierarchy covered (a host with v1
+    /// hierarchies only): a job's end is `pids.max` at 0 and a kill loop
+    /// by pidfds, not `cgroup.kill`.
+    V1Only,
 }
 
 /// A subtree of each cgroup hierarchy this process is in, given to a
@@ -113,6 +119,21 @@ async fn agent(mode: Mode, config: Option<&str>) -> Option<Agent> {
             c.args(&args);
             (c, None)
         }
+        Mode::V1Only => {
+            let unified = std::path::Path::new("/sys/fs/cgroup/unified");
+            if !unified.join("cgroup.procs").exists() {
+                prerequisite_missing(
+                    "a hybrid host (v1 hierarchies and the unified one at /sys/fs/cgroup/unified)",
+                );
+                return None;
+            }
+            let mut c = tokio::process::Command::new("unshare");
+            c.args(["-m", "--propagation", "private", "sh", "-c"])
+                .arg("mount -t tmpfs none /sys/fs/cgroup/unified && exec \"$0\" \"$@\"")
+                .arg(executor_bin())
+                .args(&args);
+            (c, None)
+        }
         Mode::NoCgroup => {
             let mut c = tokio::process::Command::new("setpriv");
             c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
@@ -140,6 +161,13 @@ async fn agent(mode: Mode, config: Option<&str>) -> Option<Agent> {
     let c = Client::spawn(cmd, ClientOptions::default())
         .await
         .expect("agent");
+    if mode == Mode::V1Only {
+        let mech = mechanisms(&c).await;
+        assert!(
+            mech.contains(&"cgroup_v1".to_string()) && !mech.contains(&"cgroup_v2".to_string()),
+            "an agent with v1 hierarchies only: {mech:?}"
+        );
+    }
     Some(Agent {
         c,
         _delegation: delegation,
@@ -528,6 +556,10 @@ macro_rules! three_ways {
             #[tokio::test]
             async fn no_cgroup() {
                 super::$name(Mode::NoCgroup).await;
+            }
+            #[tokio::test]
+            async fn v1_only() {
+                super::$name(Mode::V1Only).await;
             }
         }
     };
