@@ -11,7 +11,7 @@
 
 use executor_protocol::types::process::{JobLimits, JobUsage, LimitHit};
 use executor_protocol::{ErrorCode, WireError};
-use executor_sandbox::cgroup::{Cgroups, Controller, JobCgroup, Limits};
+use executor_sandbox::cgroup::{Cgroups, Controller, JobCgroup, Limits, Procs};
 use executor_sandbox::spec::Rlimits;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -279,7 +279,7 @@ static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0)
 #[derive(Debug)]
 struct Ahead {
     cgroup: JobCgroup,
-    procs: Vec<OwnedFd>,
+    procs: Vec<Procs>,
 }
 
 static AHEAD: Mutex<Option<Ahead>> = Mutex::new(None);
@@ -290,7 +290,7 @@ fn ahead() -> std::sync::MutexGuard<'static, Option<Ahead>> {
     AHEAD.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn new_job(cg: &Cgroups) -> std::io::Result<(JobCgroup, Vec<OwnedFd>)> {
+fn new_job(cg: &Cgroups) -> std::io::Result<(JobCgroup, Vec<Procs>)> {
     let n = JOBS.fetch_add(1, Ordering::Relaxed);
     let job = cg.make_job(&format!("job-{n}"))?;
     let procs = job.procs()?;
@@ -327,6 +327,15 @@ pub fn job_cgroup(plan: &CgroupPlan) -> Result<(Arc<JobCgroup>, Vec<OwnedFd>), W
         }
         return Err(io("limit", e));
     }
+    // The cpu hierarchy only for a quota: a job without one stays in the
+    // cpu cgroup its supervisor is in (unlimited: the one made ahead, or
+    // the agent's).
+    let quota = plan.limits.cpu_millis_per_sec.is_some();
+    let procs = procs
+        .into_iter()
+        .filter(|p| quota || !p.cpu_only)
+        .map(|p| p.fd)
+        .collect();
     Ok((Arc::new(job), procs))
 }
 
@@ -351,7 +360,8 @@ pub fn refill() {
                     // offer is queued on the spawner's socket, ahead of
                     // that start's fork request.
                     if slot.is_none() {
-                        crate::process::spawner::offer_ready(&procs);
+                        let fds: Vec<&OwnedFd> = procs.iter().map(|p| &p.fd).collect();
+                        crate::process::spawner::offer_ready(&fds);
                         *slot = Some(Ahead { cgroup, procs });
                     }
                 }

@@ -649,9 +649,8 @@ impl Cgroups {
     }
 
     /// Make job `id`'s cgroup without limits (unlimited, as its parent),
-    /// in every hierarchy this agent uses: every job's cgroup has the same
-    /// hierarchies, so that a supervisor that joined one made ahead and
-    /// was handed another's moves wholly (the spawner's standby).
+    /// in every hierarchy this agent uses (the cpu one too, which a job
+    /// joins only for a quota: [`Procs::cpu_only`]).
     pub fn make_job(&self, id: &str) -> io::Result<JobCgroup> {
         let mut job = JobCgroup {
             v2: None,
@@ -785,6 +784,16 @@ fn apply(d: &Path, c: Controller, v2: bool, l: &Limits, overhead: u64) -> io::Re
     Ok(())
 }
 
+/// A job cgroup's `cgroup.procs` in one hierarchy, open for writing.
+#[derive(Debug)]
+pub struct Procs {
+    pub fd: OwnedFd,
+    /// The v1 hierarchy of the cpu controller alone: needed only for a
+    /// CPU quota (joining it is refused to a real-time process where the
+    /// kernel schedules real-time tasks by group, and costs a migration).
+    pub cpu_only: bool,
+}
+
 /// One job's cgroup: a directory in the unified hierarchy and/or in v1
 /// hierarchies. Removed by [`JobCgroup::end`] (or on drop, best effort).
 #[derive(Debug, Default)]
@@ -885,7 +894,7 @@ impl JobCgroup {
 
     /// `cgroup.procs` of each directory, open for writing: the supervisor
     /// writes `0` in each to join.
-    pub fn procs(&self) -> io::Result<Vec<OwnedFd>> {
+    pub fn procs(&self) -> io::Result<Vec<Procs>> {
         let mut dirs: Vec<&PathBuf> = self.v2.iter().collect();
         for (_, d) in &self.v1 {
             if !dirs.contains(&d) {
@@ -894,10 +903,19 @@ impl JobCgroup {
         }
         dirs.into_iter()
             .map(|d| {
+                let cpu_only = self.v2.as_ref() != Some(d)
+                    && self
+                        .v1
+                        .iter()
+                        .filter(|(_, x)| x == d)
+                        .all(|(c, _)| *c == Controller::Cpu);
                 fs::OpenOptions::new()
                     .write(true)
                     .open(d.join("cgroup.procs"))
-                    .map(OwnedFd::from)
+                    .map(|f| Procs {
+                        fd: OwnedFd::from(f),
+                        cpu_only,
+                    })
             })
             .collect()
     }

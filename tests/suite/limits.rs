@@ -996,6 +996,54 @@ async fn the_next_jobs_cgroup_is_made_ahead_delegated() {
     the_next_jobs_cgroup_is_made_ahead(Mode::Delegated).await;
 }
 
+/// An agent running with a real-time policy (`chrt -f`) starts jobs with
+/// the default limits: a real-time process may not join a v1 cpu cgroup
+/// without a real-time budget (EINVAL), and a job without a CPU quota
+/// does not join one (every start once failed so, `sandbox_unavailable`).
+/// A quota is refused with that reason, nothing run.
+#[tokio::test]
+async fn a_real_time_agent_runs_jobs_without_a_quota() {
+    if current_uid() != 0 {
+        prerequisite_missing("root, for a real-time policy");
+        return;
+    }
+    let mut cmd = tokio::process::Command::new("chrt");
+    cmd.args(["-f", "1"]).arg(executor_bin());
+    let c = Client::spawn(cmd, ClientOptions::default())
+        .await
+        .expect("agent");
+    let m = marker();
+    for sb in [None, Some(sandboxed())] {
+        for _ in 0..3 {
+            let (st, out, _) = run(
+                &c,
+                &params(
+                    &["sh", "-c", "echo ran", &m],
+                    JobLimits::default(),
+                    sb.clone(),
+                ),
+            )
+            .await
+            .unwrap();
+            assert_eq!((st.code, out.as_str()), (Some(0), "ran\n"));
+        }
+    }
+    let quota = JobLimits {
+        cpu_millis_per_sec: Some(500),
+        ..Default::default()
+    };
+    match run(&c, &params(&["sh", "-c", "echo ran", &m], quota, None)).await {
+        // Where the kernel does not schedule real-time tasks by group.
+        Ok((st, out, _)) => assert_eq!((st.code, out.as_str()), (Some(0), "ran\n")),
+        Err(e) => {
+            let e = remote(e);
+            assert_eq!(e.code, ErrorCode::SandboxUnavailable, "{e:?}");
+            assert!(e.message.contains("cgroup"), "{}", e.message);
+        }
+    }
+    assert!(none_left(&m).await.is_empty());
+}
+
 /// Starts refused after the job's cgroup was made (cwd missing, program
 /// missing, a limit the kernel rejects) leave no cgroup; limits beyond
 /// what a cgroup takes are `invalid_params` naming the field, not an I/O

@@ -420,7 +420,7 @@ pub async fn fork(
 /// every start from using this cgroup until the offer is queued, ahead of
 /// that start's fork request. No answer; a spawner that is not running,
 /// busy or replaced before the start only costs that start the join.
-pub fn offer_ready(procs: &[OwnedFd]) {
+pub fn offer_ready(procs: &[&OwnedFd]) {
     let Ok(cgroups) = u8::try_from(procs.len()) else {
         return;
     };
