@@ -1014,7 +1014,8 @@ fn read_blocks_go_through_the_descriptor_the_host_opened() {
     );
     assert_eq!(unb64(&r["chunk"]), &data[1_000_001..1_001_001]);
     assert_eq!(r["eof"], json!(false));
-    // The bounds are the dialect's, as before.
+    // The bounds are the dialect's, as before; bad input is answered and
+    // the connection goes on reading.
     is(
         c.err(
             "fs/readBlock",
@@ -1024,6 +1025,25 @@ fn read_blocks_go_through_the_descriptor_the_host_opened() {
             -32600,
             "file read block length must be between 1 and 1048576",
         ),
+    );
+    let (code, _) = c.err(
+        "fs/readBlock",
+        json!({"handleId": "b", "offset": -1, "len": 1}),
+    );
+    assert_eq!(code, -32602);
+    c.s.send_raw("{\"id\": 7, \"method\": \"fs/readBlock\", \"params\": {\"handleId\"");
+    let r = c.s.next();
+    assert!(
+        r.get("error").is_some(),
+        "a malformed line is answered: {r}"
+    );
+    let r = c.ok(
+        "fs/readBlock",
+        json!({"handleId": "b", "offset": (3 << 20) + 100, "len": 100}),
+    );
+    assert_eq!(
+        (unb64(&r["chunk"]), &r["eof"]),
+        (data[(3 << 20) + 100..].to_vec(), &json!(true))
     );
     // Replaced, then removed: the opened inode is read.
     std::fs::write(t.join("other"), b"replaced").unwrap();
