@@ -488,6 +488,7 @@ mod audited {
         fs::OpenParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
         fs::OpenWriteParams => |p, d| { d.path("path", &p.path); d.cwd(p.cwd()) }
         fs::ReadBlockParams => |p, d| { d.num("handle", p.handle) }
+        fs::PassDescriptorParams => |p, d| { d.num("handle", p.handle) }
         fs::WriteBlockParams => |p, d| { d.num("handle", p.handle) }
         fs::CommitParams => |p, d| { d.num("handle", p.handle) }
         fs::CloseParams => |p, d| { d.num("handle", p.handle) }

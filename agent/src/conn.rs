@@ -110,6 +110,24 @@ pub trait Output: AsyncWrite + Unpin + Send + 'static {
         let _ = (from, len);
         std::future::ready(Err(std::io::ErrorKind::Unsupported.into()))
     }
+
+    /// Whether [`Output::send_with_fd`] passes descriptors (a Unix
+    /// socket).
+    fn passes_fds(&self) -> bool {
+        false
+    }
+
+    /// Send a first part of `data` (at least one byte, waiting for room)
+    /// with `fd` attached (`SCM_RIGHTS`); how much of `data` went.
+    /// `Unsupported` when this output cannot.
+    fn send_with_fd<'a>(
+        &'a mut self,
+        data: &'a [u8],
+        fd: BorrowedFd<'a>,
+    ) -> impl Future<Output = std::io::Result<usize>> + Send + 'a {
+        let _ = (data, fd);
+        std::future::ready(Err(std::io::ErrorKind::Unsupported.into()))
+    }
 }
 
 impl Output for tokio::net::unix::pipe::Sender {
@@ -137,6 +155,35 @@ impl Output for tokio::net::unix::pipe::Sender {
 impl Output for tokio::net::unix::OwnedWriteHalf {
     fn splices(&self) -> bool {
         true
+    }
+
+    fn passes_fds(&self) -> bool {
+        true
+    }
+
+    async fn send_with_fd<'a>(
+        &'a mut self,
+        data: &'a [u8],
+        fd: BorrowedFd<'a>,
+    ) -> std::io::Result<usize> {
+        use nix::sys::socket::MsgFlags;
+        use std::os::fd::AsFd;
+        let sock: &tokio::net::UnixStream = self.as_ref();
+        loop {
+            sock.writable().await?;
+            let r = sock.try_io(tokio::io::Interest::WRITABLE, || {
+                executor_sys::send_fds(
+                    sock.as_fd(),
+                    data,
+                    &[fd],
+                    MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+                )
+            });
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
     }
 
     async fn splice_from<'a>(
@@ -205,6 +252,13 @@ struct Conn<'a> {
     generation: Option<u64>,
     /// Whether this connection's writer splices piped blocks.
     splices: bool,
+    /// Whether this connection's writer can pass descriptors (a session
+    /// host's Unix socket).
+    passes_fds: bool,
+    /// Set by an `initialize` that declared `capabilities.descriptors` on
+    /// a connection that [`Conn::passes_fds`]: `fs/passDescriptor` is
+    /// served.
+    descriptors: bool,
 }
 
 /// Serve one connection of `session` until EOF or lost framing, writing the
@@ -227,6 +281,7 @@ where
     let (resp_tx, resp_rx) = mpsc::channel::<OutFrame>(max_in_flight + RESPONSE_QUEUE_SLACK);
     let (note_tx, note_rx) = mpsc::channel::<OutFrame>(NOTIFICATION_QUEUE);
     let splices = output.splices();
+    let passes_fds = output.passes_fds();
     let writer = tokio::spawn(write_loop(output, resp_rx, note_rx, preamble));
     let mut conn = Conn {
         session,
@@ -242,6 +297,8 @@ where
         max_in_flight,
         generation: None,
         splices,
+        passes_fds,
+        descriptors: false,
     };
     let mut decoder = FrameDecoder::new(max_frame);
     let mut buf = BytesMut::with_capacity(256 * 1024);
@@ -498,8 +555,10 @@ fn initialize(conn: &mut Conn<'_>, id: u64, params: rmpv::Value) -> OutFrame {
         return error_frame(id, &dispatch::initialize_again(), max);
     }
     let answers_requests = declares_agent_requests(&params);
+    let descriptors = declares(&params, "descriptors");
     let frame = reply_frame(id, dispatch::initialize(session, params), max);
     if frame.error.is_none() {
+        conn.descriptors = descriptors && conn.passes_fds;
         conn.generation = Some(session.attach(conn.notes.clone(), conn.splices));
         session
             .outbound()
@@ -522,6 +581,11 @@ fn handle_response(conn: &Conn<'_>, id: Option<u64>, result: Result<rmpv::Value,
 /// `initialize.capabilities.agent_requests`, read leniently (a malformed
 /// value is `initialize`'s to refuse).
 fn declares_agent_requests(params: &rmpv::Value) -> bool {
+    declares(params, "agent_requests")
+}
+
+/// `initialize.capabilities.<name>` is `true`, read leniently.
+fn declares(params: &rmpv::Value, name: &str) -> bool {
     let field = |v: &rmpv::Value, name: &str| -> Option<rmpv::Value> {
         v.as_map()?
             .iter()
@@ -529,7 +593,7 @@ fn declares_agent_requests(params: &rmpv::Value) -> bool {
             .map(|(_, v)| v.clone())
     };
     field(params, "capabilities")
-        .and_then(|c| field(&c, "agent_requests"))
+        .and_then(|c| field(&c, name))
         .and_then(|v| v.as_bool())
         .unwrap_or(false)
 }
@@ -572,6 +636,37 @@ fn admit(conn: &Conn<'_>, method: &str) -> Result<(), Refused> {
         return Err(WireError::new(ErrorCode::PolicyDenied, rule)
             .with("method", method)
             .into());
+    }
+    if method == methods::FS_PASS_DESCRIPTOR {
+        admit_descriptors(conn)?;
+    }
+    Ok(())
+}
+
+/// `fs/passDescriptor` is served only to a connection that asked for
+/// descriptors and can carry them, and not while the audit log is on
+/// (it records every `fs/readBlock`; reads through a passed descriptor
+/// would go unrecorded).
+fn admit_descriptors(conn: &Conn<'_>) -> Result<(), Refused> {
+    if !conn.descriptors {
+        let why = if conn.passes_fds {
+            "its initialize did not declare capabilities.descriptors"
+        } else {
+            "it is not a session host's own socket"
+        };
+        return Err(WireError::new(
+            ErrorCode::InvalidRequest,
+            format!("fs/passDescriptor: this connection takes no descriptors ({why})"),
+        )
+        .into());
+    }
+    if conn.session.audit().enabled() {
+        return Err(WireError::new(
+            ErrorCode::PolicyDenied,
+            "fs/passDescriptor: the audit log is on and records every read (use fs/readBlock)",
+        )
+        .with("method", methods::FS_PASS_DESCRIPTOR)
+        .into());
     }
     Ok(())
 }
@@ -757,10 +852,25 @@ fn taken(mut frame: OutFrame) -> OutFrame {
 async fn write_frames<W: Output>(out: &mut W, frames: &mut [OutFrame]) -> std::io::Result<()> {
     let mut start = 0;
     while start < frames.len() {
-        let end = frames[start..]
+        // A frame with a descriptor goes first in its own write, which
+        // carries the descriptor with the frame's first bytes.
+        if frames[start].fd.is_some() && out.passes_fds() {
+            let frame = &mut frames[start];
+            let fd = frame.fd.take().expect("checked");
+            let sent = out
+                .send_with_fd(&frame.bytes, std::os::fd::AsFd::as_fd(&fd))
+                .await?;
+            drop(fd);
+            frame.bytes.drain(..sent);
+        }
+        let end = frames[start + 1..]
+            .iter()
+            .position(|f| f.fd.is_some())
+            .map_or(frames.len(), |i| start + 1 + i);
+        let end = frames[start..end]
             .iter()
             .position(|f| f.piped.is_some())
-            .map_or(frames.len(), |i| start + i + 1);
+            .map_or(end, |i| start + i + 1);
         write_vectored_all(out, &frames[start..end]).await?;
         if let Some(pipe) = frames[end - 1].piped.as_mut() {
             write_piped(out, pipe).await?;

@@ -99,6 +99,7 @@ table! {
     m::FS_COPY => fs::copy::copy,
     m::FS_OPEN => fs::handles::open,
     m::FS_READ_BLOCK => fs::handles::read_block,
+    m::FS_PASS_DESCRIPTOR => fs::handles::pass_descriptor,
     m::FS_READ_STREAM => fs::stream::read_stream,
     m::FS_READ_CREDIT => fs::stream::read_credit,
     m::FS_READ_CANCEL => fs::stream::read_cancel,

@@ -57,6 +57,10 @@ pub struct OutFrame {
     /// The error code when this frame answers with an error (for the
     /// audit log).
     pub error: Option<ErrorCode>,
+    /// A descriptor sent with the frame's first bytes (`SCM_RIGHTS`,
+    /// `fs/passDescriptor`); dropped unsent by a writer that cannot pass
+    /// descriptors.
+    pub fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl OutFrame {
@@ -69,6 +73,7 @@ impl OutFrame {
             permit: None,
             on_taken: None,
             error: None,
+            fd: None,
         }
     }
 
@@ -153,6 +158,11 @@ pub enum Reply {
     /// `{eof, data}` with `data` sent by reference after the frame head
     /// (`fs/readBlock`): a value with a zero-copy tail.
     Block { eof: bool, data: Bytes },
+    /// A value sent with a descriptor (`fs/passDescriptor`).
+    Descriptor {
+        value: Box<dyn ReplyValue>,
+        fd: std::os::fd::OwnedFd,
+    },
     /// A stream's head; `started` fires once the writer has taken it, so
     /// what the stream pushes next (its notifications) follows it on the
     /// wire.
@@ -214,6 +224,13 @@ pub fn reply_frame(id: u64, outcome: Result<Reply, WireError>, max_frame: usize)
                 ),
             }
         }
+        Ok(Reply::Descriptor { value, fd }) => match value.encode(id, max_frame) {
+            Ok(bytes) => OutFrame {
+                fd: Some(fd),
+                ..OutFrame::new(bytes)
+            },
+            Err(e) => internal(e),
+        },
         Ok(Reply::Stream { head, started }) => match head.encode(id, max_frame) {
             Ok(bytes) => OutFrame {
                 on_taken: Some(started),

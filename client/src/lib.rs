@@ -600,6 +600,7 @@ impl Client {
             capabilities: options.egress_policy.is_some().then_some(
                 executor_protocol::types::session::ClientCapabilities {
                     agent_requests: true,
+                    descriptors: false,
                 },
             ),
         };

@@ -263,6 +263,11 @@ method_table! {
     FS_COPY = "fs/copy", fs::CopyParams => fs::CopyResult, FS_WRITES.with_intent("sandbox");
     FS_OPEN = "fs/open", fs::OpenParams => fs::OpenResult, READS.with_intent("sandbox");
     FS_READ_BLOCK = "fs/readBlock", fs::ReadBlockParams => fs::ReadBlockResult, READS;
+    /// A read handle's open file itself, passed with the answer
+    /// (`SCM_RIGHTS`) to a client on the session host's own socket that
+    /// declared `capabilities.descriptors`: its reads then need no
+    /// `fs/readBlock`, which a rule denying it denies this one too.
+    FS_PASS_DESCRIPTOR = "fs/passDescriptor", fs::PassDescriptorParams => fs::PassDescriptorResult, READS.alias_of(&[FS_READ_BLOCK]);
     /// One request for a whole file: the agent pushes its blocks
     /// (`fs/readStream/data`) within a credit the client returns.
     FS_READ_STREAM = "fs/readStream", fs::ReadStreamParams => fs::ReadStreamResult, READS.with_intent("sandbox");
@@ -319,7 +324,7 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), n);
-        assert_eq!(ALL_REQUESTS.len(), 32);
+        assert_eq!(ALL_REQUESTS.len(), 33);
     }
 
     #[test]
@@ -352,8 +357,8 @@ mod facts_tests {
             let read_only = match *m {
                 ENVIRONMENT_INFO | TOOLS_LIST | PROCESS_READ | PROCESS_LIST | FS_STAT
                 | FS_CANONICALIZE | FS_READ_FILE | FS_WALK | FS_READ_LINK | FS_OPEN
-                | FS_READ_BLOCK | FS_READ_STREAM | FS_READ_CREDIT | FS_READ_CANCEL | FS_CLOSE
-                | HTTP_CANCEL => true,
+                | FS_READ_BLOCK | FS_PASS_DESCRIPTOR | FS_READ_STREAM | FS_READ_CREDIT
+                | FS_READ_CANCEL | FS_CLOSE | HTTP_CANCEL => true,
                 PROCESS_START | PROCESS_WRITE | PROCESS_SIGNAL | PROCESS_RESIZE | EXEC_COMMAND
                 | WRITE_STDIN | FS_WRITE_FILE | FS_CREATE_DIRECTORY | FS_REMOVE | FS_RENAME
                 | FS_CREATE_SYMLINK | FS_COPY | FS_OPEN_WRITE | FS_WRITE_BLOCK | FS_COMMIT
@@ -390,7 +395,8 @@ mod facts_tests {
 }
 
 /// Unknown keys: refused, naming the key, in every request the table does
-/// not mark read-only; ignored in read-only ones (docs/PROTOCOL.md §1).
+/// not mark read-only and in `fs/passDescriptor`; ignored in the other
+/// read-only ones (docs/PROTOCOL.md §1).
 #[cfg(test)]
 mod unknown_key_tests {
     use super::*;
@@ -438,7 +444,7 @@ mod unknown_key_tests {
                 ("offset", 0.into()),
                 ("data", Value::Binary(vec![])),
             ]),
-            FS_COMMIT | FS_CLOSE => map(&[handle()]),
+            FS_COMMIT | FS_CLOSE | FS_PASS_DESCRIPTOR => map(&[handle()]),
             FS_READ_CREDIT => map(&[stream(), ("bytes", 1.into())]),
             FS_READ_CANCEL | HTTP_CANCEL => map(&[stream()]),
             HTTP_REQUEST => map(&[("method", "GET".into()), ("url", "http://h/".into())]),
@@ -458,7 +464,9 @@ mod unknown_key_tests {
             validate_params(method, sample(method)).unwrap_or_else(|e| panic!("{method}: {e}"));
             for key in ["zz_unknown", "Argv"] {
                 let got = validate_params(method, with(sample(method), key));
-                if f.is_read_only() {
+                // A descriptor hand-over refuses what it does not know,
+                // read-only as it is.
+                if f.is_read_only() && *method != FS_PASS_DESCRIPTOR {
                     got.unwrap_or_else(|e| panic!("{method} (read-only) refused {key}: {e}"));
                 } else {
                     let e = got.expect_err(method);

@@ -12,8 +12,9 @@
 //! size, the host's addresses). It holds no policy: what to mount, deny or
 //! drop is decided by the sandbox crate.
 //!
-//! Depends only on `libc`, `nix` and `seccompiler` (for the type of a
-//! compiled filter, which [`install_bpf`] takes). All `unsafe` of the
+//! Depends only on `libc`, `nix`, `seccompiler` (for the type of a
+//! compiled filter, which [`install_bpf`] takes) and `bytes` (the buffer
+//! [`recv_fds_into`] appends to). All `unsafe` of the
 //! workspace lives here, apart from the few descriptor hand-overs and
 //! forks of `executor-sandbox`'s trampoline, spawner and namespace pool;
 //! each block carries a `// SAFETY:` comment naming the invariant it
@@ -917,6 +918,91 @@ pub fn recv_fds<const N: usize>(
     })
 }
 
+/// The most descriptors [`recv_fds_into`] takes with one read (more are
+/// closed by the kernel and the read says `truncated`).
+pub const RECV_FDS_MAX: usize = 4;
+
+/// Read what a connected Unix stream socket holds into the free capacity
+/// of `buf` (appended; at least one byte must be free), with the
+/// descriptors sent with it (`SCM_RIGHTS`, close-on-exec, at most
+/// [`RECV_FDS_MAX`]). Never waits: `WouldBlock` when nothing is queued;
+/// `bytes` 0 at EOF. A descriptor comes with the read that takes the
+/// bytes it was sent with, and that read ends with them.
+#[cfg(target_os = "linux")]
+pub fn recv_fds_into(sock: BorrowedFd<'_>, buf: &mut bytes::BytesMut) -> io::Result<Received> {
+    use bytes::BufMut;
+    let room = buf.chunk_mut();
+    if room.len() == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "recv_fds_into: the buffer has no free capacity",
+        ));
+    }
+    let mut iov = libc::iovec {
+        iov_base: room.as_mut_ptr().cast(),
+        iov_len: room.len(),
+    };
+    // CMSG_SPACE of RECV_FDS_MAX ints is 32 bytes on 64-bit Linux; 64 to
+    // spare, u64-aligned as a cmsghdr needs.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data, all-zero valid; its iovec points at the
+    // free capacity of `buf` (writable, `room.len()` bytes, possibly
+    // uninitialised, which the kernel only writes), its control buffer at
+    // the local `control`; both outlive the call.
+    let (n, msg) = unsafe {
+        let space = libc::CMSG_SPACE((RECV_FDS_MAX * std::mem::size_of::<libc::c_int>()) as u32);
+        debug_assert!(space as usize <= std::mem::size_of_val(&control));
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        loop {
+            let n = libc::recvmsg(
+                sock.as_raw_fd(),
+                &mut msg,
+                libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+            );
+            if n >= 0 {
+                break (n as usize, msg);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the CMSG_* walk stays within `msg_controllen` bytes of
+    // `control`, which the kernel filled; an SCM_RIGHTS message's data is
+    // `(cmsg_len - CMSG_LEN(0)) / sizeof(int)` descriptors, installed in
+    // this process by this call and known to nothing else, so each is
+    // owned here once.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<libc::c_int>();
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    // SAFETY: the kernel wrote `n` bytes (at most `room.len()`) at the
+    // start of the free capacity: they are initialised now.
+    unsafe { buf.advance_mut(n) };
+    Ok(Received {
+        bytes: n,
+        truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+        fds,
+    })
+}
+
 /// Move up to `len` bytes from `from` to `to` inside the kernel
 /// (`splice(2)`, one of them a pipe), without blocking: `WouldBlock` when
 /// the source has nothing or the destination has no room.
@@ -1150,4 +1236,45 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// A descriptor sent with a message arrives with the read that takes
+    /// its bytes, the read ends there (bytes after it come with the next),
+    /// and the descriptor is the same open file (its inode).
+    #[test]
+    fn recv_fds_into_takes_the_descriptor_with_its_bytes() {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        let ino = file.metadata().unwrap().ino();
+        std::io::Write::write_all(&mut &a, b"before").unwrap();
+        send_fds(
+            a.as_fd(),
+            b"with",
+            &[file.as_fd()],
+            nix::sys::socket::MsgFlags::empty(),
+        )
+        .unwrap();
+        std::io::Write::write_all(&mut &a, b"after").unwrap();
+        let mut buf = bytes::BytesMut::with_capacity(64);
+        let first = recv_fds_into(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..], b"beforewith");
+        assert!(!first.truncated);
+        assert_eq!(first.fds.len(), 1);
+        let got = std::fs::File::from(first.fds.into_iter().next().unwrap());
+        assert_eq!(got.metadata().unwrap().ino(), ino);
+        let second = recv_fds_into(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..], b"beforewithafter");
+        assert!(second.fds.is_empty(), "{second:?}");
+        // Nothing more queued: never waits.
+        let e = recv_fds_into(b.as_fd(), &mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        drop(a);
+        assert_eq!(recv_fds_into(b.as_fd(), &mut buf).unwrap().bytes, 0);
+    }
 }

@@ -944,3 +944,225 @@ fn a_profile_confining_fs_refuses_a_symlink_leading_out() {
     std::fs::remove_dir_all(&inside).unwrap();
     std::fs::remove_dir_all(&outside).unwrap();
 }
+
+/// Whether process `pid` holds `file` open (by device and inode).
+fn holds(pid: u32, (dev, ino): (u64, u64)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+        .any(|m| (m.dev(), m.ino()) == (dev, ino))
+}
+
+fn identity(p: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).unwrap();
+    (m.dev(), m.ino())
+}
+
+/// `len`-byte blocks of the open `handle` from `offset` to the end:
+/// the data, and whether only the last block said `eof`.
+fn read_all(c: &mut Fs, handle: &str, len: u64) -> (Vec<u8>, bool) {
+    let (mut data, mut eof_last) = (Vec::new(), true);
+    loop {
+        let r = c.ok(
+            "fs/readBlock",
+            json!({"handleId": handle, "offset": data.len(), "len": len}),
+        );
+        data.extend(unb64(&r["chunk"]));
+        if r["eof"] == json!(true) {
+            return (data, eof_last);
+        }
+        eof_last &= (unb64(&r["chunk"]).len() as u64) == len;
+    }
+}
+
+/// With no audit log, `fs/open` gets the session host's open file
+/// (`fs/passDescriptor`): the dialect's process holds the inode the host
+/// opened and reads it itself, byte for byte what is there, block
+/// bounds and `eof` as before; a file replaced or removed after the open
+/// is still read from the opened inode (the path is not looked up
+/// again); `fs/close` lets go of it.
+#[test]
+fn read_blocks_go_through_the_descriptor_the_host_opened() {
+    let t = unique_tempdir("codex-fs-passed");
+    let data: Vec<u8> = (0..(3 << 20) + 123u32)
+        .map(|i| (i.wrapping_mul(7) % 251) as u8)
+        .collect();
+    let big = t.join("big");
+    std::fs::write(&big, &data).unwrap();
+    let opened = identity(&big);
+    let mut c = Fs::start();
+    let pid = c.s.child.id();
+    assert!(!holds(pid, opened), "nothing is open before fs/open");
+    c.ok("fs/open", json!({"handleId": "b", "path": uri(&big)}));
+    assert!(
+        holds(pid, opened),
+        "the dialect holds the file the session host opened"
+    );
+    let (got, eof_last) = read_all(&mut c, "b", 1 << 20);
+    assert!(
+        got == data,
+        "the blocks read are the file ({} bytes)",
+        got.len()
+    );
+    assert!(eof_last, "only the last (short) block says eof");
+    let r = c.ok(
+        "fs/readBlock",
+        json!({"handleId": "b", "offset": 1_000_001, "len": 1000}),
+    );
+    assert_eq!(unb64(&r["chunk"]), &data[1_000_001..1_001_001]);
+    assert_eq!(r["eof"], json!(false));
+    // The bounds are the dialect's, as before; bad input is answered and
+    // the connection goes on reading.
+    is(
+        c.err(
+            "fs/readBlock",
+            json!({"handleId": "b", "offset": 0, "len": 1_048_577}),
+        ),
+        (
+            -32600,
+            "file read block length must be between 1 and 1048576",
+        ),
+    );
+    let (code, _) = c.err(
+        "fs/readBlock",
+        json!({"handleId": "b", "offset": -1, "len": 1}),
+    );
+    assert_eq!(code, -32602);
+    c.s.send_raw("{\"id\": 7, \"method\": \"fs/readBlock\", \"params\": {\"handleId\"");
+    let r = c.s.next();
+    assert!(
+        r.get("error").is_some(),
+        "a malformed line is answered: {r}"
+    );
+    let r = c.ok(
+        "fs/readBlock",
+        json!({"handleId": "b", "offset": (3 << 20) + 100, "len": 100}),
+    );
+    assert_eq!(
+        (unb64(&r["chunk"]), &r["eof"]),
+        (data[(3 << 20) + 100..].to_vec(), &json!(true))
+    );
+    // Replaced, then removed: the opened inode is read.
+    std::fs::write(t.join("other"), b"replaced").unwrap();
+    std::fs::rename(t.join("other"), &big).unwrap();
+    let r = c.ok(
+        "fs/readBlock",
+        json!({"handleId": "b", "offset": 0, "len": 16}),
+    );
+    assert_eq!(unb64(&r["chunk"]), &data[..16]);
+    std::fs::remove_file(&big).unwrap();
+    let (got, _) = read_all(&mut c, "b", 1 << 20);
+    assert!(got == data, "read after removal");
+    c.ok("fs/close", json!({"handleId": "b"}));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while holds(pid, opened) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fs/close lets go of the descriptor"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The connection goes on: a missing file is refused, another opens.
+    let (code, _) = c.err(
+        "fs/open",
+        json!({"handleId": "b", "path": uri(&t.join("missing"))}),
+    );
+    assert_eq!(code, NOT_FOUND.0);
+    std::fs::write(t.join("small"), b"small").unwrap();
+    c.ok(
+        "fs/open",
+        json!({"handleId": "b", "path": uri(&t.join("small"))}),
+    );
+    let r = c.ok(
+        "fs/readBlock",
+        json!({"handleId": "b", "offset": 0, "len": 100}),
+    );
+    assert_eq!(
+        (unb64(&r["chunk"]), &r["eof"]),
+        (b"small".to_vec(), &json!(true))
+    );
+    c.s.close_stdin_and_wait();
+    std::fs::remove_dir_all(&t).unwrap();
+}
+
+/// The methods of the audit log's records (one JSON line each).
+fn audited_methods(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let v: Value = serde_json::from_str(l).ok()?;
+            v["method"].as_str().map(str::to_owned)
+        })
+        .collect()
+}
+
+/// With an audit log configured no descriptor is asked for or passed:
+/// every block is a native `fs/readBlock`, each recorded, and the reads
+/// answer the same.
+#[test]
+fn with_an_audit_log_each_block_is_a_recorded_native_read() {
+    let t = unique_tempdir("codex-fs-audited");
+    let data: Vec<u8> = (0..(1u32 << 20) + 5).map(|i| (i % 253) as u8).collect();
+    std::fs::write(t.join("f"), &data).unwrap();
+    let audit = t.join("audit.jsonl");
+    let config = t.join("config.toml");
+    std::fs::write(&config, format!("[audit]\nfile = {audit:?}\n")).unwrap();
+    let mut c = Fs::start_with(&[OsStr::new("--config"), config.as_os_str()]);
+    let pid = c.s.child.id();
+    c.ok(
+        "fs/open",
+        json!({"handleId": "h", "path": uri(&t.join("f"))}),
+    );
+    assert!(!holds(pid, identity(&t.join("f"))), "no descriptor passed");
+    let (got, _) = read_all(&mut c, "h", 1 << 20);
+    assert!(got == data, "the blocks read are the file");
+    c.ok("fs/close", json!({"handleId": "h"}));
+    c.s.close_stdin_and_wait();
+    let methods = audited_methods(&audit);
+    let count = |m: &str| methods.iter().filter(|x| *x == m).count();
+    assert_eq!(count("fs/open"), 1, "{methods:?}");
+    assert_eq!(count("fs/readBlock"), 2, "{methods:?}");
+    assert_eq!(count("fs/passDescriptor"), 0, "{methods:?}");
+    std::fs::remove_dir_all(&t).unwrap();
+}
+
+/// A profile that denies `fs/readBlock` denies reading through the dialect
+/// as before: no descriptor is passed around the rule (the table makes
+/// `fs/passDescriptor` its alias), the block is refused, nothing of the
+/// file is answered.
+#[test]
+fn a_profile_denying_read_block_passes_no_descriptor() {
+    let t = unique_tempdir("codex-fs-noblocks");
+    std::fs::write(t.join("f"), b"top secret").unwrap();
+    let config = t.join("config.toml");
+    std::fs::write(
+        &config,
+        "[profiles.noblocks]\nmethods.deny = [\"fs/readBlock\"]\n",
+    )
+    .unwrap();
+    let mut c = Fs::start_with(&[
+        OsStr::new("--config"),
+        config.as_os_str(),
+        OsStr::new("--profile"),
+        OsStr::new("noblocks"),
+    ]);
+    let pid = c.s.child.id();
+    c.ok(
+        "fs/open",
+        json!({"handleId": "h", "path": uri(&t.join("f"))}),
+    );
+    assert!(!holds(pid, identity(&t.join("f"))), "no descriptor passed");
+    let r = c.call(
+        "fs/readBlock",
+        json!({"handleId": "h", "offset": 0, "len": 100}),
+    );
+    let (code, msg) = error(&r);
+    assert!(code < 0 && msg.contains("fs/readBlock"), "{r}");
+    assert!(!r.to_string().contains("dG9wIHNlY3JldA"), "{r}");
+    c.s.close_stdin_and_wait();
+    std::fs::remove_dir_all(&t).unwrap();
+}

@@ -909,3 +909,95 @@ async fn open_write_sets_the_times_it_is_given() {
     assert!(std::fs::metadata(d.join("h")).unwrap().mtime() > 1_700_000_000);
     c.close().await.unwrap();
 }
+
+/// `fs/passDescriptor` (docs/PROTOCOL.md §5) is never offered over stdio:
+/// the stdio agent refuses an `initialize` declaring
+/// `capabilities.descriptors` (plain, or asking for a detached session or a
+/// resume, whose bytes it would relay), and without it the method is
+/// `invalid_request` while `fs/readBlock` reads the same handle.
+#[tokio::test]
+async fn descriptors_are_not_offered_over_stdio() {
+    use executor_protocol::methods as m;
+    use executor_protocol::types::session::{ClientCapabilities, SessionParams};
+    let asking = |session: Option<SessionParams>| {
+        let mut p = init_params();
+        p.session = session;
+        p.capabilities = Some(ClientCapabilities {
+            agent_requests: false,
+            descriptors: true,
+        });
+        p
+    };
+    let detached = SessionParams {
+        resume: None,
+        detach_ttl_ms: Some(5_000),
+    };
+    let resuming = SessionParams {
+        resume: Some(executor_protocol::types::session::ResumeParams {
+            session_id: "0".repeat(32),
+            token: "0".repeat(32),
+        }),
+        detach_ttl_ms: None,
+    };
+    for p in [asking(None), asking(Some(detached)), asking(Some(resuming))] {
+        let mut a = RawAgent::spawn().await;
+        let r = a.request(0, m::INITIALIZE, &p).await;
+        assert_eq!(error_code(&r), Some("invalid_request"), "{r:?}");
+        let msg = path(&r, "error.message").and_then(|v| v.as_str());
+        assert!(
+            msg.is_some_and(|m| m.contains("capabilities.descriptors")),
+            "{r:?}"
+        );
+    }
+    let d = unique_tempdir("no-descriptors");
+    std::fs::write(d.join("f"), b"hello").unwrap();
+    let mut a = RawAgent::initialized().await;
+    let r = a
+        .request(
+            1,
+            m::FS_OPEN,
+            &OpenParams {
+                path: p(&d.join("f")),
+                sandbox: None,
+                cwd: None,
+            },
+        )
+        .await;
+    let handle = path(&r, "result.handle").and_then(|v| v.as_u64()).unwrap();
+    let r = a
+        .request(
+            2,
+            m::FS_PASS_DESCRIPTOR,
+            &PassDescriptorParams {
+                handle,
+                sandbox: None,
+                cwd: None,
+            },
+        )
+        .await;
+    assert_eq!(error_code(&r), Some("invalid_request"), "{r:?}");
+    let msg = path(&r, "error.message").and_then(|v| v.as_str());
+    assert!(
+        msg.is_some_and(|m| m.contains("takes no descriptors")),
+        "{r:?}"
+    );
+    let r = a
+        .request(
+            3,
+            m::FS_READ_BLOCK,
+            &ReadBlockParams {
+                handle,
+                offset: 0,
+                length: 5,
+                sandbox: None,
+                cwd: None,
+            },
+        )
+        .await;
+    assert_eq!(
+        path(&r, "result.data").and_then(|v| v.as_slice()),
+        Some(&b"hello"[..]),
+        "{r:?}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

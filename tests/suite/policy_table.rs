@@ -177,7 +177,7 @@ fn valid_params(method: &str, base: &Path, ws: &Path, url: &str, h: &Held) -> Va
             ("data", Value::Binary(b"block".to_vec())),
         ]),
         m::FS_COMMIT => map(&[("handle", h.write_handle.into())]),
-        m::FS_CLOSE => map(&[("handle", h.handle.into())]),
+        m::FS_CLOSE | m::FS_PASS_DESCRIPTOR => map(&[("handle", h.handle.into())]),
         m::HTTP_REQUEST => map(&[
             ("method", "POST".into()),
             ("url", url.into()),

@@ -7,8 +7,14 @@
 //! "Filesystem").
 //!
 //! Client-chosen `handleId`s of `fs/open` map to native read handles, per
-//! connection (closed when it ends). Uses the dialect's wire, uri and
-//! errors modules, [`super::native`] and the protocol crate.
+//! connection (closed when it ends). Where the session host passes a read
+//! handle's open file (`fs/passDescriptor`, checked to be the file the
+//! host opened: [`Passed::check`]), `fs/readBlock` reads it here, with no
+//! native request per block; otherwise each block is a native
+//! `fs/readBlock`. Either way the file was resolved, confined and opened
+//! once, by the native agent. Uses the dialect's wire, uri and errors
+//! modules, [`super::native`], the agent's [`crate::fs`] error words and
+//! the protocol crate.
 
 use super::errors::from_wire;
 use super::wire::{self, code, Id, RpcError};
@@ -61,10 +67,107 @@ const NATIVE_BLOCK: u64 = 1 << 20;
 /// Entries asked of one native `fs/walk` page.
 const WALK_PAGE: u64 = 65_536;
 
-/// The `fs/open` handles of one connection: Codex id → native handle.
+/// The `fs/open` handles of one connection: Codex id → what it opened.
 #[derive(Debug, Default)]
 pub struct Handles {
-    map: Mutex<HashMap<String, u64>>,
+    map: Mutex<HashMap<String, Opened>>,
+}
+
+/// One `fs/open` handle: its native read handle, and the open file itself
+/// when the session host passed it.
+#[derive(Debug, Clone)]
+struct Opened {
+    native: u64,
+    passed: Option<std::sync::Arc<Passed>>,
+}
+
+/// A read handle's open file, passed by the session host and checked.
+#[derive(Debug)]
+struct Passed {
+    file: std::fs::File,
+    /// The path it was opened by (for error messages).
+    path: PathBuf,
+}
+
+impl Passed {
+    /// `fd` as a [`Passed`] if it is the file the host said it opened
+    /// (`dev`, `ino`): a regular file, open for reading only; why not
+    /// otherwise.
+    fn check(
+        fd: std::os::fd::OwnedFd,
+        id: executor_protocol::types::fs::PassDescriptorResult,
+        path: &Path,
+    ) -> Result<Passed, String> {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        use std::os::unix::fs::MetadataExt;
+        let file = std::fs::File::from(fd);
+        let m = file
+            .metadata()
+            .map_err(|e| format!("cannot stat it: {e}"))?;
+        if (m.dev(), m.ino()) != (id.dev, id.ino) {
+            return Err(format!(
+                "it is inode {}:{}, the host opened {}:{}",
+                m.dev(),
+                m.ino(),
+                id.dev,
+                id.ino
+            ));
+        }
+        if !m.is_file() {
+            return Err("it is not a regular file".into());
+        }
+        let flags = fcntl(&file, FcntlArg::F_GETFL).map_err(|e| format!("F_GETFL: {e}"))?;
+        if OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE != OFlag::O_RDONLY {
+            return Err("it is not open for reading only".into());
+        }
+        Ok(Passed {
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Up to `len` bytes at `offset` (fewer at the end of the file) into
+    /// `buf`, as the native `fs/readBlock` reads.
+    fn read(&self, offset: u64, len: usize, buf: &mut Vec<u8>) -> Result<usize, WireError> {
+        use std::os::unix::fs::FileExt;
+        buf.resize(len, 0);
+        let mut got = 0;
+        while got < len {
+            match self.file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(crate::fs::io_error(&e, &self.path, "cannot read")),
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// The session host's open file of native read handle `handle`, when the
+/// connection takes descriptors and the host passes it; `None` (reads go
+/// through native `fs/readBlock`) otherwise.
+async fn passed(conn: &Conn, handle: u64, path: &Path) -> Option<std::sync::Arc<Passed>> {
+    if !conn.descriptors {
+        return None;
+    }
+    match conn.native.pass_descriptor(handle).await {
+        Ok((id, fd)) => match Passed::check(fd, id, path) {
+            Ok(p) => Some(std::sync::Arc::new(p)),
+            Err(why) => {
+                tracing::warn!(
+                    handle,
+                    why,
+                    "refusing the descriptor the session host passed"
+                );
+                None
+            }
+        },
+        Err(e) => {
+            tracing::debug!(error = %e, handle, "no descriptor passed: reading by fs/readBlock");
+            None
+        }
+    }
 }
 
 /// The native `sandbox` and `cwd` of one Codex fs request.
@@ -1097,12 +1200,15 @@ pub async fn open(conn: &Conn, params: Value) -> Result<Value, RpcError> {
             from_wire(&e)
         }
     })?;
+    let passed = passed(conn, r.handle, &path).await;
     // Requests are handled one at a time: the id is still free.
-    conn.files
-        .map
-        .lock()
-        .expect("handles lock")
-        .insert(p.handle_id.clone(), r.handle);
+    conn.files.map.lock().expect("handles lock").insert(
+        p.handle_id.clone(),
+        Opened {
+            native: r.handle,
+            passed,
+        },
+    );
     Ok(json!({"handleId": p.handle_id}))
 }
 
@@ -1122,18 +1228,21 @@ struct ReadBlockArgs {
 /// written straight from the agent's frames into the line (no JSON value
 /// holds it).
 pub async fn read_block(conn: &Conn, id: &Id, params: Value) -> Vec<u8> {
-    match read_block_data(conn, params).await {
+    let (p, opened) = match read_block_args(conn, params) {
+        Ok(a) => a,
+        Err(e) => return wire::response(id, Err(e)),
+    };
+    if let Some(file) = opened.passed {
+        return read_passed(file, id.clone(), p).await;
+    }
+    match read_block_data(conn, opened.native, p).await {
         Ok((pieces, eof)) => wire::chunk_response(id, &pieces, eof),
         Err(e) => wire::response(id, Err(e)),
     }
 }
 
-/// The data `fs/readBlock` answers with, as the agent's frames hold it,
-/// and whether it ends the file.
-async fn read_block_data(
-    conn: &Conn,
-    params: Value,
-) -> Result<(Vec<bytes::Bytes>, bool), RpcError> {
+/// `fs/readBlock`'s params, checked, and the handle they name.
+fn read_block_args(conn: &Conn, params: Value) -> Result<(ReadBlockArgs, Opened), RpcError> {
     let p: ReadBlockArgs = decode(params)?;
     conn.ready("filesystem")?;
     if p.len == 0 || p.len > MAX_READ_BLOCK_BYTES {
@@ -1141,19 +1250,56 @@ async fn read_block_data(
             "file read block length must be between 1 and {MAX_READ_BLOCK_BYTES}"
         )));
     }
-    let Some(handle) = conn
+    let Some(opened) = conn
         .files
         .map
         .lock()
         .expect("handles lock")
         .get(&p.handle_id)
-        .copied()
+        .cloned()
     else {
         return Err(RpcError::new(
             code::NOT_FOUND,
             format!("unknown file handle `{}`", p.handle_id),
         ));
     };
+    Ok((p, opened))
+}
+
+/// `fs/readBlock` through the passed file: read and encoded into the
+/// answer line on a blocking thread (a slow disk stalls no task), into a
+/// buffer that thread keeps (no fresh 1 MiB per block).
+async fn read_passed(file: std::sync::Arc<Passed>, id: Id, p: ReadBlockArgs) -> Vec<u8> {
+    thread_local! {
+        static BLOCK: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let answering = id.clone();
+    let work = move || {
+        BLOCK.with_borrow_mut(|buf| {
+            // At most MAX_READ_BLOCK_BYTES (checked): fits usize.
+            match file.read(p.offset, p.len as usize, buf) {
+                Ok(got) => wire::chunk_response_from(&id, &buf[..got], (got as u64) < p.len),
+                Err(e) => wire::response(&id, Err(from_wire(&e))),
+            }
+        })
+    };
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        wire::response(
+            &answering,
+            Err(RpcError::internal(format!(
+                "internal error (a bug): the block read failed: {e}"
+            ))),
+        )
+    })
+}
+
+/// The data `fs/readBlock` answers with, as the agent's frames hold it,
+/// and whether it ends the file.
+async fn read_block_data(
+    conn: &Conn,
+    handle: u64,
+    p: ReadBlockArgs,
+) -> Result<(Vec<bytes::Bytes>, bool), RpcError> {
     let mut pieces = Vec::new();
     let mut got = 0u64;
     let mut block = p.len;
@@ -1207,8 +1353,8 @@ pub async fn close(conn: &Conn, params: Value) -> Result<Value, RpcError> {
         .lock()
         .expect("handles lock")
         .remove(&p.handle_id);
-    if let Some(handle) = handle {
-        close_native(conn, handle).await;
+    if let Some(opened) = handle {
+        close_native(conn, opened.native).await;
     }
     // Closing an unknown handle is not an error (as the reference).
     Ok(json!({}))
@@ -1239,7 +1385,7 @@ pub async fn close_all(conn: &Conn) {
         .lock()
         .expect("handles lock")
         .drain()
-        .map(|(_, h)| h)
+        .map(|(_, h)| h.native)
         .collect();
     for h in all {
         close_native(conn, h).await;
@@ -1302,6 +1448,45 @@ pub async fn copy(conn: &Conn, params: Value) -> Result<Value, RpcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A descriptor is read through only if it is the inode the host said
+    /// it opened, a regular file, open for reading only; reads then give
+    /// what `fs/readBlock` gives.
+    #[test]
+    fn a_passed_descriptor_is_checked_against_the_file_the_host_opened() {
+        use executor_protocol::types::fs::PassDescriptorResult;
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("executor-passed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (f, g) = (dir.join("f"), dir.join("g"));
+        std::fs::write(&f, b"hello world").unwrap();
+        std::fs::write(&g, b"other").unwrap();
+        let id_of = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            PassDescriptorResult {
+                dev: m.dev(),
+                ino: m.ino(),
+            }
+        };
+        let open = |p: &Path| std::os::fd::OwnedFd::from(std::fs::File::open(p).unwrap());
+        let passed = Passed::check(open(&f), id_of(&f), &f).unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(passed.read(6, 100, &mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"world");
+        assert_eq!(passed.read(100, 10, &mut buf).unwrap(), 0);
+        let e = Passed::check(open(&g), id_of(&f), &f).unwrap_err();
+        assert!(e.contains("the host opened"), "{e}");
+        let rw = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&f)
+            .unwrap();
+        let e = Passed::check(rw.into(), id_of(&f), &f).unwrap_err();
+        assert!(e.contains("reading only"), "{e}");
+        let e = Passed::check(open(&dir), id_of(&dir), &dir).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn os_messages_and_millis() {

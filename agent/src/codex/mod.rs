@@ -72,6 +72,11 @@ pub struct Conn {
     /// Which variables a header may take its value from, asked before
     /// any is read (the native agent asks again).
     pub header_env: HeaderEnv,
+    /// `fs/open` asks the session host for the opened file
+    /// (`fs/passDescriptor`): the connection is the host's socket, the
+    /// profile allows the method and no audit log is configured (the
+    /// host refuses it then: every read is recorded as its own request).
+    pub descriptors: bool,
     phase: Arc<Mutex<Phase>>,
 }
 
@@ -575,6 +580,7 @@ async fn initialize(
         out: out.clone(),
     };
     let profile_sandbox = config.profile.sandbox.is_some();
+    let audited = config.audit.file.is_some() || config.audit.syslog;
     let header_env = HeaderEnv {
         http: config.http.clone(),
         profile: config.profile.clone(),
@@ -596,7 +602,10 @@ async fn initialize(
             version: String::new(),
         },
         session: Some(session),
-        capabilities: None,
+        capabilities: Some(executor_protocol::types::session::ClientCapabilities {
+            agent_requests: false,
+            descriptors: true,
+        }),
     };
     let r: executor_protocol::types::session::InitializeResult = match native
         .call(executor_protocol::methods::INITIALIZE, &init)
@@ -617,6 +626,7 @@ async fn initialize(
             });
         }
     };
+    let conn_native_on_host = native.on_host();
     let conn = Arc::new(Conn {
         native,
         out: out.clone(),
@@ -626,6 +636,11 @@ async fn initialize(
         lanes: Lanes::default(),
         profile_sandbox,
         header_env,
+        descriptors: !audited
+            && conn_native_on_host
+            && r.methods
+                .iter()
+                .any(|m| m == executor_protocol::methods::FS_PASS_DESCRIPTOR),
         phase: phase.clone(),
     });
     *conn_slot.lock().expect("conn slot") = Some(Arc::downgrade(&conn));

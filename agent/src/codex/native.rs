@@ -7,7 +7,15 @@
 //! reader task (so a hook attached to an answer runs before any later
 //! frame is looked at).
 //!
-//! Uses the protocol crate, [`crate::host`] and [`crate::config`].
+//! On a session host's socket the reader reads with `recvmsg`: the
+//! descriptor an `fs/passDescriptor` answer carries (`SCM_RIGHTS`, with
+//! the frame's first bytes) is taken with the bytes and handed to that
+//! answer ([`Native::pass_descriptor`]). Descriptors are accepted on this
+//! connection only: the dialect's own, to the session host it started or
+//! resumed (the host checked it is the same uid).
+//!
+//! Uses the protocol crate, `executor-sys` (`recvmsg`), [`crate::host`]
+//! and [`crate::config`].
 
 use bytes::{Bytes, BytesMut};
 use executor_protocol::codec::FrameDecoder;
@@ -15,8 +23,9 @@ use executor_protocol::error::{ErrorCode, WireError};
 use executor_protocol::message::{self, Incoming};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -29,6 +38,10 @@ const MAX_FRAME: usize = 80 << 20;
 /// next one's head fit).
 const READ_BUF: usize = 2 << 20;
 
+/// Descriptors received and not yet handed to their answers, at most
+/// (the dialect asks for one at a time; a host sending more is broken).
+const MAX_HELD_FDS: usize = 8;
+
 /// A hook run on the reader task with an answer's result before later
 /// frames are handled.
 pub type Hook = Box<dyn FnOnce(&rmpv::Value) + Send>;
@@ -37,13 +50,22 @@ pub type Hook = Box<dyn FnOnce(&rmpv::Value) + Send>;
 /// recognised in its frame and kept there (its data not copied).
 enum Answer {
     Value(rmpv::Value),
-    Block { eof: bool, data: Bytes },
+    Block {
+        eof: bool,
+        data: Bytes,
+    },
+    /// An `fs/passDescriptor` answer and the descriptor that came with it
+    /// (`None` if none did).
+    Descriptor {
+        value: rmpv::Value,
+        fd: Option<OwnedFd>,
+    },
 }
 
 impl Answer {
     fn into_value(self) -> rmpv::Value {
         match self {
-            Answer::Value(v) => v,
+            Answer::Value(v) | Answer::Descriptor { value: v, .. } => v,
             Answer::Block { eof, data } => rmpv::Value::Map(vec![
                 ("eof".into(), eof.into()),
                 ("data".into(), rmpv::Value::Binary(data.to_vec())),
@@ -55,6 +77,8 @@ impl Answer {
 struct Pending {
     tx: oneshot::Sender<Result<Answer, WireError>>,
     hook: Option<Hook>,
+    /// A successful answer comes with a descriptor (`fs/passDescriptor`).
+    fd: bool,
 }
 
 /// A client of the in-process native agent.
@@ -66,6 +90,9 @@ pub struct Native {
     reader: Mutex<Option<tokio::task::AbortHandle>>,
     pending: Mutex<Option<HashMap<u64, Pending>>>,
     next_id: AtomicU64,
+    /// Set once the connection is a session host's socket (descriptors
+    /// can come on it).
+    on_host: Arc<AtomicBool>,
 }
 
 /// What the native agent sends that is not an answer.
@@ -93,12 +120,14 @@ impl Native {
     ) -> Arc<Native> {
         let (tx, rx) = mpsc::channel::<Vec<u8>>(256);
         let (link_tx, link_rx) = oneshot::channel::<Link>();
-        tokio::spawn(link(config, launch, rx, link_tx));
+        let on_host = Arc::new(AtomicBool::new(false));
+        tokio::spawn(link(config, launch, rx, link_tx, on_host.clone()));
         let native = Arc::new(Native {
             to_agent: Mutex::new(Some(tx)),
             reader: Mutex::new(None),
             pending: Mutex::new(Some(HashMap::new())),
             next_id: AtomicU64::new(1),
+            on_host,
         });
         let reader = native.clone();
         let task = tokio::spawn(async move {
@@ -123,11 +152,14 @@ impl Native {
 
     async fn read_loop(
         &self,
-        mut from_agent: Box<dyn AsyncRead + Send + Unpin>,
+        mut from_agent: Source,
         preamble: bool,
         notes: &mut impl Notes,
     ) -> std::io::Result<()> {
         if preamble {
+            let Source::Stream(from_agent) = &mut from_agent else {
+                return Err(std::io::Error::other("a session host sends no preamble"));
+            };
             let mut got = [0u8; executor_protocol::PREAMBLE.len()];
             from_agent.read_exact(&mut got).await?;
             if &got != executor_protocol::PREAMBLE {
@@ -136,6 +168,7 @@ impl Native {
         }
         let mut decoder = FrameDecoder::new(MAX_FRAME);
         let mut buf = BytesMut::with_capacity(READ_BUF);
+        let mut fds = VecDeque::new();
         loop {
             while let Some(frame) = decoder
                 .decode(&mut buf)
@@ -143,14 +176,14 @@ impl Native {
             {
                 if let Some((id, eof, start)) = message::read_block_response(&frame) {
                     let data = frame.freeze().slice(start..);
-                    self.answer(id, Ok(Answer::Block { eof, data }));
+                    self.answer(id, Ok(Answer::Block { eof, data }), &mut fds);
                     continue;
                 }
                 match Incoming::decode(&frame) {
                     Ok(Incoming::Response {
                         id: Some(id),
                         result,
-                    }) => self.answer(id, result.map(Answer::Value)),
+                    }) => self.answer(id, result.map(Answer::Value), &mut fds),
                     Ok(Incoming::Response { id: None, result }) => {
                         tracing::warn!(?result, "native answer without an id");
                     }
@@ -170,13 +203,15 @@ impl Native {
             if buf.capacity() - buf.len() < READ_BUF / 4 {
                 buf.reserve(READ_BUF);
             }
-            if from_agent.read_buf(&mut buf).await? == 0 {
+            if from_agent.read_buf(&mut buf, &mut fds).await? == 0 {
                 return Ok(());
             }
         }
     }
 
-    fn answer(&self, id: u64, result: Result<Answer, WireError>) {
+    /// Hand `result` to request `id`; an `fs/passDescriptor` answer takes
+    /// the oldest descriptor received (the one sent with its frame).
+    fn answer(&self, id: u64, result: Result<Answer, WireError>, fds: &mut VecDeque<OwnedFd>) {
         let p = self
             .pending
             .lock()
@@ -184,6 +219,13 @@ impl Native {
             .as_mut()
             .and_then(|m| m.remove(&id));
         if let Some(p) = p {
+            let result = match result {
+                Ok(Answer::Value(value)) if p.fd => Ok(Answer::Descriptor {
+                    value,
+                    fd: fds.pop_front(),
+                }),
+                r => r,
+            };
             let result = match (p.hook, result) {
                 (Some(hook), Ok(a)) => {
                     let v = a.into_value();
@@ -210,14 +252,38 @@ impl Native {
         params: &P,
     ) -> Result<R, WireError> {
         let v = self.call_value(method, params, None).await?;
-        rmpv::ext::from_value(v).map_err(|e| {
-            WireError::new(
+        decoded(method, v)
+    }
+
+    /// Whether descriptors can come on this connection (it is a session
+    /// host's socket).
+    pub fn on_host(&self) -> bool {
+        self.on_host.load(Ordering::Acquire)
+    }
+
+    /// `fs/passDescriptor`: the read handle's open file, as the session
+    /// host sent it, and the identity the host gave for it (the caller
+    /// checks the descriptor against it).
+    pub async fn pass_descriptor(
+        &self,
+        handle: u64,
+    ) -> Result<(executor_protocol::types::fs::PassDescriptorResult, OwnedFd), WireError> {
+        let method = executor_protocol::methods::FS_PASS_DESCRIPTOR;
+        let params = executor_protocol::types::fs::PassDescriptorParams {
+            handle,
+            sandbox: None,
+            cwd: None,
+        };
+        match self.ask_with(method, &params, None, true).await? {
+            Answer::Descriptor {
+                value,
+                fd: Some(fd),
+            } => Ok((decoded(method, value)?, fd)),
+            _ => Err(WireError::new(
                 ErrorCode::Internal,
-                format!(
-                    "internal error (a bug): the agent's answer to {method} did not decode: {e}"
-                ),
-            )
-        })
+                "the session host answered fs/passDescriptor without a descriptor",
+            )),
+        }
     }
 
     /// Send `method`; `hook` runs on the answer (when it is a result)
@@ -242,7 +308,7 @@ impl Native {
             .await?
         {
             Answer::Block { eof, data } => Ok((eof, data)),
-            Answer::Value(v) => {
+            Answer::Value(v) | Answer::Descriptor { value: v, .. } => {
                 let r: executor_protocol::types::fs::ReadBlockResult =
                     rmpv::ext::from_value(v).map_err(|e| {
                         WireError::new(
@@ -263,6 +329,17 @@ impl Native {
         params: &P,
         hook: Option<Hook>,
     ) -> Result<Answer, WireError> {
+        self.ask_with(method, params, hook, false).await
+    }
+
+    /// Send `method`; `fd`: its successful answer comes with a descriptor.
+    async fn ask_with<P: Serialize>(
+        &self,
+        method: &str,
+        params: &P,
+        hook: Option<Hook>,
+        fd: bool,
+    ) -> Result<Answer, WireError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut frame = Vec::new();
         message::encode_request(&mut frame, id, method, params, MAX_FRAME).map_err(|e| {
@@ -271,7 +348,7 @@ impl Native {
         let (tx, rx) = oneshot::channel();
         match self.pending.lock().expect("pending lock").as_mut() {
             Some(m) => {
-                m.insert(id, Pending { tx, hook });
+                m.insert(id, Pending { tx, hook, fd });
             }
             None => return Err(gone()),
         }
@@ -317,9 +394,59 @@ impl Native {
     }
 }
 
+/// What the reader reads the agent's frames from.
+enum Source {
+    /// A session host's socket, read with `recvmsg` (descriptors kept in
+    /// the order they came).
+    Host(tokio::net::unix::OwnedReadHalf),
+    /// An in-process agent's pipe.
+    Stream(Box<dyn AsyncRead + Send + Unpin>),
+}
+
+impl Source {
+    /// Append what is there to `buf` (0 at EOF); descriptors that came
+    /// with it go to the back of `fds`.
+    async fn read_buf(
+        &mut self,
+        buf: &mut BytesMut,
+        fds: &mut VecDeque<OwnedFd>,
+    ) -> std::io::Result<usize> {
+        use std::os::fd::AsFd;
+        let half = match self {
+            Source::Stream(r) => return r.read_buf(buf).await,
+            Source::Host(half) => half,
+        };
+        let sock: &tokio::net::UnixStream = half.as_ref();
+        loop {
+            sock.readable().await?;
+            let r = sock.try_io(tokio::io::Interest::READABLE, || {
+                executor_sys::recv_fds_into(sock.as_fd(), buf)
+            });
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+                Ok(got) => {
+                    if got.truncated {
+                        return Err(std::io::Error::other(
+                            "the session host sent more descriptors at once than are taken",
+                        ));
+                    }
+                    if fds.len() + got.fds.len() > MAX_HELD_FDS {
+                        return Err(std::io::Error::other(format!(
+                            "the session host sent more than {MAX_HELD_FDS} descriptors no answer took"
+                        )));
+                    }
+                    fds.extend(got.fds);
+                    return Ok(got.bytes);
+                }
+            }
+        }
+    }
+}
+
 /// Where the reader reads the agent's frames from.
 struct Link {
-    from_agent: Box<dyn AsyncRead + Send + Unpin>,
+    from_agent: Source,
     /// Whether the agent's preamble comes first (an in-process agent
     /// writes it; a session host's socket carries frames only).
     preamble: bool,
@@ -333,6 +460,7 @@ async fn link(
     launch: crate::host::Launch,
     mut rx: mpsc::Receiver<Vec<u8>>,
     reader: oneshot::Sender<Link>,
+    on_host: Arc<AtomicBool>,
 ) {
     let Some(first) = rx.recv().await else {
         return;
@@ -342,8 +470,9 @@ async fn link(
         match crate::host::route(Some(payload), &config, &launch).await {
             crate::host::Route::Host(stream) => {
                 let (from_host, to_host) = stream.into_split();
+                on_host.store(true, Ordering::Release);
                 let _ = reader.send(Link {
-                    from_agent: Box::new(from_host),
+                    from_agent: Source::Host(from_host),
                     preamble: false,
                 });
                 Box::new(to_host)
@@ -368,7 +497,7 @@ async fn link(
                     session.shutdown().await;
                 });
                 let _ = reader.send(Link {
-                    from_agent: Box::new(from_agent),
+                    from_agent: Source::Stream(Box::new(from_agent)),
                     preamble: true,
                 });
                 Box::new(to_agent_w)
@@ -382,6 +511,16 @@ async fn link(
         frame = rx.recv().await;
     }
     let _ = to_agent.shutdown().await;
+}
+
+/// The agent's answer to `method`, decoded as `R`.
+fn decoded<R: DeserializeOwned>(method: &str, v: rmpv::Value) -> Result<R, WireError> {
+    rmpv::ext::from_value(v).map_err(|e| {
+        WireError::new(
+            ErrorCode::Internal,
+            format!("internal error (a bug): the agent's answer to {method} did not decode: {e}"),
+        )
+    })
 }
 
 fn gone() -> WireError {

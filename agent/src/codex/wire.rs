@@ -235,7 +235,17 @@ pub fn response(id: &Id, result: Result<Value, RpcError>) -> Vec<u8> {
 /// byte for byte (keys in order, base64 needs no escape), with the base64
 /// written straight from `pieces` (the data, in order) into the line.
 pub fn chunk_response(id: &Id, pieces: &[bytes::Bytes], eof: bool) -> Vec<u8> {
-    let data_len: usize = pieces.iter().map(|p| p.len()).sum();
+    match pieces {
+        [] => chunk_response_from(id, &[], eof),
+        [one] => chunk_response_from(id, one, eof),
+        // A block the agent answered in parts: joined first.
+        many => chunk_response_from(id, &many.concat(), eof),
+    }
+}
+
+/// [`chunk_response`] of one piece of data.
+pub fn chunk_response_from(id: &Id, data: &[u8], eof: bool) -> Vec<u8> {
+    let data_len = data.len();
     let b64_len = base64::encoded_len(data_len, true).expect("a block's base64 fits");
     let mut out = Vec::with_capacity(b64_len + 64);
     out.extend_from_slice(b"{\"id\":");
@@ -243,14 +253,8 @@ pub fn chunk_response(id: &Id, pieces: &[bytes::Bytes], eof: bool) -> Vec<u8> {
     out.extend_from_slice(b",\"result\":{\"chunk\":\"");
     // base64-simd (SIMD chosen at run time) rather than the base64
     // crate's scalar engine: this encode is most of the dialect's work per
-    // block read. Several pieces (a block the agent answered in parts)
-    // are joined first.
-    let b64 = &base64_simd::STANDARD;
-    match pieces {
-        [] => {}
-        [one] => b64.encode_append(one, &mut out),
-        many => b64.encode_append(many.concat(), &mut out),
-    }
+    // block read.
+    base64_simd::STANDARD.encode_append(data, &mut out);
     out.extend_from_slice(if eof {
         b"\",\"eof\":true}}\n"
     } else {

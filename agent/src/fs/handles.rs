@@ -1,5 +1,5 @@
-//! Streaming handles: `fs/open` + `fs/readBlock`, `fs/openWrite` +
-//! `fs/writeBlock` + `fs/commit`, and `fs/close`.
+//! Streaming handles: `fs/open` + `fs/readBlock` (or `fs/passDescriptor`),
+//! `fs/openWrite` + `fs/writeBlock` + `fs/commit`, and `fs/close`.
 //!
 //! A read handle keeps the opened file (not the path): reads continue from
 //! the same inode after the path is replaced. A write handle writes a temp
@@ -85,6 +85,34 @@ pub async fn read_block(s: &Arc<Session>, p: ReadBlockParams) -> Result<Reply, W
         Ok(Reply::Block {
             eof,
             data: Bytes::from(data),
+        })
+    })
+    .await
+}
+
+/// `fs/passDescriptor`: a duplicate of the read handle's open file (read
+/// only, as `fs/open` opened it) and its identity; the connection decides
+/// whether it may be sent (`conn::admit`), its writer sends it with the
+/// answer. The path is not looked up again: the handle's file is.
+pub async fn pass_descriptor(
+    s: &Arc<Session>,
+    p: PassDescriptorParams,
+) -> Result<Reply, WireError> {
+    use std::os::unix::fs::MetadataExt;
+    let (file, path) = s.handles().reader(p.handle)?;
+    blocking(move || {
+        let m = file
+            .metadata()
+            .map_err(|e| io_error(&e, &path, "cannot stat"))?;
+        let dup = file
+            .try_clone()
+            .map_err(|e| io_error(&e, &path, "cannot duplicate the descriptor of"))?;
+        Ok(Reply::Descriptor {
+            value: Box::new(PassDescriptorResult {
+                dev: m.dev(),
+                ino: m.ino(),
+            }),
+            fd: dup.into(),
         })
     })
     .await

@@ -46,6 +46,22 @@ fn wants(frame: &[u8]) -> Wants {
     }
 }
 
+/// Whether the first frame is an `initialize` declaring
+/// `capabilities.descriptors`.
+fn asks_for_descriptors(frame: &[u8]) -> bool {
+    match Incoming::decode(frame) {
+        Ok(Incoming::Request { method, params, .. }) if method == methods::INITIALIZE => {
+            executor_protocol::message::from_params::<
+                executor_protocol::types::session::InitializeParams,
+            >(params)
+            .ok()
+            .and_then(|p| p.capabilities)
+            .is_some_and(|c| c.descriptors)
+        }
+        _ => false,
+    }
+}
+
 /// Why resumes cannot work on this host, when it says so: systemd-logind
 /// set to kill a user's processes at logout.
 fn logind_kills_processes() -> bool {
@@ -104,9 +120,16 @@ where
         replay.extend_from_slice(f);
     }
     replay.extend_from_slice(&buf);
-    let refusal = match route(first.as_deref(), &config, &launch).await {
-        Route::Host(stream) => return relay(stream, replay, input, output).await,
-        Route::Here(refusal) => refusal,
+    // Descriptors cannot cross the relay (it moves bytes): a client that
+    // asks for them is served here, where its initialize is refused
+    // (`Session::initialize`), and no session host starts.
+    let refusal = if first.as_deref().is_some_and(asks_for_descriptors) {
+        None
+    } else {
+        match route(first.as_deref(), &config, &launch).await {
+            Route::Host(stream) => return relay(stream, replay, input, output).await,
+            Route::Here(refusal) => refusal,
+        }
     };
     let session = Arc::new(Session::from_config(config, Mode::Plain { refusal })?);
     let input = std::io::Cursor::new(replay).chain(input);

@@ -402,6 +402,18 @@ impl Session {
                 ));
             }
         }
+        // Descriptors go only over a session host's own socket: a stdio
+        // agent's connection (served here, or relayed) cannot carry them.
+        // (A session asked for and refused is answered with its refusal.)
+        if matches!(self.mode, Mode::Plain { refusal: None })
+            && p.capabilities.is_some_and(|c| c.descriptors)
+        {
+            return Err(WireError::new(
+                ErrorCode::InvalidRequest,
+                "capabilities.descriptors: descriptors are passed only to a client on a \
+                 session host's own socket, not through the stdio agent",
+            ));
+        }
         if let Some(resume) = p.session.as_ref().and_then(|s| s.resume.as_ref()) {
             return self.resume(resume, ttl);
         }

@@ -240,6 +240,24 @@ pub struct ReadBlockResult {
 }
 
 fs_params! {
+    /// `fs/passDescriptor`: the open file of read handle `handle`.
+    #[serde(deny_unknown_fields)]
+    pub struct PassDescriptorParams {
+        pub handle: u64,
+    }
+}
+
+/// `fs/passDescriptor`'s answer; the descriptor itself travels beside the
+/// frame (`SCM_RIGHTS`, with its first byte). `dev` and `ino` name the
+/// file the host opened: the receiver checks the descriptor it got is that
+/// file before it reads through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassDescriptorResult {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+fs_params! {
     /// `fs/readStream`: exactly one of `path` (resolved as `fs/open`
     /// resolves it) and `handle` (a read handle of `fs/open`).
     pub struct ReadStreamParams {

@@ -25,6 +25,11 @@ pub struct ClientCapabilities {
     /// The client answers requests from the agent (`network/policyRequest`).
     #[serde(default)]
     pub agent_requests: bool,
+    /// The client takes open files as descriptors (`fs/passDescriptor`):
+    /// honoured only on a session host's own Unix socket (a stdio agent
+    /// refuses an `initialize` that declares it).
+    #[serde(default)]
+    pub descriptors: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
