@@ -766,7 +766,9 @@ async fn tmp_is_bounded(mode: Mode) {
         },
         ..Default::default()
     };
-    let write = "head -c 12582912 /dev/zero > /tmp/big; echo rc=$?; \
+    // head's error on the same stream as the rest (two pipes' chunks may
+    // arrive in either order).
+    let write = "head -c 12582912 /dev/zero 2>&1 > /tmp/big; echo rc=$?; \
                  df -k /tmp | tail -n 1 | tr -s ' ' | cut -d' ' -f2";
     let small = JobLimits {
         tmp_bytes: Some(8 << 20),
