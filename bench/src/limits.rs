@@ -92,7 +92,7 @@ pub async fn start_cost(iterations: usize) -> anyhow::Result<Row> {
         goal: "≤ +0.3 ms".into(),
         met: Some(extra <= 0.3),
         note: format!(
-            "+{extra:.2} ms for the job's cgroup made at the start (a directory in the v1 memory, pids and cpu hierarchies and the v2 one, the limits written, the supervisor joining them by its `cgroup.procs` descriptors) and ended after the exit (`cgroup.kill`, the account read, the directories removed before `process/exited`); with the default limits only (memory and pids directories): {:.0} µs (+{:.2} ms)",
+            "+{extra:.2} ms for the job's cgroup: made ahead (a directory in the v1 memory, pids and cpu hierarchies and the v2 one) and joined by the spawner's standby supervisor while it waited; at the start the limits written; at the end `cgroup.kill` and the account read before `process/exited`, the directories removed after it; with the default limits only (`processes`: the job stays out of the v1 cpu hierarchy): {:.0} µs ({:+.2} ms)",
             ms(dflt) * 1e3,
             ms(dflt) - ms(none)
         ),
