@@ -1404,3 +1404,202 @@ async fn without_a_cgroup_the_fallbacks_bind_the_job_and_the_file_is_required() 
         "{degraded:?}"
     );
 }
+
+/// The pid of the spawner's standby supervisor and the name of the
+/// cgroup made ahead it holds alone (waited for, up to 5 s), among the
+/// `job-*` directories `list` gives.
+async fn the_standby(list: impl Fn() -> Vec<PathBuf>) -> (u32, String) {
+    for _ in 0..250 {
+        for d in list() {
+            if holds_the_standby_alone(&d) {
+                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                if let (Some(pid), Some(name)) = (
+                    procs.split_whitespace().next().and_then(|p| p.parse().ok()),
+                    d.file_name(),
+                ) {
+                    return (pid, name.to_string_lossy().into_owned());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no standby supervisor in a cgroup made ahead: {:?}", list());
+}
+
+/// Adversarial pass on the cgroup made ahead: another job's end does not
+/// reach the standby supervisor waiting in the next job's cgroup (it is
+/// alive and still there after a job ended by `cgroup.kill`); a standby
+/// SIGKILLed from outside is replaced, and the next start still runs in
+/// the cgroup made ahead with its own limit, alone there (no other job's
+/// process, no second supervisor); the start after it runs in a cgroup of
+/// its own; nothing is left after.
+#[tokio::test]
+async fn a_standby_killed_from_outside_or_by_another_jobs_end_costs_no_job_its_cgroup() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let m = marker();
+    let limits = |n| JobLimits {
+        processes: Some(n),
+        ..Default::default()
+    };
+    let keep =
+        a.c.start(&params(&["sh", "-c", "sleep 20; :", &m], limits(5), None))
+            .await
+            .unwrap();
+    let agent_pid = agent_of_job(keep.pid());
+    let prefix = format!("executor-{agent_pid}-");
+    let all = || -> Vec<PathBuf> {
+        own_cgroup_dirs()
+            .iter()
+            .flat_map(|b| job_dirs_under(b, &prefix))
+            .collect()
+    };
+    let (standby, ahead) = the_standby(&all).await;
+    // Another job's end (its cgroup killed whole) leaves the standby be.
+    keep.signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .unwrap();
+    assert!(none_left(&m).await.is_empty());
+    let keep_gone = jobs_only(&all).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        alive(standby),
+        "the standby {standby} outlived another job's end"
+    );
+    let (still, still_in) = the_standby(&all).await;
+    assert_eq!((still, still_in.as_str()), (standby, ahead.as_str()));
+    // Killed from outside: replaced; the next start runs in the cgroup
+    // made ahead all the same, with its limit, alone.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(standby as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(wait_dead(standby, Duration::from_secs(5)).await);
+    let script = "p=$(grep ':pids:' /proc/self/cgroup | cut -d: -f3); \
+                  echo $p; cat /sys/fs/cgroup/pids$p/pids.max; \
+                  wc -w < /sys/fs/cgroup/pids$p/cgroup.procs";
+    let (st, out, _) = run(&a.c, &params(&["sh", "-c", script], limits(7), None))
+        .await
+        .unwrap();
+    assert_eq!(st.code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].ends_with(&format!("/{ahead}")),
+        "the job runs in the cgroup made ahead ({ahead}): {out}"
+    );
+    assert_eq!(lines[1], "8", "7 and its supervisor: {out}");
+    // sh, its command substitution's or wc's process, and the supervisor:
+    // nothing else (no dead standby's replacement, no other job).
+    let n: u32 = lines[2].trim().parse().unwrap();
+    assert!((2..=3).contains(&n), "processes in the job's cgroup: {out}");
+    // A new standby waits in a new cgroup made ahead; the next start runs
+    // there.
+    let (again, next) = the_standby(&all).await;
+    assert_ne!(again, standby);
+    assert_ne!(next, ahead);
+    let (st, out, _) = run(&a.c, &params(&["sh", "-c", script], limits(5), None))
+        .await
+        .unwrap();
+    assert_eq!(st.code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].ends_with(&format!("/{next}")), "{next}: {out}");
+    assert_eq!(lines[1], "6", "{out}");
+    // Nothing of any job is left.
+    let mut left = Vec::new();
+    for _ in 0..250 {
+        left = jobs_only(&all).await;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(left.is_empty(), "left: {left:?} (before: {keep_gone:?})");
+}
+
+/// An agent that exits right after a start (the next job's cgroup being
+/// made ahead on a blocking thread) leaves no directory of its own in any
+/// hierarchy and no standby supervisor or spawner behind: its exit ends
+/// the cgroup made ahead with the standby in it.
+#[tokio::test]
+async fn an_agents_exit_right_after_a_start_leaves_no_cgroup_and_no_standby() {
+    for _ in 0..3 {
+        let Some(a) = agent(Mode::Root, None).await else {
+            return;
+        };
+        let m = marker();
+        let first =
+            a.c.start(&params(
+                &["sh", "-c", "sleep 1; :", &m],
+                JobLimits::default(),
+                None,
+            ))
+            .await
+            .unwrap();
+        let agent_pid = agent_of_job(first.pid());
+        let prefix = format!("executor-{agent_pid}-");
+        let all = || -> Vec<PathBuf> {
+            own_cgroup_dirs()
+                .iter()
+                .flat_map(|b| job_dirs_under(b, &prefix))
+                .collect()
+        };
+        let (standby, _) = the_standby(&all).await;
+        let spawner = parent_pid(standby);
+        // The exit comes while the refill after this start is under way.
+        let last =
+            a.c.start(&params(
+                &["sh", "-c", "exit 0", &m],
+                JobLimits::default(),
+                None,
+            ))
+            .await
+            .unwrap();
+        drop(last);
+        drop(first);
+        let own: Vec<PathBuf> = own_cgroup_dirs()
+            .into_iter()
+            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .collect();
+        assert!(!own.is_empty(), "the agent's own directories");
+        let Agent { c, _delegation } = a;
+        c.close().await.unwrap();
+        assert!(wait_dead(agent_pid, Duration::from_secs(10)).await);
+        assert!(none_left(&m).await.is_empty());
+        for p in [standby, spawner] {
+            assert!(wait_dead(p, Duration::from_secs(5)).await, "{p} left");
+        }
+        let mut left = own.clone();
+        for _ in 0..100 {
+            left.retain(|d| d.exists());
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let procs: Vec<String> = left
+            .iter()
+            .flat_map(|d| {
+                std::fs::read_dir(d)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| {
+                        format!(
+                            "{}: {:?}",
+                            e.path().display(),
+                            std::fs::read_to_string(e.path().join("cgroup.procs"))
+                        )
+                    })
+            })
+            .collect();
+        assert!(left.is_empty(), "left: {left:?} {procs:?}");
+    }
+}
