@@ -1603,3 +1603,93 @@ async fn an_agents_exit_right_after_a_start_leaves_no_cgroup_and_no_standby() {
         assert!(left.is_empty(), "left: {left:?} {procs:?}");
     }
 }
+
+/// Adversarial pass: on a host of v1 hierarchies only where the agent has
+/// the cpu hierarchy (alone, or with cpuacct) and neither memory nor pids
+/// (covered here by tmpfs mounts, as the unified hierarchy), a job without
+/// a CPU quota is still in a cgroup its end kills: with its supervisor
+/// (the child subreaper) SIGKILLed, a detached grandchild still ends with
+/// the job. It once did not: such a job joined no cpu cgroup (the cpu
+/// hierarchy is joined only for a quota) while the end listed the job's
+/// members in the cpu hierarchy (the first v1 one) and found none; with
+/// cpu alone the job joined no cgroup at all. Under a real-time policy
+/// (`chrt -f`: the standby cannot join a v1 cpu cgroup) every supervisor
+/// is outside the job's cpu cgroup, as a fresh one is for starts at once.
+/// Positive control: with a quota (the job joins the cpu hierarchy) too.
+#[tokio::test]
+async fn a_job_without_a_quota_ends_whole_where_cpu_is_the_first_v1_hierarchy() {
+    if current_uid() != 0 {
+        prerequisite_missing("root, to cover cgroup hierarchies in a mount namespace");
+        return;
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/unified/cgroup.procs").exists()
+        || !std::path::Path::new("/sys/fs/cgroup/cpu/cgroup.procs").exists()
+    {
+        prerequisite_missing("a hybrid host with a v1 cpu hierarchy at /sys/fs/cgroup/cpu");
+        return;
+    }
+    for (covered, realtime) in [
+        ("unified memory pids cpuacct", false),
+        ("unified memory pids", true),
+    ] {
+        let mounts: String = covered
+            .split(' ')
+            .map(|h| format!("mount -t tmpfs none /sys/fs/cgroup/{h} && "))
+            .collect();
+        let mut c = tokio::process::Command::new(if realtime { "chrt" } else { "unshare" });
+        if realtime {
+            c.args(["-f", "1", "unshare"]);
+        }
+        c.args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!("{mounts}exec \"$0\" \"$@\""))
+            .arg(executor_bin());
+        let c = Client::spawn(c, ClientOptions::default())
+            .await
+            .expect("agent");
+        let mech = mechanisms(&c).await;
+        assert!(
+            mech.contains(&"cgroup_v1".to_string()) && !mech.contains(&"cgroup_v2".to_string()),
+            "{covered}: {mech:?}"
+        );
+        let quota = JobLimits {
+            cpu_millis_per_sec: Some(500),
+            ..Default::default()
+        };
+        let cases = if realtime {
+            vec![JobLimits::default()]
+        } else {
+            vec![JobLimits::default(), quota]
+        };
+        for limits in cases {
+            let m = marker();
+            let script = "setsid sh -c 'sleep 30; :' \"$0\" & sh -c 'sleep 30; :' \"$0\"";
+            let p = params(&["sh", "-c", script, &m], limits, None);
+            let mut proc = c.start(&p).await.unwrap();
+            for _ in 0..100 {
+                if marked(&m).len() >= 3 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(marked(&m).len() >= 3, "the job and its two shells run");
+            let supervisor = parent_pid(proc.pid());
+            assert_eq!(comm(supervisor), "executor", "the job's supervisor");
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(supervisor as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+            let ended = tokio::time::timeout(Duration::from_secs(20), async {
+                while proc.next_output().await.unwrap().is_some() {}
+            })
+            .await;
+            assert!(ended.is_ok(), "the job's end is reported");
+            assert_eq!(
+                none_left(&m).await,
+                Vec::<u32>::new(),
+                "{covered}, {limits:?}: left on the host"
+            );
+        }
+        c.close().await.unwrap();
+    }
+}
