@@ -996,6 +996,14 @@ async fn the_next_jobs_cgroup_is_made_ahead_delegated() {
     the_next_jobs_cgroup_is_made_ahead(Mode::Delegated).await;
 }
 
+/// With v1 hierarchies only: concurrent starts racing the next cgroup's
+/// offer to the standby each run in a cgroup of their own, with their own
+/// limit, and the end (a kill loop by pidfds) leaves nothing.
+#[tokio::test]
+async fn the_next_jobs_cgroup_is_made_ahead_v1_only() {
+    the_next_jobs_cgroup_is_made_ahead(Mode::V1Only).await;
+}
+
 /// An agent running with a real-time policy (`chrt -f`) starts jobs with
 /// the default limits: a real-time process may not join a v1 cpu cgroup
 /// without a real-time budget (EINVAL), and a job without a CPU quota
