@@ -791,6 +791,8 @@ pub struct Procs {
     /// The v1 hierarchy of the cpu controller alone: needed only for a
     /// CPU quota (joining it is refused to a real-time process where the
     /// kernel schedules real-time tasks by group, and costs a migration).
+    /// Never the job's only hierarchy: a job is always in a cgroup its end
+    /// lists and kills.
     pub cpu_only: bool,
 }
 
@@ -903,12 +905,7 @@ impl JobCgroup {
         }
         dirs.into_iter()
             .map(|d| {
-                let cpu_only = self.v2.as_ref() != Some(d)
-                    && self
-                        .v1
-                        .iter()
-                        .filter(|(_, x)| x == d)
-                        .all(|(c, _)| *c == Controller::Cpu);
+                let cpu_only = self.is_cpu_only(d);
                 fs::OpenOptions::new()
                     .write(true)
                     .open(d.join("cgroup.procs"))
@@ -1028,7 +1025,7 @@ impl JobCgroup {
         let Some(listed) = self
             .v2
             .as_deref()
-            .or_else(|| self.v1.first().map(|(_, d)| d.as_path()))
+            .or_else(|| self.v1_listed().first().copied())
         else {
             return Ok(());
         };
@@ -1039,8 +1036,41 @@ impl JobCgroup {
     }
 
     pub fn kill(&self) -> io::Result<()> {
-        let v1: Vec<&Path> = self.v1.iter().map(|(_, d)| d.as_path()).collect();
-        kill_all(self.v2.as_deref(), &v1, Duration::from_secs(5))
+        kill_all(
+            self.v2.as_deref(),
+            &self.v1_listed(),
+            Duration::from_secs(5),
+        )
+    }
+
+    /// Whether `d` (one of this job's directories) is of the v1 cpu
+    /// hierarchy alone, which a job joins only for a CPU quota: never when
+    /// no other hierarchy of the job is joined by every job (then it is
+    /// the job's only cgroup, and its end's list of members).
+    fn is_cpu_only(&self, d: &Path) -> bool {
+        let cpu_alone = |d: &Path| {
+            self.v2.as_deref() != Some(d)
+                && self
+                    .v1
+                    .iter()
+                    .filter(|(_, x)| x == d)
+                    .all(|(c, _)| *c == Controller::Cpu)
+        };
+        cpu_alone(d) && (self.v2.is_some() || self.v1.iter().any(|(_, x)| !cpu_alone(x)))
+    }
+
+    /// The v1 directories, one each, a directory every job joins first:
+    /// the end lists the job's members in the first (a job without a CPU
+    /// quota is not in its cpu-only one, [`Procs::cpu_only`]).
+    fn v1_listed(&self) -> Vec<&Path> {
+        let mut dirs: Vec<&Path> = Vec::new();
+        for (_, d) in &self.v1 {
+            if !dirs.contains(&d.as_path()) {
+                dirs.push(d);
+            }
+        }
+        dirs.sort_by_key(|d| self.is_cpu_only(d));
+        dirs
     }
 
     /// Kill what is left, read the account, remove the directories (once:

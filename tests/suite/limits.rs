@@ -998,6 +998,14 @@ async fn the_next_jobs_cgroup_is_made_ahead_delegated() {
     the_next_jobs_cgroup_is_made_ahead(Mode::Delegated).await;
 }
 
+/// With v1 hierarchies only: concurrent starts racing the next cgroup's
+/// offer to the standby each run in a cgroup of their own, with their own
+/// limit, and the end (a kill loop by pidfds) leaves nothing.
+#[tokio::test]
+async fn the_next_jobs_cgroup_is_made_ahead_v1_only() {
+    the_next_jobs_cgroup_is_made_ahead(Mode::V1Only).await;
+}
+
 /// An agent running with a real-time policy (`chrt -f`) starts jobs with
 /// the default limits: a real-time process may not join a v1 cpu cgroup
 /// without a real-time budget (EINVAL), and a job without a CPU quota
@@ -1405,4 +1413,293 @@ async fn without_a_cgroup_the_fallbacks_bind_the_job_and_the_file_is_required() 
             .any(|d| d.contains("limits.processes (the agent's default)")),
         "{degraded:?}"
     );
+}
+
+/// The pid of the spawner's standby supervisor and the name of the
+/// cgroup made ahead it holds alone (waited for, up to 5 s), among the
+/// `job-*` directories `list` gives.
+async fn the_standby(list: impl Fn() -> Vec<PathBuf>) -> (u32, String) {
+    for _ in 0..250 {
+        for d in list() {
+            if holds_the_standby_alone(&d) {
+                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                if let (Some(pid), Some(name)) = (
+                    procs.split_whitespace().next().and_then(|p| p.parse().ok()),
+                    d.file_name(),
+                ) {
+                    return (pid, name.to_string_lossy().into_owned());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no standby supervisor in a cgroup made ahead: {:?}", list());
+}
+
+/// Adversarial pass on the cgroup made ahead: another job's end does not
+/// reach the standby supervisor waiting in the next job's cgroup (it is
+/// alive and still there after a job ended by `cgroup.kill`); a standby
+/// SIGKILLed from outside is replaced, and the next start still runs in
+/// the cgroup made ahead with its own limit, alone there (no other job's
+/// process, no second supervisor); the start after it runs in a cgroup of
+/// its own; nothing is left after.
+#[tokio::test]
+async fn a_standby_killed_from_outside_or_by_another_jobs_end_costs_no_job_its_cgroup() {
+    let Some(a) = agent(Mode::Root, None).await else {
+        return;
+    };
+    let m = marker();
+    let limits = |n| JobLimits {
+        processes: Some(n),
+        ..Default::default()
+    };
+    let keep =
+        a.c.start(&params(&["sh", "-c", "sleep 20; :", &m], limits(5), None))
+            .await
+            .unwrap();
+    let agent_pid = agent_of_job(keep.pid());
+    let prefix = format!("executor-{agent_pid}-");
+    let all = || -> Vec<PathBuf> {
+        own_cgroup_dirs()
+            .iter()
+            .flat_map(|b| job_dirs_under(b, &prefix))
+            .collect()
+    };
+    let (standby, ahead) = the_standby(&all).await;
+    // Another job's end (its cgroup killed whole) leaves the standby be.
+    keep.signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .unwrap();
+    assert!(none_left(&m).await.is_empty());
+    let keep_gone = jobs_only(&all).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        alive(standby),
+        "the standby {standby} outlived another job's end"
+    );
+    let (still, still_in) = the_standby(&all).await;
+    assert_eq!((still, still_in.as_str()), (standby, ahead.as_str()));
+    // Killed from outside: replaced; the next start runs in the cgroup
+    // made ahead all the same, with its limit, alone.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(standby as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(wait_dead(standby, Duration::from_secs(5)).await);
+    let script = "p=$(grep ':pids:' /proc/self/cgroup | cut -d: -f3); \
+                  echo $p; cat /sys/fs/cgroup/pids$p/pids.max; \
+                  wc -w < /sys/fs/cgroup/pids$p/cgroup.procs";
+    let (st, out, _) = run(&a.c, &params(&["sh", "-c", script], limits(7), None))
+        .await
+        .unwrap();
+    assert_eq!(st.code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].ends_with(&format!("/{ahead}")),
+        "the job runs in the cgroup made ahead ({ahead}): {out}"
+    );
+    assert_eq!(lines[1], "8", "7 and its supervisor: {out}");
+    // sh, its command substitution's or wc's process, and the supervisor:
+    // nothing else (no dead standby's replacement, no other job).
+    let n: u32 = lines[2].trim().parse().unwrap();
+    assert!((2..=3).contains(&n), "processes in the job's cgroup: {out}");
+    // A new standby waits in a new cgroup made ahead; the next start runs
+    // there.
+    let (again, next) = the_standby(&all).await;
+    assert_ne!(again, standby);
+    assert_ne!(next, ahead);
+    let (st, out, _) = run(&a.c, &params(&["sh", "-c", script], limits(5), None))
+        .await
+        .unwrap();
+    assert_eq!(st.code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].ends_with(&format!("/{next}")), "{next}: {out}");
+    assert_eq!(lines[1], "6", "{out}");
+    // Nothing of any job is left.
+    let mut left = Vec::new();
+    for _ in 0..250 {
+        left = jobs_only(&all).await;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(left.is_empty(), "left: {left:?} (before: {keep_gone:?})");
+}
+
+/// An agent that exits right after a start (the next job's cgroup being
+/// made ahead on a blocking thread) leaves no directory of its own in any
+/// hierarchy and no standby supervisor or spawner behind: its exit ends
+/// the cgroup made ahead with the standby in it.
+#[tokio::test]
+async fn an_agents_exit_right_after_a_start_leaves_no_cgroup_and_no_standby() {
+    for _ in 0..3 {
+        let Some(a) = agent(Mode::Root, None).await else {
+            return;
+        };
+        let m = marker();
+        let first =
+            a.c.start(&params(
+                &["sh", "-c", "sleep 1; :", &m],
+                JobLimits::default(),
+                None,
+            ))
+            .await
+            .unwrap();
+        let agent_pid = agent_of_job(first.pid());
+        let prefix = format!("executor-{agent_pid}-");
+        let all = || -> Vec<PathBuf> {
+            own_cgroup_dirs()
+                .iter()
+                .flat_map(|b| job_dirs_under(b, &prefix))
+                .collect()
+        };
+        let (standby, _) = the_standby(&all).await;
+        let spawner = parent_pid(standby);
+        // The exit comes while the refill after this start is under way.
+        let last =
+            a.c.start(&params(
+                &["sh", "-c", "exit 0", &m],
+                JobLimits::default(),
+                None,
+            ))
+            .await
+            .unwrap();
+        drop(last);
+        drop(first);
+        let own: Vec<PathBuf> = own_cgroup_dirs()
+            .into_iter()
+            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .collect();
+        assert!(!own.is_empty(), "the agent's own directories");
+        let Agent { c, _delegation } = a;
+        c.close().await.unwrap();
+        assert!(wait_dead(agent_pid, Duration::from_secs(10)).await);
+        assert!(none_left(&m).await.is_empty());
+        for p in [standby, spawner] {
+            assert!(wait_dead(p, Duration::from_secs(5)).await, "{p} left");
+        }
+        let mut left = own.clone();
+        for _ in 0..100 {
+            left.retain(|d| d.exists());
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let procs: Vec<String> = left
+            .iter()
+            .flat_map(|d| {
+                std::fs::read_dir(d)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| {
+                        format!(
+                            "{}: {:?}",
+                            e.path().display(),
+                            std::fs::read_to_string(e.path().join("cgroup.procs"))
+                        )
+                    })
+            })
+            .collect();
+        assert!(left.is_empty(), "left: {left:?} {procs:?}");
+    }
+}
+
+/// Adversarial pass: on a host of v1 hierarchies only where the agent has
+/// the cpu hierarchy (alone, or with cpuacct) and neither memory nor pids
+/// (covered here by tmpfs mounts, as the unified hierarchy), a job without
+/// a CPU quota is still in a cgroup its end kills: with its supervisor
+/// (the child subreaper) SIGKILLed, a detached grandchild still ends with
+/// the job. It once did not: such a job joined no cpu cgroup (the cpu
+/// hierarchy is joined only for a quota) while the end listed the job's
+/// members in the cpu hierarchy (the first v1 one) and found none; with
+/// cpu alone the job joined no cgroup at all. Under a real-time policy
+/// (`chrt -f`: the standby cannot join a v1 cpu cgroup) every supervisor
+/// is outside the job's cpu cgroup, as a fresh one is for starts at once.
+/// Positive control: with a quota (the job joins the cpu hierarchy) too.
+#[tokio::test]
+async fn a_job_without_a_quota_ends_whole_where_cpu_is_the_first_v1_hierarchy() {
+    if current_uid() != 0 {
+        prerequisite_missing("root, to cover cgroup hierarchies in a mount namespace");
+        return;
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/unified/cgroup.procs").exists()
+        || !std::path::Path::new("/sys/fs/cgroup/cpu/cgroup.procs").exists()
+    {
+        prerequisite_missing("a hybrid host with a v1 cpu hierarchy at /sys/fs/cgroup/cpu");
+        return;
+    }
+    for (covered, realtime) in [
+        ("unified memory pids cpuacct", false),
+        ("unified memory pids", true),
+    ] {
+        let mounts: String = covered
+            .split(' ')
+            .map(|h| format!("mount -t tmpfs none /sys/fs/cgroup/{h} && "))
+            .collect();
+        let mut c = tokio::process::Command::new(if realtime { "chrt" } else { "unshare" });
+        if realtime {
+            c.args(["-f", "1", "unshare"]);
+        }
+        c.args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!("{mounts}exec \"$0\" \"$@\""))
+            .arg(executor_bin());
+        let c = Client::spawn(c, ClientOptions::default())
+            .await
+            .expect("agent");
+        let mech = mechanisms(&c).await;
+        assert!(
+            mech.contains(&"cgroup_v1".to_string()) && !mech.contains(&"cgroup_v2".to_string()),
+            "{covered}: {mech:?}"
+        );
+        let quota = JobLimits {
+            cpu_millis_per_sec: Some(500),
+            ..Default::default()
+        };
+        let cases = if realtime {
+            vec![JobLimits::default()]
+        } else {
+            vec![JobLimits::default(), quota]
+        };
+        for limits in cases {
+            let m = marker();
+            let script = "setsid sh -c 'sleep 30; :' \"$0\" & sh -c 'sleep 30; :' \"$0\"";
+            let p = params(&["sh", "-c", script, &m], limits, None);
+            let mut proc = c.start(&p).await.unwrap();
+            for _ in 0..100 {
+                if marked(&m).len() >= 3 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(marked(&m).len() >= 3, "the job and its two shells run");
+            let supervisor = parent_pid(proc.pid());
+            assert_eq!(comm(supervisor), "executor", "the job's supervisor");
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(supervisor as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+            let ended = tokio::time::timeout(Duration::from_secs(20), async {
+                while proc.next_output().await.unwrap().is_some() {}
+            })
+            .await;
+            assert!(ended.is_ok(), "the job's end is reported");
+            assert_eq!(
+                none_left(&m).await,
+                Vec::<u32>::new(),
+                "{covered}, {limits:?}: left on the host"
+            );
+        }
+        c.close().await.unwrap();
+    }
 }

@@ -1124,3 +1124,106 @@ async fn a_takeover_ends_the_old_connections_read_streams_and_sends_it_none_of_t
     kill9(host);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Adversarial pass on `fs/passDescriptor`: a native client whose stdio
+/// agent relays it to a session host (a detached session, then a resume)
+/// is on the host's own socket behind the relay, yet is passed no
+/// descriptor: without `capabilities.descriptors` the host refuses the
+/// method, and a resume declaring it is refused at `initialize`.
+/// Positive control: `fs/readBlock` reads the same handle.
+#[tokio::test]
+async fn a_relayed_detached_or_resumed_session_is_passed_no_descriptor() {
+    use executor_protocol::methods as m;
+    use executor_protocol::types::fs::{OpenParams, PassDescriptorParams, ReadBlockParams};
+    use executor_protocol::types::session::ClientCapabilities;
+    let d = unique_tempdir("relayed-descriptor");
+    std::fs::write(d.join("f"), b"hello").unwrap();
+    let f = executor_protocol::WirePath::from(d.join("f").as_path());
+    let pass = |handle| PassDescriptorParams {
+        handle,
+        sandbox: None,
+        cwd: None,
+    };
+    let read = |handle| ReadBlockParams {
+        handle,
+        offset: 0,
+        length: 5,
+        sandbox: None,
+        cwd: None,
+    };
+    async fn refused_then_read(
+        a: &mut RawAgent,
+        path: &executor_protocol::WirePath,
+        id: u64,
+        pass: impl Fn(u64) -> PassDescriptorParams,
+        read: impl Fn(u64) -> ReadBlockParams,
+    ) {
+        let r = a
+            .request(
+                id,
+                m::FS_OPEN,
+                &OpenParams {
+                    path: path.clone(),
+                    sandbox: None,
+                    cwd: None,
+                },
+            )
+            .await;
+        let handle = executor_tests::path(&r, "result.handle")
+            .and_then(|v| v.as_u64())
+            .unwrap_or_else(|| panic!("{r:?}"));
+        let r = a
+            .request(id + 1, m::FS_PASS_DESCRIPTOR, &pass(handle))
+            .await;
+        assert_eq!(error_code(&r), Some("invalid_request"), "{r:?}");
+        let msg = executor_tests::path(&r, "error.message").and_then(|v| v.as_str());
+        assert!(
+            msg.is_some_and(|m| m.contains("did not declare capabilities.descriptors")),
+            "refused by the host (its socket can carry one): {r:?}"
+        );
+        let r = a.request(id + 2, m::FS_READ_BLOCK, &read(handle)).await;
+        assert_eq!(
+            executor_tests::path(&r, "result.data").and_then(|v| v.as_slice()),
+            Some(&b"hello"[..]),
+            "{r:?}"
+        );
+    }
+    let mut a = RawAgent::spawn_command(local()).await;
+    let mut params = init_params();
+    params.session = detach(60_000).session;
+    let r = a.request(1, m::INITIALIZE, &params).await;
+    let id = executor_tests::path(&r, "result.session_id")
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("{r:?}"))
+        .to_string();
+    let token = executor_tests::path(&r, "result.resume_token")
+        .and_then(|v| v.as_str())
+        .unwrap()
+        .to_string();
+    session_host_of(a.child.id().unwrap());
+    refused_then_read(&mut a, &f, 2, pass, read).await;
+    a.close_and_wait().await;
+    // A resume declaring descriptors: refused, the session kept.
+    let mut b = RawAgent::spawn_command(local()).await;
+    let mut params = init_params();
+    params.session = resume_with(&id, &token).session;
+    params.capabilities = Some(ClientCapabilities {
+        agent_requests: false,
+        descriptors: true,
+    });
+    let r = b.request(1, m::INITIALIZE, &params).await;
+    assert_eq!(error_code(&r), Some("invalid_request"), "{r:?}");
+    b.close_and_wait().await;
+    // Resumed without them: the host refuses the method again.
+    let mut c = RawAgent::spawn_command(local()).await;
+    params.capabilities = None;
+    let r = c.request(1, m::INITIALIZE, &params).await;
+    assert_eq!(
+        executor_tests::path(&r, "result.resumed").and_then(|v| v.as_bool()),
+        Some(true),
+        "{r:?}"
+    );
+    refused_then_read(&mut c, &f, 2, pass, read).await;
+    c.close_and_wait().await;
+    std::fs::remove_dir_all(&d).unwrap();
+}
