@@ -10,8 +10,8 @@
 //! Its users: `executor-sandbox` (the enforcement a job's init applies),
 //! the agent (descriptor passing, `splice` relays, the PTY window size,
 //! the host's addresses, its stdio as non-blocking pipes) and the CLI
-//! (`mcp stdio`'s stdio, the same way). It holds no policy: what to mount, deny or
-//! drop is decided by the sandbox crate.
+//! (`mcp stdio`'s stdio, the same way). It holds no policy: what to
+//! mount, deny or drop is decided by the sandbox crate.
 //!
 //! Depends only on `libc`, `nix` and `seccompiler` (for the type of a
 //! compiled filter, which [`install_bpf`] takes). All `unsafe` of the
