@@ -301,46 +301,17 @@ fn sandbox_exec(args: &[std::ffi::OsString]) -> ! {
     std::process::exit(trampoline::run_reporting(trampoline::Spec::parse(args)))
 }
 
-/// The pipe buffer asked for on stdin and stdout.
-const PIPE_BYTES: i32 = 1 << 20;
-
 /// When stdin and stdout are pipes or sockets (under sshd, or a spawning
 /// client), drive them directly on the runtime (non-blocking, vectored
 /// writes) instead of through tokio's blocking-thread stdio, which copies
 /// every write. A terminal or a regular file keeps the portable path (and
-/// is never switched to non-blocking mode).
+/// is never switched to non-blocking mode): see
+/// [`executor_sys::stream_stdio`].
 fn stream_stdio() -> Option<(
     tokio::net::unix::pipe::Receiver,
     tokio::net::unix::pipe::Sender,
 )> {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    use nix::sys::stat::{fstat, SFlag};
-    use std::os::fd::AsFd;
-    let input = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
-    let output = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
-    for fd in [&input, &output] {
-        let kind = SFlag::from_bits_truncate(fstat(fd).ok()?.st_mode) & SFlag::S_IFMT;
-        if kind != SFlag::S_IFIFO && kind != SFlag::S_IFSOCK {
-            return None;
-        }
-    }
-    // Non-blocking mode belongs to the open file: if stderr (the logs) is
-    // the same pipe as stdout (`2>&1`), log writes could fail with EAGAIN.
-    let out_st = fstat(&output).ok()?;
-    if let Ok(err_st) = fstat(std::io::stderr().as_fd()) {
-        if (err_st.st_dev, err_st.st_ino) == (out_st.st_dev, out_st.st_ino) {
-            return None;
-        }
-    }
-    for fd in [&input, &output] {
-        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).ok()?);
-        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).ok()?;
-        // A pipe of 1 MiB (the unprivileged maximum by default) instead of
-        // 64 KiB: a block goes to sshd in one write, not sixteen wake-ups
-        // of both sides. Best effort: a socket, or a lower
-        // `fs.pipe-max-size`, keeps what it has.
-        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
-    }
+    let (input, output) = executor_sys::stream_stdio()?;
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(input).ok()?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(output).ok()?;
     Some((input, output))

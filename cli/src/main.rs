@@ -158,10 +158,14 @@ fn run_cli() -> i32 {
     if let Cmd::Generate { kind } = &cli.command {
         return exit::report(man::generate(kind).map(|()| 0));
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // `mcp stdio` relays one message at a time between a few tasks: on one
+    // thread each hand-over is a task switch, not a wake-up of another
+    // worker thread (issue 31's latency).
+    let mut builder = match &cli.command {
+        Cmd::Mcp(mcp::McpCmd::Stdio(_)) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return exit::report(Err(anyhow::anyhow!("starting the async runtime: {e}"))),
     };

@@ -273,9 +273,10 @@ async fn stdio(
         id: proc.id().to_string(),
         writes: 0,
     };
-    let input = tokio::spawn(forward_lines(job, closed.clone(), grace));
+    let (local_in, local_out) = local_stdio();
+    let input = tokio::spawn(forward_lines(local_in, job, closed.clone(), grace));
     let relayed = tokio::select! {
-        r = relay_output(&mut proc, current, resume) => r,
+        r = relay_output(&mut proc, local_out, current, resume) => r,
         sig = signals.recv() => {
             tracing::debug!(signal = sig.name(), "ending the MCP server");
             let _ = proc.signal(SignalName::Terminate).await;
@@ -319,6 +320,29 @@ async fn stdio(
     Ok(if code == 0 { exit::FAILED } else { code })
 }
 
+/// This process's stdin, read as it comes.
+type LocalIn = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+/// This process's stdout.
+type LocalOut = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+
+/// This process's stdin and stdout for the relay: when both are pipes or
+/// sockets (an MCP client spawned us), non-blocking and driven by the
+/// runtime's event loop, each message read or written in the task that
+/// relays it; otherwise (a terminal, a file) tokio's stdio, which reads
+/// and writes on a blocking thread (a thread hand-over each way per
+/// message). See [`executor_sys::stream_stdio`].
+fn local_stdio() -> (LocalIn, LocalOut) {
+    let pipes = executor_sys::stream_stdio().and_then(|(input, output)| {
+        let input = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(input).ok()?;
+        let output = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(output).ok()?;
+        Some((input, output))
+    });
+    match pipes {
+        Some((input, output)) => (Box::new(input), Box::new(output)),
+        None => (Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout())),
+    }
+}
+
 /// The job's output until it exited: stdout lines to our stdout, whole
 /// lines only (a trailing unfinished line is dropped and reported),
 /// stderr as it comes to our stderr. The connection ending under it is
@@ -326,10 +350,10 @@ async fn stdio(
 /// by seq: a line cut by the drop is completed, not sent twice.
 async fn relay_output(
     proc: &mut Process,
+    mut out: LocalOut,
     current: &watch::Sender<Client>,
     resume: &Resume<'_>,
 ) -> anyhow::Result<()> {
-    let mut out = tokio::io::stdout();
     let mut err = std::io::stderr();
     let mut pending: Vec<u8> = Vec::new();
     loop {
@@ -381,11 +405,12 @@ async fn relay_output(
 /// after `grace` and killed after another. Returns the write error that
 /// stopped it, if one did.
 async fn forward_lines(
+    input: LocalIn,
     mut job: Job,
     closed: Arc<AtomicBool>,
     grace: Duration,
 ) -> Option<anyhow::Error> {
-    let mut stdin = tokio::io::BufReader::with_capacity(64 * 1024, tokio::io::stdin());
+    let mut stdin = tokio::io::BufReader::with_capacity(64 * 1024, input);
     let mut line = Vec::new();
     loop {
         line.clear();

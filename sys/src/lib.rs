@@ -7,10 +7,11 @@
 //! passing (`SCM_RIGHTS`, `SCM_CREDENTIALS`), `splice`, `statx` and
 //! `getifaddrs`.
 //!
-//! Its users: `executor-sandbox` (the enforcement a job's init applies)
-//! and the agent (descriptor passing, `splice` relays, the PTY window
-//! size, the host's addresses). It holds no policy: what to mount, deny or
-//! drop is decided by the sandbox crate.
+//! Its users: `executor-sandbox` (the enforcement a job's init applies),
+//! the agent (descriptor passing, `splice` relays, the PTY window size,
+//! the host's addresses, its stdio as non-blocking pipes) and the CLI
+//! (`mcp stdio`'s stdio, the same way). It holds no policy: what to
+//! mount, deny or drop is decided by the sandbox crate.
 //!
 //! Depends only on `libc`, `nix`, `seccompiler` (for the type of a
 //! compiled filter, which [`install_bpf`] takes) and `bytes` (the buffer
@@ -1236,6 +1237,48 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The pipe buffer [`stream_stdio`] asks for on stdin and stdout.
+#[cfg(target_os = "linux")]
+const STDIO_PIPE_BYTES: i32 = 1 << 20;
+
+/// Copies of this process's stdin and stdout, switched to non-blocking
+/// mode, when both are pipes or sockets (under sshd, or a spawning
+/// client or MCP client), for a caller to drive them with its event loop
+/// instead of a blocking thread per read and write. `None` (and nothing
+/// changed) for a terminal or a regular file, or when stderr (the logs)
+/// is the same open file as stdout: non-blocking mode belongs to the
+/// open file, and a log write could then fail with `EAGAIN`.
+#[cfg(target_os = "linux")]
+pub fn stream_stdio() -> Option<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use nix::sys::stat::{fstat, SFlag};
+    use std::os::fd::AsFd;
+    let input = io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let output = io::stdout().as_fd().try_clone_to_owned().ok()?;
+    for fd in [&input, &output] {
+        let kind = SFlag::from_bits_truncate(fstat(fd).ok()?.st_mode) & SFlag::S_IFMT;
+        if kind != SFlag::S_IFIFO && kind != SFlag::S_IFSOCK {
+            return None;
+        }
+    }
+    let out_st = fstat(&output).ok()?;
+    if let Ok(err_st) = fstat(io::stderr().as_fd()) {
+        if (err_st.st_dev, err_st.st_ino) == (out_st.st_dev, out_st.st_ino) {
+            return None;
+        }
+    }
+    for fd in [&input, &output] {
+        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).ok()?);
+        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).ok()?;
+        // A pipe of 1 MiB (the unprivileged maximum by default) instead of
+        // 64 KiB: a block goes out in one write, not sixteen wake-ups of
+        // both sides. Best effort: a socket, or a lower
+        // `fs.pipe-max-size`, keeps what it has.
+        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(STDIO_PIPE_BYTES));
+    }
+    Some((input, output))
 }
 
 #[cfg(all(test, target_os = "linux"))]
