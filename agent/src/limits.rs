@@ -340,9 +340,10 @@ pub fn job_cgroup(plan: &CgroupPlan) -> Result<(Arc<JobCgroup>, Vec<OwnedFd>), W
 }
 
 /// Make the next job's cgroup ahead, on a blocking thread (no-op while one
-/// waits or is being made): the spawner's standby is offered it first,
+/// waits or is being made): `offer` gives it to the spawner's standby
+/// first (the process module's, passed in: limits is the lowest layer),
 /// then it is put where [`job_cgroup`] takes it.
-pub fn refill() {
+pub fn refill(offer: fn(&[&OwnedFd])) {
     let cg = cgroups();
     if !cg.usable() || REFILLING.swap(true, Ordering::AcqRel) {
         return;
@@ -361,7 +362,7 @@ pub fn refill() {
                     // that start's fork request.
                     if slot.is_none() {
                         let fds: Vec<&OwnedFd> = procs.iter().map(|p| &p.fd).collect();
-                        crate::process::spawner::offer_ready(&fds);
+                        offer(&fds);
                         *slot = Some(Ahead { cgroup, procs });
                     }
                 }

@@ -377,7 +377,7 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             .is_some_and(|p| p.net.own_namespace());
         let supervisor = spawner::fork(&fds, procs.len(), netns, turn).await;
         if req.cgroup.is_some() {
-            crate::limits::refill();
+            crate::limits::refill(spawner::offer_ready);
         }
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
