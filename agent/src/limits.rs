@@ -302,7 +302,7 @@ fn new_job(cg: &Cgroups) -> std::io::Result<(JobCgroup, Vec<Procs>)> {
 /// likely joined already: the start then costs no migration), else a new
 /// one. Called right before the spawner is asked (nothing between can
 /// fail and drop it: a cgroup the standby joined is never killed for a
-/// start that did not happen); [`refill`] once the spawner is asked.
+/// start that did not happen); [`refill`] once the job runs.
 pub fn job_cgroup(plan: &CgroupPlan) -> Result<(Arc<JobCgroup>, Vec<OwnedFd>), WireError> {
     let io = |what: &str, e: std::io::Error| {
         WireError::new(

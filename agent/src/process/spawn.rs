@@ -376,9 +376,6 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
             .plan()
             .is_some_and(|p| p.net.own_namespace());
         let supervisor = spawner::fork(&fds, procs.len(), netns, turn).await;
-        if req.cgroup.is_some() {
-            crate::limits::refill(spawner::offer_ready);
-        }
         // Our copies of the job's ends must go, or EOF would never come.
         drop(fds);
         drop((job_stdio, status_w, spec_fd, procs));
@@ -417,7 +414,16 @@ pub async fn spawn(req: &SpawnRequest<'_>) -> Result<Spawned, WireError> {
         }
     };
     let pid = match first {
-        Ok(Some(Status::Started { pid })) => pid,
+        Ok(Some(Status::Started { pid })) => {
+            // The next job's cgroup, once this one's program runs: the
+            // standby's joins (each a cgroup migration, which holds back
+            // every fork on the host for an RCU grace period) then do not
+            // stall this job's own clone and fork.
+            if req.cgroup.is_some() {
+                crate::limits::refill(spawner::offer_ready);
+            }
+            pid
+        }
         first => {
             return Err(start_failed(first, &mut supervisor, stderr.as_mut(), req, &program).await)
         }
