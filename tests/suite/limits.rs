@@ -471,21 +471,31 @@ async fn nothing_survives_a_killed_supervisor(mode: Mode) {
     let Some(a) = agent(mode, None).await else {
         return;
     };
+    detached_job_ends_with_its_killed_supervisor(&a.c, JobLimits::default(), &format!("{mode:?}"))
+        .await;
+}
+
+/// An unsandboxed job whose grandchild detached (a session of its own; no
+/// parent-death signal is set for an unconfined job's descendants) and
+/// whose supervisor is SIGKILLed from outside: its end is reported and
+/// nothing of it is left on the host.
+async fn detached_job_ends_with_its_killed_supervisor(c: &Client, limits: JobLimits, what: &str) {
     let m = marker();
-    // A detached grandchild in a session of its own (no parent-death
-    // signal is set for an unconfined job's descendants).
     let script = "setsid sh -c 'sleep 30; :' \"$0\" & sh -c 'sleep 30; :' \"$0\"";
-    let p = params(&["sh", "-c", script, &m], JobLimits::default(), None);
-    let mut proc = a.c.start(&p).await.unwrap();
+    let p = params(&["sh", "-c", script, &m], limits, None);
+    let mut proc = c.start(&p).await.unwrap();
     for _ in 0..100 {
         if marked(&m).len() >= 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(marked(&m).len() >= 3, "the job and its two shells run");
+    assert!(
+        marked(&m).len() >= 3,
+        "{what}: the job and its two shells run"
+    );
     let supervisor = parent_pid(proc.pid());
-    assert_eq!(comm(supervisor), "executor", "the job's supervisor");
+    assert_eq!(comm(supervisor), "executor", "{what}: the job's supervisor");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(supervisor as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -495,11 +505,11 @@ async fn nothing_survives_a_killed_supervisor(mode: Mode) {
         while proc.next_output().await.unwrap().is_some() {}
     })
     .await;
-    assert!(ended.is_ok(), "the job's end is reported");
+    assert!(ended.is_ok(), "{what}: the job's end is reported");
     assert_eq!(
         none_left(&m).await,
         Vec::<u32>::new(),
-        "{mode:?}: left on the host"
+        "{what}: left on the host"
     );
 }
 
@@ -1671,34 +1681,12 @@ async fn a_job_without_a_quota_ends_whole_where_cpu_is_the_first_v1_hierarchy() 
             vec![JobLimits::default(), quota]
         };
         for limits in cases {
-            let m = marker();
-            let script = "setsid sh -c 'sleep 30; :' \"$0\" & sh -c 'sleep 30; :' \"$0\"";
-            let p = params(&["sh", "-c", script, &m], limits, None);
-            let mut proc = c.start(&p).await.unwrap();
-            for _ in 0..100 {
-                if marked(&m).len() >= 3 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            assert!(marked(&m).len() >= 3, "the job and its two shells run");
-            let supervisor = parent_pid(proc.pid());
-            assert_eq!(comm(supervisor), "executor", "the job's supervisor");
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(supervisor as i32),
-                nix::sys::signal::Signal::SIGKILL,
+            detached_job_ends_with_its_killed_supervisor(
+                &c,
+                limits,
+                &format!("{covered}, {limits:?}"),
             )
-            .unwrap();
-            let ended = tokio::time::timeout(Duration::from_secs(20), async {
-                while proc.next_output().await.unwrap().is_some() {}
-            })
             .await;
-            assert!(ended.is_ok(), "the job's end is reported");
-            assert_eq!(
-                none_left(&m).await,
-                Vec::<u32>::new(),
-                "{covered}, {limits:?}: left on the host"
-            );
         }
         c.close().await.unwrap();
     }
