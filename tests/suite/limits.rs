@@ -220,6 +220,30 @@ fn marked(marker: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Wait up to 10 s until `n` shells `sh -c SCRIPT` holding `marker` run;
+/// the pids of those seen last. A shell forked but not yet exec'd carries
+/// its parent's argv (and the marker): counting marked processes alone can
+/// see a job's processes all there before they are.
+async fn shells_running(marker: &str, script: &str, n: usize) -> Vec<u32> {
+    let argv = format!("sh\0-c\0{script}\0{marker}\0");
+    let running = || -> Vec<u32> {
+        marked(marker)
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == argv.as_bytes())
+            })
+            .collect()
+    };
+    for _ in 0..500 {
+        let seen = running();
+        if seen.len() >= n {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running()
+}
+
 /// Wait until no process holds `marker`; the pids still there after 5 s.
 async fn none_left(marker: &str) -> Vec<u32> {
     for _ in 0..100 {
@@ -485,15 +509,11 @@ async fn detached_job_ends_with_its_killed_supervisor(c: &Client, limits: JobLim
     let p = params(&["sh", "-c", script, &m], limits, None);
     let mut proc = c.start(&p).await.unwrap();
     // Up to 10 s: the suite's other agents load the machine meanwhile.
-    for _ in 0..500 {
-        if marked(&m).len() >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        marked(&m).len() >= 3,
-        "{what}: the job and its two shells run: {:?}",
+    let shells = shells_running(&m, "sleep 30; :", 2).await;
+    assert_eq!(
+        shells.len(),
+        2,
+        "{what}: the job's two inner shells run: {shells:?} of {:?}",
         marked(&m)
     );
     let supervisor = parent_pid(proc.pid());
@@ -1217,14 +1237,9 @@ async fn a_detached_process_ends_with_a_killed_agent() {
     let script = "setsid sh -c 'trap \"\" HUP TERM; sleep 25; :' \"$0\" & sleep 25; :";
     let p = params(&["sh", "-c", script, &m], JobLimits::default(), None);
     let proc = a.c.start(&p).await.unwrap();
-    for _ in 0..100 {
-        if marked(&m).len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let detached = shells_running(&m, "trap \"\" HUP TERM; sleep 25; :", 1).await;
+    assert_eq!(detached.len(), 1, "the job's detached shell: {detached:?}");
     let agent_pid = agent_of_job(proc.pid());
-    assert!(marked(&m).len() >= 2, "the job and its detached shell");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(agent_pid as i32),
         nix::sys::signal::Signal::SIGKILL,
