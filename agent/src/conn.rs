@@ -652,7 +652,7 @@ fn admit_descriptors(conn: &Conn<'_>) -> Result<(), Refused> {
         let why = if conn.passes_fds {
             "its initialize did not declare capabilities.descriptors"
         } else {
-            "it is not a session host's own socket"
+            "its output is not a Unix socket that can carry them"
         };
         return Err(WireError::new(
             ErrorCode::InvalidRequest,

@@ -1178,8 +1178,8 @@ async fn a_relayed_detached_or_resumed_session_is_passed_no_descriptor() {
         assert_eq!(error_code(&r), Some("invalid_request"), "{r:?}");
         let msg = executor_tests::path(&r, "error.message").and_then(|v| v.as_str());
         assert!(
-            msg.is_some_and(|m| m.contains("did not declare capabilities.descriptors")),
-            "refused by the host (its socket can carry one): {r:?}"
+            msg.is_some_and(|m| m.contains("its output is not a Unix socket")),
+            "refused by the host (it serves the relay's pipes): {r:?}"
         );
         let r = a.request(id + 2, m::FS_READ_BLOCK, &read(handle)).await;
         assert_eq!(
@@ -1226,4 +1226,149 @@ async fn a_relayed_detached_or_resumed_session_is_passed_no_descriptor() {
     refused_then_read(&mut c, &f, 2, pass, read).await;
     c.close_and_wait().await;
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The inode of what `/proc/PID/fd/FD` names (`pipe:[N]`, `socket:[N]`).
+fn fd_target(pid: u32, fd: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+        .map(|l| l.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Whether `pid` holds an open file named `target` (as [`fd_target`]).
+fn holds_target(pid: u32, target: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == target))
+    })
+}
+
+/// The state letter of `pid` (`/proc/PID/stat`).
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// A detached (and then a resumed) session is served by the session host
+/// on the stdio agent's own stdin and stdout, handed over by `SCM_RIGHTS`:
+/// the stdio agent leaves the data path (stopped, it delays nothing), the
+/// host holds the very pipes, no job inherits them, and the stdio agent
+/// exits with the connection, with its exit status (2 for broken framing).
+#[tokio::test]
+async fn a_detached_connection_is_handed_to_the_host_and_the_relay_leaves_the_path() {
+    use executor_protocol::methods as m;
+    use executor_protocol::types::session::EnvironmentInfoParams;
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let mut a = RawAgent::spawn_command(local()).await;
+    let mut params = init_params();
+    params.session = detach(60_000).session;
+    let r = a.request(1, m::INITIALIZE, &params).await;
+    let id = executor_tests::path(&r, "result.session_id")
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("{r:?}"))
+        .to_string();
+    let token = executor_tests::path(&r, "result.resume_token")
+        .and_then(|v| v.as_str())
+        .unwrap()
+        .to_string();
+    let relay = a.child.id().unwrap();
+    let host = session_host_of(relay);
+    // The host holds the relay's stdin and stdout themselves.
+    for fd in ["0", "1"] {
+        let target = fd_target(relay, fd);
+        assert!(target.starts_with("pipe:"), "relay fd {fd}: {target}");
+        assert!(
+            holds_target(host, &target),
+            "the session host {host} does not hold the relay's fd {fd} ({target})"
+        );
+    }
+    // Stopped, the relay delays nothing: the host answers on the pipes.
+    kill(Pid::from_raw(relay as i32), Signal::SIGSTOP).unwrap();
+    for _ in 0..100 {
+        if state_of(relay) == Some('T') {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state_of(relay), Some('T'), "the relay is stopped");
+    let r = a
+        .request(2, m::ENVIRONMENT_INFO, &EnvironmentInfoParams {})
+        .await;
+    assert!(executor_tests::path(&r, "result").is_some(), "{r:?}");
+    // A job's descriptors are its own three: the handed pipes stay in the
+    // host (close-on-exec).
+    let p = ProcessStartParams::new(
+        vec!["sh".into(), "-c".into(), "ls /proc/$$/fd; :".into()],
+        "/",
+        env(),
+    );
+    let r = a.request(3, m::PROCESS_START, &p).await;
+    let pid = executor_tests::path(&r, "result.process_id")
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("{r:?}"))
+        .to_string();
+    let mut out = Vec::new();
+    let mut after = None;
+    let mut n = 10;
+    loop {
+        let r = a
+            .request(
+                n,
+                m::PROCESS_READ,
+                &ProcessReadParams {
+                    process_id: pid.clone(),
+                    after_seq: after,
+                    max_bytes: None,
+                    wait_ms: Some(2_000),
+                },
+            )
+            .await;
+        n += 1;
+        let read: ProcessReadResult =
+            rmpv::ext::from_value(executor_tests::path(&r, "result").unwrap().clone())
+                .unwrap_or_else(|e| panic!("{e}: {r:?}"));
+        for c in &read.chunks {
+            out.extend_from_slice(&c.data);
+            after = Some(c.seq);
+        }
+        if read.exited.is_some() {
+            break;
+        }
+        assert!(n < 30, "the job did not end: {out:?}");
+    }
+    let fds: Vec<String> = String::from_utf8_lossy(&out)
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(fds, ["0", "1", "2"], "the job's descriptors");
+    kill(Pid::from_raw(relay as i32), Signal::SIGCONT).unwrap();
+    // The connection ends: the relay exits with it (0), the session stays.
+    let status = a.close_and_wait().await;
+    assert_eq!(status.code(), Some(0), "the relay's exit");
+    assert!(executor_tests::alive(host), "the session host lives on");
+    // A resume is handed over too; broken framing reaches the relay's
+    // exit status as it would in-process.
+    let mut b = RawAgent::spawn_command(local()).await;
+    let mut params = init_params();
+    params.session = resume_with(&id, &token).session;
+    let r = b.request(1, m::INITIALIZE, &params).await;
+    assert_eq!(
+        executor_tests::path(&r, "result.resumed").and_then(|v| v.as_bool()),
+        Some(true),
+        "{r:?}"
+    );
+    let relay_b = b.child.id().unwrap();
+    let target = fd_target(relay_b, "0");
+    assert!(holds_target(host, &target), "the resumed relay's stdin");
+    b.send_raw(&[0, 0, 0, 0]).await;
+    let status = tokio::time::timeout(WAIT, b.wait())
+        .await
+        .expect("the relay exits with its connection");
+    assert_eq!(status.code(), Some(2), "broken framing: the relay's exit");
+    assert!(
+        !holds_target(host, &target),
+        "the host let go of the ended connection's stdin"
+    );
+    kill9(host);
 }

@@ -466,43 +466,48 @@ async fn link(
         return;
     };
     let payload = first.get(4..).unwrap_or_default();
-    let mut to_agent: Box<dyn AsyncWrite + Send + Unpin> =
-        match crate::host::route(Some(payload), &config, &launch).await {
-            crate::host::Route::Host(stream) => {
-                let (from_host, to_host) = stream.into_split();
-                on_host.store(true, Ordering::Release);
-                let _ = reader.send(Link {
-                    from_agent: Source::Host(from_host),
-                    preamble: false,
-                });
-                Box::new(to_host)
-            }
-            crate::host::Route::Here(refusal) => {
-                let session = match crate::session::Session::from_config(
-                    config,
-                    crate::session::Mode::Plain { refusal },
-                ) {
-                    Ok(s) => Arc::new(s),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the native agent could not start");
-                        return;
-                    }
-                };
-                let (agent_in, to_agent_w) = tokio::io::duplex(1 << 20);
-                let (from_agent_w, from_agent) = tokio::io::duplex(1 << 20);
-                tokio::spawn(async move {
-                    let ending =
-                        crate::conn::serve_on(&session, agent_in, from_agent_w, true).await;
-                    tracing::debug!(?ending, "native side ended");
-                    session.shutdown().await;
-                });
-                let _ = reader.send(Link {
-                    from_agent: Source::Stream(Box::new(from_agent)),
-                    preamble: true,
-                });
-                Box::new(to_agent_w)
-            }
-        };
+    let mut to_agent: Box<dyn AsyncWrite + Send + Unpin> = match crate::host::route(
+        Some(payload),
+        &config,
+        &launch,
+        crate::host::Carry::Bytes,
+    )
+    .await
+    {
+        crate::host::Route::Host(stream) => {
+            let (from_host, to_host) = stream.into_split();
+            on_host.store(true, Ordering::Release);
+            let _ = reader.send(Link {
+                from_agent: Source::Host(from_host),
+                preamble: false,
+            });
+            Box::new(to_host)
+        }
+        crate::host::Route::Here(refusal) => {
+            let session = match crate::session::Session::from_config(
+                config,
+                crate::session::Mode::Plain { refusal },
+            ) {
+                Ok(s) => Arc::new(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the native agent could not start");
+                    return;
+                }
+            };
+            let (agent_in, to_agent_w) = tokio::io::duplex(1 << 20);
+            let (from_agent_w, from_agent) = tokio::io::duplex(1 << 20);
+            tokio::spawn(async move {
+                let ending = crate::conn::serve_on(&session, agent_in, from_agent_w, true).await;
+                tracing::debug!(?ending, "native side ended");
+                session.shutdown().await;
+            });
+            let _ = reader.send(Link {
+                from_agent: Source::Stream(Box::new(from_agent)),
+                preamble: true,
+            });
+            Box::new(to_agent_w)
+        }
+    };
     let mut frame = Some(first);
     while let Some(f) = frame.take() {
         if to_agent.write_all(&f).await.is_err() {

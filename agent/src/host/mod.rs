@@ -7,7 +7,9 @@
 //! Unix socket named by version and session id in a 0700 directory of the
 //! user's (the first of `$XDG_RUNTIME_DIR/executor`, `/tmp/executor-<uid>`
 //! and `~/.cache/executor/run` that is the user's own: see [`dirs`]). The
-//! stdio process then only relays bytes. When the SSH connection drops, the
+//! stdio process then hands its stdin and stdout to the host, which serves
+//! them directly ([`Carry::Fds`]), or, on a terminal, relays bytes. When
+//! the SSH connection drops, the
 //! host keeps the session (processes run on, output is retained) until a
 //! new `ssh devbox executor` resumes it with `session.resume`, or until
 //! `detach_ttl_ms` passes without one, when every job is killed and the
@@ -43,17 +45,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
 
 pub mod dirs;
 pub mod relay;
 
-pub use relay::{begin_resume, resume_handshake, route, serve_stdio, Launch, Route};
+pub use relay::{begin_resume, resume_handshake, route, serve_stdio, HandOver, Launch, Route};
 
 /// The send buffer asked for on a session host's connections.
 const SOCKET_BUFFER: usize = 2 << 20;
 
 /// First bytes of a relay's handshake (its layout: [`handshake`]).
-const MAGIC: &[u8; 4] = b"EXR2";
+const MAGIC: &[u8; 4] = b"EXR3";
 const FIRST_ATTACH: u8 = 0;
 const RESUME: u8 = 1;
 /// Handshake answers.
@@ -71,6 +74,10 @@ const SECRET_LEN: usize = 32;
 /// The longest resume token a handshake carries (the agent's are 32 hex
 /// digits; a longer one cannot be right).
 const MAX_TOKEN_LEN: usize = 256;
+/// The most bytes a relay replays before handing its descriptors over
+/// (the first frame and what came with it: a frame of at most
+/// `max_frame_bytes` and one read's worth), past that frame's bound.
+const REPLAY_SLACK: usize = 1 << 20;
 /// A host nobody attached to within this long exits (its relay died).
 const FIRST_ATTACH_WITHIN: Duration = Duration::from_secs(30);
 
@@ -301,7 +308,8 @@ async fn attach(
         )));
     }
     // The whole handshake within a bound: a stalled one holds nothing.
-    let hello = match tokio::time::timeout(HANDSHAKE_WITHIN, read_hello(&mut stream)).await {
+    let (carry, hello) = match tokio::time::timeout(HANDSHAKE_WITHIN, read_hello(&mut stream)).await
+    {
         Ok(Ok(hello)) => hello,
         Ok(Err(e)) => {
             let _ = stream.write_all(&[REFUSED]).await;
@@ -349,20 +357,297 @@ async fn attach(
             }
         }
     };
+    // From here on, however the connection ends, a resume slot it holds
+    // is freed.
+    struct Slot<'a>(&'a std::sync::Mutex<Option<Pending>>, u64);
+    impl Drop for Slot<'_> {
+        fn drop(&mut self) {
+            let mut p = self.0.lock().expect("pending lock");
+            if p.as_ref().is_some_and(|p| p.connection == self.1) {
+                *p = None;
+            }
+        }
+    }
+    let _slot = Slot(pending, this);
     stream.write_all(&[verdict]).await?;
     if verdict != ACCEPTED {
         return Err(std::io::Error::other(format!(
             "handshake refused ({verdict})"
         )));
     }
-    let (reader, writer) = stream.into_split();
-    let ending = serve_on(&session, reader, writer, false).await;
-    let mut p = pending.lock().expect("pending lock");
-    if p.as_ref().is_some_and(|p| p.connection == this) {
-        *p = None;
-    }
-    tracing::info!(?ending, "a connection to the session host ended");
+    let ending = match carry {
+        Carry::Bytes => {
+            let (reader, writer) = stream.into_split();
+            serve_on(&session, reader, writer, false).await
+        }
+        Carry::Fds => {
+            let max_replay = session.limits().max_frame_bytes as usize + REPLAY_SLACK;
+            let handed =
+                match tokio::time::timeout(HANDSHAKE_WITHIN, take_stdio(&mut stream, max_replay))
+                    .await
+                {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        return Err(std::io::Error::other(
+                            "the relay's descriptors did not come in time",
+                        ))
+                    }
+                };
+            // The relay sends nothing after its hand-over: any read of its
+            // socket is its end.
+            let (mut from_relay, mut to_relay) = stream.into_split();
+            let gone = CancellationToken::new();
+            let watch = tokio::spawn({
+                let gone = gone.clone();
+                async move {
+                    let _ = from_relay.read(&mut [0u8; 1]).await;
+                    gone.cancel();
+                }
+            });
+            let input = UntilRelayGone::new(
+                std::io::Cursor::new(handed.replay).chain(handed.input),
+                &gone,
+            );
+            let output = RelayedOutput::new(handed.output, &gone);
+            // Served on the SSH side's own pipes; both are closed when
+            // this returns, before the relay hears how it ended.
+            let ending = serve_on(&session, input, output, false).await;
+            watch.abort();
+            let _ = to_relay.write_all(&[ending_byte(&ending)]).await;
+            ending
+        }
+    };
+    tracing::info!(?ending, ?carry, "a connection to the session host ended");
     Ok(())
+}
+
+/// How a relay's connection reaches the host once its handshake is
+/// accepted (a byte of the handshake: 0 and 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carry {
+    /// The relay moves the bytes both ways over the socket.
+    Bytes,
+    /// The relay hands over its stdin and stdout (the SSH side: pipes or
+    /// sockets) by `SCM_RIGHTS` in one message whose 4 bytes are the
+    /// big-endian length of what it read of stdin first, which follows on
+    /// the socket. The host serves them directly (the relay leaves the
+    /// data path) and, when the connection ends, closes them and writes
+    /// one byte saying how it ended ([`ending_byte`]).
+    Fds,
+}
+
+/// A handed-over connection's input, which ends once its relay is gone
+/// (`gone` cancelled): a relay killed ends the connection as it did when
+/// it carried the bytes, whoever still holds the other ends of its pipes.
+struct UntilRelayGone<R> {
+    input: R,
+    gone: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<R> UntilRelayGone<R> {
+    fn new(input: R, gone: &CancellationToken) -> Self {
+        UntilRelayGone {
+            input,
+            gone: Box::pin(gone.clone().cancelled_owned()),
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for UntilRelayGone<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if std::future::Future::poll(self.gone.as_mut(), cx).is_ready() {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.input).poll_read(cx, buf)
+    }
+}
+
+/// A handed-over connection's output, which fails (`BrokenPipe`) once its
+/// relay is gone, as the relay's socket did: a writer stalled on a pipe
+/// nobody reads lets go of what it holds.
+struct RelayedOutput {
+    output: tokio::net::unix::pipe::Sender,
+    token: CancellationToken,
+    gone: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl RelayedOutput {
+    fn new(output: tokio::net::unix::pipe::Sender, gone: &CancellationToken) -> Self {
+        RelayedOutput {
+            output,
+            token: gone.clone(),
+            gone: Box::pin(gone.clone().cancelled_owned()),
+        }
+    }
+
+    fn check(&mut self, cx: &mut std::task::Context<'_>) -> std::io::Result<()> {
+        if std::future::Future::poll(self.gone.as_mut(), cx).is_ready() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the relay is gone",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AsyncWrite for RelayedOutput {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.check(cx)?;
+        std::pin::Pin::new(&mut self.output).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.check(cx)?;
+        std::pin::Pin::new(&mut self.output).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.output.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.check(cx)?;
+        std::pin::Pin::new(&mut self.output).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.output).poll_shutdown(cx)
+    }
+}
+
+impl crate::conn::Output for RelayedOutput {
+    fn splices(&self) -> bool {
+        true
+    }
+
+    async fn splice_from<'a>(
+        &'a mut self,
+        from: std::os::fd::BorrowedFd<'a>,
+        len: usize,
+    ) -> std::io::Result<usize> {
+        let RelayedOutput { output, token, .. } = self;
+        tokio::select! {
+            biased;
+            _ = token.cancelled() => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the relay is gone",
+            )),
+            r = output.splice_from(from, len) => r,
+        }
+    }
+}
+
+/// How a handed-over connection ended, as the relay hears it.
+fn ending_byte(e: &Ending) -> u8 {
+    match e {
+        Ending::Eof => 0,
+        Ending::FramingLost => 1,
+        Ending::BadLength => 2,
+        Ending::OutputClosed => 3,
+    }
+}
+
+/// The [`Ending`] of a byte from [`ending_byte`]; a connection whose host
+/// said nothing (it died) ended with its input.
+fn ending_of(b: Option<u8>) -> Ending {
+    match b {
+        Some(1) => Ending::FramingLost,
+        Some(2) => Ending::BadLength,
+        Some(3) => Ending::OutputClosed,
+        _ => Ending::Eof,
+    }
+}
+
+/// A relay's stdin and stdout, handed over, and what it read of stdin
+/// before.
+struct Handed {
+    replay: Vec<u8>,
+    input: tokio::net::unix::pipe::Receiver,
+    output: tokio::net::unix::pipe::Sender,
+}
+
+/// Take a relay's descriptors ([`Carry::Fds`]): exactly two, a pipe or a
+/// socket each, the first open for reading and the second for writing;
+/// anything else is refused (and closed).
+async fn take_stdio(stream: &mut UnixStream, max_replay: usize) -> std::io::Result<Handed> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use nix::sys::stat::{fstat, SFlag};
+    use std::os::fd::AsFd;
+    let bad = |what: String| std::io::Error::other(format!("the relay's hand-over: {what}"));
+    let mut head = [0u8; 4];
+    let got = loop {
+        stream.readable().await?;
+        let r = stream.try_io(tokio::io::Interest::READABLE, || {
+            executor_sys::recv_fds::<2>(
+                stream.as_fd(),
+                &mut head,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            )
+        });
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => break r?,
+        }
+    };
+    if got.bytes == 0 {
+        return Err(bad("the relay closed before it".into()));
+    }
+    if got.truncated || got.fds.len() != 2 {
+        return Err(bad(format!(
+            "{} descriptors{}, not stdin and stdout",
+            got.fds.len(),
+            if got.truncated { " (cut short)" } else { "" }
+        )));
+    }
+    stream.read_exact(&mut head[got.bytes..]).await?;
+    let len = u32::from_be_bytes(head) as usize;
+    if len > max_replay {
+        return Err(bad(format!(
+            "a replay of {len} bytes (at most {max_replay})"
+        )));
+    }
+    let mut replay = vec![0u8; len];
+    stream.read_exact(&mut replay).await?;
+    let mut fds = got.fds.into_iter();
+    let (input, output) = (fds.next().expect("two"), fds.next().expect("two"));
+    for (fd, name, access) in [
+        (&input, "stdin", [OFlag::O_RDONLY, OFlag::O_RDWR]),
+        (&output, "stdout", [OFlag::O_WRONLY, OFlag::O_RDWR]),
+    ] {
+        let kind = SFlag::from_bits_truncate(fstat(fd.as_fd())?.st_mode) & SFlag::S_IFMT;
+        if kind != SFlag::S_IFIFO && kind != SFlag::S_IFSOCK {
+            return Err(bad(format!("its {name} is not a pipe or a socket")));
+        }
+        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+        if !access.contains(&(flags & OFlag::O_ACCMODE)) {
+            return Err(bad(format!("its {name} is not open for that")));
+        }
+        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    }
+    Ok(Handed {
+        replay,
+        input: tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(input)?,
+        output: tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(output)?,
+    })
 }
 
 /// A relay's handshake, as the host read it. No `Debug`: a resume's
@@ -380,21 +665,26 @@ enum Hello {
 }
 
 /// Read one handshake (its layout: [`handshake`]).
-async fn read_hello(stream: &mut UnixStream) -> std::io::Result<Hello> {
+async fn read_hello(stream: &mut UnixStream) -> std::io::Result<(Carry, Hello)> {
     let bad = |what: &str| std::io::Error::other(format!("bad handshake: {what}"));
-    let mut head = [0u8; 6];
+    let mut head = [0u8; 7];
     stream.read_exact(&mut head).await?;
     if &head[..4] != MAGIC {
         return Err(bad("not a relay's"));
     }
-    let (kind, profile_len) = (head[4], head[5] as usize);
+    let carry = match head[5] {
+        0 => Carry::Bytes,
+        1 => Carry::Fds,
+        _ => return Err(bad("unknown carry")),
+    };
+    let (kind, profile_len) = (head[4], head[6] as usize);
     let mut profile = vec![0u8; profile_len];
     stream.read_exact(&mut profile).await?;
     match kind {
         FIRST_ATTACH => {
             let mut secret = [0u8; SECRET_LEN];
             stream.read_exact(&mut secret).await?;
-            Ok(Hello::FirstAttach { profile, secret })
+            Ok((carry, Hello::FirstAttach { profile, secret }))
         }
         RESUME => {
             let id_len = stream.read_u8().await? as usize;
@@ -406,11 +696,14 @@ async fn read_hello(stream: &mut UnixStream) -> std::io::Result<Hello> {
             }
             let mut token = vec![0u8; token_len];
             stream.read_exact(&mut token).await?;
-            Ok(Hello::Resume {
-                profile,
-                session_id: String::from_utf8(id).map_err(|_| bad("session id not UTF-8"))?,
-                token: String::from_utf8(token).map_err(|_| bad("token not UTF-8"))?,
-            })
+            Ok((
+                carry,
+                Hello::Resume {
+                    profile,
+                    session_id: String::from_utf8(id).map_err(|_| bad("session id not UTF-8"))?,
+                    token: String::from_utf8(token).map_err(|_| bad("token not UTF-8"))?,
+                },
+            ))
         }
         _ => Err(bad("unknown kind")),
     }
@@ -452,7 +745,7 @@ mod tests {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         let hello = handshake_for_test("sess", "tok", "reader");
         a.write_all(&hello).await.unwrap();
-        match read_hello(&mut b).await.unwrap() {
+        match read_hello(&mut b).await.unwrap().1 {
             Hello::Resume {
                 profile,
                 session_id,

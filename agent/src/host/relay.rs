@@ -1,12 +1,15 @@
 //! The stdio relay: the `executor` sshd started serves its connection
 //! in-process, or, when the first request asks for a detached session or
-//! a resume, starts (or finds) the session host and relays bytes to it
-//! over its Unix socket after a handshake (its layout: `handshake`).
+//! a resume, starts (or finds) the session host, passes its handshake (its
+//! layout: `handshake`) and hands it the connection: its stdin and stdout
+//! themselves when they are pipes or sockets ([`Carry::Fds`]), else the
+//! bytes, relayed over the host's Unix socket.
 //!
 //! Part of [`crate::host`]: it uses the host's handshake constants and
 //! [`HostArgs`], [`crate::conn`] and [`crate::session`].
 
 use super::*;
+use std::os::fd::{AsFd, BorrowedFd};
 
 /// What a relay attaches as.
 #[derive(Clone, Copy)]
@@ -87,8 +90,34 @@ pub struct Launch {
     pub profile: Option<String>,
 }
 
-/// The stdio agent: serve in-process, or relay to a session host when the
-/// first request asks for a detached session or a resume.
+/// A side of the stdio agent's connection that may be handed to a session
+/// host ([`Carry::Fds`]): its descriptor when it is one the host can serve
+/// directly (a pipe or a socket driven by the event loop).
+pub trait HandOver {
+    fn hand_over(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+}
+
+impl HandOver for tokio::net::unix::pipe::Receiver {
+    fn hand_over(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.as_fd())
+    }
+}
+
+impl HandOver for tokio::net::unix::pipe::Sender {
+    fn hand_over(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.as_fd())
+    }
+}
+
+/// Tokio's portable stdio (a terminal, a file): relayed as bytes.
+impl HandOver for tokio::io::Stdin {}
+impl HandOver for tokio::io::Stdout {}
+
+/// The stdio agent: serve in-process, or hand the connection to a session
+/// host when the first request asks for a detached session or a resume
+/// (its descriptors when it can, else relaying its bytes).
 pub async fn serve_stdio<R, W>(
     mut input: R,
     mut output: W,
@@ -96,8 +125,8 @@ pub async fn serve_stdio<R, W>(
     launch: Launch,
 ) -> std::io::Result<Ending>
 where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: crate::conn::Output,
+    R: AsyncRead + HandOver + Unpin + Send + 'static,
+    W: crate::conn::Output + HandOver,
 {
     output.write_all(PREAMBLE).await?;
     output.flush().await?;
@@ -120,13 +149,21 @@ where
         replay.extend_from_slice(f);
     }
     replay.extend_from_slice(&buf);
-    // Descriptors cannot cross the relay (it moves bytes): a client that
+    // Descriptors cannot reach the client through the relay (the SSH
+    // side's pipes carry none): a client that
     // asks for them is served here, where its initialize is refused
     // (`Session::initialize`), and no session host starts.
     let refusal = if first.as_deref().is_some_and(asks_for_descriptors) {
         None
     } else {
-        match route(first.as_deref(), &config, &launch).await {
+        let carry = match (input.hand_over(), output.hand_over()) {
+            (Some(_), Some(_)) => Carry::Fds,
+            _ => Carry::Bytes,
+        };
+        match route(first.as_deref(), &config, &launch, carry).await {
+            Route::Host(stream) if carry == Carry::Fds => {
+                return hand_over(stream, replay, input, output).await
+            }
             Route::Host(stream) => return relay(stream, replay, input, output).await,
             Route::Here(refusal) => refusal,
         }
@@ -159,9 +196,10 @@ impl std::fmt::Debug for Route {
 
 /// Route a connection whose first frame (without its length prefix) is
 /// `first`: a detach starts a session host, a resume finds one; either is
-/// connected to and its handshake passed. What fails becomes the refusal
-/// of the request served here.
-pub async fn route(first: Option<&[u8]>, config: &Config, launch: &Launch) -> Route {
+/// connected to and its handshake passed, saying that the connection will
+/// be carried as `carry`. What fails becomes the refusal of the request
+/// served here.
+pub async fn route(first: Option<&[u8]>, config: &Config, launch: &Launch, carry: Carry) -> Route {
     let wants = first.map_or(Wants::Plain, wants);
     let profile = launch.profile.clone().unwrap_or_default();
     let expired = |why: String| Refusal::new(ErrorCode::SessionExpired, why);
@@ -171,7 +209,7 @@ pub async fn route(first: Option<&[u8]>, config: &Config, launch: &Launch) -> Ro
         Wants::Detach => {
             match start_host(launch, &env, config.limits.max_detached_sessions).await {
                 Ok((socket, secret)) => {
-                    match connect(&socket, Attach::First(&secret), &profile).await {
+                    match connect(&socket, Attach::First(&secret), carry, &profile).await {
                         Ok(stream) => return Route::Host(stream),
                         Err(e) => Some(expired(format!(
                             "the session host did not take the connection: {}",
@@ -193,7 +231,7 @@ pub async fn route(first: Option<&[u8]>, config: &Config, launch: &Launch) -> Ro
                 token: &token,
             };
             match env.find_socket(&session_id) {
-                Some(s) => match connect(&s, attach, &profile).await {
+                Some(s) => match connect(&s, attach, carry, &profile).await {
                     Ok(stream) => return Route::Host(stream),
                     Err(e) => Some(e),
                 },
@@ -310,7 +348,12 @@ impl Mode0600 for std::fs::OpenOptions {
 }
 
 /// Connect to a session host and pass its handshake.
-async fn connect(socket: &Path, attach: Attach<'_>, profile: &str) -> Result<UnixStream, Refusal> {
+async fn connect(
+    socket: &Path,
+    attach: Attach<'_>,
+    carry: Carry,
+    profile: &str,
+) -> Result<UnixStream, Refusal> {
     let io = |e: std::io::Error| {
         Refusal::new(
             ErrorCode::SessionExpired,
@@ -322,7 +365,7 @@ async fn connect(socket: &Path, attach: Attach<'_>, profile: &str) -> Result<Uni
     if matches!(attach, Attach::Resume { token, .. } if token.len() > MAX_TOKEN_LEN) {
         return refused(ErrorCode::SessionExpired, wrong);
     }
-    let hello = handshake(attach, profile).map_err(io)?;
+    let hello = handshake(attach, carry, profile).map_err(io)?;
     let mut stream = UnixStream::connect(socket).await.map_err(io)?;
     let host_uid = stream.peer_cred().map_err(io)?.uid();
     let me = nix::unistd::getuid().as_raw();
@@ -353,18 +396,23 @@ async fn connect(socket: &Path, attach: Attach<'_>, profile: &str) -> Result<Uni
     }
 }
 
-/// A relay's handshake: [`MAGIC`], the kind, the profile name's length
-/// (one byte) and the name; then for a first attach the 32-byte secret,
-/// for a resume the session id (one-byte length, then the id) and the
-/// token (two-byte big-endian length, then the token).
-fn handshake(attach: Attach<'_>, profile: &str) -> std::io::Result<Vec<u8>> {
+/// A relay's handshake: [`MAGIC`], the kind, the [`Carry`] (0 bytes, 1
+/// descriptors), the profile name's length (one byte) and the name; then
+/// for a first attach the 32-byte secret, for a resume the session id
+/// (one-byte length, then the id) and the token (two-byte big-endian
+/// length, then the token).
+fn handshake(attach: Attach<'_>, carry: Carry, profile: &str) -> std::io::Result<Vec<u8>> {
     let too_long = |what: &str| std::io::Error::other(format!("{what} too long"));
     let profile = profile.as_bytes();
-    let mut head = Vec::with_capacity(6 + profile.len() + SECRET_LEN);
+    let mut head = Vec::with_capacity(7 + profile.len() + SECRET_LEN);
     head.extend_from_slice(MAGIC);
     head.push(match attach {
         Attach::First(_) => FIRST_ATTACH,
         Attach::Resume { .. } => RESUME,
+    });
+    head.push(match carry {
+        Carry::Bytes => 0,
+        Carry::Fds => 1,
     });
     head.push(u8::try_from(profile.len()).map_err(|_| too_long("profile name"))?);
     head.extend_from_slice(profile);
@@ -386,7 +434,7 @@ fn handshake(attach: Attach<'_>, profile: &str) -> std::io::Result<Vec<u8>> {
 /// The handshake a resume of `session_id` with `token` sends under
 /// `profile`. For tests (a handshake cut short) and diagnostics.
 pub fn resume_handshake(profile: &str, session_id: &str, token: &str) -> std::io::Result<Vec<u8>> {
-    handshake(Attach::Resume { session_id, token }, profile)
+    handshake(Attach::Resume { session_id, token }, Carry::Bytes, profile)
 }
 
 /// Start a resume of the session at `socket` and stop before its
@@ -401,9 +449,14 @@ pub async fn begin_resume(
     session_id: &str,
     token: &str,
 ) -> std::io::Result<UnixStream> {
-    connect(socket, Attach::Resume { session_id, token }, profile)
-        .await
-        .map_err(|r| std::io::Error::other(r.why().to_string()))
+    connect(
+        socket,
+        Attach::Resume { session_id, token },
+        Carry::Bytes,
+        profile,
+    )
+    .await
+    .map_err(|r| std::io::Error::other(r.why().to_string()))
 }
 
 /// Bytes both ways between the SSH side and the host, until either ends.
@@ -430,10 +483,61 @@ where
     down.map(|_| Ending::Eof)
 }
 
+/// Hand the SSH side's descriptors to the host ([`Carry::Fds`]) with what
+/// was read of its input first, then wait, out of the data path, until the
+/// host says how the connection ended (or dies). This process stays until
+/// then: sshd ends the channel's input when its command exits.
+async fn hand_over<R, W>(
+    mut stream: UnixStream,
+    replay: Vec<u8>,
+    input: R,
+    output: W,
+) -> std::io::Result<Ending>
+where
+    R: HandOver,
+    W: HandOver,
+{
+    let (Some(in_fd), Some(out_fd)) = (input.hand_over(), output.hand_over()) else {
+        return Err(std::io::Error::other("nothing to hand over"));
+    };
+    let len = u32::try_from(replay.len())
+        .map_err(|_| std::io::Error::other("the replay is too long"))?
+        .to_be_bytes();
+    loop {
+        stream.writable().await?;
+        let r = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            executor_sys::send_fds(
+                stream.as_fd(),
+                &len,
+                &[in_fd, out_fd],
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+            )
+        });
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Ok(n) => {
+                stream.write_all(&len[n..]).await?;
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    stream.write_all(&replay).await?;
+    // This process's copies leave its event loop; its descriptors 0 and 1
+    // stay open until it exits, as sshd needs.
+    drop((input, output));
+    let mut said = [0u8; 1];
+    let ending = match stream.read(&mut said).await {
+        Ok(1) => super::ending_of(Some(said[0])),
+        _ => super::ending_of(None),
+    };
+    Ok(ending)
+}
+
 /// A resume's handshake bytes, for the host's tests.
 #[cfg(test)]
 pub(super) fn handshake_for_test(session_id: &str, token: &str, profile: &str) -> Vec<u8> {
-    handshake(Attach::Resume { session_id, token }, profile).unwrap()
+    handshake(Attach::Resume { session_id, token }, Carry::Bytes, profile).unwrap()
 }
 
 #[cfg(test)]
