@@ -9,6 +9,7 @@ mod agent_cost;
 mod codex;
 mod egress;
 mod limits;
+mod mcp_rmcp;
 mod mcp_stdio;
 mod scale;
 mod ssh_read;
@@ -37,7 +38,8 @@ struct Args {
     /// ssh-exec, ssh-get, cold-start, idle-rss, stream-rss, wire, egress,
     /// the scale rows: walk-1m, streams-64, idle-jobs, reads-32, and the
     /// Codex dialect's: codex-start, codex-sandbox, codex-read, codex-http;
-    /// mcp-stdio: `executor-client mcp stdio` locally and over sshd).
+    /// mcp-stdio: `executor-client mcp stdio` locally and over sshd;
+    /// mcp-rmcp: an rmcp client through the library over sshd).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -607,6 +609,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("mcp-stdio") {
         rows.extend(mcp_stdio::rows().await?);
+    }
+    if want("mcp-rmcp") {
+        rows.push(mcp_rmcp::row().await?);
     }
     let mut md = String::new();
     writeln!(md, "# Benchmark results\n")?;

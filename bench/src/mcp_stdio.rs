@@ -22,7 +22,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SERVER: &str = include_str!("../../tests/suite/mcp_stdio/server.py");
+pub(crate) const SERVER: &str = include_str!("../../tests/suite/mcp_stdio/server.py");
 
 /// Sequential calls per trial.
 const CALLS: usize = 1000;
@@ -31,7 +31,7 @@ const TRIALS: usize = 3;
 
 /// The Python interpreter that imports the MCP SDK (absolute: a job or an
 /// ssh command gets the host user's PATH, which may not hold it).
-fn python() -> anyhow::Result<String> {
+pub(crate) fn python() -> anyhow::Result<String> {
     let out = Command::new("python3")
         .args(["-c", "import sys, mcp; print(sys.executable)"])
         .output()
@@ -133,7 +133,7 @@ fn compare(
 }
 
 /// The median and the 99th percentile of `times`.
-fn summary(mut times: Vec<Duration>) -> (Duration, Duration) {
+pub(crate) fn summary(mut times: Vec<Duration>) -> (Duration, Duration) {
     times.sort();
     let p99 = times[(times.len() * 99 / 100).min(times.len() - 1)];
     (median(times), p99)
