@@ -335,8 +335,17 @@ where
         session.detach(generation, &conn.notes);
     }
     drop(conn);
-    // The writer ends once every sender is gone and its queues are drained.
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    // The writer ends once every sender is gone and its queues are drained;
+    // one still stalled on an output nobody reads after 5 s is stopped
+    // (and its output closed) rather than left holding it.
+    let mut writer = writer;
+    if tokio::time::timeout(Duration::from_secs(5), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+        let _ = writer.await;
+    }
     ending
 }
 

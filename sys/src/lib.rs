@@ -883,87 +883,73 @@ pub struct Received {
 
 /// Receive one message sent by [`send_fds`] with room for up to `N`
 /// descriptors (close-on-exec). `flags` adds to `MSG_CMSG_CLOEXEC`, e.g.
-/// `MSG_DONTWAIT` (then `WouldBlock` when nothing was sent).
+/// `MSG_DONTWAIT` (then `WouldBlock` when nothing was sent). A message
+/// the kernel cut (more descriptors than room, or more than this process
+/// may open) says `truncated`, and the descriptors that did arrive are
+/// owned here (closed with the message), never left open unowned.
 pub fn recv_fds<const N: usize>(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     flags: nix::sys::socket::MsgFlags,
 ) -> io::Result<Received> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut space = nix::cmsg_space!([RawFd; N]);
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC | flags,
-    )?;
-    let mut fds = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(received) = c {
-            // SAFETY: the kernel just installed these descriptors in this
-            // process for this message; nothing else knows their numbers.
-            fds.extend(
-                received
-                    .into_iter()
-                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-            );
-        }
+    // A control buffer of at least CMSG_SPACE(N ints), u64-aligned as a
+    // cmsghdr needs: 16 bytes of header and 4 per descriptor, rounded.
+    let mut control = vec![0u64; (16 + 4 * N).div_ceil(8) + 1];
+    // SAFETY: the iovec points at `buf` (writable, `buf.len()` bytes),
+    // which outlives the call.
+    unsafe {
+        recvmsg_with_fds(
+            sock,
+            buf.as_mut_ptr(),
+            buf.len(),
+            N,
+            &mut control,
+            flags.bits(),
+        )
     }
-    Ok(Received {
-        bytes: msg.bytes,
-        truncated: msg
-            .flags
-            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC),
-        fds,
-    })
 }
 
-/// The most descriptors [`recv_fds_into`] takes with one read (more are
-/// closed by the kernel and the read says `truncated`).
-pub const RECV_FDS_MAX: usize = 4;
-
-/// Read what a connected Unix stream socket holds into the free capacity
-/// of `buf` (appended; at least one byte must be free), with the
-/// descriptors sent with it (`SCM_RIGHTS`, close-on-exec, at most
-/// [`RECV_FDS_MAX`]). Never waits: `WouldBlock` when nothing is queued;
-/// `bytes` 0 at EOF. A descriptor comes with the read that takes the
-/// bytes it was sent with, and that read ends with them.
-#[cfg(target_os = "linux")]
-pub fn recv_fds_into(sock: BorrowedFd<'_>, buf: &mut bytes::BytesMut) -> io::Result<Received> {
-    use bytes::BufMut;
-    let room = buf.chunk_mut();
-    if room.len() == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "recv_fds_into: the buffer has no free capacity",
-        ));
-    }
+/// `recvmsg(2)` into `len` bytes at `base` with room for `max_fds`
+/// descriptors in `control` (close-on-exec, `flags` added), retried on
+/// `EINTR`. The control messages are walked by hand: nix's `cmsgs()`
+/// refuses a message the kernel cut (`MSG_CTRUNC`) before it hands out
+/// the descriptors that were installed, which would leave them open and
+/// owned by nothing.
+///
+/// # Safety
+///
+/// `base` must be valid for writes of `len` bytes (possibly
+/// uninitialised: the kernel only writes them) for the call.
+unsafe fn recvmsg_with_fds(
+    sock: BorrowedFd<'_>,
+    base: *mut u8,
+    len: usize,
+    max_fds: usize,
+    control: &mut [u64],
+    flags: libc::c_int,
+) -> io::Result<Received> {
     let mut iov = libc::iovec {
-        iov_base: room.as_mut_ptr().cast(),
-        iov_len: room.len(),
+        iov_base: base.cast(),
+        iov_len: len,
     };
-    // CMSG_SPACE of RECV_FDS_MAX ints is 32 bytes on 64-bit Linux; 64 to
-    // spare, u64-aligned as a cmsghdr needs.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain data, all-zero valid; its iovec points at the
-    // free capacity of `buf` (writable, `room.len()` bytes, possibly
-    // uninitialised, which the kernel only writes), its control buffer at
-    // the local `control`; both outlive the call.
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE((max_fds * std::mem::size_of::<libc::c_int>()) as u32) };
+    assert!(
+        space as usize <= std::mem::size_of_val(control),
+        "the control buffer holds CMSG_SPACE of {max_fds} descriptors"
+    );
+    // SAFETY: msghdr is plain data, all-zero valid; its iovec points at
+    // the caller's buffer (valid for `len` bytes, as this function's
+    // contract says) and its control buffer at `control`, both alive for
+    // the call.
     let (n, msg) = unsafe {
-        let space = libc::CMSG_SPACE((RECV_FDS_MAX * std::mem::size_of::<libc::c_int>()) as u32);
-        debug_assert!(space as usize <= std::mem::size_of_val(&control));
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
         msg.msg_controllen = space as _;
         loop {
-            let n = libc::recvmsg(
-                sock.as_raw_fd(),
-                &mut msg,
-                libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
-            );
+            let n = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags);
             if n >= 0 {
                 break (n as usize, msg);
             }
@@ -994,14 +980,52 @@ pub fn recv_fds_into(sock: BorrowedFd<'_>, buf: &mut bytes::BytesMut) -> io::Res
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
     }
-    // SAFETY: the kernel wrote `n` bytes (at most `room.len()`) at the
-    // start of the free capacity: they are initialised now.
-    unsafe { buf.advance_mut(n) };
     Ok(Received {
         bytes: n,
         truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
         fds,
     })
+}
+
+/// The most descriptors [`recv_fds_into`] takes with one read (more are
+/// closed by the kernel and the read says `truncated`).
+pub const RECV_FDS_MAX: usize = 4;
+
+/// Read what a connected Unix stream socket holds into the free capacity
+/// of `buf` (appended; at least one byte must be free), with the
+/// descriptors sent with it (`SCM_RIGHTS`, close-on-exec, at most
+/// [`RECV_FDS_MAX`]). Never waits: `WouldBlock` when nothing is queued;
+/// `bytes` 0 at EOF. A descriptor comes with the read that takes the
+/// bytes it was sent with, and that read ends with them.
+#[cfg(target_os = "linux")]
+pub fn recv_fds_into(sock: BorrowedFd<'_>, buf: &mut bytes::BytesMut) -> io::Result<Received> {
+    use bytes::BufMut;
+    let room = buf.chunk_mut();
+    if room.len() == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "recv_fds_into: the buffer has no free capacity",
+        ));
+    }
+    // CMSG_SPACE of RECV_FDS_MAX ints is 32 bytes on 64-bit Linux; 64 to
+    // spare, u64-aligned as a cmsghdr needs.
+    let mut control = [0u64; 8];
+    // SAFETY: the free capacity of `buf` is writable for `room.len()`
+    // bytes (uninitialised, which the kernel only writes) during the call.
+    let got = unsafe {
+        recvmsg_with_fds(
+            sock,
+            room.as_mut_ptr(),
+            room.len(),
+            RECV_FDS_MAX,
+            &mut control,
+            libc::MSG_DONTWAIT,
+        )?
+    };
+    // SAFETY: the kernel wrote `got.bytes` bytes (at most `room.len()`)
+    // at the start of the free capacity: they are initialised now.
+    unsafe { buf.advance_mut(got.bytes) };
+    Ok(got)
 }
 
 /// Move up to `len` bytes from `from` to `to` inside the kernel
@@ -1285,6 +1309,36 @@ pub fn stream_stdio() -> Option<(OwnedFd, OwnedFd)> {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// A message with more descriptors than room (MSG_CTRUNC) is reported
+    /// cut short, and every descriptor the kernel installed is owned and
+    /// closed with it: the write end of a pipe sent three times reaches
+    /// EOF on its read end once the message and our copy are dropped (a
+    /// leaked copy would keep it open: `EAGAIN`). Control: the same pipe
+    /// sent twice with room for two arrives whole.
+    #[test]
+    fn a_cut_message_leaves_no_descriptor_open() {
+        use nix::sys::socket::MsgFlags;
+        for (sent, cut) in [(3, true), (2, false)] {
+            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+            let fds = vec![w.as_fd(); sent];
+            send_fds(a.as_fd(), b"x", &fds, MsgFlags::empty()).unwrap();
+            drop(fds);
+            let mut buf = [0u8; 4];
+            let got = recv_fds::<2>(b.as_fd(), &mut buf, MsgFlags::empty()).unwrap();
+            assert_eq!(got.truncated, cut, "{sent} sent");
+            assert_eq!(got.bytes, 1);
+            assert!(got.fds.len() <= 2);
+            drop((got, w));
+            let mut one = [0u8; 1];
+            assert_eq!(
+                nix::unistd::read(&r, &mut one).map_err(|e| e.to_string()),
+                Ok(0),
+                "{sent} sent: a copy of the write end is still open"
+            );
+        }
+    }
 
     /// A descriptor sent with a message arrives with the read that takes
     /// its bytes, the read ends there (bytes after it come with the next),

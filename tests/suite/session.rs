@@ -1372,3 +1372,346 @@ async fn a_detached_connection_is_handed_to_the_host_and_the_relay_leaves_the_pa
     );
     kill9(host);
 }
+
+/// Attacks on the hand-over, as a peer holding the session's credentials
+/// (the same uid) would make them on the host's socket directly.
+mod hand_over {
+    use super::*;
+    use executor_protocol::methods as m;
+    use nix::sys::socket::MsgFlags;
+    use std::io::{Read, Write};
+    use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+    use std::os::unix::net::UnixStream as StdUnix;
+
+    /// What `pid`'s descriptors name.
+    fn targets(pid: u32) -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .map(|l| l.to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn own_target(fd: BorrowedFd<'_>) -> String {
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// A detached session whose first relay has closed.
+    async fn detached() -> (String, String, u32, PathBuf) {
+        let mut a = RawAgent::spawn_command(local()).await;
+        let mut params = init_params();
+        params.session = detach(120_000).session;
+        let r = a.request(1, m::INITIALIZE, &params).await;
+        let text = |k: &str| {
+            executor_tests::path(&r, &format!("result.{k}"))
+                .and_then(|v| v.as_str())
+                .unwrap_or_else(|| panic!("{r:?}"))
+                .to_string()
+        };
+        let (id, token) = (text("session_id"), text("resume_token"));
+        let host = session_host_of(a.child.id().unwrap());
+        assert_eq!(a.close_and_wait().await.code(), Some(0));
+        let socket = places().runtime_env().find_socket(&id).expect("its socket");
+        (id, token, host, socket)
+    }
+
+    /// Past a resume's handshake that announced descriptors.
+    fn accepted(socket: &Path, id: &str, token: &str) -> StdUnix {
+        let mut hello = host::resume_handshake("", id, token).unwrap();
+        hello[5] = 1; // the carry byte: descriptors
+        for _ in 0..50 {
+            let mut s = StdUnix::connect(socket).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+            s.write_all(&hello).unwrap();
+            let mut v = [0u8; 1];
+            s.read_exact(&mut v).unwrap();
+            if v[0] == 0 {
+                return s;
+            }
+            assert_eq!(v[0], 3, "the verdict (busy, else accepted)");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("never accepted");
+    }
+
+    /// Every malformed hand-over is answered "not taken" (`N`) and the
+    /// socket closed, and none of its descriptors stays open in the host
+    /// (three descriptors, one more than room: the kernel's cut message
+    /// once left the two it installed open and owned by nothing); then the
+    /// owner's resume works. Control: a well-formed hand-over is taken.
+    #[tokio::test]
+    async fn a_bad_hand_over_is_refused_and_leaves_nothing_open() {
+        use nix::fcntl::{open, OFlag};
+        use nix::sys::stat::Mode;
+        let (id, token, host, socket) = detached().await;
+        let scratch = unique_tempdir("hand-over");
+        let regular = scratch.join("regular");
+        std::fs::write(&regular, b"x").unwrap();
+        let pipe = || nix::unistd::pipe().unwrap();
+        let dgram = || {
+            let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+            OwnedFd::from(a)
+        };
+        type Case = (&'static str, Vec<OwnedFd>, [u8; 4]);
+        let cases: Vec<Case> = vec![
+            {
+                let (_r, w) = pipe();
+                let d = open(
+                    &scratch,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                    Mode::empty(),
+                )
+                .unwrap();
+                ("a directory as stdin", vec![d, w], [0; 4])
+            },
+            {
+                let (r, _w) = pipe();
+                let f = open(&regular, OFlag::O_WRONLY, Mode::empty()).unwrap();
+                ("a regular file as stdout", vec![r, f], [0; 4])
+            },
+            {
+                let (r, _w) = pipe();
+                ("a datagram socket as stdout", vec![r, dgram()], [0; 4])
+            },
+            {
+                let (r, w) = pipe();
+                let (x, _xw) = pipe();
+                ("three descriptors", vec![r, w, x], [0; 4])
+            },
+            {
+                let (r, _w) = pipe();
+                ("one descriptor", vec![r], [0; 4])
+            },
+            {
+                let (r, w) = pipe();
+                ("stdin and stdout swapped", vec![w, r], [0; 4])
+            },
+            {
+                let (r, w) = pipe();
+                ("a replay of 4 GiB", vec![r, w], [0xff; 4])
+            },
+        ];
+        for (what, fds, head) in cases {
+            let names: Vec<String> = fds.iter().map(|f| own_target(f.as_fd())).collect();
+            let mut s = accepted(&socket, &id, &token);
+            let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+            executor_sys::send_fds(s.as_fd(), &head, &borrowed, MsgFlags::empty()).unwrap();
+            drop(borrowed);
+            let mut answer = Vec::new();
+            s.read_to_end(&mut answer).unwrap();
+            assert_eq!(answer, b"N", "{what}: not taken, and the socket closed");
+            drop(fds);
+            let kept: Vec<&String> = names
+                .iter()
+                .filter(|n| !n.starts_with("/dev/"))
+                .filter(|n| targets(host).contains(n))
+                .collect();
+            assert!(kept.is_empty(), "{what}: the host keeps {kept:?}");
+        }
+        // Control: a pipe pair is taken, and let go when its peer goes.
+        let ((in_r, in_w), (out_r, out_w)) = (pipe(), pipe());
+        let name = own_target(in_r.as_fd());
+        let mut s = accepted(&socket, &id, &token);
+        executor_sys::send_fds(
+            s.as_fd(),
+            &[0; 4],
+            &[in_r.as_fd(), out_w.as_fd()],
+            MsgFlags::empty(),
+        )
+        .unwrap();
+        let mut taken = [0u8; 1];
+        s.read_exact(&mut taken).unwrap();
+        assert_eq!(&taken, b"T", "a well-formed hand-over is taken");
+        assert!(targets(host).contains(&name), "the host holds it");
+        drop((in_w, out_r, in_r, out_w));
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, [0], "the connection ended with its input (Eof)");
+        assert!(!targets(host).contains(&name), "and the host let go");
+        // The owner resumes.
+        let mut b = RawAgent::spawn_command(local()).await;
+        let mut params = init_params();
+        params.session = resume_with(&id, &token).session;
+        let r = b.request(1, m::INITIALIZE, &params).await;
+        assert_eq!(
+            executor_tests::path(&r, "result.resumed").and_then(|v| v.as_bool()),
+            Some(true),
+            "{r:?}"
+        );
+        b.close_and_wait().await;
+        kill9(host);
+        std::fs::remove_dir_all(&scratch).unwrap();
+    }
+
+    /// A client that closes its input without ever reading its output:
+    /// the host stops the writer stalled on the SSH side's stdout and lets
+    /// go of it before the relay exits (no process but the host would
+    /// otherwise hold the channel open).
+    #[tokio::test]
+    async fn a_stalled_output_is_let_go_when_the_connection_ends() {
+        let mut a = RawAgent::spawn_command(local()).await;
+        let mut params = init_params();
+        params.session = detach(120_000).session;
+        let r = a.request(1, m::INITIALIZE, &params).await;
+        assert!(executor_tests::path(&r, "result").is_some(), "{r:?}");
+        let relay = a.child.id().unwrap();
+        let host = session_host_of(relay);
+        let out = std::fs::read_link(format!("/proc/{relay}/fd/1"))
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let p = ProcessStartParams::new(
+            vec![
+                "head".into(),
+                "-c".into(),
+                "4000000".into(),
+                "/dev/zero".into(),
+            ],
+            "/",
+            env(),
+        );
+        let r = a.request(2, m::PROCESS_START, &p).await;
+        let pid = executor_tests::path(&r, "result.process_id")
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("{r:?}"))
+            .to_string();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for i in 0..16u64 {
+            let rp = ProcessReadParams {
+                process_id: pid.clone(),
+                after_seq: None,
+                max_bytes: Some(1 << 20),
+                wait_ms: Some(0),
+            };
+            a.send_request(100 + i, m::PROCESS_READ, &rp).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        a.stdin.take();
+        let exited = tokio::time::timeout(Duration::from_secs(30), a.child.wait())
+            .await
+            .expect("the relay exits with its connection");
+        assert!(exited.is_ok());
+        assert!(
+            !targets(host).contains(&out),
+            "the relay is gone and the host still holds the SSH side's stdout"
+        );
+        kill9(host);
+    }
+
+    /// The host cannot take the descriptors (it is at its open-file limit:
+    /// no attacker needed): the relay, which still has its connection,
+    /// answers the resume's `initialize` itself with `session_expired`
+    /// instead of leaving it unanswered, and the host holds none of its
+    /// pipes.
+    #[tokio::test]
+    async fn a_hand_over_the_host_cannot_take_is_answered_by_the_relay() {
+        let limited = || {
+            let mut c = tokio::process::Command::new("prlimit");
+            c.arg("--nofile=64:64").arg("--").arg(executor_bin());
+            let p = places().runtime_env();
+            c.env("XDG_RUNTIME_DIR", p.xdg_runtime_dir.unwrap())
+                .env("TMPDIR", &p.tmp)
+                .env("HOME", p.home.unwrap());
+            c
+        };
+        let mut a = RawAgent::spawn_command(limited()).await;
+        let mut params = init_params();
+        params.session = detach(60_000).session;
+        let r = a.request(1, m::INITIALIZE, &params).await;
+        let text = |k: &str| {
+            executor_tests::path(&r, &format!("result.{k}"))
+                .and_then(|v| v.as_str())
+                .unwrap_or_else(|| panic!("{r:?}"))
+                .to_string()
+        };
+        let (id, token) = (text("session_id"), text("resume_token"));
+        let host = session_host_of(a.child.id().unwrap());
+        // Fill the host's descriptor table with read handles, then leave
+        // exactly one number free below 64: the accepted socket takes it,
+        // and the hand-over's two descriptors find no room.
+        let mut handles = Vec::new();
+        for i in 0..100u64 {
+            let r = a
+                .request(
+                    10 + i,
+                    m::FS_OPEN,
+                    &executor_protocol::types::fs::OpenParams {
+                        path: "/etc/hostname".into(),
+                        cwd: None,
+                        sandbox: None,
+                    },
+                )
+                .await;
+            match executor_tests::path(&r, "result.handle").and_then(|v| v.as_u64()) {
+                Some(h) => handles.push(h),
+                None => break,
+            }
+        }
+        let free = || {
+            64 - std::fs::read_dir(format!("/proc/{host}/fd"))
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().parse::<u32>().unwrap() < 64)
+                .count()
+        };
+        let mut j = 0;
+        while free() < 1 {
+            let h = handles.pop().expect("a handle to close");
+            let r = a
+                .request(
+                    500 + j,
+                    m::FS_CLOSE,
+                    &executor_protocol::types::fs::CloseParams {
+                        handle: h,
+                        cwd: None,
+                        sandbox: None,
+                    },
+                )
+                .await;
+            assert!(executor_tests::path(&r, "result").is_some(), "{r:?}");
+            j += 1;
+        }
+        let mut b = RawAgent::spawn_command(limited()).await;
+        let b_pid = b.child.id().unwrap();
+        let b_pipes: Vec<String> = ["0", "1"]
+            .iter()
+            .map(|fd| {
+                std::fs::read_link(format!("/proc/{b_pid}/fd/{fd}"))
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let mut params = init_params();
+        params.session = resume_with(&id, &token).session;
+        b.send_request(1, m::INITIALIZE, &params).await;
+        let answer = b.recv().await.expect("the resume's initialize is answered");
+        assert_eq!(error_code(&answer), Some("session_expired"), "{answer:?}");
+        let held: Vec<&String> = b_pipes
+            .iter()
+            .filter(|p| targets(host).contains(p))
+            .collect();
+        assert!(
+            held.is_empty(),
+            "the host holds the refused relay's {held:?}"
+        );
+        b.close_and_wait().await;
+        // The session is intact: the first connection still works.
+        let r = a
+            .request(
+                900,
+                m::ENVIRONMENT_INFO,
+                &executor_protocol::types::session::EnvironmentInfoParams {},
+            )
+            .await;
+        assert!(executor_tests::path(&r, "result").is_some(), "{r:?}");
+        a.close_and_wait().await;
+        kill9(host);
+    }
+}

@@ -382,17 +382,23 @@ async fn attach(
         }
         Carry::Fds => {
             let max_replay = session.limits().max_frame_bytes as usize + REPLAY_SLACK;
-            let handed =
-                match tokio::time::timeout(HANDSHAKE_WITHIN, take_stdio(&mut stream, max_replay))
-                    .await
-                {
-                    Ok(r) => r?,
-                    Err(_) => {
-                        return Err(std::io::Error::other(
-                            "the relay's descriptors did not come in time",
-                        ))
-                    }
-                };
+            let taken = tokio::time::timeout(HANDSHAKE_WITHIN, take_stdio(&mut stream, max_replay))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::other(
+                        "the relay's descriptors did not come in time",
+                    ))
+                });
+            // The relay hears whether they were taken: if not, it still
+            // has them and answers its client itself.
+            let handed = match taken {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = stream.write_all(&[NOT_TAKEN]).await;
+                    return Err(e);
+                }
+            };
+            stream.write_all(&[TAKEN]).await?;
             // The relay sends nothing after its hand-over: any read of its
             // socket is its end.
             let (mut from_relay, mut to_relay) = stream.into_split();
@@ -412,6 +418,9 @@ async fn attach(
             // Served on the SSH side's own pipes; both are closed when
             // this returns, before the relay hears how it ended.
             let ending = serve_on(&session, input, output, false).await;
+            // A writer still stalled on the SSH side's stdout (serve_on
+            // gave up waiting for it) fails now and lets go of it.
+            gone.cancel();
             watch.abort();
             let _ = to_relay.write_all(&[ending_byte(&ending)]).await;
             ending
@@ -428,11 +437,13 @@ pub enum Carry {
     /// The relay moves the bytes both ways over the socket.
     Bytes,
     /// The relay hands over its stdin and stdout (the SSH side: pipes or
-    /// sockets) by `SCM_RIGHTS` in one message whose 4 bytes are the
-    /// big-endian length of what it read of stdin first, which follows on
-    /// the socket. The host serves them directly (the relay leaves the
-    /// data path) and, when the connection ends, closes them and writes
-    /// one byte saying how it ended ([`ending_byte`]).
+    /// stream sockets) by `SCM_RIGHTS` in one message whose 4 bytes are
+    /// the big-endian length of what it read of stdin first, which follows
+    /// on the socket. The host answers one byte, [`TAKEN`] or (anything
+    /// else, or nothing) not: then the relay still serves its client. Once
+    /// taken, the host serves them directly (the relay leaves the data
+    /// path) and, when the connection ends, closes them and writes one
+    /// byte saying how it ended ([`ending_byte`]).
     Fds,
 }
 
@@ -556,6 +567,11 @@ impl crate::conn::Output for RelayedOutput {
     }
 }
 
+/// The host's answer to a relay's descriptors ([`Carry::Fds`]): taken (the
+/// host serves them), or not (the relay keeps its connection).
+const TAKEN: u8 = b'T';
+const NOT_TAKEN: u8 = b'N';
+
 /// How a handed-over connection ended, as the relay hears it.
 fn ending_byte(e: &Ending) -> u8 {
     match e {
@@ -629,19 +645,27 @@ async fn take_stdio(stream: &mut UnixStream, max_replay: usize) -> std::io::Resu
     stream.read_exact(&mut replay).await?;
     let mut fds = got.fds.into_iter();
     let (input, output) = (fds.next().expect("two"), fds.next().expect("two"));
+    // Both checked before either is changed.
+    let mut flags = Vec::with_capacity(2);
     for (fd, name, access) in [
         (&input, "stdin", [OFlag::O_RDONLY, OFlag::O_RDWR]),
         (&output, "stdout", [OFlag::O_WRONLY, OFlag::O_RDWR]),
     ] {
         let kind = SFlag::from_bits_truncate(fstat(fd.as_fd())?.st_mode) & SFlag::S_IFMT;
-        if kind != SFlag::S_IFIFO && kind != SFlag::S_IFSOCK {
-            return Err(bad(format!("its {name} is not a pipe or a socket")));
+        let stream_socket = kind == SFlag::S_IFSOCK
+            && nix::sys::socket::getsockopt(fd, nix::sys::socket::sockopt::SockType)
+                .is_ok_and(|t| t == nix::sys::socket::SockType::Stream);
+        if kind != SFlag::S_IFIFO && !stream_socket {
+            return Err(bad(format!("its {name} is not a pipe or a stream socket")));
         }
-        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-        if !access.contains(&(flags & OFlag::O_ACCMODE)) {
+        let f = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+        if !access.contains(&(f & OFlag::O_ACCMODE)) {
             return Err(bad(format!("its {name} is not open for that")));
         }
-        fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        flags.push(f);
+    }
+    for (fd, f) in [&input, &output].into_iter().zip(flags) {
+        fcntl(fd, FcntlArg::F_SETFL(f | OFlag::O_NONBLOCK))?;
     }
     Ok(Handed {
         replay,

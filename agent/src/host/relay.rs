@@ -162,7 +162,15 @@ where
         };
         match route(first.as_deref(), &config, &launch, carry).await {
             Route::Host(stream) if carry == Carry::Fds => {
-                return hand_over(stream, replay, input, output).await
+                match hand_over(stream, &replay, &input, &output).await {
+                    Ok(ending) => return Ok(ending),
+                    // Not taken: this process still has the connection,
+                    // and answers the request itself.
+                    Err(why) => Some(Refusal::new(
+                        ErrorCode::SessionExpired,
+                        format!("the session host did not take the connection: {why}"),
+                    )),
+                }
             }
             Route::Host(stream) => return relay(stream, replay, input, output).await,
             Route::Here(refusal) => refusal,
@@ -484,48 +492,58 @@ where
 }
 
 /// Hand the SSH side's descriptors to the host ([`Carry::Fds`]) with what
-/// was read of its input first, then wait, out of the data path, until the
-/// host says how the connection ended (or dies). This process stays until
-/// then: sshd ends the channel's input when its command exits.
+/// was read of its input first; once the host says it took them, wait, out
+/// of the data path, until it says how the connection ended (or dies).
+/// This process stays until then: sshd ends the channel's input when its
+/// command exits. Why not, when the host did not take them (this process
+/// still has the connection, the replay unsent to anyone).
 async fn hand_over<R, W>(
     mut stream: UnixStream,
-    replay: Vec<u8>,
-    input: R,
-    output: W,
-) -> std::io::Result<Ending>
+    replay: &[u8],
+    input: &R,
+    output: &W,
+) -> Result<Ending, String>
 where
     R: HandOver,
     W: HandOver,
 {
     let (Some(in_fd), Some(out_fd)) = (input.hand_over(), output.hand_over()) else {
-        return Err(std::io::Error::other("nothing to hand over"));
+        return Err("nothing to hand over".into());
     };
     let len = u32::try_from(replay.len())
-        .map_err(|_| std::io::Error::other("the replay is too long"))?
+        .map_err(|_| "the first request is too long to hand over".to_string())?
         .to_be_bytes();
-    loop {
-        stream.writable().await?;
-        let r = stream.try_io(tokio::io::Interest::WRITABLE, || {
-            executor_sys::send_fds(
-                stream.as_fd(),
-                &len,
-                &[in_fd, out_fd],
-                nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
-            )
-        });
-        match r {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Ok(n) => {
-                stream.write_all(&len[n..]).await?;
-                break;
+    let sent = async {
+        loop {
+            stream.writable().await?;
+            let r = stream.try_io(tokio::io::Interest::WRITABLE, || {
+                executor_sys::send_fds(
+                    stream.as_fd(),
+                    &len,
+                    &[in_fd, out_fd],
+                    nix::sys::socket::MsgFlags::MSG_DONTWAIT
+                        | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                )
+            });
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Ok(n) => break stream.write_all(&len[n..]).await?,
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
+        stream.write_all(replay).await?;
+        let mut answer = [0u8; 1];
+        stream.read_exact(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer[0])
+    };
+    // No timeout of its own: the host answers within its own bound or
+    // closes, and a relay that stopped waiting could not know whether the
+    // host serves the descriptors (two readers of one stdin).
+    match sent.await {
+        Ok(super::TAKEN) => {}
+        Ok(_) => return Err("it refused the descriptors (see its log)".into()),
+        Err(e) => return Err(e.to_string()),
     }
-    stream.write_all(&replay).await?;
-    // This process's copies leave its event loop; its descriptors 0 and 1
-    // stay open until it exits, as sshd needs.
-    drop((input, output));
     let mut said = [0u8; 1];
     let ending = match stream.read(&mut said).await {
         Ok(1) => super::ending_of(Some(said[0])),
