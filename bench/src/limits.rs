@@ -32,8 +32,12 @@ fn sandboxed(limits: Option<JobLimits>) -> anyhow::Result<ProcessStartParams> {
     Ok(p)
 }
 
-/// Sandboxed start with limits vs without a cgroup, same run.
-pub async fn start_cost(iterations: usize) -> anyhow::Result<Row> {
+/// Sandboxed start with limits vs without a cgroup, same run: starts one
+/// right after the other's exit (`gap` zero: what is made ahead competes
+/// with the next start for the two cores), or each after `gap` idle (as an
+/// orchestrator's starts come: the cgroup made ahead and the previous
+/// one's removal are done meanwhile), the same for every side.
+pub async fn start_cost(iterations: usize, gap: std::time::Duration) -> anyhow::Result<Row> {
     let with = connect().await?;
     let without = connect_without_cgroups().await?;
     let mech = without
@@ -69,6 +73,9 @@ pub async fn start_cost(iterations: usize) -> anyhow::Result<Row> {
     let mut times = [Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..iterations {
         for (i, (c, p)) in sides.iter().enumerate() {
+            if !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+            }
             let t = Instant::now();
             let st = c.start(p).await?.wait().await?;
             times[i].push(t.elapsed());
@@ -84,7 +91,12 @@ pub async fn start_cost(iterations: usize) -> anyhow::Result<Row> {
     let extra = ms(limited) - ms(none);
     Ok(Row {
         what: format!(
-            "sandboxed `/bin/true` start → exited with memory, processes and CPU limits vs the same agent finding no cgroup (median of {iterations}, alternating)"
+            "sandboxed `/bin/true` start → exited with memory, processes and CPU limits vs the same agent finding no cgroup (median of {iterations}, alternating){}",
+            if gap.is_zero() {
+                ", back to back".to_string()
+            } else {
+                format!(", each start after {} ms idle", gap.as_millis())
+            }
         ),
         ours: format!("{:.0} µs with limits", ms(limited) * 1e3),
         baseline: format!("{:.0} µs without a cgroup", ms(none) * 1e3),

@@ -39,7 +39,8 @@ struct Args {
     /// the scale rows: walk-1m, streams-64, idle-jobs, reads-32, and the
     /// Codex dialect's: codex-start, codex-sandbox, codex-read, codex-http;
     /// mcp-stdio: `executor-client mcp stdio` locally and over sshd;
-    /// mcp-rmcp: an rmcp client through the library over sshd).
+    /// mcp-rmcp: an rmcp client through the library over sshd; limits and
+    /// limits-spaced: a job's cgroup, starts back to back and spaced).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
 }
@@ -605,7 +606,10 @@ async fn main() -> anyhow::Result<()> {
         rows.push(scale::concurrent_reads().await?);
     }
     if want("limits") {
-        rows.push(limits::start_cost(args.iterations.min(200)).await?);
+        rows.push(limits::start_cost(args.iterations.min(200), Duration::ZERO).await?);
+    }
+    if want("limits-spaced") {
+        rows.push(limits::start_cost(args.iterations.min(200), Duration::from_millis(20)).await?);
     }
     if want("mcp-stdio") {
         rows.extend(mcp_stdio::rows().await?);
