@@ -11,16 +11,15 @@
 //! server's pipes; the baseline, rmcp → pipes → ssh → sshd → the server's
 //! pipes. The same number of processes between client and server.
 
-use crate::mcp_stdio::{python, summary, SERVER};
+use crate::mcp_stdio::{server, summary};
 use crate::ssh_read::write_ssh_config;
-use crate::{scratch, Row};
+use crate::Row;
 use anyhow::{bail, Context};
 use executor_client::mcp::rmcp::model::CallToolRequestParams;
 use executor_client::mcp::rmcp::service::RoleClient;
 use executor_client::mcp::rmcp::transport::IntoTransport;
 use executor_client::mcp::rmcp::ServiceExt;
 use executor_client::mcp::{JobCommand, JobTransport};
-use executor_client::native_ssh::NativeSshOptions;
 use executor_client::{Client, ClientOptions};
 use executor_tests::sshd::Sshd;
 use std::time::{Duration, Instant};
@@ -68,34 +67,11 @@ where
 
 /// The row.
 pub async fn row() -> anyhow::Result<Row> {
-    let python = python()?;
-    let dir = scratch()?;
-    let server = dir.join("mcp_server.py");
-    std::fs::write(&server, SERVER)?;
-    let server = server.to_str().context("utf-8 path")?.to_string();
+    let (python, server) = server()?;
     let agent = executor_client::target::local_executor()?;
     let sshd = Sshd::start("", "");
     let cfg = write_ssh_config(&sshd)?;
-    let host_pub = std::fs::read_to_string(sshd.dir.join("host_key.pub"))?;
-    let mut f = host_pub.split_whitespace();
-    let known = sshd.dir.join("bench_known_hosts");
-    std::fs::write(
-        &known,
-        format!(
-            "[127.0.0.1]:{} {} {}\n",
-            sshd.port,
-            f.next().context("host key type")?,
-            f.next().context("host key")?
-        ),
-    )?;
-    let native = NativeSshOptions {
-        user: sshd.user.clone(),
-        port: sshd.port,
-        identity: sshd.client_key.clone(),
-        known_hosts: Some(known),
-        remote_command: agent.to_string_lossy().into_owned(),
-        subsystem: false,
-    };
+    let native = sshd.native_options(&agent);
     let ours = |n: usize| {
         let (native, python, server) = (native.clone(), python.clone(), server.clone());
         async move {

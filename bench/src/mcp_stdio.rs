@@ -22,7 +22,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub(crate) const SERVER: &str = include_str!("../../tests/suite/mcp_stdio/server.py");
+const SERVER: &str = include_str!("../../tests/suite/mcp_stdio/server.py");
 
 /// Sequential calls per trial.
 const CALLS: usize = 1000;
@@ -31,7 +31,7 @@ const TRIALS: usize = 3;
 
 /// The Python interpreter that imports the MCP SDK (absolute: a job or an
 /// ssh command gets the host user's PATH, which may not hold it).
-pub(crate) fn python() -> anyhow::Result<String> {
+fn python() -> anyhow::Result<String> {
     let out = Command::new("python3")
         .args(["-c", "import sys, mcp; print(sys.executable)"])
         .output()
@@ -40,6 +40,15 @@ pub(crate) fn python() -> anyhow::Result<String> {
         bail!("python3 cannot import the MCP SDK (python3 -m pip install \"mcp>=1.0\")");
     }
     Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+/// The Python that imports the SDK, and the server script written to the
+/// bench's scratch directory.
+pub(crate) fn server() -> anyhow::Result<(String, String)> {
+    let python = python()?;
+    let server = scratch()?.join("mcp_server.py");
+    std::fs::write(&server, SERVER)?;
+    Ok((python, server.to_str().context("utf-8 path")?.to_string()))
 }
 
 /// Start `cmd` as an MCP stdio server, `initialize` it, then make `calls`
@@ -146,11 +155,7 @@ fn ms(d: Duration) -> f64 {
 /// Both rows: local, then over the test sshd.
 pub async fn rows() -> anyhow::Result<Vec<Row>> {
     tokio::task::spawn_blocking(|| {
-        let python = python()?;
-        let dir = scratch()?;
-        let server = dir.join("mcp_server.py");
-        std::fs::write(&server, SERVER)?;
-        let server = server.to_str().context("utf-8 path")?.to_string();
+        let (python, server) = server()?;
         let agent = executor_client::target::local_executor()?;
         let client = agent.with_file_name("executor-client");
         let mut rows = Vec::new();

@@ -106,6 +106,29 @@ impl Sshd {
         }
     }
 
+    /// Options for the native (russh) transport to this sshd running
+    /// `remote_command`: its host key the only known host (written to
+    /// `native_known_hosts` in its directory).
+    pub fn native_options(
+        &self,
+        remote_command: &Path,
+    ) -> executor_client::native_ssh::NativeSshOptions {
+        let host_pub = std::fs::read_to_string(self.dir.join("host_key.pub")).expect("host key");
+        let mut fields = host_pub.split_whitespace();
+        let (kind, key) = (fields.next().expect("type"), fields.next().expect("key"));
+        let known = self.dir.join("native_known_hosts");
+        std::fs::write(&known, format!("[127.0.0.1]:{} {kind} {key}\n", self.port))
+            .expect("write known_hosts");
+        executor_client::native_ssh::NativeSshOptions {
+            user: self.user.clone(),
+            port: self.port,
+            identity: self.client_key.clone(),
+            known_hosts: Some(known),
+            remote_command: remote_command.to_string_lossy().into_owned(),
+            subsystem: false,
+        }
+    }
+
     /// The `-o` options every test connection uses.
     pub fn ssh_o_options(&self) -> Vec<String> {
         vec![

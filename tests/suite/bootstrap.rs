@@ -381,26 +381,10 @@ fn a_remote_dir_owned_by_another_user_is_refused() {
 /// installed copy on a host whose PATH has no `executor`.
 #[test]
 fn the_native_transport_starts_the_bootstrapped_copy_by_default() {
-    use executor_client::native_ssh::NativeSshOptions;
     use executor_client::{Client, ClientOptions};
     let h = host("boot-native", &[]);
-    let host_pub = std::fs::read_to_string(h.sshd.dir.join("host_key.pub")).unwrap();
-    let mut fields = host_pub.split_whitespace();
-    let (kind, key) = (fields.next().unwrap(), fields.next().unwrap());
-    let known = h.sshd.dir.join("native_known_hosts");
-    std::fs::write(
-        &known,
-        format!("[127.0.0.1]:{} {kind} {key}\n", h.sshd.port),
-    )
-    .unwrap();
-    let opts = NativeSshOptions {
-        user: h.sshd.user.clone(),
-        port: h.sshd.port,
-        identity: h.sshd.client_key.clone(),
-        known_hosts: Some(known),
-        remote_command: "executor".into(),
-        subsystem: false,
-    };
+    // The default remote command: the bootstrapped copy when there is one.
+    let opts = h.sshd.native_options(std::path::Path::new("executor"));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let connect = || {
         rt.block_on(async {

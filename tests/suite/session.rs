@@ -1188,18 +1188,7 @@ async fn a_relayed_detached_or_resumed_session_is_passed_no_descriptor() {
             "{r:?}"
         );
     }
-    let mut a = RawAgent::spawn_command(local()).await;
-    let mut params = init_params();
-    params.session = detach(60_000).session;
-    let r = a.request(1, m::INITIALIZE, &params).await;
-    let id = executor_tests::path(&r, "result.session_id")
-        .and_then(|v| v.as_str())
-        .unwrap_or_else(|| panic!("{r:?}"))
-        .to_string();
-    let token = executor_tests::path(&r, "result.resume_token")
-        .and_then(|v| v.as_str())
-        .unwrap()
-        .to_string();
+    let (mut a, id, token) = detached_raw(local(), 60_000).await;
     session_host_of(a.child.id().unwrap());
     refused_then_read(&mut a, &f, 2, pass, read).await;
     a.close_and_wait().await;
@@ -1228,6 +1217,25 @@ async fn a_relayed_detached_or_resumed_session_is_passed_no_descriptor() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// A raw agent started by `cmd` whose `initialize` detached a session of
+/// `ttl_ms`: the agent, the session id and the resume token.
+async fn detached_raw(cmd: tokio::process::Command, ttl_ms: u64) -> (RawAgent, String, String) {
+    let mut a = RawAgent::spawn_command(cmd).await;
+    let mut params = init_params();
+    params.session = detach(ttl_ms).session;
+    let r = a
+        .request(1, executor_protocol::methods::INITIALIZE, &params)
+        .await;
+    let text = |k: &str| {
+        executor_tests::path(&r, &format!("result.{k}"))
+            .and_then(|v| v.as_str())
+            .unwrap_or_else(|| panic!("no {k} in {r:?}"))
+            .to_string()
+    };
+    let (id, token) = (text("session_id"), text("resume_token"));
+    (a, id, token)
+}
+
 /// The inode of what `/proc/PID/fd/FD` names (`pipe:[N]`, `socket:[N]`).
 fn fd_target(pid: u32, fd: &str) -> String {
     std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
@@ -1237,10 +1245,7 @@ fn fd_target(pid: u32, fd: &str) -> String {
 
 /// Whether `pid` holds an open file named `target` (as [`fd_target`]).
 fn holds_target(pid: u32, target: &str) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
-        fds.flatten()
-            .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == target))
-    })
+    executor_tests::fd_links(pid).iter().any(|l| l == target)
 }
 
 /// The state letter of `pid` (`/proc/PID/stat`).
@@ -1260,18 +1265,7 @@ async fn a_detached_connection_is_handed_to_the_host_and_the_relay_leaves_the_pa
     use executor_protocol::types::session::EnvironmentInfoParams;
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
-    let mut a = RawAgent::spawn_command(local()).await;
-    let mut params = init_params();
-    params.session = detach(60_000).session;
-    let r = a.request(1, m::INITIALIZE, &params).await;
-    let id = executor_tests::path(&r, "result.session_id")
-        .and_then(|v| v.as_str())
-        .unwrap_or_else(|| panic!("{r:?}"))
-        .to_string();
-    let token = executor_tests::path(&r, "result.resume_token")
-        .and_then(|v| v.as_str())
-        .unwrap()
-        .to_string();
+    let (mut a, id, token) = detached_raw(local(), 60_000).await;
     let relay = a.child.id().unwrap();
     let host = session_host_of(relay);
     // The host holds the relay's stdin and stdout themselves.
@@ -1383,17 +1377,7 @@ mod hand_over {
     use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
     use std::os::unix::net::UnixStream as StdUnix;
 
-    /// What `pid`'s descriptors name.
-    fn targets(pid: u32) -> Vec<String> {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| std::fs::read_link(e.path()).ok())
-                    .map(|l| l.to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
+    use executor_tests::fd_links as targets;
 
     fn own_target(fd: BorrowedFd<'_>) -> String {
         std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
@@ -1404,17 +1388,7 @@ mod hand_over {
 
     /// A detached session whose first relay has closed.
     async fn detached() -> (String, String, u32, PathBuf) {
-        let mut a = RawAgent::spawn_command(local()).await;
-        let mut params = init_params();
-        params.session = detach(120_000).session;
-        let r = a.request(1, m::INITIALIZE, &params).await;
-        let text = |k: &str| {
-            executor_tests::path(&r, &format!("result.{k}"))
-                .and_then(|v| v.as_str())
-                .unwrap_or_else(|| panic!("{r:?}"))
-                .to_string()
-        };
-        let (id, token) = (text("session_id"), text("resume_token"));
+        let (mut a, id, token) = detached_raw(local(), 120_000).await;
         let host = session_host_of(a.child.id().unwrap());
         assert_eq!(a.close_and_wait().await.code(), Some(0));
         let socket = places().runtime_env().find_socket(&id).expect("its socket");
@@ -1555,11 +1529,7 @@ mod hand_over {
     /// otherwise hold the channel open).
     #[tokio::test]
     async fn a_stalled_output_is_let_go_when_the_connection_ends() {
-        let mut a = RawAgent::spawn_command(local()).await;
-        let mut params = init_params();
-        params.session = detach(120_000).session;
-        let r = a.request(1, m::INITIALIZE, &params).await;
-        assert!(executor_tests::path(&r, "result").is_some(), "{r:?}");
+        let (mut a, _, _) = detached_raw(local(), 120_000).await;
         let relay = a.child.id().unwrap();
         let host = session_host_of(relay);
         let out = std::fs::read_link(format!("/proc/{relay}/fd/1"))
@@ -1620,17 +1590,7 @@ mod hand_over {
                 .env("HOME", p.home.unwrap());
             c
         };
-        let mut a = RawAgent::spawn_command(limited()).await;
-        let mut params = init_params();
-        params.session = detach(60_000).session;
-        let r = a.request(1, m::INITIALIZE, &params).await;
-        let text = |k: &str| {
-            executor_tests::path(&r, &format!("result.{k}"))
-                .and_then(|v| v.as_str())
-                .unwrap_or_else(|| panic!("{r:?}"))
-                .to_string()
-        };
-        let (id, token) = (text("session_id"), text("resume_token"));
+        let (mut a, id, token) = detached_raw(limited(), 60_000).await;
         let host = session_host_of(a.child.id().unwrap());
         // Fill the host's descriptor table with read handles, then leave
         // exactly one number free below 64: the accepted socket takes it,

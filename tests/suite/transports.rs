@@ -2,7 +2,6 @@
 //! (`process::*_on`, `fs::*_on`), run over a real OpenSSH sshd with the
 //! system `ssh`, and over the native russh transport.
 
-use executor_client::native_ssh::NativeSshOptions;
 use executor_client::{Client, ClientOptions};
 use executor_tests::executor_bin;
 use executor_tests::sshd::Sshd;
@@ -22,27 +21,7 @@ pub async fn openssh() -> (Sshd, Client) {
 /// russh, with the sshd's host key as the only known host.
 pub async fn native() -> (Sshd, Client) {
     let sshd = Sshd::start("", "");
-    let host_pub = std::fs::read_to_string(sshd.dir.join("host_key.pub")).unwrap();
-    let mut f = host_pub.split_whitespace();
-    let known = sshd.dir.join("native_known_hosts");
-    std::fs::write(
-        &known,
-        format!(
-            "[127.0.0.1]:{} {} {}\n",
-            sshd.port,
-            f.next().unwrap(),
-            f.next().unwrap()
-        ),
-    )
-    .unwrap();
-    let opts = NativeSshOptions {
-        user: sshd.user.clone(),
-        port: sshd.port,
-        identity: sshd.client_key.clone(),
-        known_hosts: Some(known),
-        remote_command: executor_bin().to_string_lossy().into_owned(),
-        subsystem: false,
-    };
+    let opts = sshd.native_options(&executor_bin());
     let c = Client::connect_native_ssh("127.0.0.1", &opts, ClientOptions::default())
         .await
         .expect("connect with russh");
