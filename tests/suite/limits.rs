@@ -220,17 +220,36 @@ fn marked(marker: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Wait up to 10 s until `n` shells `sh -c SCRIPT` holding `marker` run;
-/// the pids of those seen last. A shell forked but not yet exec'd carries
-/// its parent's argv (and the marker): counting marked processes alone can
-/// see a job's processes all there before they are.
+/// Wait up to 10 s until `n` shells `sh -c SCRIPT` holding `marker` run
+/// their `sleep` (a child whose name is `sleep`); the pids of those seen
+/// last. A process forked but not yet exec'd carries its parent's argv:
+/// counting marked processes, or even those with the shell's whole
+/// command line (a shell's child on its way to exec `sleep` has it too),
+/// can see a job's shells all there before they are.
 async fn shells_running(marker: &str, script: &str, n: usize) -> Vec<u32> {
     let argv = format!("sh\0-c\0{script}\0{marker}\0");
+    let sleeping = |p: u32| {
+        std::fs::read_dir("/proc").is_ok_and(|d| {
+            d.flatten().any(|e| {
+                let q = e.file_name();
+                let q = q.to_string_lossy();
+                q.parse::<u32>().is_ok()
+                    && std::fs::read_to_string(format!("/proc/{q}/stat")).is_ok_and(|st| {
+                        st.rsplit_once(')')
+                            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                            .is_some_and(|pp| pp == p.to_string())
+                    })
+                    && std::fs::read_to_string(format!("/proc/{q}/comm"))
+                        .is_ok_and(|c| c.trim_end() == "sleep")
+            })
+        })
+    };
     let running = || -> Vec<u32> {
         marked(marker)
             .into_iter()
-            .filter(|p| {
+            .filter(|&p| {
                 std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == argv.as_bytes())
+                    && sleeping(p)
             })
             .collect()
     };
