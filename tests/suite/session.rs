@@ -1236,6 +1236,36 @@ async fn detached_raw(cmd: tokio::process::Command, ttl_ms: u64) -> (RawAgent, S
     (a, id, token)
 }
 
+/// A raw local agent that resumed the session `id` with `token`.
+async fn resumed_raw(id: &str, token: &str) -> RawAgent {
+    let mut b = RawAgent::spawn_command(local()).await;
+    let mut params = init_params();
+    params.session = resume_with(id, token).session;
+    let r = b
+        .request(1, executor_protocol::methods::INITIALIZE, &params)
+        .await;
+    assert_eq!(
+        executor_tests::path(&r, "result.resumed").and_then(|v| v.as_bool()),
+        Some(true),
+        "{r:?}"
+    );
+    b
+}
+
+/// Start `argv` (pipes, in `/`) through a raw agent with request `id`:
+/// its process id.
+async fn start_raw(a: &mut RawAgent, id: u64, argv: &[&str]) -> String {
+    let argv = argv.iter().map(|s| s.to_string()).collect();
+    let p = ProcessStartParams::new(argv, "/", env());
+    let r = a
+        .request(id, executor_protocol::methods::PROCESS_START, &p)
+        .await;
+    executor_tests::path(&r, "result.process_id")
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("{r:?}"))
+        .to_string()
+}
+
 /// The inode of what `/proc/PID/fd/FD` names (`pipe:[N]`, `socket:[N]`).
 fn fd_target(pid: u32, fd: &str) -> String {
     std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
@@ -1292,16 +1322,7 @@ async fn a_detached_connection_is_handed_to_the_host_and_the_relay_leaves_the_pa
     assert!(executor_tests::path(&r, "result").is_some(), "{r:?}");
     // A job's descriptors are its own three: the handed pipes stay in the
     // host (close-on-exec).
-    let p = ProcessStartParams::new(
-        vec!["sh".into(), "-c".into(), "ls /proc/$$/fd; :".into()],
-        "/",
-        env(),
-    );
-    let r = a.request(3, m::PROCESS_START, &p).await;
-    let pid = executor_tests::path(&r, "result.process_id")
-        .and_then(|v| v.as_str())
-        .unwrap_or_else(|| panic!("{r:?}"))
-        .to_string();
+    let pid = start_raw(&mut a, 3, &["sh", "-c", "ls /proc/$$/fd; :"]).await;
     let mut out = Vec::new();
     let mut after = None;
     let mut n = 10;
@@ -1343,15 +1364,7 @@ async fn a_detached_connection_is_handed_to_the_host_and_the_relay_leaves_the_pa
     assert!(executor_tests::alive(host), "the session host lives on");
     // A resume is handed over too; broken framing reaches the relay's
     // exit status as it would in-process.
-    let mut b = RawAgent::spawn_command(local()).await;
-    let mut params = init_params();
-    params.session = resume_with(&id, &token).session;
-    let r = b.request(1, m::INITIALIZE, &params).await;
-    assert_eq!(
-        executor_tests::path(&r, "result.resumed").and_then(|v| v.as_bool()),
-        Some(true),
-        "{r:?}"
-    );
+    let mut b = resumed_raw(&id, &token).await;
     let relay_b = b.child.id().unwrap();
     let target = fd_target(relay_b, "0");
     assert!(holds_target(host, &target), "the resumed relay's stdin");
@@ -1509,15 +1522,7 @@ mod hand_over {
         assert_eq!(rest, [0], "the connection ended with its input (Eof)");
         assert!(!targets(host).contains(&name), "and the host let go");
         // The owner resumes.
-        let mut b = RawAgent::spawn_command(local()).await;
-        let mut params = init_params();
-        params.session = resume_with(&id, &token).session;
-        let r = b.request(1, m::INITIALIZE, &params).await;
-        assert_eq!(
-            executor_tests::path(&r, "result.resumed").and_then(|v| v.as_bool()),
-            Some(true),
-            "{r:?}"
-        );
+        let mut b = resumed_raw(&id, &token).await;
         b.close_and_wait().await;
         kill9(host);
         std::fs::remove_dir_all(&scratch).unwrap();
@@ -1536,21 +1541,7 @@ mod hand_over {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let p = ProcessStartParams::new(
-            vec![
-                "head".into(),
-                "-c".into(),
-                "4000000".into(),
-                "/dev/zero".into(),
-            ],
-            "/",
-            env(),
-        );
-        let r = a.request(2, m::PROCESS_START, &p).await;
-        let pid = executor_tests::path(&r, "result.process_id")
-            .and_then(|v| v.as_str())
-            .unwrap_or_else(|| panic!("{r:?}"))
-            .to_string();
+        let pid = start_raw(&mut a, 2, &["head", "-c", "4000000", "/dev/zero"]).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         for i in 0..16u64 {
             let rp = ProcessReadParams {

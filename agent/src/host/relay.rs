@@ -150,9 +150,9 @@ where
     }
     replay.extend_from_slice(&buf);
     // Descriptors cannot reach the client through the relay (the SSH
-    // side's pipes carry none): a client that
-    // asks for them is served here, where its initialize is refused
-    // (`Session::initialize`), and no session host starts.
+    // side's pipes carry none): a client that asks for them is served
+    // here, where its initialize is refused (`Session::initialize`), and
+    // no session host starts.
     let refusal = if first.as_deref().is_some_and(asks_for_descriptors) {
         None
     } else {
