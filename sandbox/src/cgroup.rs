@@ -415,6 +415,9 @@ fn procs_beneath(dir: &Path) -> io::Result<Vec<i32>> {
 /// first, and membership read after, so a signal goes to a process that
 /// was a member when it was named, never to a later holder of its number.
 fn kill_members(listed: &Path, pids: &[i32]) -> io::Result<()> {
+    if pids.is_empty() {
+        return Ok(());
+    }
     // ESRCH: exited already, nothing to kill.
     let named: Vec<(i32, OwnedFd)> = pids
         .iter()
@@ -431,8 +434,16 @@ fn kill_members(listed: &Path, pids: &[i32]) -> io::Result<()> {
 
 /// Kill every process of a job's cgroup: `cgroup.kill` where v2 has it;
 /// else, with `pids.max` at 0 (nothing new can fork), SIGKILL whatever is
-/// listed until nothing is.
+/// listed until nothing is. Nothing when none is listed (an empty cgroup
+/// gains no process but by a migration into it, which only its owner can
+/// write; [`JobCgroup::kill_now`] says why the write is avoided).
 fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()> {
+    let Some(listed) = v2.or_else(|| v1.first().copied()) else {
+        return Ok(());
+    };
+    if procs_beneath(listed)?.is_empty() {
+        return Ok(());
+    }
     if let Some(d) = v2 {
         match write_file(&d.join("cgroup.kill"), "1") {
             Ok(()) => return wait_empty(d, within),
@@ -440,9 +451,6 @@ fn kill_all(v2: Option<&Path>, v1: &[&Path], within: Duration) -> io::Result<()>
             Err(e) => return Err(e),
         }
     }
-    let Some(listed) = v2.or_else(|| v1.first().copied()) else {
-        return Ok(());
-    };
     for d in v1 {
         // Only the pids hierarchy has it; elsewhere the write fails.
         let _ = write_file(&d.join("pids.max"), "0");
@@ -1009,19 +1017,16 @@ impl JobCgroup {
         u
     }
 
-    /// Kill whatever of the job is left (every process in its cgroup,
-    /// re-parented or not).
-    /// Send every process of the job's cgroup SIGKILL now, without waiting
-    /// for them to be gone ([`JobCgroup::end`] waits): `cgroup.kill` on v2;
-    /// on v1 `pids.max` at 0 and one pass over the processes listed.
+    /// Send every process of the job's cgroup SIGKILL now, one pass over
+    /// those listed, each named by a pidfd first ([`kill_members`]),
+    /// without waiting for them to be gone: [`JobCgroup::end`] then kills
+    /// what forked meanwhile and waits. Reads and signals only, no write
+    /// to cgroupfs: `cgroup.kill` (and `pids.max`, whose refusals would
+    /// read as the job's own `limit_hit`) wait here on the kernel's cgroup
+    /// lock, which a migration elsewhere (the standby joining the next
+    /// job's cgroup) holds for an RCU grace period after an idle spell,
+    /// milliseconds before `process/exited`.
     pub fn kill_now(&self) -> io::Result<()> {
-        if let Some(d) = &self.v2 {
-            match write_file(&d.join("cgroup.kill"), "1") {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
         let Some(listed) = self
             .v2
             .as_deref()
@@ -1029,9 +1034,6 @@ impl JobCgroup {
         else {
             return Ok(());
         };
-        for (_, d) in &self.v1 {
-            let _ = write_file(&d.join("pids.max"), "0");
-        }
         kill_members(listed, &procs_beneath(listed)?)
     }
 
