@@ -416,8 +416,7 @@ pub fn account(cg: &JobCgroup) -> (JobUsage, Option<LimitHit>) {
 /// Then (blocking, after the exit was reported): wait until nothing of the
 /// job is left in its cgroup (killing again what is), and remove it.
 pub fn finish(id: &str, cg: &JobCgroup) {
-    let (_, result) = cg.end();
-    if let Err(e) = result {
+    if let Err(e) = cg.end() {
         tracing::warn!(process_id = id, error = %e, "cannot end the job's cgroup whole; the next agent start sweeps it");
     }
 }

@@ -965,7 +965,8 @@ impl JobCgroup {
         u
     }
 
-    /// The account so far.
+    /// The account so far: the totals and peaks, and the limits hit
+    /// (what it holds now is [`JobCgroup::current`]'s).
     pub fn usage(&self) -> Usage {
         let mut u = Usage::default();
         let v2 = self.v2.as_deref();
@@ -977,14 +978,12 @@ impl JobCgroup {
             // Only the files of the controllers enabled there exist.
             if self.v2_controllers.contains(&Controller::Memory) {
                 u.peak_memory_bytes = read_u64(&d.join("memory.peak"));
-                u.memory_bytes = read_u64(&d.join("memory.current"));
                 if let Ok(ev) = fs::read_to_string(d.join("memory.events")) {
                     u.oom_killed |= keyed(&ev, "oom_kill").unwrap_or(0) > 0;
                 }
             }
             if self.v2_controllers.contains(&Controller::Pids) {
                 u.processes_peak = read_u64(&d.join("pids.peak"));
-                u.processes = read_u64(&d.join("pids.current"));
                 if let Ok(ev) = fs::read_to_string(d.join("pids.events")) {
                     u.processes_limited |= keyed(&ev, "max").unwrap_or(0) > 0;
                 }
@@ -999,14 +998,12 @@ impl JobCgroup {
         }
         if let Some(d) = self.v1_dir(Controller::Memory) {
             u.peak_memory_bytes = read_u64(&d.join("memory.max_usage_in_bytes"));
-            u.memory_bytes = read_u64(&d.join("memory.usage_in_bytes"));
             if let Ok(oc) = fs::read_to_string(d.join("memory.oom_control")) {
                 u.oom_killed |= keyed(&oc, "oom_kill").unwrap_or(0) > 0;
             }
         }
         if let Some(d) = self.v1_dir(Controller::Pids) {
             u.processes_peak = read_u64(&d.join("pids.peak")).or(u.processes_peak);
-            u.processes = read_u64(&d.join("pids.current"));
             if let Ok(ev) = fs::read_to_string(d.join("pids.events")) {
                 u.processes_limited |= keyed(&ev, "max").unwrap_or(0) > 0;
             }
@@ -1075,16 +1072,15 @@ impl JobCgroup {
         dirs
     }
 
-    /// Kill what is left, read the account, remove the directories (once:
-    /// a second call finds nothing and accounts nothing).
-    pub fn end(&self) -> (Usage, io::Result<()>) {
+    /// Kill what is left and remove the directories (once: a second call
+    /// does nothing). The account is read before ([`JobCgroup::usage`]).
+    pub fn end(&self) -> io::Result<()> {
         if self.ended.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return (Usage::default(), Ok(()));
+            return Ok(());
         }
         let killed = self.kill();
-        let usage = self.usage();
         let removed = self.remove();
-        (usage, killed.and(removed))
+        killed.and(removed)
     }
 
     fn remove(&self) -> io::Result<()> {
