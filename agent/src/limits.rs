@@ -395,12 +395,15 @@ pub fn current(cg: &JobCgroup) -> JobUsage {
     }
 }
 
-/// At a job's end (blocking: on a blocking thread): SIGKILL to whatever
-/// of it is left in its cgroup, and its account. The limit it hit: memory
-/// for an OOM kill, processes for a fork refused at the limit.
-pub fn account(cg: &JobCgroup) -> (JobUsage, Option<LimitHit>) {
-    if let Err(e) = cg.kill_now() {
-        tracing::warn!(error = %e, "cannot signal what is left of the job's cgroup");
+/// At a job's end, its account (a few small cgroupfs reads), after
+/// SIGKILL to whatever of the job is left in its cgroup when `kill`
+/// (blocking then: on a blocking thread). The limit it hit: memory for an
+/// OOM kill, processes for a fork refused at the limit.
+pub fn account(cg: &JobCgroup, kill: bool) -> (JobUsage, Option<LimitHit>) {
+    if kill {
+        if let Err(e) = cg.kill_now() {
+            tracing::warn!(error = %e, "cannot signal what is left of the job's cgroup");
+        }
     }
     let u = cg.usage();
     let hit = if u.oom_killed {

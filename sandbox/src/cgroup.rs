@@ -666,6 +666,7 @@ impl Cgroups {
             v1: Vec::new(),
             ended: Default::default(),
             overhead: 0,
+            open: Default::default(),
         };
         let result = (|| {
             if let Some((base, enabled)) = &self.v2 {
@@ -689,7 +690,10 @@ impl Cgroups {
             Ok(())
         })();
         match result {
-            Ok(()) => Ok(job),
+            Ok(()) => {
+                job.open_files();
+                Ok(job)
+            }
             Err(e) => {
                 let _ = job.end();
                 Err(e)
@@ -752,9 +756,16 @@ pub struct Limits {
 /// The CFS period the CPU quota is expressed in: 100 ms.
 const CPU_PERIOD_US: u64 = 100_000;
 
-fn apply(d: &Path, c: Controller, v2: bool, l: &Limits, overhead: u64) -> io::Result<()> {
+fn apply(
+    job: &JobCgroup,
+    d: &Path,
+    c: Controller,
+    v2: bool,
+    l: &Limits,
+    overhead: u64,
+) -> io::Result<()> {
     let w = |file: &str, v: String| {
-        write_file(&d.join(file), &v)
+        job.write(&d.join(file), &v)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", d.join(file).display())))
     };
     match c {
@@ -817,6 +828,19 @@ pub struct JobCgroup {
     /// Processes of the agent's in it (the supervisor, an init): not
     /// counted in the account.
     overhead: u64,
+    /// Its limit files, opened when it was made (ahead, off the start's
+    /// path) and closed once the limits are written: the start then looks
+    /// no path up. A lookup on cgroupfs waits behind any `mkdir` or
+    /// `rmdir` in the same hierarchy (the kernel's kernfs lock), which the
+    /// last job's removal keeps busy right after its end.
+    open: std::sync::Mutex<Vec<OpenFile>>,
+}
+
+/// A limit file of a job's cgroup, open for writing.
+#[derive(Debug)]
+struct OpenFile {
+    path: PathBuf,
+    file: fs::File,
 }
 
 /// What a job used (`process/exited.usage`); each part `None` where no
@@ -856,12 +880,13 @@ impl JobCgroup {
         self.overhead = overhead;
         if let Some(d) = &self.v2 {
             for c in &self.v2_controllers {
-                apply(d, *c, true, limits, overhead)?;
+                apply(self, d, *c, true, limits, overhead)?;
             }
         }
         for (c, d) in &self.v1 {
-            apply(d, *c, false, limits, overhead)?;
+            apply(self, d, *c, false, limits, overhead)?;
         }
+        self.files().clear();
         Ok(())
     }
 
@@ -869,7 +894,7 @@ impl JobCgroup {
     /// cgroup [`Cgroups::make_job`] made), for a cgroup made ahead whose
     /// start failed and that waits for the next.
     pub fn clear_limits(&mut self) -> io::Result<()> {
-        let w = |d: &Path, file: &str, v: &str| match write_file(&d.join(file), v) {
+        let w = |d: &Path, file: &str, v: &str| match self.write(&d.join(file), v) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             other => other,
         };
@@ -923,6 +948,59 @@ impl JobCgroup {
                     })
             })
             .collect()
+    }
+
+    fn files(&self) -> std::sync::MutexGuard<'_, Vec<OpenFile>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Open the files [`JobCgroup::set_limits`] writes (those that
+    /// exist: `memory.memsw.*` only with swap accounting); one that cannot
+    /// be opened is written by its path. The account files are read by
+    /// path at the end: held open for a job's life they would cost every
+    /// running job five descriptors more.
+    fn open_files(&mut self) {
+        let mut want: Vec<PathBuf> = Vec::new();
+        if let Some(d) = &self.v2 {
+            for c in &self.v2_controllers {
+                let files: &[&str] = match c {
+                    Controller::Memory => &["memory.max", "memory.swap.max"],
+                    Controller::Pids => &["pids.max"],
+                    Controller::Cpu => &["cpu.max"],
+                    Controller::Cpuacct => &[],
+                };
+                want.extend(files.iter().map(|f| d.join(f)));
+            }
+        }
+        for (c, d) in &self.v1 {
+            let files: &[&str] = match c {
+                Controller::Memory => &["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"],
+                Controller::Pids => &["pids.max"],
+                Controller::Cpu => &["cpu.cfs_quota_us"],
+                Controller::Cpuacct => &[],
+            };
+            want.extend(files.iter().map(|f| d.join(f)));
+        }
+        let open: Vec<OpenFile> = want
+            .into_iter()
+            .filter_map(|path| {
+                let file = fs::OpenOptions::new().write(true).open(&path).ok()?;
+                Some(OpenFile { path, file })
+            })
+            .collect();
+        *self.files() = open;
+    }
+
+    /// Write a limit file of this cgroup: through its open descriptor,
+    /// else by its path.
+    fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+        {
+            let files = self.files();
+            if let Some(f) = files.iter().find(|f| f.path == path) {
+                return (&f.file).write_all(value.as_bytes());
+            }
+        }
+        write_file(path, value)
     }
 
     fn v1_dir(&self, c: Controller) -> Option<&Path> {
@@ -1078,6 +1156,7 @@ impl JobCgroup {
         if self.ended.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
+        self.files().clear();
         let killed = self.kill();
         let removed = self.remove();
         killed.and(removed)

@@ -263,7 +263,7 @@ async fn login_shell_confined(
             spawned.supervisor.kill().await;
             return Err(timed_out(&sh.shell).into());
         }
-        let exit = job_exit(&mut spawned).await;
+        let (exit, _) = job_exit(&mut spawned).await;
         check_output(&sh.shell, &out)?;
         if exit.code != Some(0) {
             return Err(format!(
@@ -513,9 +513,11 @@ async fn pump(
 
 /// How the job ended: as its supervisor reported it, or (when the
 /// supervisor died without reporting, killed from outside) the
-/// supervisor's own status. A supervisor that reported is not waited for
-/// (its spawner reaps it).
-async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
+/// supervisor's own status; and whether it reported. A supervisor that
+/// reported is not waited for (its spawner reaps it); it reports once it
+/// has killed and reaped every descendant of the job (the job's PID
+/// namespace, or all re-parented to it as their subreaper).
+async fn job_exit(spawned: &mut spawn::Spawned) -> (Exit, bool) {
     use executor_sandbox::trampoline::{decode_wait_status, Status};
     let mut msg = [0u8; Status::LEN];
     let reported = match spawned.status.read_exact(&mut msg).await {
@@ -528,22 +530,24 @@ async fn job_exit(spawned: &mut spawn::Spawned) -> Exit {
     match reported {
         Some(raw) => {
             let (code, signal) = decode_wait_status(raw);
-            Exit {
+            let exit = Exit {
                 code,
                 signal,
                 usage: None,
                 limit_hit: None,
-            }
+            };
+            (exit, true)
         }
         None => {
             use std::os::unix::process::ExitStatusExt;
             let st = spawned.supervisor.wait().await.ok();
-            Exit {
+            let exit = Exit {
                 code: st.and_then(|s| s.code()),
                 signal: st.and_then(|s| s.signal()),
                 usage: None,
                 limit_hit: None,
-            }
+            };
+            (exit, false)
         }
     }
 }
@@ -597,18 +601,25 @@ async fn wait_job(
         egress,
         cgroup,
     } = held;
-    let mut exit = job_exit(&mut spawned).await;
-    // The job ends whole: whatever of it is left in its cgroup (detached,
-    // re-parented, outliving a supervisor killed from outside) is killed
-    // now; then its account is read and the cgroup removed.
-    // SIGKILL goes to all of it at once, the account is read; waiting for
-    // the processes to be gone and removing the cgroup happen after the
-    // exit is reported (they cost milliseconds on v1).
+    let (mut exit, reported) = job_exit(&mut spawned).await;
+    // The job ends whole. A supervisor that reported left nothing of the
+    // job: its account is read here, a few small reads (a hop to a
+    // blocking thread cost more, on a busy host, than the reads). One
+    // that died without reporting (killed from outside) may have left
+    // some: SIGKILL to whatever is in the job's cgroup first, on a
+    // blocking thread. Either way, killing what is left, waiting for it
+    // to be gone and removing the cgroup happen after the exit is
+    // reported (they cost milliseconds on v1).
     if let Some(cg) = cgroup {
-        let account = cg.clone();
-        if let Ok((usage, hit)) =
-            tokio::task::spawn_blocking(move || crate::limits::account(&account)).await
-        {
+        let account = if reported {
+            Some(crate::limits::account(&cg, false))
+        } else {
+            let account = cg.clone();
+            tokio::task::spawn_blocking(move || crate::limits::account(&account, true))
+                .await
+                .ok()
+        };
+        if let Some((usage, hit)) = account {
             exit.usage = Some(usage);
             exit.limit_hit = hit;
         }
