@@ -960,27 +960,28 @@ impl JobCgroup {
     /// path at the end: held open for a job's life they would cost every
     /// running job five descriptors more.
     fn open_files(&mut self) {
-        let mut want: Vec<PathBuf> = Vec::new();
-        if let Some(d) = &self.v2 {
-            for c in &self.v2_controllers {
-                let files: &[&str] = match c {
-                    Controller::Memory => &["memory.max", "memory.swap.max"],
-                    Controller::Pids => &["pids.max"],
-                    Controller::Cpu => &["cpu.max"],
-                    Controller::Cpuacct => &[],
-                };
-                want.extend(files.iter().map(|f| d.join(f)));
+        // The files `apply` writes, for each controller of each hierarchy.
+        let files = |c: Controller, v2: bool| -> &'static [&'static str] {
+            match (c, v2) {
+                (Controller::Memory, true) => &["memory.max", "memory.swap.max"],
+                (Controller::Memory, false) => {
+                    &["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+                }
+                (Controller::Pids, _) => &["pids.max"],
+                (Controller::Cpu, true) => &["cpu.max"],
+                (Controller::Cpu, false) => &["cpu.cfs_quota_us"],
+                (Controller::Cpuacct, _) => &[],
             }
-        }
-        for (c, d) in &self.v1 {
-            let files: &[&str] = match c {
-                Controller::Memory => &["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"],
-                Controller::Pids => &["pids.max"],
-                Controller::Cpu => &["cpu.cfs_quota_us"],
-                Controller::Cpuacct => &[],
-            };
-            want.extend(files.iter().map(|f| d.join(f)));
-        }
+        };
+        let v2 = self
+            .v2
+            .iter()
+            .flat_map(|d| self.v2_controllers.iter().map(move |c| (*c, d, true)));
+        let v1 = self.v1.iter().map(|(c, d)| (*c, d, false));
+        let want: Vec<PathBuf> = v2
+            .chain(v1)
+            .flat_map(|(c, d, v2)| files(c, v2).iter().map(move |f| d.join(f)))
+            .collect();
         let open: Vec<OpenFile> = want
             .into_iter()
             .filter_map(|path| {
