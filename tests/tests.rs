@@ -65,6 +65,8 @@ mod idempotency;
 mod jobs_tmp;
 #[path = "suite/limits.rs"]
 mod limits;
+#[path = "suite/limits_systemd.rs"]
+mod limits_systemd;
 #[path = "suite/mcp_http.rs"]
 mod mcp_http;
 #[path = "suite/mcp_rmcp.rs"]

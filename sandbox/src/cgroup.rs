@@ -11,7 +11,11 @@
 //! time, and locked with `flock` for its life, so that [`Cgroups::setup`]
 //! at the next start can tell a dead agent's directory from a live one's,
 //! in its PID namespace or another, and sweep it), and one directory per
-//! job below it. A controller found in neither hierarchy is not enforced
+//! job below it. An unprivileged agent whose own v2 cgroup is not writable
+//! (a login session's scope) asks the user's systemd for a scope of its
+//! own with `Delegate=yes` ([`systemd`]) and uses that; a dead agent's
+//! scope is swept as its directories are.
+//! A controller found in neither hierarchy is not enforced
 //! here (the agent falls back to rlimits and says so). The agent never
 //! writes its own cgroup's limits, only its children's; on v2 it may move
 //! itself into a leaf of its own cgroup so that controllers can be enabled
@@ -266,6 +270,58 @@ pub struct Cgroups {
     pub notes: Vec<String>,
 }
 
+mod systemd;
+
+/// Where this process's cgroups are now.
+fn locate_self() -> Located {
+    let read = |p| fs::read_to_string(p).unwrap_or_default();
+    locate(
+        &parse_mountinfo(&read("/proc/self/mountinfo")),
+        &parse_proc_cgroup(&read("/proc/self/cgroup")),
+    )
+}
+
+/// Whether to ask the user's systemd for a scope: not root, and the
+/// agent's own v2 cgroup (a cgroup2 directory) is not writable, as a
+/// login session's scope is not.
+fn wants_a_scope(own: &Path) -> bool {
+    !nix::unistd::geteuid().is_root()
+        && nix::sys::statfs::statfs(own)
+            .is_ok_and(|st| st.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+        && nix::unistd::access(own, nix::unistd::AccessFlags::W_OK).is_err()
+}
+
+/// Ask the user's systemd (its private socket under `$XDG_RUNTIME_DIR`,
+/// else `/run/user/UID`) for the scope `executor-PID-START.scope` holding
+/// this process, delegated; wait (2 s at most) until `/proc/self/cgroup`
+/// shows the move, and return the scope's v2 directory.
+fn join_user_scope() -> io::Result<PathBuf> {
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", nix::unistd::geteuid())));
+    let socket = runtime.join("systemd/private");
+    let unit = format!("{}.scope", agent_dir_name());
+    systemd::start_scope(&socket, &unit, Duration::from_secs(2))
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", socket.display())))?;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(d) = locate_self()
+            .v2
+            .filter(|d| d.file_name() == Some(unit.as_ref()))
+        {
+            return Ok(d);
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the manager took {unit} but did not move this process into it within 2 s"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A process's start time in clock ticks since boot (field 22 of
 /// `/proc/PID/stat`), `None` if it is gone or a zombie (dead, not yet
 /// reaped by its parent).
@@ -286,11 +342,13 @@ fn agent_dir_name() -> String {
     format!("executor-{pid}-{}", start_time(pid).unwrap_or(0))
 }
 
-/// Whether the `executor-PID-START` directory `dir` (named `name`)
-/// belongs to a live agent: its pid runs with that start time, or (an
+/// Whether the `executor-PID-START` directory `dir` (named `name`, or
+/// `executor-PID-START.scope`) belongs to a live agent: its pid runs with that start time, or (an
 /// agent of another PID namespace, whose pid means another process here)
 /// it holds the directory's lock ([`hold`]).
 fn owner_alive(dir: &Path, name: &str) -> bool {
+    // A scope the user's systemd made for an agent is named after it.
+    let name = name.strip_suffix(".scope").unwrap_or(name);
     let Some(rest) = name.strip_prefix("executor-") else {
         return true;
     };
@@ -532,12 +590,35 @@ impl Cgroups {
     /// process is single-threaded and before the spawner starts (on v2 it
     /// may move this process into a leaf, and the spawner must follow).
     pub fn setup() -> Cgroups {
-        let read = |p| fs::read_to_string(p).unwrap_or_default();
-        let located = locate(
-            &parse_mountinfo(&read("/proc/self/mountinfo")),
-            &parse_proc_cgroup(&read("/proc/self/cgroup")),
-        );
-        Cgroups::setup_in(located)
+        let mut located = locate_self();
+        let mut notes = Vec::new();
+        let mut scope = None;
+        if let Some(own) = located.v2.clone().filter(|d| wants_a_scope(d)) {
+            match join_user_scope() {
+                Ok(dir) => {
+                    tracing::info!(scope = %dir.display(), "the user's systemd delegated a scope to this agent");
+                    // Locked at once, as the agent's own directories are:
+                    // another agent's sweep then knows it live.
+                    hold(&dir);
+                    located = locate_self();
+                    scope = Some(dir);
+                }
+                Err(e) => notes.push(format!(
+                    "cgroup v2 {}: not writable, and no scope from the user's systemd: {e}",
+                    own.display()
+                )),
+            }
+        }
+        let mut cg = Cgroups::setup_in(located);
+        if let Some(dir) = scope {
+            // A dead agent's scope (what its jobs left keeps it) is swept
+            // by the next agent of the user, beside its own.
+            if let Some(parent) = dir.parent() {
+                sweep(parent, true);
+            }
+        }
+        cg.notes.extend(notes);
+        cg
     }
 
     fn setup_in(located: Located) -> Cgroups {

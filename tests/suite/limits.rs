@@ -188,12 +188,12 @@ fn unique() -> u64 {
 }
 
 /// A unique marker for this test's processes (in their argv).
-fn marker() -> String {
+pub(crate) fn marker() -> String {
     format!("limits-marker-{}", unique())
 }
 
 /// Pids of live processes whose argv holds `marker`.
-fn marked(marker: &str) -> Vec<u32> {
+pub(crate) fn marked(marker: &str) -> Vec<u32> {
     let me = std::process::id();
     std::fs::read_dir("/proc")
         .unwrap()
@@ -226,7 +226,7 @@ fn marked(marker: &str) -> Vec<u32> {
 /// counting marked processes, or even those with the shell's whole
 /// command line (a shell's child on its way to exec `sleep` has it too),
 /// can see a job's shells all there before they are.
-async fn shells_running(marker: &str, script: &str, n: usize) -> Vec<u32> {
+pub(crate) async fn shells_running(marker: &str, script: &str, n: usize) -> Vec<u32> {
     let argv = format!("sh\0-c\0{script}\0{marker}\0");
     let sleeping = |p: u32| {
         std::fs::read_dir("/proc").is_ok_and(|d| {
@@ -264,7 +264,7 @@ async fn shells_running(marker: &str, script: &str, n: usize) -> Vec<u32> {
 }
 
 /// Wait until no process holds `marker`; the pids still there after 5 s.
-async fn none_left(marker: &str) -> Vec<u32> {
+pub(crate) async fn none_left(marker: &str) -> Vec<u32> {
     for _ in 0..100 {
         let left = marked(marker);
         if left.is_empty() {
@@ -286,7 +286,11 @@ fn sandboxed() -> SandboxIntent {
     }
 }
 
-fn params(argv: &[&str], limits: JobLimits, sandbox: Option<SandboxIntent>) -> ProcessStartParams {
+pub(crate) fn params(
+    argv: &[&str],
+    limits: JobLimits,
+    sandbox: Option<SandboxIntent>,
+) -> ProcessStartParams {
     let mut p = ProcessStartParams::new(
         argv.iter().map(|s| s.to_string()).collect(),
         "/",
@@ -298,7 +302,7 @@ fn params(argv: &[&str], limits: JobLimits, sandbox: Option<SandboxIntent>) -> P
 }
 
 /// Run to the end: its status, its stdout+stderr, its `limits_degraded`.
-async fn run(
+pub(crate) async fn run(
     c: &Client,
     p: &ProcessStartParams,
 ) -> Result<(ExitStatus, String, Vec<String>), executor_client::Error> {
@@ -325,7 +329,7 @@ fn fork_bomb(marker: &str) -> Vec<String> {
     vec!["python3".into(), "-c".into(), code.into(), marker.into()]
 }
 
-async fn mechanisms(c: &Client) -> Vec<String> {
+pub(crate) async fn mechanisms(c: &Client) -> Vec<String> {
     c.call(&executor_protocol::types::session::EnvironmentInfoParams {})
         .await
         .unwrap()
@@ -522,7 +526,11 @@ async fn nothing_survives_a_killed_supervisor(mode: Mode) {
 /// parent-death signal is set for an unconfined job's descendants) and
 /// whose supervisor is SIGKILLed from outside: its end is reported and
 /// nothing of it is left on the host.
-async fn detached_job_ends_with_its_killed_supervisor(c: &Client, limits: JobLimits, what: &str) {
+pub(crate) async fn detached_job_ends_with_its_killed_supervisor(
+    c: &Client,
+    limits: JobLimits,
+    what: &str,
+) {
     let m = marker();
     let script = "setsid sh -c 'sleep 30; :' \"$0\" & sh -c 'sleep 30; :' \"$0\"";
     let p = params(&["sh", "-c", script, &m], limits, None);
