@@ -84,6 +84,9 @@ pub struct Pool {
     making: Option<OwnedFd>,
     /// A maker failed: no more are started.
     off: bool,
+    /// The pids of makers forked and not yet reaped (the spawner's
+    /// children that are neither supervisors nor orphans).
+    makers: Vec<i32>,
 }
 
 impl Pool {
@@ -149,9 +152,22 @@ impl Pool {
             }
             // The spawner reaps it as any child (and reports only its
             // supervisors).
-            Ok(ForkResult::Parent { .. }) => self.making = Some(ours),
+            Ok(ForkResult::Parent { child }) => {
+                self.making = Some(ours);
+                self.makers.push(child.as_raw());
+            }
             Err(_) => self.off = true,
         }
+    }
+
+    /// Whether `pid` is a maker of this pool, not yet reaped.
+    pub fn is_maker(&self, pid: i32) -> bool {
+        self.makers.contains(&pid)
+    }
+
+    /// The spawner reaped `pid` (a maker's pid is forgotten then).
+    pub fn reaped(&mut self, pid: i32) {
+        self.makers.retain(|&m| m != pid);
     }
 
     /// The maker answered (its socket is readable): keep the set it sent,

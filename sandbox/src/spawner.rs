@@ -41,6 +41,11 @@
 //! ([`crate::linux::precompile_seccomp`]): each job's init inherits them by
 //! fork and installs them without compiling.
 //!
+//! It is its jobs' subreaper (`PR_SET_CHILD_SUBREAPER`): what a job left
+//! when its supervisor was killed from outside is re-parented here, not
+//! to the host's init, and killed at once ([`kill_orphans`]), cgroup or
+//! not.
+//!
 //! It dies with the agent: `PR_SET_PDEATHSIG` (SIGKILL), and EOF on its
 //! socket (the agent alone holds the other end). Jobs do not depend on it:
 //! each supervisor watches the agent's lifeline itself, so a spawner that
@@ -214,6 +219,9 @@ pub fn serve() -> io::Result<i32> {
     sys::close_fds_except(&[sock.as_raw_fd()])?;
     // Signals aimed at the agent's process group or terminal are not ours.
     let _ = nix::unistd::setsid();
+    // Every job's orphans come here when its supervisor dies without
+    // ending it ([`kill_orphans`]), not to the host's init.
+    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
     // Supervisors wait for their jobs (and this process for them): an
     // inherited ignored SIGCHLD would make every wait ECHILD.
     sys::default_sigchld();
@@ -261,7 +269,14 @@ pub fn serve() -> io::Result<i32> {
             unsafe { pool.refill() };
         }
         while let Ok(Some(_)) = sigfd.read_signal() {}
-        let served = reap(&sock, &mut children, &mut standby).and_then(|()| {
+        let served = reap(&sock, &mut children, &mut standby, &mut pool).and_then(|reaped| {
+            if reaped {
+                kill_orphans(|pid| {
+                    children.contains(&pid)
+                        || standby.as_ref().is_some_and(|s| s.pid == pid)
+                        || pool.is_maker(pid)
+                });
+            }
             Ok(!sock_ready
                 || answer(
                     &sock,
@@ -305,19 +320,24 @@ pub fn serve() -> io::Result<i32> {
     }
 }
 
-/// Reap every supervisor that exited and report it (a pool maker's exit
-/// is not reported: the agent never asked for it, nor a standby's that
-/// died waiting: it is forgotten).
+/// Reap every child that exited and report each supervisor's exit (a
+/// pool maker's exit is not reported: the agent never asked for it, nor a
+/// standby's that died waiting, nor an orphan's: they are forgotten).
+/// Whether any child was reaped.
 fn reap(
     sock: &OwnedFd,
     children: &mut HashSet<i32>,
     standby: &mut Option<Standby>,
-) -> io::Result<()> {
+    pool: &mut Pool,
+) -> io::Result<bool> {
+    let mut reaped = false;
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => return Ok(()),
+            Ok(WaitStatus::StillAlive) => return Ok(reaped),
             Ok(st) => {
                 if let (Some(pid), Some(raw)) = (st.pid(), crate::trampoline::raw_wait_status(st)) {
+                    reaped = true;
+                    pool.reaped(pid.as_raw());
                     if !children.remove(&pid.as_raw()) {
                         if standby.as_ref().is_some_and(|s| s.pid == pid.as_raw()) {
                             *standby = None;
@@ -334,9 +354,53 @@ fn reap(
                 }
             }
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return Ok(()), // ECHILD: none left
+            Err(_) => return Ok(reaped), // ECHILD: none left
         }
     }
+}
+
+/// SIGKILL every child of the spawner that `known` does not name: the
+/// spawner is its jobs' subreaper, so those are processes of a job whose
+/// supervisor died without ending it (killed from outside), re-parented
+/// here, whichever session they made and whatever parent-death signal
+/// they cleared. Each one killed hands its own children here in turn (at
+/// its exit, before the spawner's `SIGCHLD`): the next reap kills those,
+/// until none is left. A child's pid cannot be reused while it is an
+/// unreaped child, and only this single-threaded process reaps: the kill
+/// reaches the process listed.
+fn kill_orphans(known: impl Fn(i32) -> bool) {
+    let me = std::process::id();
+    // `/proc/PID/task/TID/children` (CONFIG_PROC_CHILDREN); else every
+    // process whose parent is this one.
+    let listed = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+        .map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|_| children_by_scan(me));
+    for pid in listed {
+        if !known(pid) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The pids whose `/proc/PID/stat` names `parent` as their parent.
+fn children_by_scan(parent: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                st.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .is_some_and(|pp| pp == parent.to_string())
+            })
+        })
+        .collect()
 }
 
 fn reply(sock: &OwnedFd, r: Reply) -> io::Result<()> {

@@ -508,18 +508,51 @@ async fn a_cpu_quota_is_a_share(mode: Mode) {
     );
 }
 
+/// With a cgroup the job's end is its cgroup's kill; without one (the
+/// `no_cgroup` case) it is the spawner's: it is its jobs' subreaper, so
+/// what the dead supervisor left is re-parented to it and killed.
 async fn nothing_survives_a_killed_supervisor(mode: Mode) {
-    if mode == Mode::NoCgroup {
-        // Without a cgroup an unconfined job's process that leaves its
-        // session and clears its parent-death signal can outlive its
-        // supervisor (README, Known gaps): nothing to test here.
-        return;
-    }
     let Some(a) = agent(mode, None).await else {
         return;
     };
     detached_job_ends_with_its_killed_supervisor(&a.c, JobLimits::default(), &format!("{mode:?}"))
         .await;
+}
+
+/// Variant, without a cgroup: the detached process keeps forking (a new
+/// `sleep` every 50 ms, each bearing the marker) while and after its
+/// supervisor is killed, so that orphans keep arriving at the spawner
+/// while it kills: none is left within 5 s. The layer is the spawner as
+/// its jobs' subreaper (no cgroup here).
+#[tokio::test]
+async fn a_forking_orphan_ends_with_its_killed_supervisor_without_a_cgroup() {
+    let Some(a) = agent(Mode::NoCgroup, None).await else {
+        return;
+    };
+    let m = format!("40.{:09}", unique() % 1_000_000_000);
+    let script = "setsid sh -c 'while :; do sleep \"$0\" & sleep 0.05; done' \"$0\" & sleep \"$0\"";
+    let p = params(&["sh", "-c", script, &m], JobLimits::default(), None);
+    let mut proc = a.c.start(&p).await.unwrap();
+    for _ in 0..250 {
+        if marked(&m).len() >= 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(marked(&m).len() >= 5, "the job forks: {:?}", marked(&m));
+    let supervisor = parent_pid(proc.pid());
+    assert_eq!(comm(supervisor), "executor", "the job's supervisor");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while proc.next_output().await.unwrap().is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the job's end is reported");
+    assert_eq!(none_left(&m).await, Vec::<u32>::new(), "left on the host");
 }
 
 /// An unsandboxed job whose grandchild detached (a session of its own; no

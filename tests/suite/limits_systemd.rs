@@ -291,8 +291,8 @@ async fn an_unprivileged_agent_gets_a_scope_from_the_users_systemd() {
 }
 
 /// An agent killed while a job's detached process runs, its supervisor
-/// killed too (the agent stopped first, so that nothing of it ends the
-/// job): the process lives on in the dead agent's scope, which the
+/// killed too (the agent and its spawner stopped first, so that nothing
+/// of theirs ends the job): the process lives on in the dead agent's scope, which the
 /// manager cannot collect while it holds a process. The next agent of the
 /// user sweeps it: the process is killed and the scope goes.
 #[tokio::test]
@@ -310,10 +310,14 @@ async fn a_dead_agents_scope_is_swept_by_the_next_agent() {
     let dead_scope = scopes_in(&m.trees[0]);
     assert_eq!(dead_scope.len(), 1, "{dead_scope:?}");
     let supervisor = parent_pid(proc.pid());
+    let spawner = parent_pid(supervisor);
     let agent = agent_of_job(proc.pid());
     let signal =
         |pid: u32, s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s).unwrap();
+    // Stopped, the agent and the spawner (the job's subreaper) cannot end
+    // the job; the agent's SIGKILL takes the spawner with it.
     signal(agent, nix::sys::signal::Signal::SIGSTOP);
+    signal(spawner, nix::sys::signal::Signal::SIGSTOP);
     signal(supervisor, nix::sys::signal::Signal::SIGKILL);
     assert!(wait_dead(supervisor, Duration::from_secs(10)).await);
     signal(agent, nix::sys::signal::Signal::SIGKILL);
