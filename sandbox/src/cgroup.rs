@@ -296,10 +296,26 @@ fn wants_a_scope(own: &Path) -> bool {
 /// this process, delegated; wait (2 s at most) until `/proc/self/cgroup`
 /// shows the move, and return the scope's v2 directory.
 fn join_user_scope() -> io::Result<PathBuf> {
+    let euid = nix::unistd::geteuid();
     let runtime = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
-        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", nix::unistd::geteuid())));
+        .unwrap_or_else(|| PathBuf::from(format!("/run/user/{euid}")));
+    // This user's own directory, as the manager makes it: not a link,
+    // nobody else may write in it.
+    let st = fs::symlink_metadata(&runtime)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", runtime.display())))?;
+    {
+        use std::os::unix::fs::MetadataExt;
+        if !st.is_dir() || st.uid() != euid.as_raw() || st.mode() & 0o022 != 0 {
+            return Err(io::Error::other(format!(
+                "{}: not a directory of uid {euid} that only it may write (uid {}, mode {:o})",
+                runtime.display(),
+                st.uid(),
+                st.mode() & 0o7777
+            )));
+        }
+    }
     let socket = runtime.join("systemd/private");
     let unit = format!("{}.scope", agent_dir_name());
     systemd::start_scope(&socket, &unit, Duration::from_secs(2))
@@ -375,11 +391,25 @@ static HELD: std::sync::Mutex<Vec<nix::fcntl::Flock<fs::File>>> = std::sync::Mut
 /// Lock this agent's own directory `dir` for its life: another agent's
 /// sweep then knows it alive whatever PID namespace either runs in.
 fn hold(dir: &Path) {
+    // Only this user may open it (and so lock it): no other user's
+    // process can hold its lock to make it look alive, or to delay this.
+    let _ = fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
     let locked = fs::File::open(dir).and_then(|f| {
-        // Blocking: another agent's sweep may hold a shared lock on it for
-        // the moment of its check (it never keeps one).
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| io::Error::from(e))
+        // Another agent's sweep may hold a shared lock on it for the
+        // moment of its check (it never keeps one): retried for 1 s, never
+        // waited on without bound.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut f = f;
+        loop {
+            match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(l) => return Ok(l),
+                Err((back, nix::errno::Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                    f = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((_, e)) => return Err(io::Error::from(e)),
+            }
+        }
     });
     match locked {
         Ok(l) => HELD.lock().unwrap_or_else(|p| p.into_inner()).push(l),
@@ -545,6 +575,20 @@ fn wait_empty(d: &Path, within: Duration) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether a live agent has its own directory anywhere below `dir`: an
+/// agent started by one whose cgroup this is (a detached session's host,
+/// spawned in the agent's scope or its `agent` leaf) makes its directory
+/// there, and outlives it. A dead agent's directory holding one is left
+/// to that agent's life (what the dead one left there with it).
+fn holds_a_live_agent(dir: &Path) -> bool {
+    subtree(dir).iter().any(|d| {
+        d != dir
+            && d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("executor-") && owner_alive(d, n))
+    })
+}
+
 /// Remove what dead agents left in `own` (a directory of this user's, in
 /// one hierarchy): their `executor-PID-START` directories and the jobs in
 /// them, killing what still runs there. Returns what was removed.
@@ -555,7 +599,10 @@ fn sweep(own: &Path, unified: bool) -> Vec<PathBuf> {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("executor-") || owner_alive(&e.path(), &name) {
+        if !name.starts_with("executor-")
+            || owner_alive(&e.path(), &name)
+            || holds_a_live_agent(&e.path())
+        {
             continue;
         }
         let dir = e.path();
@@ -1398,6 +1445,41 @@ mod tests {
         assert!(at("a/b/c") < at("a/b") && at("a/b") < at("a") && at("a/d") < at("a"));
         remove_dir_retrying(&base, Instant::now() + Duration::from_secs(1)).unwrap();
         assert!(!base.exists());
+    }
+
+    /// Hostile: another process holds a shared lock on the directory an
+    /// agent is to hold (another user could, on a directory it may open):
+    /// `hold` gives up after its 1 s instead of waiting without bound, and
+    /// the directory is made this user's alone. Control: free, it is held.
+    #[test]
+    fn a_lock_held_elsewhere_delays_hold_a_bounded_time() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("executor-hold-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let other = nix::fcntl::Flock::lock(
+            fs::File::open(&dir).unwrap(),
+            nix::fcntl::FlockArg::LockSharedNonblock,
+        )
+        .unwrap();
+        let held = || HELD.lock().unwrap().len();
+        let before = held();
+        let t = Instant::now();
+        hold(&dir);
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+        assert_eq!(held(), before, "not held while another holds it");
+        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        drop(other);
+        hold(&dir);
+        assert_eq!(held(), before + 1, "control: held once free");
+        HELD.lock().unwrap().pop();
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

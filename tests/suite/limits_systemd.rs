@@ -188,6 +188,12 @@ async fn user_manager() -> Option<UserManager> {
 async fn agent_in_login(m: &UserManager, runtime: &Path) -> Client {
     let login = m.trees[0].join("login");
     std::fs::create_dir_all(&login).unwrap();
+    agent_in(&login, runtime).await
+}
+
+/// An agent of `UID` started in the v2 cgroup `dir`.
+async fn agent_in(dir: &Path, runtime: &Path) -> Client {
+    let login = dir;
     let mut c = tokio::process::Command::new("sh");
     c.arg("-c").arg(format!(
         "echo $$ > '{}/cgroup.procs' || exit 99; exec setpriv --reuid={UID} --regid={UID} --clear-groups -- \
@@ -348,6 +354,86 @@ async fn a_dead_agents_scope_is_swept_by_the_next_agent() {
         1,
         "only the live agent's scope"
     );
+}
+
+/// An agent started in another agent's scope (as a detached session's
+/// host is, spawned by the agent whose connection it outlives) makes its
+/// directory there; when the first agent exits, its scope lives on with
+/// the second. The next agent's sweep must not take the scope for a dead
+/// agent's: the second agent's job keeps running and it starts more.
+/// (It killed the job and removed the second agent's directory, so that
+/// its next start failed with `ENODEV`.) The dead agent's directory in
+/// that scope stays until the live one is gone.
+#[tokio::test]
+async fn a_live_agent_in_a_dead_agents_scope_is_not_swept() {
+    let Some(m) = user_manager().await else {
+        return;
+    };
+    let first = agent_in_login(&m, &m.runtime).await;
+    assert!(mechanisms(&first).await.contains(&"cgroup_v2".to_string()));
+    let scopes = scopes_in(&m.trees[0]);
+    assert_eq!(scopes.len(), 1, "{scopes:?}");
+    let scope = scopes[0].clone();
+    let first_pid: u32 = std::fs::read_dir(&scope)
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("executor-")?.split('-').next()?.parse().ok()
+        })
+        .expect("the first agent's directory in its scope");
+    let second = agent_in(&scope, &m.runtime).await;
+    assert!(mechanisms(&second).await.contains(&"cgroup_v2".to_string()));
+    let agents_in_scope = || {
+        std::fs::read_dir(&scope)
+            .map(|r| {
+                r.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("executor-"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(agents_in_scope(), 2, "both agents' directories");
+    let mk = marker();
+    let p = params(
+        &["sh", "-c", "sleep 30; :", &mk],
+        JobLimits::default(),
+        None,
+    );
+    let job = second.start(&p).await.unwrap();
+    assert_eq!(shells_running(&mk, "sleep 30; :", 1).await.len(), 1);
+    // Killed (the client's drop): its directory stays for a sweep.
+    drop(first);
+    assert!(wait_dead(first_pid, Duration::from_secs(10)).await);
+    // The next agent of the user sweeps at its start.
+    let next = agent_in_login(&m, &m.runtime).await;
+    assert!(mechanisms(&next).await.contains(&"cgroup_v2".to_string()));
+    assert_eq!(
+        scopes_in(&m.trees[0]).len(),
+        2,
+        "the first scope and the next agent's"
+    );
+    assert_eq!(
+        agents_in_scope(),
+        2,
+        "the live agent's directory, and the dead one's with it"
+    );
+    assert_eq!(
+        marked(&mk).len(),
+        1,
+        "the second agent's job runs on after the next agent's sweep"
+    );
+    let p = params(&["echo", "ok"], JobLimits::default(), None);
+    let (st, out, _) = run(&second, &p).await.unwrap();
+    assert_eq!(
+        (st.code, out.as_str()),
+        (Some(0), "ok\n"),
+        "the second agent starts jobs"
+    );
+    drop(job);
+    drop(second);
+    drop(next);
+    assert_eq!(none_left(&mk).await, Vec::<u32>::new());
 }
 
 /// Hostile: an agent in a PID namespace of its own (a container's) with

@@ -12,7 +12,8 @@
 //! than `zbus`: the call is made while the agent is still single-threaded,
 //! before its spawner forks, and `zbus` runs executor threads of its own;
 //! one call needs a few dozen lines of the wire format, nothing more.
-//! Bounded: every read and write has a deadline, every reply a size cap.
+//! Bounded: one deadline for the connect and every read and write, a size
+//! cap on every reply.
 //! Nothing the manager says is trusted: the caller checks where
 //! `/proc/self/cgroup` puts it afterwards, and whether that is writable.
 //!
@@ -32,17 +33,12 @@ const MAX_MESSAGE: usize = 64 << 10;
 /// names the manager's refusal, or what failed on the wire.
 pub fn start_scope(socket: &Path, unit: &str, within: Duration) -> io::Result<()> {
     let deadline = Instant::now() + within;
-    let mut s = UnixStream::connect(socket)?;
-    let left = || {
-        deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, "the manager did not answer"))
+    let mut s = Deadlined {
+        s: connect(socket, deadline)?,
+        deadline,
     };
-    s.set_write_timeout(Some(left()?))?;
-    s.set_read_timeout(Some(left()?))?;
     let uid = nix::unistd::geteuid().as_raw();
-    same_user_and_pid_namespace(&s, uid)?;
+    same_user_and_pid_namespace(&s.s, uid)?;
     // SASL EXTERNAL: the manager checks the uid against the socket's
     // peer credentials.
     let hex: String = uid
@@ -61,7 +57,6 @@ pub fn start_scope(socket: &Path, unit: &str, within: Duration) -> io::Result<()
     let serial = 1;
     s.write_all(&start_transient_unit(unit, std::process::id(), serial))?;
     loop {
-        s.set_read_timeout(Some(left()?))?;
         let m = read_message(&mut s)?;
         if m.reply_serial != Some(serial) {
             continue; // a signal, or another reply: not ours
@@ -77,6 +72,103 @@ pub fn start_scope(socket: &Path, unit: &str, within: Duration) -> io::Result<()
     }
 }
 
+/// A stream whose every read and write waits only until `deadline` (one
+/// bound for the whole exchange, however the peer spaces its bytes).
+struct Deadlined {
+    s: UnixStream,
+    deadline: Instant,
+}
+
+impl Deadlined {
+    fn left(&self) -> io::Result<Duration> {
+        self.deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the manager did not answer in time",
+                )
+            })
+    }
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.s.set_read_timeout(Some(left))?;
+        self.s.read(buf).map_err(timed_out)
+    }
+}
+
+impl Write for Deadlined {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.s.set_write_timeout(Some(left))?;
+        self.s.write(buf).map_err(timed_out)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A socket timeout (`EAGAIN`) is the deadline passing.
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the manager did not answer in time",
+        )
+    } else {
+        e
+    }
+}
+
+/// Connect to the manager's socket by `deadline`: the socket must be
+/// this user's (checked without following a link), and a listener whose
+/// backlog is full (`EAGAIN` on a non-blocking connect) is retried until
+/// then, never waited on without bound.
+fn connect(socket: &Path, deadline: Instant) -> io::Result<UnixStream> {
+    use nix::sys::socket::{socket as new_socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let euid = nix::unistd::geteuid().as_raw();
+    let st = std::fs::symlink_metadata(socket)?;
+    if !st.file_type().is_socket() || st.uid() != euid {
+        return Err(io::Error::other(format!(
+            "not a socket of uid {euid} (a {:?} of uid {})",
+            st.file_type(),
+            st.uid()
+        )));
+    }
+    let fd = new_socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    let addr = UnixAddr::new(socket)?;
+    loop {
+        match nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+            Ok(()) => break,
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR)
+                if Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(nix::errno::Errno::EAGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the manager's socket accepted no connection in time",
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let s = UnixStream::from(fd);
+    s.set_nonblocking(false)?;
+    Ok(s)
+}
+
 /// The manager at the other end runs as this agent's user, in this
 /// agent's PID namespace: the pid the call names is read in the manager's
 /// namespace, and in another one it would be another process (a manager
@@ -89,6 +181,16 @@ fn same_user_and_pid_namespace(s: &UnixStream, uid: u32) -> io::Result<()> {
         return Err(io::Error::other(format!(
             "the manager runs as uid {}, not as this agent's {uid}",
             cred.uid()
+        )));
+    }
+    // `/proc` must be this PID namespace's: the peer's pid is numbered
+    // in it, and looked up there.
+    let me = std::fs::read_link("/proc/self")?;
+    if me.as_os_str() != std::process::id().to_string().as_str() {
+        return Err(io::Error::other(format!(
+            "/proc is not this PID namespace's (/proc/self is {}, this process {})",
+            me.display(),
+            std::process::id()
         )));
     }
     let ours = std::fs::read_link("/proc/self/ns/pid")?;
@@ -107,7 +209,7 @@ fn same_user_and_pid_namespace(s: &UnixStream, uid: u32) -> io::Result<()> {
 }
 
 /// One `\r\n`-ended line of the authentication exchange (bounded).
-fn read_line(s: &mut UnixStream) -> io::Result<String> {
+fn read_line(s: &mut impl Read) -> io::Result<String> {
     let mut line = Vec::new();
     let mut b = [0u8; 1];
     while !line.ends_with(b"\r\n") {
@@ -246,7 +348,11 @@ fn read_message(s: &mut impl Read) -> io::Result<Message> {
     };
     let body_len = u32_at(&fixed, 4) as usize;
     let fields_len = u32_at(&fixed, 12) as usize;
-    let total = (16 + fields_len).next_multiple_of(8) + body_len;
+    let total = 16usize
+        .checked_add(fields_len)
+        .map(|n| n.next_multiple_of(8))
+        .and_then(|n| n.checked_add(body_len))
+        .unwrap_or(usize::MAX);
     if total > MAX_MESSAGE {
         return Err(io::Error::other(format!(
             "a message of {total} bytes from the manager (the most read is {MAX_MESSAGE})"
@@ -410,5 +516,92 @@ mod tests {
         big[4..8].copy_from_slice(&(1u32 << 20).to_le_bytes());
         let err = read_message(&mut &big[..]).unwrap_err();
         assert!(err.to_string().contains("most read"), "{err}");
+    }
+
+    fn temp_socket(tag: &str) -> (std::path::PathBuf, std::os::unix::net::UnixListener) {
+        let dir = std::env::temp_dir().join(format!(
+            "executor-systemd-test-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("private");
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        (path, l)
+    }
+
+    /// Hostile: a peer that answers one byte every 300 ms (a line that
+    /// never ends) holds the call no longer than its deadline, whatever
+    /// each read's wait.
+    #[test]
+    fn a_trickling_peer_is_bounded_by_one_deadline() {
+        let (path, l) = temp_socket("trickle");
+        let peer = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            for _ in 0..40 {
+                if c.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        let t = Instant::now();
+        let err = start_scope(&path, "executor-1-2.scope", Duration::from_secs(1)).unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "{:?}: {err}",
+            t.elapsed()
+        );
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        peer.join().unwrap();
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    /// Hostile: a listener that accepts nothing, its backlog full: the
+    /// connect gives up at the deadline instead of blocking. Control: a
+    /// listener with room is connected to (and then refuses the
+    /// authentication with a line that is not `OK`).
+    #[test]
+    fn a_full_backlog_is_bounded_by_the_deadline() {
+        let (path, l) = temp_socket("backlog");
+        let mut held = Vec::new();
+        loop {
+            let s = nix::sys::socket::socket(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::Stream,
+                nix::sys::socket::SockFlag::SOCK_NONBLOCK,
+                None,
+            )
+            .unwrap();
+            let addr = nix::sys::socket::UnixAddr::new(&path).unwrap();
+            match nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&s), &addr) {
+                Ok(()) => held.push(s),
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(held.len() < 10_000);
+        }
+        let t = Instant::now();
+        let err = start_scope(&path, "executor-1-2.scope", Duration::from_millis(500)).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        drop(held);
+        drop(l);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+        // Control.
+        let (path, l) = temp_socket("control");
+        let peer = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut b = [0u8; 64];
+            let _ = c.read(&mut b);
+            c.write_all(b"REJECTED EXTERNAL\r\n").unwrap();
+        });
+        let err = start_scope(&path, "executor-1-2.scope", Duration::from_secs(2)).unwrap_err();
+        assert!(
+            err.to_string().contains("refused the authentication"),
+            "{err}"
+        );
+        peer.join().unwrap();
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }
