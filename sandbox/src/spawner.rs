@@ -269,8 +269,8 @@ pub fn serve() -> io::Result<i32> {
             unsafe { pool.refill() };
         }
         while let Ok(Some(_)) = sigfd.read_signal() {}
-        let served = reap(&sock, &mut children, &mut standby, &mut pool).and_then(|reaped| {
-            if reaped {
+        let served = reap(&sock, &mut children, &mut standby, &mut pool).and_then(|orphans| {
+            if orphans {
                 kill_orphans(|pid| {
                     children.contains(&pid)
                         || standby.as_ref().is_some_and(|s| s.pid == pid)
@@ -323,27 +323,36 @@ pub fn serve() -> io::Result<i32> {
 /// Reap every child that exited and report each supervisor's exit (a
 /// pool maker's exit is not reported: the agent never asked for it, nor a
 /// standby's that died waiting, nor an orphan's: they are forgotten).
-/// Whether any child was reaped.
+/// Whether orphans may have come here meanwhile: a child was killed by a
+/// signal (a supervisor that ends normally has killed and reaped its job's
+/// processes first; one killed from outside has not), or an orphan died
+/// (its own children come here next).
 fn reap(
     sock: &OwnedFd,
     children: &mut HashSet<i32>,
     standby: &mut Option<Standby>,
     pool: &mut Pool,
 ) -> io::Result<bool> {
-    let mut reaped = false;
+    let mut orphans_may_come = false;
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => return Ok(reaped),
+            Ok(WaitStatus::StillAlive) => return Ok(orphans_may_come),
             Ok(st) => {
                 if let (Some(pid), Some(raw)) = (st.pid(), crate::trampoline::raw_wait_status(st)) {
-                    reaped = true;
-                    pool.reaped(pid.as_raw());
-                    if !children.remove(&pid.as_raw()) {
-                        if standby.as_ref().is_some_and(|s| s.pid == pid.as_raw()) {
+                    let pid = pid.as_raw();
+                    let maker = pool.is_maker(pid);
+                    pool.reaped(pid);
+                    let is_standby = standby.as_ref().is_some_and(|s| s.pid == pid);
+                    let supervisor = children.remove(&pid);
+                    orphans_may_come |= matches!(st, WaitStatus::Signaled(..))
+                        || !(maker || is_standby || supervisor);
+                    if !supervisor {
+                        if is_standby {
                             *standby = None;
                         }
                         continue;
                     }
+                    let pid = Pid::from_raw(pid);
                     reply(
                         sock,
                         Reply::Exited {
@@ -354,7 +363,7 @@ fn reap(
                 }
             }
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return Ok(reaped), // ECHILD: none left
+            Err(_) => return Ok(orphans_may_come), // ECHILD: none left
         }
     }
 }
