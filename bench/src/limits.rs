@@ -104,7 +104,7 @@ pub async fn start_cost(iterations: usize, gap: std::time::Duration) -> anyhow::
         goal: "≤ +0.3 ms".into(),
         met: Some(extra <= 0.3),
         note: format!(
-            "+{extra:.2} ms for the job's cgroup: made ahead (a directory in the v1 memory, pids and cpu hierarchies and the v2 one) and joined by the spawner's standby supervisor while it waited; at the start the limits written; at the end `cgroup.kill` and the account read before `process/exited`, the directories removed after it; with the default limits only (`processes`: the job stays out of the v1 cpu hierarchy): {:.0} µs ({:+.2} ms)",
+            "+{extra:.2} ms for the job's cgroup: made ahead (a directory in the v1 memory, pids and cpu hierarchies and the v2 one) and joined by the spawner's standby supervisor while it waited; at the start the limits written; at the end the account read before `process/exited` (the supervisor has killed and reaped the job by then), `cgroup.kill` and the directories' removal after it; with the default limits only (`processes`: the job stays out of the v1 cpu hierarchy): {:.0} µs ({:+.2} ms)",
             ms(dflt) * 1e3,
             ms(dflt) - ms(none)
         ),
