@@ -29,6 +29,58 @@ pub fn setup() {
     }
 }
 
+/// The soft `RLIMIT_NOFILE` this agent was started with, where it raised
+/// its own (its jobs get this one back).
+static JOBS_OPEN_FILES: OnceLock<u64> = OnceLock::new();
+
+/// Raise this agent's soft `RLIMIT_NOFILE` to its hard limit: every
+/// running job holds a few of the agent's descriptors (its pipes, its
+/// pidfd, its cgroup's), and under the soft 1024 a login usually gets
+/// the agent would refuse jobs at a few hundred. `started_with` (a
+/// session host's: the stdio agent's original, passed on) is what the
+/// jobs get back, else the limit as found. The jobs' programs get it
+/// back just before their exec ([`jobs_open_files`]), so that a program
+/// using `select` sees what it would have seen without the agent.
+pub fn raise_open_files(started_with: Option<u64>) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    let r = Resource::RLIMIT_NOFILE;
+    let Ok((soft, hard)) = getrlimit(r) else {
+        return;
+    };
+    let original = started_with.unwrap_or(soft).min(soft);
+    // The kernel refuses more than `fs.nr_open`, even under an infinite
+    // hard limit.
+    let ceiling = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let target = if hard == RLIM_INFINITY {
+        ceiling
+    } else {
+        hard.min(ceiling)
+    };
+    if target > soft {
+        if let Err(e) = setrlimit(r, target, hard) {
+            tracing::debug!(error = %e, soft, hard, "cannot raise the agent's open files limit");
+            return;
+        }
+        tracing::debug!(
+            from = soft,
+            to = target,
+            "the agent's open files limit raised"
+        );
+    }
+    if target > original {
+        let _ = JOBS_OPEN_FILES.set(original);
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` a job's program gets, where the agent raised
+/// its own ([`raise_open_files`]).
+pub fn jobs_open_files() -> Option<u64> {
+    JOBS_OPEN_FILES.get().copied()
+}
+
 /// Removes this agent's own cgroup directories when dropped (at the end of
 /// `main`).
 #[derive(Debug)]

@@ -34,6 +34,10 @@ struct Cli {
     /// address; port 0 picks one, printed as the first line on stdout).
     #[arg(long, value_name = "stdio|ws://IP:PORT")]
     listen: Option<String>,
+    /// With `session-host`: the soft open files limit the stdio agent that
+    /// started it was started with (its jobs get it back).
+    #[arg(long, value_name = "N", hide = true)]
+    jobs_open_files: Option<u64>,
 }
 
 /// `$serve(input, output, config, launch)` on this process's stdin and
@@ -116,8 +120,12 @@ fn main() -> anyhow::Result<()> {
     if cli.list_methods {
         return print_methods();
     }
+    if cli.jobs_open_files.is_some() && !host_mode {
+        anyhow::bail!("--jobs-open-files is an option of `executor session-host`");
+    }
     let config = usable_config(&cli);
     sweep_leftovers();
+    executor_agent::limits::raise_open_files(cli.jobs_open_files);
     // The jobs' cgroups: found (and dead agents' swept) while the agent is
     // single-threaded and before the spawner starts (on cgroup v2 the
     // agent may move into a leaf of its own, and the spawner follows).

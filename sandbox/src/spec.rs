@@ -82,6 +82,10 @@ pub struct Rlimits {
     /// `RLIMIT_NPROC` inside a sandboxed job's own user namespace (set by
     /// its init, so that it counts the job's processes alone).
     pub processes: Option<u64>,
+    /// The soft `RLIMIT_NOFILE` the program gets (set just before its
+    /// exec, the hard limit kept): the agent's own soft limit as it was
+    /// started, where the agent raised its own to the hard one.
+    pub open_files: Option<u64>,
 }
 
 impl JobSpec {
@@ -140,6 +144,7 @@ mod tests {
             rlimits: Rlimits {
                 address_space: Some(64 << 20),
                 processes: None,
+                open_files: Some(1024),
             },
         };
         let fd = spec.to_memfd().unwrap();

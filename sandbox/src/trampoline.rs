@@ -230,6 +230,8 @@ struct Exec {
     /// own process just before its exec: the supervisor and the init stay
     /// outside it.
     address_space: Option<u64>,
+    /// The program's soft `RLIMIT_NOFILE` ([`crate::spec::Rlimits`]).
+    open_files: Option<u64>,
 }
 
 impl Exec {
@@ -256,6 +258,7 @@ impl Exec {
             cwd,
             ignored_signals: sys::ignored_signals(),
             address_space: None,
+            open_files: None,
         }
     }
 }
@@ -429,6 +432,7 @@ pub fn run(spec: Spec) -> Result<i32, Error> {
         },
     );
     exec.address_space = job.rlimits.address_space;
+    exec.open_files = job.rlimits.open_files;
     if exec.argv.is_empty() {
         return Err(Error::Usage("the job spec has an empty argv".into()));
     }
@@ -1011,6 +1015,18 @@ fn exec_job(exec: &Exec) -> [u8; 8] {
         let r = nix::sys::resource::Resource::RLIMIT_AS;
         if let Err(e) = nix::sys::resource::setrlimit(r, bytes, bytes) {
             return failure(FAIL_SANDBOX, STEP_RLIMITS, e as i32);
+        }
+    }
+    if let Some(soft) = exec.open_files {
+        // Lowered only (a soft limit above the hard one is refused): the
+        // agent's own as it was started, not the one it raised for itself.
+        let r = nix::sys::resource::Resource::RLIMIT_NOFILE;
+        if let Ok((now, hard)) = nix::sys::resource::getrlimit(r) {
+            if soft < now {
+                if let Err(e) = nix::sys::resource::setrlimit(r, soft, hard) {
+                    return failure(FAIL_SANDBOX, STEP_RLIMITS, e as i32);
+                }
+            }
         }
     }
     // Default dispositions and an empty mask, whatever the agent had.

@@ -555,6 +555,50 @@ async fn a_forking_orphan_ends_with_its_killed_supervisor_without_a_cgroup() {
     assert_eq!(none_left(&m).await, Vec::<u32>::new(), "left on the host");
 }
 
+/// An agent started under a low soft open files limit (64, hard 4096;
+/// a login's is commonly 1024) runs 40 jobs at once, each holding a few
+/// of its descriptors (it refused them past about 15 with `EMFILE`): it
+/// raised its own soft limit to the hard one. Each job's program, sandboxed
+/// or not, gets the 64 back, the hard limit kept.
+#[tokio::test]
+async fn many_jobs_run_under_a_low_soft_open_files_limit() {
+    if current_uid() != 0 {
+        prerequisite_missing("root, to start an agent under prlimit as it would be");
+        return;
+    }
+    let mut cmd = tokio::process::Command::new("prlimit");
+    cmd.arg("--nofile=64:4096").arg("--").arg(executor_bin());
+    let c = Client::spawn(cmd, ClientOptions::default())
+        .await
+        .expect("agent");
+    let m = marker();
+    let mut jobs = Vec::new();
+    for i in 0..40 {
+        let p = params(&["sh", "-c", "sleep 20; :", &m], JobLimits::default(), None);
+        match c.start(&p).await {
+            Ok(j) => jobs.push(j),
+            Err(e) => panic!("job {i} of 40 under a soft limit of 64: {e}"),
+        }
+    }
+    for intent in [None, Some(sandboxed())] {
+        let p = params(
+            &["sh", "-c", "ulimit -Sn; ulimit -Hn"],
+            JobLimits::default(),
+            intent.clone(),
+        );
+        let (st, out, _) = run(&c, &p).await.unwrap();
+        assert_eq!(
+            (st.code, out.as_str()),
+            (Some(0), "64\n4096\n"),
+            "sandboxed: {}",
+            intent.is_some()
+        );
+    }
+    drop(jobs);
+    drop(c);
+    assert_eq!(none_left(&m).await, Vec::<u32>::new());
+}
+
 /// An unsandboxed job whose grandchild detached (a session of its own; no
 /// parent-death signal is set for an unconfined job's descendants) and
 /// whose supervisor is SIGKILLed from outside: its end is reported and

@@ -318,6 +318,11 @@ async fn start_host(
     if let Some(p) = &launch.profile {
         cmd.arg("--profile").arg(p);
     }
+    // It inherits this agent's raised open files limit: its jobs get the
+    // one this agent was started with.
+    if let Some(n) = crate::limits::jobs_open_files() {
+        cmd.arg("--jobs-open-files").arg(n.to_string());
+    }
     cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(log)

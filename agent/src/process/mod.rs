@@ -225,6 +225,7 @@ async fn login_shell_confined(
         rlimits: executor_sandbox::spec::Rlimits {
             address_space: None,
             processes: Some(executor_protocol::limits::JOB_PROCESSES),
+            open_files: None,
         },
     };
     let result = async {

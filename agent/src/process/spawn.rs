@@ -498,7 +498,10 @@ fn job_spec(req: &SpawnRequest<'_>, program: &Path) -> JobSpec {
         cwd: b(req.cwd.as_os_str().as_bytes()),
         tty: req.tty.is_some(),
         confinement: req.confinement.clone(),
-        rlimits: req.rlimits,
+        rlimits: executor_sandbox::spec::Rlimits {
+            open_files: crate::limits::jobs_open_files(),
+            ..req.rlimits
+        },
     }
 }
 
