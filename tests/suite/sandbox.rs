@@ -84,16 +84,22 @@ async fn env(unprivileged: bool, hook_abi: Option<u32>) -> Env {
     let c = Client::spawn(cmd, ClientOptions::default())
         .await
         .expect("agent");
-    // The agent's pid: above a job's supervisor and the spawner.
+    // The agent's pid: above a job's supervisor and the spawner (a job
+    // that runs until it is killed: a short one could end, under a loaded
+    // suite, before its parents are read).
     let probe = c
         .start(&ProcessStartParams::new(
-            vec!["sleep".into(), "0.2".into()],
+            vec!["sleep".into(), "60".into()],
             "/",
             path_env(),
         ))
         .await
         .unwrap();
     let agent_pid = executor_tests::agent_of_job(probe.pid());
+    probe
+        .signal(executor_protocol::types::process::SignalName::Kill)
+        .await
+        .unwrap();
     probe.wait().await.unwrap();
     Env {
         c,
