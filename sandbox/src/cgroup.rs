@@ -392,8 +392,9 @@ static HELD: std::sync::Mutex<Vec<nix::fcntl::Flock<fs::File>>> = std::sync::Mut
 /// sweep then knows it alive whatever PID namespace either runs in.
 fn hold(dir: &Path) {
     // Only this user may open it (and so lock it): no other user's
-    // process can hold its lock to make it look alive, or to delay this.
-    let _ = fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700));
+    // process can hold its lock to make it look alive, or to delay this
+    // (others may still pass through it: 0711).
+    let _ = fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o711));
     let locked = fs::File::open(dir).and_then(|f| {
         // Another agent's sweep may hold a shared lock on it for the
         // moment of its check (it never keeps one): retried for 1 s, never
@@ -575,18 +576,65 @@ fn wait_empty(d: &Path, within: Duration) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether a live agent has its own directory anywhere below `dir`: an
-/// agent started by one whose cgroup this is (a detached session's host,
-/// spawned in the agent's scope or its `agent` leaf) makes its directory
-/// there, and outlives it. A dead agent's directory holding one is left
-/// to that agent's life (what the dead one left there with it).
+/// Whether a live agent has its own directory where an agent started by
+/// the one whose cgroup this is makes it (a detached session's host,
+/// spawned in the agent's scope or its `agent` leaf): `dir/executor-*`,
+/// `dir/agent/executor-*` or `dir/*/agent/executor-*`, never inside a
+/// job's directory. A dead agent's directory holding one is left to that
+/// agent's life (what the dead one left there with it). Only a name that
+/// parses, whose pid runs with that start time or which a live agent
+/// holds locked, counts ([`owner_known_alive`]).
 fn holds_a_live_agent(dir: &Path) -> bool {
-    subtree(dir).iter().any(|d| {
-        d != dir
-            && d.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("executor-") && owner_alive(d, n))
+    let agents_in = |d: &Path| -> Vec<PathBuf> {
+        fs::read_dir(d)
+            .map(|r| {
+                r.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("executor-"))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut places = vec![dir.to_path_buf(), dir.join("agent")];
+    places.extend(agents_in(dir).into_iter().map(|d| d.join("agent")));
+    places.iter().flat_map(|p| agents_in(p)).any(|d| {
+        d.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| owner_known_alive(&d, n))
     })
+}
+
+/// [`owner_alive`] without its benefit of the doubt: a name that does not
+/// parse, or a directory that cannot be opened, is not a live agent's.
+fn owner_known_alive(dir: &Path, name: &str) -> bool {
+    let name = name.strip_suffix(".scope").unwrap_or(name);
+    let Some((pid, start)) = name
+        .strip_prefix("executor-")
+        .and_then(|rest| rest.split_once('-'))
+    else {
+        return false;
+    };
+    let (Ok(pid), Ok(start)) = (pid.parse::<i32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    if start_time(pid) == Some(start) {
+        return true;
+    }
+    fs::File::open(dir).is_ok_and(|f| {
+        matches!(
+            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock),
+            Err((_, nix::errno::Errno::EWOULDBLOCK))
+        )
+    })
+}
+
+/// Make one of this agent's own directories: mode 0711, so that other
+/// users may pass through to a job's cgroup files (a program that reads
+/// its own limits after changing user) but not open it, and so not lock
+/// it ([`hold`]).
+fn make_own_dir(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new().mode(0o711).create(path)
 }
 
 /// Remove what dead agents left in `own` (a directory of this user's, in
@@ -719,7 +767,7 @@ impl Cgroups {
             }
             let ok = *made.entry(own.clone()).or_insert_with(|| {
                 sweep(&own, false);
-                match fs::create_dir(own.join(&name)) {
+                match make_own_dir(&own.join(&name)) {
                     Ok(()) => {
                         hold(&own.join(&name));
                         true
@@ -838,7 +886,7 @@ impl Cgroups {
 /// kill and the CPU account).
 fn setup_v2(own: &Path, name: &str) -> io::Result<Vec<Controller>> {
     let mine = own.join(name);
-    match fs::create_dir(&mine) {
+    match make_own_dir(&mine) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
@@ -1474,7 +1522,7 @@ mod tests {
         );
         assert_eq!(held(), before, "not held while another holds it");
         let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700);
+        assert_eq!(mode, 0o711);
         drop(other);
         hold(&dir);
         assert_eq!(held(), before + 1, "control: held once free");

@@ -269,14 +269,7 @@ pub fn serve() -> io::Result<i32> {
             unsafe { pool.refill() };
         }
         while let Ok(Some(_)) = sigfd.read_signal() {}
-        let served = reap(&sock, &mut children, &mut standby, &mut pool).and_then(|orphans| {
-            if orphans {
-                kill_orphans(|pid| {
-                    children.contains(&pid)
-                        || standby.as_ref().is_some_and(|s| s.pid == pid)
-                        || pool.is_maker(pid)
-                });
-            }
+        let served = reap(&sock, &mut children, &mut standby, &mut pool).and_then(|()| {
             Ok(!sock_ready
                 || answer(
                     &sock,
@@ -323,20 +316,21 @@ pub fn serve() -> io::Result<i32> {
 /// Reap every child that exited and report each supervisor's exit (a
 /// pool maker's exit is not reported: the agent never asked for it, nor a
 /// standby's that died waiting, nor an orphan's: they are forgotten).
-/// Whether orphans may have come here meanwhile: a child was killed by a
+/// Orphans may have come here meanwhile when a child was killed by a
 /// signal (a supervisor that ends normally has killed and reaped its job's
-/// processes first; one killed from outside has not), or an orphan died
-/// (its own children come here next).
+/// processes first; one killed from outside has not), or an orphan died:
+/// they are ended ([`kill_orphans`]) before any exit is reported.
 fn reap(
     sock: &OwnedFd,
     children: &mut HashSet<i32>,
     standby: &mut Option<Standby>,
     pool: &mut Pool,
-) -> io::Result<bool> {
+) -> io::Result<()> {
     let mut orphans_may_come = false;
+    let mut exited = Vec::new();
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => return Ok(orphans_may_come),
+            Ok(WaitStatus::StillAlive) => break,
             Ok(st) => {
                 if let (Some(pid), Some(raw)) = (st.pid(), crate::trampoline::raw_wait_status(st)) {
                     let pid = pid.as_raw();
@@ -352,47 +346,58 @@ fn reap(
                         }
                         continue;
                     }
-                    let pid = Pid::from_raw(pid);
-                    reply(
-                        sock,
-                        Reply::Exited {
-                            pid: pid.as_raw(),
-                            raw,
-                        },
-                    )?;
+                    exited.push(Reply::Exited { pid, raw });
                 }
             }
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return Ok(orphans_may_come), // ECHILD: none left
+            Err(_) => break, // ECHILD: none left
         }
     }
+    // What a supervisor killed from outside left dies before its exit is
+    // reported.
+    if orphans_may_come {
+        kill_orphans(|pid| {
+            children.contains(&pid)
+                || standby.as_ref().is_some_and(|s| s.pid == pid)
+                || pool.is_maker(pid)
+        });
+    }
+    for r in exited {
+        reply(sock, r)?;
+    }
+    Ok(())
 }
 
-/// SIGKILL every child of the spawner that `known` does not name: the
-/// spawner is its jobs' subreaper, so those are processes of a job whose
-/// supervisor died without ending it (killed from outside), re-parented
-/// here, whichever session they made and whatever parent-death signal
-/// they cleared. Each one killed hands its own children here in turn (at
-/// its exit, before the spawner's `SIGCHLD`): the next reap kills those,
-/// until none is left. A child's pid cannot be reused while it is an
-/// unreaped child, and only this single-threaded process reaps: the kill
-/// reaches the process listed.
+/// End every child of the spawner that `known` does not name, with all
+/// its descendants: the spawner is its jobs' subreaper, so those are
+/// processes of a job whose supervisor died without ending it (killed
+/// from outside), re-parented here, whichever session they made and
+/// whatever parent-death signal they cleared. Their subtrees are stopped
+/// whole, then killed ([`crate::trampoline::end_subtrees`]): a tree that
+/// keeps forking is caught however deep. A child's pid cannot be reused
+/// while it is an unreaped child, and only this single-threaded process
+/// reaps. Nothing is done where `/proc` is another PID namespace's (its
+/// numbers are not this one's).
 fn kill_orphans(known: impl Fn(i32) -> bool) {
+    if !sys::proc_is_ours() {
+        return;
+    }
     let me = std::process::id();
     // `/proc/PID/task/TID/children` (CONFIG_PROC_CHILDREN); else every
     // process whose parent is this one.
-    let listed = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+    let listed: Vec<i32> = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
         .map(|s| {
             s.split_whitespace()
                 .filter_map(|p| p.parse().ok())
                 .collect()
         })
         .unwrap_or_else(|_| children_by_scan(me));
-    for pid in listed {
-        if !known(pid) {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
+    let roots: Vec<Pid> = listed
+        .into_iter()
+        .filter(|&p| !known(p))
+        .map(Pid::from_raw)
+        .collect();
+    crate::trampoline::end_subtrees(&roots);
 }
 
 /// The pids whose `/proc/PID/stat` names `parent` as their parent.

@@ -1122,8 +1122,13 @@ fn reap_main(main: Pid) -> i32 {
     if let Err(nix::errno::Errno::ECHILD) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
         return raw;
     }
-    // Everything else dies: kill what is re-parented to us, reap, repeat
-    // (killing a parent re-parents its children to us) until none is left.
+    // Without a `/proc` of this PID namespace no process can be named
+    // safely: what is left goes on to the next subreaper.
+    if !sys::proc_is_ours() {
+        return raw;
+    }
+    // Everything else dies: kill what is re-parented to us (whole
+    // subtrees), reap, repeat until none is left.
     for _ in 0..10_000 {
         kill_children_except(None);
         match waitpid(Pid::from_raw(-1), None) {
@@ -1145,17 +1150,104 @@ fn reap_others(main: Pid) {
 }
 
 fn kill_children_except(except: Option<Pid>) {
-    for child in children_of(nix::unistd::getpid()) {
-        if Some(child) != except {
-            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+    let roots: Vec<Pid> = children_of(nix::unistd::getpid())
+        .into_iter()
+        .filter(|c| Some(*c) != except)
+        .collect();
+    end_subtrees(&roots);
+}
+
+/// Stop, then kill, every process of the subtrees whose roots are
+/// `roots` (children of this process): each pass walks the subtrees
+/// through the `children` lists of every task, opens each process found
+/// as a pidfd (checked to still have the parent it was listed under, so
+/// that a reused number is never signalled) and stops it; passes repeat
+/// until one finds nothing new (a stopped process forks no more, so a
+/// tree that forks as fast as it can is caught whole, however deep); then
+/// every one is killed. Killing only the direct children, round after
+/// round, let a deep tree under `RLIMIT_NPROC` refill what was killed.
+/// Bounded: 100 passes, 100,000 processes. Nothing is done where `/proc`
+/// is another PID namespace's ([`sys::proc_is_ours`]).
+pub(crate) fn end_subtrees(roots: &[Pid]) {
+    if roots.is_empty() || !sys::proc_is_ours() {
+        return;
+    }
+    let me = nix::unistd::getpid().as_raw();
+    let mut held: std::collections::HashMap<i32, OwnedFd> = std::collections::HashMap::new();
+    for _ in 0..100 {
+        let mut found = false;
+        let mut stack: Vec<(i32, i32)> = roots.iter().map(|r| (r.as_raw(), me)).collect();
+        while let Some((pid, parent)) = stack.pop() {
+            if held.len() >= 100_000 {
+                break;
+            }
+            if let std::collections::hash_map::Entry::Vacant(slot) = held.entry(pid) {
+                let Ok(fd) = sys::pidfd_open(pid) else {
+                    continue; // gone
+                };
+                if parent_of(pid) != Some(parent) {
+                    continue; // gone, and its number another's
+                }
+                let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGSTOP);
+                slot.insert(fd);
+                found = true;
+            }
+            for child in all_tasks_children(pid) {
+                stack.push((child, pid));
+            }
+        }
+        if !found {
+            break;
         }
     }
+    for fd in held.values() {
+        let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
+    }
+}
+
+/// The parent of `pid` (`/proc/PID/stat`), `None` if it is gone.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The children of every thread of `pid` (a thread's children are listed
+/// under that thread), else by a scan of `/proc`.
+fn all_tasks_children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let path = t.path().join("children");
+        match std::fs::read_to_string(&path) {
+            Ok(list) => out.extend(
+                list.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            ),
+            Err(_) => {
+                return children_of(Pid::from_raw(pid))
+                    .into_iter()
+                    .map(|p| p.as_raw())
+                    .collect()
+            }
+        }
+    }
+    out
 }
 
 /// Direct children of `parent`: from `/proc/PID/task/PID/children` (the
 /// supervisor is single-threaded, so its main task has all of them), else
 /// by scanning `/proc/*/stat` on kernels without CONFIG_PROC_CHILDREN.
 fn children_of(parent: Pid) -> Vec<Pid> {
+    if !sys::proc_is_ours() {
+        return Vec::new();
+    }
     let p = parent.as_raw();
     if let Ok(list) = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")) {
         return list

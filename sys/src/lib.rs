@@ -1227,6 +1227,17 @@ pub fn chmod_fd(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     )
 }
 
+/// Whether `/proc` is this process's PID namespace's (`/proc/self` names
+/// this process's own pid): pids read there are then pids here. An agent
+/// started in a PID namespace of its own without a `/proc` of it (`unshare
+/// -p` without `--mount-proc`) reads another namespace's numbers there,
+/// and must not signal by them.
+pub fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self").is_ok_and(|p| {
+        p.as_os_str().as_encoded_bytes() == std::process::id().to_string().as_bytes()
+    })
+}
+
 /// `pidfd_open(pid, 0)`: a descriptor that names this process (not its
 /// number): a signal sent through it never reaches a later process that
 /// reused the number.

@@ -533,13 +533,15 @@ async fn a_forking_orphan_ends_with_its_killed_supervisor_without_a_cgroup() {
     let script = "setsid sh -c 'while :; do sleep \"$0\" & sleep 0.05; done' \"$0\" & sleep \"$0\"";
     let p = params(&["sh", "-c", script, &m], JobLimits::default(), None);
     let mut proc = a.c.start(&p).await.unwrap();
-    for _ in 0..250 {
-        if marked(&m).len() >= 5 {
+    let mut seen = Vec::new();
+    for _ in 0..500 {
+        seen = marked(&m);
+        if seen.len() >= 5 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(marked(&m).len() >= 5, "the job forks: {:?}", marked(&m));
+    assert!(seen.len() >= 5, "the job forks: {seen:?}");
     let supervisor = parent_pid(proc.pid());
     assert_eq!(comm(supervisor), "executor", "the job's supervisor");
     nix::sys::signal::kill(
@@ -552,7 +554,78 @@ async fn a_forking_orphan_ends_with_its_killed_supervisor_without_a_cgroup() {
     })
     .await;
     assert!(ended.is_ok(), "the job's end is reported");
-    assert_eq!(none_left(&m).await, Vec::<u32>::new(), "left on the host");
+    let left = none_left(&m).await;
+    stop_and_kill(&left);
+    assert_eq!(left, Vec::<u32>::new(), "left on the host");
+}
+
+/// Whatever a test's outcome, nothing of its jobs stays on the machine.
+fn stop_and_kill(pids: &[u32]) {
+    for sig in [
+        nix::sys::signal::Signal::SIGSTOP,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        for p in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p as i32), sig);
+        }
+    }
+}
+
+/// Variant, without a cgroup: a detached tree in which every process
+/// forks as fast as it can (its children too), bounded only by the job's
+/// `RLIMIT_NPROC` of 150: killing the spawner's direct children round
+/// after round let the deeper levels refill the slots for tens of seconds.
+/// The spawner stops each orphan subtree whole, then kills it: none is
+/// left within 5 s. The layer is the spawner as subreaper.
+#[tokio::test]
+async fn a_deep_forking_orphan_tree_ends_with_its_killed_supervisor_without_a_cgroup() {
+    let Some(a) = agent(Mode::NoCgroup, None).await else {
+        return;
+    };
+    let m = marker();
+    let bomb = "import os,time\nwhile True:\n  try: pid=os.fork()\n  except OSError: time.sleep(0.01); continue\n  if pid: time.sleep(0.005)\n";
+    // `RLIMIT_NPROC` counts all of the user's processes (other tests'
+    // too, and zombies until reaped): 150 above those.
+    let theirs = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("status")).is_ok_and(|st| {
+                st.lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65534"))
+            })
+        })
+        .count();
+    let script = format!(
+        "setsid prlimit --nproc={} python3 -c '{bomb}' \"$0\" & sleep 30; :",
+        theirs + 150
+    );
+    let p = params(&["sh", "-c", &script, &m], JobLimits::default(), None);
+    let mut proc = a.c.start(&p).await.unwrap();
+    let mut seen = 0;
+    for _ in 0..500 {
+        seen = marked(&m).len();
+        if seen >= 50 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen >= 50, "the tree grows: {seen}");
+    let supervisor = parent_pid(proc.pid());
+    assert_eq!(comm(supervisor), "executor", "the job's supervisor");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while proc.next_output().await.unwrap().is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the job's end is reported");
+    let left = none_left(&m).await;
+    stop_and_kill(&left);
+    assert_eq!(left, Vec::<u32>::new(), "left on the host");
 }
 
 /// An agent started under a low soft open files limit (64, hard 4096;
