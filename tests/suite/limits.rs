@@ -533,17 +533,40 @@ async fn a_forking_orphan_ends_with_its_killed_supervisor_without_a_cgroup() {
     let script = "setsid sh -c 'while :; do sleep \"$0\" & sleep 0.05; done' \"$0\" & sleep \"$0\"";
     let p = params(&["sh", "-c", script, &m], JobLimits::default(), None);
     let mut proc = a.c.start(&p).await.unwrap();
-    let mut seen = Vec::new();
+    forking_job_ends_with_its_killed_supervisor(&mut proc, &m, 5).await;
+}
+
+/// Once at least `at_least` processes hold `marker` (the job's tree has
+/// grown), SIGKILL the job's supervisor: its end is reported within 20 s
+/// and nothing holding `marker` is left 5 s later (what is, is stopped and
+/// killed before the test fails).
+async fn forking_job_ends_with_its_killed_supervisor(
+    proc: &mut executor_client::Process,
+    marker: &str,
+    at_least: usize,
+) {
+    let mut seen = 0;
     for _ in 0..500 {
-        seen = marked(&m);
-        if seen.len() >= 5 {
+        seen = marked(marker).len();
+        if seen >= at_least {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(seen.len() >= 5, "the job forks: {seen:?}");
+    assert!(seen >= at_least, "the job's tree grows: {seen}");
+    kill_supervisor_and_see_the_job_end_whole(proc, marker, "a forking job").await;
+}
+
+/// SIGKILL the job's supervisor from outside: the job's end is reported
+/// within 20 s and nothing holding `marker` is left 5 s later (what is,
+/// is stopped and killed before the test fails).
+async fn kill_supervisor_and_see_the_job_end_whole(
+    proc: &mut executor_client::Process,
+    marker: &str,
+    what: &str,
+) {
     let supervisor = parent_pid(proc.pid());
-    assert_eq!(comm(supervisor), "executor", "the job's supervisor");
+    assert_eq!(comm(supervisor), "executor", "{what}: the job's supervisor");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(supervisor as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -553,10 +576,10 @@ async fn a_forking_orphan_ends_with_its_killed_supervisor_without_a_cgroup() {
         while proc.next_output().await.unwrap().is_some() {}
     })
     .await;
-    assert!(ended.is_ok(), "the job's end is reported");
-    let left = none_left(&m).await;
+    assert!(ended.is_ok(), "{what}: the job's end is reported");
+    let left = none_left(marker).await;
     stop_and_kill(&left);
-    assert_eq!(left, Vec::<u32>::new(), "left on the host");
+    assert_eq!(left, Vec::<u32>::new(), "{what}: left on the host");
 }
 
 /// Whatever a test's outcome, nothing of its jobs stays on the machine.
@@ -602,30 +625,7 @@ async fn a_deep_forking_orphan_tree_ends_with_its_killed_supervisor_without_a_cg
     );
     let p = params(&["sh", "-c", &script, &m], JobLimits::default(), None);
     let mut proc = a.c.start(&p).await.unwrap();
-    let mut seen = 0;
-    for _ in 0..500 {
-        seen = marked(&m).len();
-        if seen >= 50 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(seen >= 50, "the tree grows: {seen}");
-    let supervisor = parent_pid(proc.pid());
-    assert_eq!(comm(supervisor), "executor", "the job's supervisor");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(supervisor as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let ended = tokio::time::timeout(Duration::from_secs(20), async {
-        while proc.next_output().await.unwrap().is_some() {}
-    })
-    .await;
-    assert!(ended.is_ok(), "the job's end is reported");
-    let left = none_left(&m).await;
-    stop_and_kill(&left);
-    assert_eq!(left, Vec::<u32>::new(), "left on the host");
+    forking_job_ends_with_its_killed_supervisor(&mut proc, &m, 50).await;
 }
 
 /// An agent started under a low soft open files limit (64, hard 4096;
@@ -693,23 +693,7 @@ pub(crate) async fn detached_job_ends_with_its_killed_supervisor(
         "{what}: the job's two inner shells run: {shells:?} of {:?}",
         marked(&m)
     );
-    let supervisor = parent_pid(proc.pid());
-    assert_eq!(comm(supervisor), "executor", "{what}: the job's supervisor");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(supervisor as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let ended = tokio::time::timeout(Duration::from_secs(20), async {
-        while proc.next_output().await.unwrap().is_some() {}
-    })
-    .await;
-    assert!(ended.is_ok(), "{what}: the job's end is reported");
-    assert_eq!(
-        none_left(&m).await,
-        Vec::<u32>::new(),
-        "{what}: left on the host"
-    );
+    kill_supervisor_and_see_the_job_end_whole(&mut proc, &m, what).await;
 }
 
 async fn list_shows_current_usage(mode: Mode) {
