@@ -379,42 +379,12 @@ fn reap(
 /// reaps. Nothing is done where `/proc` is another PID namespace's (its
 /// numbers are not this one's).
 fn kill_orphans(known: impl Fn(i32) -> bool) {
-    if !sys::proc_is_ours() {
-        return;
-    }
-    let me = std::process::id();
-    // `/proc/PID/task/TID/children` (CONFIG_PROC_CHILDREN); else every
-    // process whose parent is this one.
-    let listed: Vec<i32> = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
-        .map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect()
-        })
-        .unwrap_or_else(|_| children_by_scan(me));
-    let roots: Vec<Pid> = listed
+    // (`children_of` lists nothing where `/proc` is not this namespace's.)
+    let roots: Vec<Pid> = crate::trampoline::children_of(nix::unistd::getpid())
         .into_iter()
-        .filter(|&p| !known(p))
-        .map(Pid::from_raw)
+        .filter(|p| !known(p.as_raw()))
         .collect();
     crate::trampoline::end_subtrees(&roots);
-}
-
-/// The pids whose `/proc/PID/stat` names `parent` as their parent.
-fn children_by_scan(parent: u32) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
-                st.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                    .is_some_and(|pp| pp == parent.to_string())
-            })
-        })
-        .collect()
 }
 
 fn reply(sock: &OwnedFd, r: Reply) -> io::Result<()> {

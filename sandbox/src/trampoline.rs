@@ -1244,7 +1244,7 @@ fn all_tasks_children(pid: i32) -> Vec<i32> {
 /// Direct children of `parent`: from `/proc/PID/task/PID/children` (the
 /// supervisor is single-threaded, so its main task has all of them), else
 /// by scanning `/proc/*/stat` on kernels without CONFIG_PROC_CHILDREN.
-fn children_of(parent: Pid) -> Vec<Pid> {
+pub(crate) fn children_of(parent: Pid) -> Vec<Pid> {
     if !sys::proc_is_ours() {
         return Vec::new();
     }
